@@ -1,0 +1,1 @@
+//! Gemma text decoder.

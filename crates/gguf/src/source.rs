@@ -1,0 +1,214 @@
+//! Where tensor bytes come from: a memory-mapped file or owned bytes (synchronous, zero-copy),
+//! or any asynchronous byte-range reader (the browser's HTTP Range fetches, a local file).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::error::{GgufError, SourceError};
+use crate::file::Gguf;
+
+/// Synchronous random access to a file's bytes without copying.
+pub trait TensorSource: Send + Sync {
+    /// Total length in bytes.
+    fn len(&self) -> u64;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes `[offset, offset + len)`.
+    fn bytes(&self, offset: u64, len: u64) -> Result<&[u8], SourceError>;
+}
+
+fn slice_of(all: &[u8], offset: u64, len: u64) -> Result<&[u8], SourceError> {
+    let size = all.len() as u64;
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(&all[offset as usize..end as usize]),
+        _ => Err(SourceError::OutOfRange { offset, len, size }),
+    }
+}
+
+/// A file held in memory.
+#[derive(Clone)]
+pub struct BytesSource(Arc<[u8]>);
+
+impl BytesSource {
+    pub fn new(bytes: impl Into<Arc<[u8]>>) -> Self {
+        Self(bytes.into())
+    }
+}
+
+impl TensorSource for BytesSource {
+    fn len(&self) -> u64 {
+        self.0.len() as u64
+    }
+
+    fn bytes(&self, offset: u64, len: u64) -> Result<&[u8], SourceError> {
+        slice_of(&self.0, offset, len)
+    }
+}
+
+/// A memory-mapped file (native only).
+#[cfg(not(target_arch = "wasm32"))]
+pub struct MmapSource {
+    map: memmap2::Mmap,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl MmapSource {
+    /// Maps `path` read-only.
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<Self, SourceError> {
+        let file = std::fs::File::open(path.as_ref())?;
+        // SAFETY: the map is read-only; a model file changed underneath a running process is
+        // outside what any loader can defend against (llama.cpp maps the same way).
+        let map = unsafe { memmap2::Mmap::map(&file)? };
+        Ok(Self { map })
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl TensorSource for MmapSource {
+    fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    fn bytes(&self, offset: u64, len: u64) -> Result<&[u8], SourceError> {
+        slice_of(&self.map, offset, len)
+    }
+}
+
+/// Asynchronous byte-range reads: what an HTTP Range reader or a local-file reader implements.
+///
+/// The futures need not be `Send` (browser futures are not).
+pub trait RangeSource {
+    /// Total length in bytes.
+    fn len(&self) -> u64;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reads `[offset, offset + len)`; the result holds exactly `len` bytes.
+    fn read_range(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> impl Future<Output = Result<Vec<u8>, SourceError>>;
+}
+
+impl<T: TensorSource> RangeSource for T {
+    fn len(&self) -> u64 {
+        TensorSource::len(self)
+    }
+
+    fn read_range(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> impl Future<Output = Result<Vec<u8>, SourceError>> {
+        std::future::ready(self.bytes(offset, len).map(<[u8]>::to_vec))
+    }
+}
+
+/// A local file read by positioned reads (native only), for callers that want the async
+/// interface without mapping the file.
+#[cfg(not(target_arch = "wasm32"))]
+pub struct FileRangeSource {
+    file: std::fs::File,
+    len: u64,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl FileRangeSource {
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<Self, SourceError> {
+        let file = std::fs::File::open(path.as_ref())?;
+        let len = file.metadata()?.len();
+        Ok(Self { file, len })
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::FileExt::read_exact_at(&self.file, buf, offset)
+        }
+        #[cfg(windows)]
+        {
+            let mut done = 0;
+            while done < buf.len() {
+                let n = std::os::windows::fs::FileExt::seek_read(
+                    &self.file,
+                    &mut buf[done..],
+                    offset + done as u64,
+                )?;
+                if n == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                done += n;
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl RangeSource for FileRangeSource {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    async fn read_range(&self, offset: u64, len: u64) -> Result<Vec<u8>, SourceError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => {}
+            _ => {
+                return Err(SourceError::OutOfRange {
+                    offset,
+                    len,
+                    size: self.len,
+                });
+            }
+        }
+        let mut buf = vec![0u8; len as usize];
+        self.read_at(offset, &mut buf)?;
+        Ok(buf)
+    }
+}
+
+/// The first read of a header; doubled on each further read, so a header of `h` bytes costs
+/// at most `1 + log2(h / FIRST_READ)` requests.
+pub const FIRST_HEADER_READ: u64 = 1 << 20;
+
+/// Reads and parses a GGUF header through `source`, fetching only header bytes. Returns the
+/// header and how many range requests it took.
+pub async fn read_header<S: RangeSource + ?Sized>(source: &S) -> Result<(Gguf, usize), GgufError> {
+    let file_len = source.len();
+    let mut buf = source
+        .read_range(0, FIRST_HEADER_READ.min(file_len))
+        .await?;
+    let mut requests = 1;
+    loop {
+        match Gguf::parse_prefix(&buf, file_len) {
+            Err(GgufError::NeedMoreBytes { have, at_least }) => {
+                let want = at_least.max(have.saturating_mul(2)).min(file_len);
+                let more = source.read_range(have, want - have).await?;
+                buf.extend_from_slice(&more);
+                requests += 1;
+            }
+            other => return other.map(|g| (g, requests)),
+        }
+    }
+}
+
+/// The directory where wgemma caches downloaded models: `$WGEMMA_CACHE`, else
+/// `$XDG_CACHE_HOME/wgemma`, else `~/.cache/wgemma`.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn cache_dir() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let env = |k| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    env("WGEMMA_CACHE")
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("wgemma")))
+        .or_else(|| env("HOME").map(|h| h.join(".cache").join("wgemma")))
+}

@@ -1,0 +1,1 @@
+//! WGSL kernels with typed dispatchers and CPU references.

@@ -1,0 +1,36 @@
+//! `wgemma info MODEL [--json]`.
+
+use wgemma::gguf::{Gguf, MmapSource, TensorSource};
+use wgemma::{ModelInfo, ModelSource};
+
+use super::CliError;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A GGUF path or an Ollama model name (e.g. gemma3:270m).
+    model: String,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> Result<(), CliError> {
+    let source = ModelSource::resolve(&args.model)?;
+    let file =
+        MmapSource::open(&source.model).map_err(|e| format!("{}: {e}", source.model.display()))?;
+    let bytes = file.bytes(0, file.len())?;
+    let header = Gguf::parse(bytes).map_err(|e| format!("{}: {e}", source.model.display()))?;
+    let info = ModelInfo::new(&header);
+    if args.json {
+        let mut json = info.to_json();
+        json["path"] = source.model.display().to_string().into();
+        println!("{json}");
+    } else {
+        println!("path             {}", source.model.display());
+        if let Some(p) = &source.projector {
+            println!("projector        {}", p.display());
+        }
+        print!("{info}");
+    }
+    Ok(())
+}

@@ -1,0 +1,57 @@
+//! Command-line front end: argument parsing and one function per subcommand.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod info;
+mod pull;
+
+#[derive(Parser)]
+#[command(
+    name = "wgemma",
+    version,
+    about = "Gemma inference on the GPU through wgpu"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print what a GGUF file holds: architecture, hyper-parameters, tensors, dtypes.
+    Info(info::Args),
+    /// Fetch the default model (Gemma 3 270M Q4_K_M) into the cache.
+    Pull,
+}
+
+pub fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WGEMMA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info(args) => info::run(args),
+        Command::Pull => pull::run().map(|path| println!("{}", path.display())),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            let mut source = e.source();
+            while let Some(s) = source {
+                eprintln!("  caused by: {s}");
+                source = s.source();
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Errors any subcommand may end with.
+pub type CliError = Box<dyn std::error::Error + Send + Sync>;
