@@ -1,1 +1,17 @@
-//! WGSL kernels with typed dispatchers and CPU references.
+//! wgemma's GPU kernels: a [`GpuContext`] (adapter, features, limits, pipeline cache), WGSL
+//! kernels with typed dispatchers in [`ops`], weights in GGUF block layout tiled to the
+//! binding limit ([`GpuWeight`]), a [`Recorder`] that puts many dispatches into one pass, and
+//! a CPU reference of every kernel in [`cpu`].
+
+mod context;
+pub mod cpu;
+mod gpu;
+pub mod ops;
+mod shader;
+mod weights;
+
+pub use context::{ContextOptions, GpuContext, GpuError, GpuFeatures};
+pub use gpu::{Bind, Dispatch, Params, Recorder, View};
+pub use shader::ShaderSource;
+pub use weights::{GPU_DTYPES, GpuWeight, WeightTile};
+pub use wgpu;

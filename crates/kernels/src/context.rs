@@ -1,0 +1,308 @@
+//! The GPU context: adapter choice, device with the adapter's real limits and the features
+//! that help, error capture, and the pipeline cache.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::shader::ShaderSource;
+
+/// Why the GPU could not be used.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GpuError {
+    #[error(
+        "no GPU adapter found{filter}. Install a Vulkan driver (on Debian: `apt-get install mesa-vulkan-drivers libvulkan1` gives lavapipe, a CPU Vulkan), or on macOS/Windows use Metal/DX12; WGEMMA_BACKEND and WGEMMA_ADAPTER choose among several"
+    )]
+    NoAdapter { filter: String },
+    #[error("the GPU device could not be created: {0}")]
+    RequestDevice(String),
+    #[error("the GPU device was lost: {0}")]
+    DeviceLost(String),
+    #[error("GPU validation error: {0}")]
+    Validation(String),
+    #[error("GPU out of memory: {0}")]
+    OutOfMemory(String),
+    #[error("reading back from the GPU failed: {0}")]
+    Readback(String),
+    #[error("{0}")]
+    Shape(String),
+}
+
+/// Options for [`GpuContext::new`]. Environment variables override them: `WGEMMA_BACKEND`
+/// (vulkan, metal, dx12, gl, webgpu), `WGEMMA_ADAPTER` (substring of the adapter name),
+/// `WGEMMA_NO_F16=1` and `WGEMMA_NO_SUBGROUPS=1` (force the fallbacks).
+#[derive(Clone, Debug)]
+pub struct ContextOptions {
+    pub power_preference: wgpu::PowerPreference,
+    pub backends: wgpu::Backends,
+    /// Case-insensitive substring the adapter name must contain.
+    pub adapter_name: Option<String>,
+    /// Use `shader-f16` when the adapter has it.
+    pub allow_f16: bool,
+    /// Use subgroup operations when the adapter has them.
+    pub allow_subgroups: bool,
+}
+
+impl Default for ContextOptions {
+    fn default() -> Self {
+        Self {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            backends: wgpu::Backends::all(),
+            adapter_name: None,
+            allow_f16: true,
+            allow_subgroups: true,
+        }
+    }
+}
+
+impl ContextOptions {
+    /// Applies the `WGEMMA_*` environment overrides (native only; the browser has no env).
+    pub fn with_env(mut self) -> Self {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+            if let Some(b) = var("WGEMMA_BACKEND") {
+                self.backends = wgpu::Backends::from_comma_list(&b);
+            }
+            if let Some(a) = var("WGEMMA_ADAPTER") {
+                self.adapter_name = Some(a);
+            }
+            let on = |k: &str| var(k).is_some_and(|v| v != "0");
+            if on("WGEMMA_NO_F16") {
+                self.allow_f16 = false;
+            }
+            if on("WGEMMA_NO_SUBGROUPS") {
+                self.allow_subgroups = false;
+            }
+        }
+        self
+    }
+}
+
+/// Optional hardware abilities the kernels specialise on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuFeatures {
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub timestamps: bool,
+    pub subgroup_min_size: u32,
+    pub subgroup_max_size: u32,
+}
+
+/// A GPU device and queue with everything the kernels need to run on it.
+pub struct GpuContext {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub features: GpuFeatures,
+    pub limits: wgpu::Limits,
+    errors: Arc<Mutex<Vec<String>>>,
+    lost: Arc<Mutex<Option<String>>>,
+    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl std::fmt::Debug for GpuContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuContext")
+            .field("adapter", &self.info.name)
+            .field("backend", &self.info.backend)
+            .field("features", &self.features)
+            .finish()
+    }
+}
+
+impl GpuContext {
+    /// Picks an adapter and creates the device.
+    pub async fn new(options: ContextOptions) -> Result<Self, GpuError> {
+        let _span = tracing::info_span!("gpu_init").entered();
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = options.backends;
+        // wgpu-core's own validation stays on; driver validation layers would only slow us.
+        desc.flags = wgpu::InstanceFlags::empty();
+        let instance = wgpu::Instance::new(desc);
+        let adapter = Self::pick_adapter(&instance, &options).await?;
+        let info = adapter.get_info();
+        let available = adapter.features();
+        let mut required = wgpu::Features::empty();
+        let shader_f16 = options.allow_f16 && available.contains(wgpu::Features::SHADER_F16);
+        let subgroups = options.allow_subgroups && available.contains(wgpu::Features::SUBGROUP);
+        let timestamps = available.contains(wgpu::Features::TIMESTAMP_QUERY);
+        if shader_f16 {
+            required |= wgpu::Features::SHADER_F16;
+        }
+        if subgroups {
+            required |= wgpu::Features::SUBGROUP;
+        }
+        if timestamps {
+            required |= wgpu::Features::TIMESTAMP_QUERY;
+        }
+        // Ask for everything the adapter offers: weight tiles and scratch are sized from these.
+        let limits = adapter.limits();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("wgemma"),
+                required_features: required,
+                required_limits: limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            tracing::error!("wgpu error: {e}");
+            if let Ok(mut v) = sink.lock() {
+                v.push(e.to_string());
+            }
+        }));
+        let lost = Arc::new(Mutex::new(None));
+        let lost_sink = lost.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            tracing::error!("GPU device lost ({reason:?}): {message}");
+            if let Ok(mut l) = lost_sink.lock() {
+                *l = Some(format!("{reason:?}: {message}"));
+            }
+        });
+        let features = GpuFeatures {
+            shader_f16,
+            subgroups,
+            timestamps,
+            subgroup_min_size: info.subgroup_min_size,
+            subgroup_max_size: info.subgroup_max_size,
+        };
+        tracing::info!(
+            adapter = %info.name,
+            backend = ?info.backend,
+            device_type = ?info.device_type,
+            ?features,
+            max_binding = limits.max_storage_buffer_binding_size,
+            max_buffer = limits.max_buffer_size,
+            "GPU ready"
+        );
+        Ok(Self {
+            device,
+            queue,
+            info,
+            features,
+            limits,
+            errors,
+            lost,
+            pipelines: Mutex::new(HashMap::new()),
+        })
+    }
+
+    async fn pick_adapter(
+        instance: &wgpu::Instance,
+        options: &ContextOptions,
+    ) -> Result<wgpu::Adapter, GpuError> {
+        let no_adapter = || GpuError::NoAdapter {
+            filter: options
+                .adapter_name
+                .as_ref()
+                .map(|n| format!(" whose name contains {n:?}"))
+                .unwrap_or_default(),
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(name) = &options.adapter_name {
+            let needle = name.to_lowercase();
+            let adapters = instance.enumerate_adapters(options.backends).await;
+            return adapters
+                .into_iter()
+                .find(|a| a.get_info().name.to_lowercase().contains(&needle))
+                .ok_or_else(no_adapter);
+        }
+        instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: options.power_preference,
+                force_fallback_adapter: false,
+                compatible_surface: None,
+                // The real limits, not a bucketed subset: weight tiles are sized from them.
+                apply_limit_buckets: false,
+            })
+            .await
+            .map_err(|_| no_adapter())
+    }
+
+    /// The largest buffer a single storage binding may cover (weights are tiled to fit).
+    pub fn max_binding_size(&self) -> u64 {
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
+    }
+
+    /// Returns the first GPU error reported since the last check, or the loss of the device.
+    pub fn check(&self) -> Result<(), GpuError> {
+        if let Some(reason) = self.lost.lock().ok().and_then(|l| l.clone()) {
+            return Err(GpuError::DeviceLost(reason));
+        }
+        let mut errors = self
+            .errors
+            .lock()
+            .map_err(|e| GpuError::Validation(e.to_string()))?;
+        if errors.is_empty() {
+            return Ok(());
+        }
+        let first = errors.remove(0);
+        errors.clear();
+        if first.to_lowercase().contains("out of memory") {
+            Err(GpuError::OutOfMemory(first))
+        } else {
+            Err(GpuError::Validation(first))
+        }
+    }
+
+    /// Whether the device has been lost (the session must be rebuilt).
+    pub fn is_lost(&self) -> bool {
+        self.lost.lock().map(|l| l.is_some()).unwrap_or(true)
+    }
+
+    /// The compute pipeline for `source`, compiled once per context.
+    pub fn pipeline(&self, source: &ShaderSource) -> Arc<wgpu::ComputePipeline> {
+        let key = source.key();
+        if let Some(p) = self
+            .pipelines
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+        {
+            return p;
+        }
+        let _span = tracing::debug_span!("compile", shader = %key).entered();
+        let code = source.render(&self.features);
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&key),
+                source: wgpu::ShaderSource::Wgsl(code.into()),
+            });
+        let constants: Vec<(&str, f64)> = source
+            .constants
+            .iter()
+            .map(|(k, v)| (k.as_str(), *v))
+            .collect();
+        let pipeline = Arc::new(self.device.create_compute_pipeline(
+            &wgpu::ComputePipelineDescriptor {
+                label: Some(&key),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constants,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            },
+        ));
+        if let Ok(mut m) = self.pipelines.lock() {
+            m.insert(key, pipeline.clone());
+        }
+        pipeline
+    }
+
+    /// Number of distinct pipelines compiled so far.
+    pub fn pipeline_count(&self) -> usize {
+        self.pipelines.lock().map(|m| m.len()).unwrap_or(0)
+    }
+}

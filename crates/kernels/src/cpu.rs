@@ -1,0 +1,208 @@
+//! CPU references of every kernel, written for clarity: the GPU kernels are tested against
+//! these, and the model crates build their f32 reference forwards from them.
+
+use crate::ops::PenaltyParams;
+
+/// `y[t, r] = sum_k w[r, k] * x[t, k]` for a row-major `n x k` weight and `m` tokens
+/// (accumulated in f64).
+pub fn matmul(w: &[f32], n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32> {
+    assert_eq!(w.len(), n * k, "weight size");
+    assert_eq!(x.len(), m * k, "input size");
+    let mut y = vec![0.0; m * n];
+    for t in 0..m {
+        let xt = &x[t * k..(t + 1) * k];
+        for r in 0..n {
+            let wr = &w[r * k..(r + 1) * k];
+            let s: f64 = wr
+                .iter()
+                .zip(xt)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            y[t * n + r] = s as f32;
+        }
+    }
+    y
+}
+
+/// RMS normalisation of each `dim`-long row, times `weight` when given.
+pub fn rms_norm(x: &[f32], dim: usize, weight: Option<&[f32]>, eps: f32) -> Vec<f32> {
+    let mut y = x.to_vec();
+    for row in y.chunks_mut(dim) {
+        let ss: f64 = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        let inv = 1.0 / ((ss / dim as f64) as f32 + eps).sqrt();
+        for (i, v) in row.iter_mut().enumerate() {
+            *v *= inv;
+            if let Some(w) = weight {
+                *v *= w[i];
+            }
+        }
+    }
+    y
+}
+
+/// NeoX rotary embedding in place on `[tokens, heads, head_dim]`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_neox(
+    x: &mut [f32],
+    heads: usize,
+    head_dim: usize,
+    n_rot: usize,
+    positions: &[u32],
+    base: f32,
+    freq_scale: f32,
+    freq_factors: Option<&[f32]>,
+) {
+    let half = n_rot / 2;
+    for (row_i, row) in x.chunks_mut(head_dim).enumerate() {
+        let pos = positions[row_i / heads] as f32;
+        for i in 0..half {
+            let mut theta = pos * freq_scale * base.powf(-2.0 * i as f32 / n_rot as f32);
+            if let Some(ff) = freq_factors {
+                theta /= ff[i];
+            }
+            let (s, c) = theta.sin_cos();
+            let (a, b) = (row[i], row[i + half]);
+            row[i] = a * c - b * s;
+            row[i + half] = a * s + b * c;
+        }
+    }
+}
+
+/// Causal attention of `[tokens, n_head, head_dim]` queries (at `positions`) over a cache of
+/// `[capacity, n_kv_head, head_dim]` keys and values.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    positions: &[u32],
+    n_head: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+    window: usize,
+    scale: f32,
+    softcap: f32,
+) -> Vec<f32> {
+    let row = n_kv_head * head_dim;
+    let group = n_head / n_kv_head;
+    let mut out = vec![0.0; q.len()];
+    for (t, &pos) in positions.iter().enumerate() {
+        let pos = pos as usize;
+        let lo = if window > 0 {
+            (pos + 1).saturating_sub(window)
+        } else {
+            0
+        };
+        for h in 0..n_head {
+            let kvh = h / group;
+            let qh = &q[(t * n_head + h) * head_dim..][..head_dim];
+            let scores: Vec<f64> = (lo..=pos)
+                .map(|j| {
+                    let kj = &k_cache[j * row + kvh * head_dim..][..head_dim];
+                    let mut s = qh
+                        .iter()
+                        .zip(kj)
+                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                        .sum::<f64>()
+                        * f64::from(scale);
+                    if softcap > 0.0 {
+                        s = f64::from(softcap) * (s / f64::from(softcap)).tanh();
+                    }
+                    s
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let sum: f64 = exps.iter().sum();
+            let o = &mut out[(t * n_head + h) * head_dim..][..head_dim];
+            for (jj, e) in exps.iter().enumerate() {
+                let vj = &v_cache[(lo + jj) * row + kvh * head_dim..][..head_dim];
+                for d in 0..head_dim {
+                    o[d] += (e / sum * f64::from(vj[d])) as f32;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// GELU, tanh approximation (what Gemma's `gelu_pytorch_tanh` computes).
+pub fn gelu_tanh(x: f32) -> f32 {
+    let inner = 0.797_884_6 * (x + 0.044715 * x * x * x);
+    0.5 * x * (1.0 + inner.tanh())
+}
+
+/// `gelu_tanh(gate) * up`, elementwise.
+pub fn geglu(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| gelu_tanh(g) * u)
+        .collect()
+}
+
+/// `c * tanh(x / c)`.
+pub fn softcap(x: f32, c: f32) -> f32 {
+    c * (x / c).tanh()
+}
+
+/// Index and value of the largest element (first on ties; NaN counts as -inf).
+pub fn argmax(x: &[f32]) -> (u32, f32) {
+    let mut best = (u32::MAX, f32::NEG_INFINITY);
+    for (i, &v) in x.iter().enumerate() {
+        let v = if v.is_nan() { f32::NEG_INFINITY } else { v };
+        if best.0 == u32::MAX || v > best.1 {
+            best = (i as u32, v);
+        }
+    }
+    best
+}
+
+fn hash(a: u32) -> u32 {
+    let s = a.wrapping_mul(747_796_405).wrapping_add(2_891_336_453);
+    let w = ((s >> ((s >> 28) + 4)) ^ s).wrapping_mul(277_803_737);
+    (w >> 22) ^ w
+}
+
+/// The Gumbel noise the GPU's sampling argmax adds to logit `i` at `step` for `seed`.
+pub fn gumbel(seed: u32, step: u32, i: u32) -> f32 {
+    let h = hash(hash(hash(seed) ^ step) ^ i);
+    let u = ((h >> 8) as f32 + 0.5) / 16_777_216.0;
+    -(-u.ln()).ln()
+}
+
+/// The token a Gumbel-max sampling step picks.
+pub fn gumbel_argmax(logits: &[f32], seed: u32, step: u32, temperature: f32) -> u32 {
+    let inv = 1.0 / temperature.max(1e-6);
+    let noisy: Vec<f32> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| l * inv + gumbel(seed, step, i as u32))
+        .collect();
+    argmax(&noisy).0
+}
+
+/// The `k` largest values with their indices, best first, ties to the smaller index.
+pub fn top_k(x: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut idx: Vec<u32> = (0..x.len() as u32).collect();
+    let key = |i: u32| {
+        let v = x[i as usize];
+        if v.is_nan() { f32::NEG_INFINITY } else { v }
+    };
+    idx.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
+    idx.into_iter().take(k).map(|i| (i, key(i))).collect()
+}
+
+/// Repetition, frequency and presence penalties (as the GPU kernel applies them).
+pub fn penalties(logits: &mut [f32], tokens: &[(u32, u32)], p: PenaltyParams) {
+    for &(id, count) in tokens {
+        let Some(l) = logits.get_mut(id as usize) else {
+            continue;
+        };
+        *l = if *l > 0.0 {
+            *l / p.repeat
+        } else {
+            *l * p.repeat
+        };
+        *l -= count as f32 * p.frequency + p.presence;
+    }
+}

@@ -1,0 +1,393 @@
+//! Buffers, prepared dispatches, and the recorder that puts many dispatches into one command
+//! encoder and one compute pass.
+
+use std::sync::Arc;
+
+use crate::context::{GpuContext, GpuError};
+
+/// A region of a storage buffer.
+#[derive(Clone, Debug)]
+pub struct View {
+    pub buffer: wgpu::Buffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+impl View {
+    /// The whole buffer.
+    pub fn of(buffer: &wgpu::Buffer) -> Self {
+        Self {
+            buffer: buffer.clone(),
+            offset: 0,
+            size: buffer.size(),
+        }
+    }
+
+    /// `size` bytes starting `offset` bytes into this view.
+    pub fn slice(&self, offset: u64, size: u64) -> Result<Self, GpuError> {
+        if offset.checked_add(size).is_none_or(|e| e > self.size) {
+            return Err(GpuError::Shape(format!(
+                "slice [{offset}, +{size}) of a {}-byte view",
+                self.size
+            )));
+        }
+        Ok(Self {
+            buffer: self.buffer.clone(),
+            offset: self.offset + offset,
+            size,
+        })
+    }
+
+    /// Number of 4-byte elements the view holds.
+    pub fn len32(&self) -> u64 {
+        self.size / 4
+    }
+
+    pub(crate) fn resource(&self) -> wgpu::BindingResource<'_> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &self.buffer,
+            offset: self.offset,
+            size: wgpu::BufferSize::new(self.size),
+        })
+    }
+
+    /// Checks the view holds at least `n` 4-byte elements.
+    pub(crate) fn expect_len32(&self, what: &str, n: u64) -> Result<(), GpuError> {
+        if self.len32() < n {
+            return Err(GpuError::Shape(format!(
+                "{what}: needs {n} elements, the buffer holds {}",
+                self.len32()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Small kernel parameters, packed as 32-bit words into a uniform buffer.
+#[derive(Clone, Debug, Default)]
+pub struct Params(Vec<u32>);
+
+impl Params {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn u32(mut self, v: u32) -> Self {
+        self.0.push(v);
+        self
+    }
+
+    pub fn f32(mut self, v: f32) -> Self {
+        self.0.push(v.to_bits());
+        self
+    }
+
+    pub(crate) fn words(&self) -> Vec<u32> {
+        let mut w = self.0.clone();
+        // Uniform structs are 16-byte aligned.
+        while w.is_empty() || !w.len().is_multiple_of(4) {
+            w.push(0);
+        }
+        w
+    }
+}
+
+/// A dispatch with its pipeline and bind group built once, recordable any number of times.
+#[derive(Clone, Debug)]
+pub struct Dispatch {
+    pub label: &'static str,
+    pub pipeline: Arc<wgpu::ComputePipeline>,
+    pub bind_group: wgpu::BindGroup,
+    pub workgroups: [u32; 3],
+    params: Option<wgpu::Buffer>,
+}
+
+impl Dispatch {
+    /// Rewrites the parameter block (for values that change between steps, such as a
+    /// sampling step counter). Takes effect for submissions made after this call.
+    pub fn update_params(&self, ctx: &GpuContext, params: &Params) {
+        if let Some(buf) = &self.params {
+            ctx.queue
+                .write_buffer(buf, 0, bytemuck::cast_slice(&params.words()));
+        }
+    }
+}
+
+/// One binding of a dispatch: a storage view, a parameter block, or nothing (a binding number
+/// the shader variant does not declare).
+pub enum Bind<'a> {
+    Storage(&'a View),
+    Params(Params),
+    Skip,
+}
+
+impl GpuContext {
+    /// A storage buffer of `size` bytes (rounded up to 4), usable as copy source and target.
+    pub fn storage(&self, label: &str, size: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: size.max(4).div_ceil(4) * 4,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// A storage buffer holding `bytes` (padded with zeros to a multiple of 4).
+    pub fn storage_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
+        let buf = self.storage(label, bytes.len() as u64);
+        self.write(&buf, 0, bytes);
+        buf
+    }
+
+    /// Queues a write of `bytes` at `offset` (padded to a multiple of 4).
+    pub fn write(&self, buffer: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        if bytes.len().is_multiple_of(4) {
+            self.queue.write_buffer(buffer, offset, bytes);
+        } else {
+            let mut padded = bytes.to_vec();
+            padded.resize(bytes.len().div_ceil(4) * 4, 0);
+            self.queue.write_buffer(buffer, offset, &padded);
+        }
+    }
+
+    /// Builds a dispatch of `source`'s pipeline over `binds` (binding i = `binds[i]`).
+    pub fn dispatch(
+        &self,
+        label: &'static str,
+        pipeline: Arc<wgpu::ComputePipeline>,
+        binds: &[Bind<'_>],
+        workgroups: [u32; 3],
+    ) -> Result<Dispatch, GpuError> {
+        let max = self.limits.max_compute_workgroups_per_dimension;
+        if workgroups.iter().any(|&w| w > max) {
+            return Err(GpuError::Shape(format!(
+                "{label}: grid {workgroups:?} exceeds {max} workgroups per dimension"
+            )));
+        }
+        let params: Vec<Option<wgpu::Buffer>> = binds
+            .iter()
+            .map(|b| match b {
+                Bind::Params(p) => {
+                    let words = p.words();
+                    let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some(label),
+                        size: (words.len() * 4) as u64,
+                        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    });
+                    self.queue
+                        .write_buffer(&buf, 0, bytemuck::cast_slice(&words));
+                    Some(buf)
+                }
+                Bind::Storage(_) | Bind::Skip => None,
+            })
+            .collect();
+        let entries: Vec<wgpu::BindGroupEntry<'_>> = binds
+            .iter()
+            .zip(&params)
+            .enumerate()
+            .filter_map(|(i, (b, p))| {
+                let resource = match (b, p) {
+                    (Bind::Storage(v), _) => v.resource(),
+                    (Bind::Params(_), Some(buf)) => buf.as_entire_binding(),
+                    _ => return None,
+                };
+                Some(wgpu::BindGroupEntry {
+                    binding: i as u32,
+                    resource,
+                })
+            })
+            .collect();
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(label),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        Ok(Dispatch {
+            label,
+            pipeline,
+            bind_group,
+            workgroups,
+            params: params.into_iter().flatten().next(),
+        })
+    }
+
+    /// Reads `size` bytes at `offset` of `buffer` back to the CPU.
+    pub async fn read(
+        &self,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        size: u64,
+    ) -> Result<Vec<u8>, GpuError> {
+        let size = size.div_ceil(4) * 4;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: size.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, size);
+        self.queue.submit([enc.finish()]);
+        self.map_and_copy(&staging, size).await
+    }
+
+    /// Maps a `MAP_READ` buffer and copies its first `size` bytes out.
+    pub(crate) async fn map_and_copy(
+        &self,
+        staging: &wgpu::Buffer,
+        size: u64,
+    ) -> Result<Vec<u8>, GpuError> {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        staging
+            .slice(..size)
+            .map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        let mapped = rx.await.map_err(|e| GpuError::Readback(e.to_string()))?;
+        self.check()?;
+        mapped.map_err(|e| GpuError::Readback(e.to_string()))?;
+        let bytes = staging
+            .slice(..size)
+            .get_mapped_range()
+            .map_err(|e| GpuError::Readback(e.to_string()))?
+            .to_vec();
+        staging.unmap();
+        Ok(bytes)
+    }
+
+    pub async fn read_f32(&self, view: &View) -> Result<Vec<f32>, GpuError> {
+        let bytes = self.read(&view.buffer, view.offset, view.size).await?;
+        Ok(bytemuck::pod_collect_to_vec(
+            &bytes[..view.size as usize / 4 * 4],
+        ))
+    }
+
+    pub async fn read_u32(&self, view: &View) -> Result<Vec<u32>, GpuError> {
+        let bytes = self.read(&view.buffer, view.offset, view.size).await?;
+        Ok(bytemuck::pod_collect_to_vec(
+            &bytes[..view.size as usize / 4 * 4],
+        ))
+    }
+
+    /// Waits until the GPU has finished all submitted work (native); errors surface here.
+    pub fn wait(&self) -> Result<(), GpuError> {
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| GpuError::Validation(e.to_string()))?;
+        self.check()
+    }
+}
+
+/// Records dispatches into one command encoder, all in one compute pass unless a copy or a
+/// timed span needs the encoder.
+pub struct Recorder<'a> {
+    ctx: &'a GpuContext,
+    encoder: Option<wgpu::CommandEncoder>,
+    pass: Option<wgpu::ComputePass<'static>>,
+    dispatches: usize,
+}
+
+impl<'a> Recorder<'a> {
+    pub fn new(ctx: &'a GpuContext, label: &str) -> Self {
+        let encoder = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) });
+        Self {
+            ctx,
+            encoder: Some(encoder),
+            pass: None,
+            dispatches: 0,
+        }
+    }
+
+    fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        self.pass = None;
+        self.encoder
+            .as_mut()
+            .expect("the encoder lives until finish")
+    }
+
+    /// Records `d` in the current compute pass (opening one if needed).
+    pub fn run(&mut self, d: &Dispatch) {
+        self.run_grid(d, d.workgroups);
+    }
+
+    /// Records `d` with a different grid (for grids that depend on the step).
+    pub fn run_grid(&mut self, d: &Dispatch, workgroups: [u32; 3]) {
+        if workgroups.contains(&0) {
+            return;
+        }
+        if self.pass.is_none() {
+            let encoder = self
+                .encoder
+                .as_mut()
+                .expect("the encoder lives until finish");
+            let pass = encoder
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("wgemma"),
+                    timestamp_writes: None,
+                })
+                .forget_lifetime();
+            self.pass = Some(pass);
+        }
+        let pass = self.pass.as_mut().expect("just opened");
+        pass.set_pipeline(&d.pipeline);
+        pass.set_bind_group(0, &d.bind_group, &[]);
+        pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+        self.dispatches += 1;
+    }
+
+    /// Records `d` in a pass of its own whose start and end are written to `queries` at
+    /// `index` and `index + 1` (per-kernel profiling).
+    pub fn run_timed(&mut self, d: &Dispatch, queries: &wgpu::QuerySet, index: u32) {
+        self.dispatches += 1;
+        let encoder = self.encoder();
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(d.label),
+            timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                query_set: queries,
+                beginning_of_pass_write_index: Some(index),
+                end_of_pass_write_index: Some(index + 1),
+            }),
+        });
+        pass.set_pipeline(&d.pipeline);
+        pass.set_bind_group(0, &d.bind_group, &[]);
+        pass.dispatch_workgroups(d.workgroups[0], d.workgroups[1], d.workgroups[2]);
+    }
+
+    /// Copies between buffers (ends the current compute pass).
+    pub fn copy(&mut self, from: &View, to: &View, size: u64) {
+        self.encoder().copy_buffer_to_buffer(
+            &from.buffer,
+            from.offset,
+            &to.buffer,
+            to.offset,
+            size,
+        );
+    }
+
+    /// The underlying encoder (ends the current compute pass).
+    pub fn raw_encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        self.encoder()
+    }
+
+    /// Dispatches recorded so far.
+    pub fn dispatch_count(&self) -> usize {
+        self.dispatches
+    }
+
+    /// Ends the pass and submits everything recorded.
+    pub fn submit(mut self) -> wgpu::SubmissionIndex {
+        self.pass = None;
+        let encoder = self.encoder.take().expect("the encoder lives until finish");
+        self.ctx.queue.submit([encoder.finish()])
+    }
+}

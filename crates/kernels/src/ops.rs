@@ -1,0 +1,677 @@
+//! Typed dispatchers: each binds exactly the buffers its kernel needs, checks shapes, and
+//! returns prepared [`Dispatch`]es to record as often as needed.
+
+use crate::context::{GpuContext, GpuError};
+use crate::gpu::{Bind, Dispatch, Params, View};
+use crate::shader::{BYTES_WGSL, DTYPES_WGSL, ShaderSource};
+use crate::weights::{GpuWeight, dtype_flag};
+
+const MATVEC_WGSL: &str = include_str!("wgsl/matvec.wgsl");
+const MATMUL_WGSL: &str = include_str!("wgsl/matmul.wgsl");
+const REDUCE_WGSL: &str = include_str!("wgsl/reduce.wgsl");
+const NORM_WGSL: &str = include_str!("wgsl/norm.wgsl");
+const ROPE_WGSL: &str = include_str!("wgsl/rope.wgsl");
+const KV_STORE_WGSL: &str = include_str!("wgsl/kv_store.wgsl");
+const ATTENTION_WGSL: &str = include_str!("wgsl/attention.wgsl");
+const ELEMENTWISE_WGSL: &str = include_str!("wgsl/elementwise.wgsl");
+const EMBED_WGSL: &str = include_str!("wgsl/embed.wgsl");
+const ARGMAX_WGSL: &str = include_str!("wgsl/argmax.wgsl");
+const TOPK_WGSL: &str = include_str!("wgsl/topk.wgsl");
+const PENALTY_WGSL: &str = include_str!("wgsl/penalty.wgsl");
+
+/// Token counts up to this use the matrix-vector kernel; more use the tiled matmul.
+pub const MATVEC_MAX_TOKENS: u32 = 4;
+/// The largest head dimension the attention kernel handles.
+pub const MAX_HEAD_DIM: u32 = 512;
+/// Values per workgroup in the first stage of argmax.
+pub const ARGMAX_CHUNK: u32 = 1024;
+/// Values per workgroup in the first stage of top-k.
+pub const TOPK_CHUNK: u32 = 4096;
+/// The largest k top-k supports.
+pub const TOPK_MAX: u32 = 64;
+
+fn shape(msg: String) -> GpuError {
+    GpuError::Shape(msg)
+}
+
+/// A grid of `groups` workgroups, folded into y when x would exceed the per-dimension limit.
+pub fn grid(ctx: &GpuContext, groups: u32, z: u32) -> [u32; 3] {
+    let max = ctx.limits.max_compute_workgroups_per_dimension.max(1);
+    if groups <= max {
+        [groups, 1, z]
+    } else {
+        [max, groups.div_ceil(max), z]
+    }
+}
+
+/// Arguments of [`matmul`]: `y[t, r] = sum_k W[r, k] x[t, k]` for tokens t < `m`.
+pub struct MatmulArgs<'a> {
+    pub x: &'a View,
+    pub y: &'a View,
+    pub m: u32,
+    /// Elements between consecutive tokens of x (>= W's columns, a multiple of 4).
+    pub x_stride: u32,
+    /// Elements between consecutive tokens of y (>= W's rows).
+    pub y_stride: u32,
+    /// `c * tanh(y / c)` on the output when > 0 (final logit softcap).
+    pub softcap: f32,
+}
+
+/// Weight times activations, one dispatch per weight tile (matrix-vector for few tokens,
+/// tiled matrix-matrix for many).
+pub fn matmul(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    a: &MatmulArgs<'_>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let flag = dtype_flag(w.dtype)?;
+    let (k, n) = (w.cols as u32, w.rows as u32);
+    if a.m == 0 {
+        return Ok(Vec::new());
+    }
+    if a.x_stride < k || !a.x_stride.is_multiple_of(4) || a.y_stride < n {
+        return Err(shape(format!(
+            "{}: strides x {} / y {} for a {n}x{k} weight",
+            w.name, a.x_stride, a.y_stride
+        )));
+    }
+    a.x.expect_len32(
+        &w.name,
+        u64::from(a.m - 1) * u64::from(a.x_stride) + u64::from(k),
+    )?;
+    a.y.expect_len32(
+        &w.name,
+        u64::from(a.m - 1) * u64::from(a.y_stride) + u64::from(n),
+    )?;
+    let vec = a.m <= MATVEC_MAX_TOKENS;
+    // Threads per row: enough to cover short rows without idle lanes.
+    let units = k / 32;
+    let tpr = [4u32, 8, 16, 32, 64]
+        .into_iter()
+        .find(|&t| t * 2 >= units)
+        .unwrap_or(64);
+    let source = if vec {
+        ShaderSource::new("matvec", &[BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL])
+            .flag(flag)
+            .constant("TPR", f64::from(tpr))
+    } else {
+        ShaderSource::new("matmul", &[BYTES_WGSL, DTYPES_WGSL, MATMUL_WGSL]).flag(flag)
+    };
+    let pipeline = ctx.pipeline(&source);
+    w.tiles
+        .iter()
+        .map(|tile| {
+            let rows = tile.rows as u32;
+            let params = Params::new()
+                .u32(k)
+                .u32(rows)
+                .u32(w.row_bytes as u32)
+                .u32(tile.first_row as u32)
+                .u32(a.m)
+                .u32(a.x_stride)
+                .u32(a.y_stride)
+                .f32(a.softcap);
+            let workgroups = if vec {
+                grid(ctx, rows.div_ceil(256 / tpr), a.m)
+            } else {
+                [rows.div_ceil(64), a.m.div_ceil(32), 1]
+            };
+            let wv = View::of(&tile.buffer);
+            ctx.dispatch(
+                if vec { "matvec" } else { "matmul" },
+                pipeline.clone(),
+                &[
+                    Bind::Storage(&wv),
+                    Bind::Storage(a.x),
+                    Bind::Storage(a.y),
+                    Bind::Params(params),
+                ],
+                workgroups,
+            )
+        })
+        .collect()
+}
+
+/// How [`rms_norm`] writes its result.
+pub enum NormOut<'a> {
+    /// `y = norm(x) * w`
+    To(&'a View),
+    /// `x = norm(x) * w`
+    InPlace,
+    /// `res += norm(x) * w` (a post-norm and the residual add in one pass)
+    AddTo(&'a View),
+}
+
+/// RMS normalisation over `rows` rows of `dim` values (`x_stride` apart), with an optional
+/// per-element weight.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm(
+    ctx: &GpuContext,
+    x: &View,
+    out: NormOut<'_>,
+    weight: Option<&View>,
+    rows: u32,
+    dim: u32,
+    x_stride: u32,
+    eps: f32,
+) -> Result<Dispatch, GpuError> {
+    x.expect_len32(
+        "rms_norm x",
+        u64::from(rows.max(1) - 1) * u64::from(x_stride) + u64::from(dim),
+    )?;
+    if let Some(w) = weight {
+        w.expect_len32("rms_norm weight", u64::from(dim))?;
+    }
+    let (inplace, residual, y) = match &out {
+        NormOut::To(y) => (false, false, Some(*y)),
+        NormOut::InPlace => (true, false, None),
+        NormOut::AddTo(y) => (false, true, Some(*y)),
+    };
+    if let Some(y) = y {
+        y.expect_len32("rms_norm out", u64::from(rows) * u64::from(dim))?;
+    }
+    let source = ShaderSource::new("rms_norm", &[REDUCE_WGSL, NORM_WGSL])
+        .flag_if(inplace, "INPLACE")
+        .flag_if(residual, "RESIDUAL")
+        .flag_if(weight.is_some(), "WEIGHT");
+    let params = Params::new().u32(dim).u32(rows).f32(eps).u32(x_stride);
+    let mut binds = vec![Bind::Storage(x)];
+    if let Some(y) = y {
+        binds.push(Bind::Storage(y));
+    }
+    binds.push(Bind::Params(params));
+    if let Some(w) = weight {
+        binds.push(Bind::Storage(w));
+    }
+    // The shader numbers bindings 0 (x), 1 (y), 2 (params), 3 (weight); in-place has no 1.
+    let binds = renumber(binds, inplace);
+    ctx.dispatch(
+        "rms_norm",
+        ctx.pipeline(&source),
+        &binds,
+        grid(ctx, rows, 1),
+    )
+}
+
+/// Inserts a gap where an optional binding is absent, so positions match binding numbers.
+fn renumber(binds: Vec<Bind<'_>>, gap_at_1: bool) -> Vec<Bind<'_>> {
+    if !gap_at_1 {
+        return binds;
+    }
+    let mut it = binds.into_iter();
+    let mut out = vec![it.next().expect("x is always bound"), Bind::Skip];
+    out.extend(it);
+    out
+}
+
+/// Arguments of [`rope`].
+pub struct RopeArgs<'a> {
+    /// `[tokens, heads, head_dim]`, rotated in place.
+    pub x: &'a View,
+    /// One position per token.
+    pub positions: &'a View,
+    pub tokens: u32,
+    pub heads: u32,
+    pub head_dim: u32,
+    /// Rotated dimensions (pairs `i`, `i + n_rot/2`); the rest pass through.
+    pub n_rot: u32,
+    pub base: f32,
+    pub freq_scale: f32,
+    /// Per-pair frequency divisors (`rope_freqs`), `n_rot / 2` values.
+    pub freq_factors: Option<&'a View>,
+}
+
+/// NeoX rotary position embedding.
+pub fn rope(ctx: &GpuContext, a: &RopeArgs<'_>) -> Result<Dispatch, GpuError> {
+    if a.n_rot > a.head_dim || !a.n_rot.is_multiple_of(2) {
+        return Err(shape(format!(
+            "rope: n_rot {} for head_dim {}",
+            a.n_rot, a.head_dim
+        )));
+    }
+    let rows = a.tokens * a.heads;
+    a.x.expect_len32("rope x", u64::from(rows) * u64::from(a.head_dim))?;
+    a.positions
+        .expect_len32("rope positions", u64::from(a.tokens))?;
+    if let Some(ff) = a.freq_factors {
+        ff.expect_len32("rope freq factors", u64::from(a.n_rot / 2))?;
+    }
+    let source =
+        ShaderSource::new("rope", &[ROPE_WGSL]).flag_if(a.freq_factors.is_some(), "FREQ_FACTORS");
+    let params = Params::new()
+        .u32(a.heads)
+        .u32(a.head_dim)
+        .u32(a.n_rot)
+        .u32(rows)
+        .f32(a.base)
+        .f32(a.freq_scale);
+    let mut binds = vec![
+        Bind::Storage(a.x),
+        Bind::Storage(a.positions),
+        Bind::Params(params),
+    ];
+    if let Some(ff) = a.freq_factors {
+        binds.push(Bind::Storage(ff));
+    }
+    ctx.dispatch("rope", ctx.pipeline(&source), &binds, grid(ctx, rows, 1))
+}
+
+/// Writes `m` rows of `row` values (`src_stride` apart) into `cache` at the rows given by
+/// `positions` (positions at or past `capacity` are dropped).
+pub fn kv_store(
+    ctx: &GpuContext,
+    src: &View,
+    cache: &View,
+    positions: &View,
+    row: u32,
+    m: u32,
+    src_stride: u32,
+) -> Result<Dispatch, GpuError> {
+    src.expect_len32(
+        "kv_store src",
+        u64::from(m.max(1) - 1) * u64::from(src_stride) + u64::from(row),
+    )?;
+    positions.expect_len32("kv_store positions", u64::from(m))?;
+    let capacity = (cache.len32() / u64::from(row.max(1))) as u32;
+    let params = Params::new().u32(row).u32(m).u32(src_stride).u32(capacity);
+    let source = ShaderSource::new("kv_store", &[KV_STORE_WGSL]);
+    ctx.dispatch(
+        "kv_store",
+        ctx.pipeline(&source),
+        &[
+            Bind::Storage(src),
+            Bind::Storage(cache),
+            Bind::Storage(positions),
+            Bind::Params(params),
+        ],
+        [row.div_ceil(256), m, 1],
+    )
+}
+
+/// Arguments of [`attention`].
+pub struct AttentionArgs<'a> {
+    /// `[tokens, n_head, head_dim]`
+    pub q: &'a View,
+    /// `[capacity, n_kv_head, head_dim]`
+    pub k_cache: &'a View,
+    pub v_cache: &'a View,
+    pub positions: &'a View,
+    /// `[tokens, n_head, head_dim]`
+    pub out: &'a View,
+    pub tokens: u32,
+    pub n_head: u32,
+    pub n_kv_head: u32,
+    pub head_dim: u32,
+    /// Keys visible to a query: the last `window` positions (0: all).
+    pub window: u32,
+    /// Multiplier of q·k.
+    pub scale: f32,
+    /// Softcap of the scores when > 0.
+    pub softcap: f32,
+}
+
+/// Causal attention over the KV cache.
+pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, GpuError> {
+    if a.head_dim > MAX_HEAD_DIM || a.n_kv_head == 0 || !a.n_head.is_multiple_of(a.n_kv_head) {
+        return Err(shape(format!(
+            "attention: {} heads over {} KV heads of dim {} (max {MAX_HEAD_DIM})",
+            a.n_head, a.n_kv_head, a.head_dim
+        )));
+    }
+    let q_len = u64::from(a.tokens) * u64::from(a.n_head) * u64::from(a.head_dim);
+    a.q.expect_len32("attention q", q_len)?;
+    a.out.expect_len32("attention out", q_len)?;
+    a.positions
+        .expect_len32("attention positions", u64::from(a.tokens))?;
+    let row = u64::from(a.n_kv_head) * u64::from(a.head_dim);
+    let capacity = a.k_cache.len32() / row;
+    if capacity == 0 || a.v_cache.len32() / row != capacity {
+        return Err(shape(
+            "attention: K and V caches differ or are empty".into(),
+        ));
+    }
+    let params = Params::new()
+        .u32(a.n_head)
+        .u32(a.n_kv_head)
+        .u32(a.head_dim)
+        .u32(a.tokens)
+        .u32(a.window)
+        .f32(a.scale)
+        .f32(a.softcap)
+        .u32(capacity as u32);
+    let source = ShaderSource::new("attention", &[REDUCE_WGSL, ATTENTION_WGSL]);
+    ctx.dispatch(
+        "attention",
+        ctx.pipeline(&source),
+        &[
+            Bind::Storage(a.q),
+            Bind::Storage(a.k_cache),
+            Bind::Storage(a.v_cache),
+            Bind::Storage(a.positions),
+            Bind::Storage(a.out),
+            Bind::Params(params),
+        ],
+        [a.n_head, a.tokens, 1],
+    )
+}
+
+/// Elementwise operations of [`elementwise`].
+pub enum Elementwise<'a> {
+    /// `y[r, c] = gelu_tanh(gate[r * gate_stride + c]) * up[r * up_stride + c]`
+    Geglu {
+        gate: &'a View,
+        up: &'a View,
+        cols: u32,
+        gate_stride: u32,
+        up_stride: u32,
+    },
+    /// `y += a`
+    Add(&'a View),
+    /// `y *= s`
+    Scale(f32),
+    /// `y = c * tanh(y / c)`
+    Softcap(f32),
+}
+
+/// An elementwise operation over the first `n` values of `y`.
+pub fn elementwise(
+    ctx: &GpuContext,
+    op: Elementwise<'_>,
+    y: &View,
+    n: u32,
+) -> Result<Dispatch, GpuError> {
+    y.expect_len32("elementwise y", u64::from(n))?;
+    let (flag, a, b, params) = match op {
+        Elementwise::Geglu {
+            gate,
+            up,
+            cols,
+            gate_stride,
+            up_stride,
+        } => {
+            if cols == 0 || !n.is_multiple_of(cols) {
+                return Err(shape(format!("geglu: {n} values in rows of {cols}")));
+            }
+            let rows = u64::from(n / cols);
+            gate.expect_len32(
+                "geglu gate",
+                (rows - 1) * u64::from(gate_stride) + u64::from(cols),
+            )?;
+            up.expect_len32(
+                "geglu up",
+                (rows - 1) * u64::from(up_stride) + u64::from(cols),
+            )?;
+            let p = Params::new()
+                .u32(n)
+                .u32(cols)
+                .u32(gate_stride)
+                .u32(up_stride)
+                .f32(0.0);
+            ("GEGLU", Some(gate), Some(up), p)
+        }
+        Elementwise::Add(a) => {
+            a.expect_len32("add a", u64::from(n))?;
+            (
+                "ADD",
+                Some(a),
+                None,
+                Params::new().u32(n).u32(n).u32(0).u32(0).f32(0.0),
+            )
+        }
+        Elementwise::Scale(s) => (
+            "SCALE",
+            None,
+            None,
+            Params::new().u32(n).u32(n).u32(0).u32(0).f32(s),
+        ),
+        Elementwise::Softcap(c) => (
+            "SOFTCAP",
+            None,
+            None,
+            Params::new().u32(n).u32(n).u32(0).u32(0).f32(c),
+        ),
+    };
+    let source = ShaderSource::new("elementwise", &[ELEMENTWISE_WGSL]).flag(flag);
+    let binds = [
+        a.map_or(Bind::Skip, Bind::Storage),
+        b.map_or(Bind::Skip, Bind::Storage),
+        Bind::Storage(y),
+        Bind::Params(params),
+    ];
+    ctx.dispatch(
+        flag_label(flag),
+        ctx.pipeline(&source),
+        &binds,
+        grid(ctx, n.div_ceil(256), 1),
+    )
+}
+
+fn flag_label(flag: &str) -> &'static str {
+    match flag {
+        "GEGLU" => "geglu",
+        "ADD" => "add",
+        "SCALE" => "scale",
+        _ => "softcap",
+    }
+}
+
+/// `out[t, :] = table[ids[t], :] * scale` for `m` tokens, one dispatch per table tile.
+pub fn embed(
+    ctx: &GpuContext,
+    table: &GpuWeight,
+    ids: &View,
+    out: &View,
+    m: u32,
+    scale: f32,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let flag = dtype_flag(table.dtype)?;
+    ids.expect_len32("embed ids", u64::from(m))?;
+    out.expect_len32("embed out", u64::from(m) * table.cols)?;
+    let source = ShaderSource::new("embed", &[BYTES_WGSL, DTYPES_WGSL, EMBED_WGSL]).flag(flag);
+    let pipeline = ctx.pipeline(&source);
+    table
+        .tiles
+        .iter()
+        .map(|tile| {
+            let params = Params::new()
+                .u32(table.cols as u32)
+                .u32(table.row_bytes as u32)
+                .u32(tile.first_row as u32)
+                .u32(tile.rows as u32)
+                .u32(m)
+                .f32(scale);
+            let wv = View::of(&tile.buffer);
+            ctx.dispatch(
+                "embed",
+                pipeline.clone(),
+                &[
+                    Bind::Storage(&wv),
+                    Bind::Storage(ids),
+                    Bind::Storage(out),
+                    Bind::Params(params),
+                ],
+                grid(ctx, m, 1),
+            )
+        })
+        .collect()
+}
+
+/// Gumbel-max sampling parameters: the argmax then samples softmax(logits / temperature).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Gumbel {
+    pub seed: u32,
+    pub step: u32,
+    pub temperature: f32,
+}
+
+/// The two dispatches of an argmax over `n` values; `result` receives (index, value bits).
+pub struct Argmax {
+    pub partial: Dispatch,
+    pub finish: Dispatch,
+}
+
+impl Argmax {
+    /// Scratch words the first stage needs for `n` values.
+    pub fn scratch_words(n: u32) -> u64 {
+        2 * u64::from(n.div_ceil(ARGMAX_CHUNK))
+    }
+
+    /// Changes the Gumbel step (and seed/temperature) without rebuilding: for decode loops.
+    pub fn set_gumbel(&self, ctx: &GpuContext, n: u32, g: Gumbel) {
+        let params = argmax_params(n, Some(g));
+        self.partial.update_params(ctx, &params);
+    }
+}
+
+fn argmax_params(n: u32, g: Option<Gumbel>) -> Params {
+    let g = g.unwrap_or(Gumbel {
+        seed: 0,
+        step: 0,
+        temperature: 1.0,
+    });
+    Params::new()
+        .u32(n)
+        .u32(n.div_ceil(ARGMAX_CHUNK))
+        .u32(g.seed)
+        .u32(g.step)
+        .f32(1.0 / g.temperature.max(1e-6))
+}
+
+/// Index of the largest of the first `n` values of `x` (or a Gumbel-max sample).
+pub fn argmax(
+    ctx: &GpuContext,
+    x: &View,
+    n: u32,
+    scratch: &View,
+    result: &View,
+    gumbel: Option<Gumbel>,
+) -> Result<Argmax, GpuError> {
+    x.expect_len32("argmax x", u64::from(n))?;
+    scratch.expect_len32("argmax scratch", Argmax::scratch_words(n))?;
+    result.expect_len32("argmax result", 2)?;
+    let params = argmax_params(n, gumbel);
+    let partial = ctx.dispatch(
+        "argmax",
+        ctx.pipeline(
+            &ShaderSource::new("argmax", &[ARGMAX_WGSL])
+                .flag("PARTIAL")
+                .flag_if(gumbel.is_some(), "GUMBEL"),
+        ),
+        &[
+            Bind::Storage(x),
+            Bind::Storage(scratch),
+            Bind::Params(params.clone()),
+        ],
+        [n.div_ceil(ARGMAX_CHUNK), 1, 1],
+    )?;
+    let finish = ctx.dispatch(
+        "argmax_final",
+        ctx.pipeline(&ShaderSource::new("argmax", &[ARGMAX_WGSL])),
+        &[
+            Bind::Storage(result),
+            Bind::Storage(scratch),
+            Bind::Params(params),
+        ],
+        [1, 1, 1],
+    )?;
+    Ok(Argmax { partial, finish })
+}
+
+/// The two dispatches of a top-k; `out` receives k (index, value bits) pairs, best first.
+pub struct TopK {
+    pub partial: Dispatch,
+    pub finish: Dispatch,
+}
+
+impl TopK {
+    /// Scratch words the first stage needs.
+    pub fn scratch_words(n: u32, k: u32) -> u64 {
+        2 * u64::from(n.div_ceil(TOPK_CHUNK)) * u64::from(k)
+    }
+}
+
+/// The `k` largest of the first `n` values of `x`, sorted.
+pub fn top_k(
+    ctx: &GpuContext,
+    x: &View,
+    n: u32,
+    k: u32,
+    scratch: &View,
+    out: &View,
+) -> Result<TopK, GpuError> {
+    if k == 0 || k > TOPK_MAX {
+        return Err(shape(format!("top_k: k = {k} (1..={TOPK_MAX})")));
+    }
+    x.expect_len32("top_k x", u64::from(n))?;
+    scratch.expect_len32("top_k scratch", TopK::scratch_words(n, k))?;
+    out.expect_len32("top_k out", 2 * u64::from(k))?;
+    let parts = n.div_ceil(TOPK_CHUNK);
+    if parts * k > 16 * 256 {
+        return Err(shape(format!(
+            "top_k: {n} values give too many candidates for k = {k}"
+        )));
+    }
+    let partial = ctx.dispatch(
+        "top_k",
+        ctx.pipeline(&ShaderSource::new("top_k", &[TOPK_WGSL]).flag("PARTIAL")),
+        &[
+            Bind::Storage(x),
+            Bind::Storage(scratch),
+            Bind::Params(Params::new().u32(n).u32(k)),
+        ],
+        [parts, 1, 1],
+    )?;
+    let finish = ctx.dispatch(
+        "top_k_final",
+        ctx.pipeline(&ShaderSource::new("top_k", &[TOPK_WGSL])),
+        &[
+            Bind::Storage(scratch),
+            Bind::Storage(out),
+            Bind::Params(Params::new().u32(parts * k).u32(k)),
+        ],
+        [1, 1, 1],
+    )?;
+    Ok(TopK { partial, finish })
+}
+
+/// Penalty settings of [`penalties`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PenaltyParams {
+    pub repeat: f32,
+    pub frequency: f32,
+    pub presence: f32,
+}
+
+/// Applies repetition/frequency/presence penalties to the logits of the `count` tokens listed in
+/// `tokens` as (id, occurrences) pairs.
+pub fn penalties(
+    ctx: &GpuContext,
+    tokens: &View,
+    count: u32,
+    logits: &View,
+    vocab: u32,
+    p: PenaltyParams,
+) -> Result<Dispatch, GpuError> {
+    tokens.expect_len32("penalty tokens", 2 * u64::from(count))?;
+    logits.expect_len32("penalty logits", u64::from(vocab))?;
+    ctx.dispatch(
+        "penalties",
+        ctx.pipeline(&ShaderSource::new("penalties", &[PENALTY_WGSL])),
+        &[
+            Bind::Storage(tokens),
+            Bind::Storage(logits),
+            Bind::Params(penalty_params(count, vocab, p)),
+        ],
+        [count.max(1).div_ceil(64), 1, 1],
+    )
+}
+
+/// The parameter block of [`penalties`], for updating a prepared dispatch.
+pub fn penalty_params(count: u32, vocab: u32, p: PenaltyParams) -> Params {
+    Params::new()
+        .u32(count)
+        .u32(vocab)
+        .f32(p.repeat)
+        .f32(p.frequency)
+        .f32(p.presence)
+}

@@ -1,0 +1,130 @@
+//! WGSL assembly: a kernel is its own file plus the snippets it uses, specialised by
+//! `#if FLAG` / `#else` / `#endif` lines and by WGSL `override` constants.
+//!
+//! Flags `F16` and `SUBGROUPS` are set from the device's features, so one file serves with and
+//! without them; other flags come from the dispatcher (e.g. the weight dtype).
+
+use std::collections::BTreeSet;
+
+use crate::context::GpuFeatures;
+
+/// WGSL shared by kernels that read quantized weights from the `w` binding.
+pub(crate) const BYTES_WGSL: &str = include_str!("wgsl/bytes.wgsl");
+/// Per-dtype `load_unit` functions (one is selected by a `DT_*` flag).
+pub(crate) const DTYPES_WGSL: &str = include_str!("wgsl/dtypes.wgsl");
+
+/// The source of one pipeline variant.
+#[derive(Clone, Debug)]
+pub struct ShaderSource {
+    pub name: &'static str,
+    pub parts: Vec<&'static str>,
+    pub flags: BTreeSet<String>,
+    pub constants: Vec<(String, f64)>,
+}
+
+impl ShaderSource {
+    pub fn new(name: &'static str, parts: &[&'static str]) -> Self {
+        Self {
+            name,
+            parts: parts.to_vec(),
+            flags: BTreeSet::new(),
+            constants: Vec::new(),
+        }
+    }
+
+    pub fn flag(mut self, flag: impl Into<String>) -> Self {
+        self.flags.insert(flag.into());
+        self
+    }
+
+    pub fn flag_if(self, on: bool, flag: impl Into<String>) -> Self {
+        if on { self.flag(flag) } else { self }
+    }
+
+    pub fn constant(mut self, name: &str, value: f64) -> Self {
+        self.constants.push((name.to_string(), value));
+        self
+    }
+
+    /// The cache key: name, flags and constants.
+    pub fn key(&self) -> String {
+        let mut key = self.name.to_string();
+        for f in &self.flags {
+            key.push('+');
+            key.push_str(f);
+        }
+        for (k, v) in &self.constants {
+            key.push_str(&format!(" {k}={v}"));
+        }
+        key
+    }
+
+    /// The WGSL text for a device with `features`.
+    pub fn render(&self, features: &GpuFeatures) -> String {
+        let mut flags = self.flags.clone();
+        if features.shader_f16 {
+            flags.insert("F16".into());
+        }
+        if features.subgroups {
+            flags.insert("SUBGROUPS".into());
+        }
+        let mut out = String::new();
+        if flags.contains("F16") {
+            out.push_str("enable f16;\n");
+        }
+        // Naga exposes subgroup built-ins when the device has the feature and rejects the
+        // `enable subgroups;` directive, so SUBGROUPS only selects code paths.
+        for part in &self.parts {
+            preprocess(part, &flags, &mut out);
+        }
+        out
+    }
+}
+
+/// Keeps the lines of `src` whose enclosing `#if` conditions hold. `#if A|B` is true when any
+/// flag is set, `#if !A` when it is not.
+fn preprocess(src: &str, flags: &BTreeSet<String>, out: &mut String) {
+    // Stack of (this branch active, some branch of this #if already taken).
+    let mut stack: Vec<(bool, bool)> = Vec::new();
+    let active = |stack: &[(bool, bool)]| stack.iter().all(|&(a, _)| a);
+    for line in src.lines() {
+        let t = line.trim_start();
+        if let Some(cond) = t.strip_prefix("#if ") {
+            let holds = cond
+                .trim()
+                .split('|')
+                .any(|c| match c.trim().strip_prefix('!') {
+                    Some(neg) => !flags.contains(neg),
+                    None => flags.contains(c.trim()),
+                });
+            stack.push((holds, holds));
+        } else if t.starts_with("#else") {
+            if let Some(top) = stack.last_mut() {
+                *top = (!top.1, true);
+            }
+        } else if t.starts_with("#endif") {
+            stack.pop();
+        } else if active(&stack) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preprocessor_keeps_the_taken_branches() {
+        let src =
+            "a\n#if X\nb\n#if !Y\nc\n#else\nd\n#endif\n#else\ne\n#endif\n#if Z|X\nf\n#endif\n";
+        let flags: BTreeSet<String> = ["X".to_string()].into();
+        let mut out = String::new();
+        preprocess(src, &flags, &mut out);
+        assert_eq!(out, "a\nb\nc\nf\n");
+        let mut out = String::new();
+        preprocess(src, &BTreeSet::new(), &mut out);
+        assert_eq!(out, "a\ne\n");
+    }
+}

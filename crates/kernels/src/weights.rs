@@ -1,0 +1,144 @@
+//! Weights on the GPU in their GGUF block layout, split into row tiles that each fit one
+//! storage binding.
+
+use wgemma_gguf::GgmlType;
+
+use crate::context::{GpuContext, GpuError};
+
+/// The dtypes the GPU kernels read directly (the same set the CPU dequantizer handles).
+pub const GPU_DTYPES: [GgmlType; 15] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Bf16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::Iq4Nl,
+    GgmlType::Iq4Xs,
+];
+
+/// The shader flag selecting `load_unit` for `dtype`.
+pub(crate) fn dtype_flag(dtype: GgmlType) -> Result<&'static str, GpuError> {
+    Ok(match dtype {
+        GgmlType::F32 => "DT_F32",
+        GgmlType::F16 => "DT_F16",
+        GgmlType::Bf16 => "DT_BF16",
+        GgmlType::Q4_0 => "DT_Q4_0",
+        GgmlType::Q4_1 => "DT_Q4_1",
+        GgmlType::Q5_0 => "DT_Q5_0",
+        GgmlType::Q5_1 => "DT_Q5_1",
+        GgmlType::Q8_0 => "DT_Q8_0",
+        GgmlType::Q2K => "DT_Q2_K",
+        GgmlType::Q3K => "DT_Q3_K",
+        GgmlType::Q4K => "DT_Q4_K",
+        GgmlType::Q5K => "DT_Q5_K",
+        GgmlType::Q6K => "DT_Q6_K",
+        GgmlType::Iq4Nl => "DT_IQ4_NL",
+        GgmlType::Iq4Xs => "DT_IQ4_XS",
+        other => {
+            return Err(GpuError::Shape(format!(
+                "weights of dtype {other} cannot be read by the GPU kernels"
+            )));
+        }
+    })
+}
+
+/// Rows `first_row .. first_row + rows` of a weight, in one buffer.
+#[derive(Clone, Debug)]
+pub struct WeightTile {
+    pub buffer: wgpu::Buffer,
+    pub first_row: u64,
+    pub rows: u64,
+}
+
+/// A 2-D weight (`rows` x `cols`, ggml's `dims = [cols, rows]`) resident on the GPU.
+#[derive(Clone, Debug)]
+pub struct GpuWeight {
+    pub name: String,
+    pub dtype: GgmlType,
+    pub cols: u64,
+    pub rows: u64,
+    pub row_bytes: u64,
+    pub tiles: Vec<WeightTile>,
+}
+
+/// Padding after each tile so kernels may read the word after the last byte.
+const TILE_PAD: u64 = 16;
+
+impl GpuWeight {
+    /// Uploads `bytes` (rows x cols of `dtype`, GGUF layout) in tiles of at most
+    /// `max_tile_bytes` (or the device's binding limit, whichever is smaller).
+    pub fn upload(
+        ctx: &GpuContext,
+        name: &str,
+        dtype: GgmlType,
+        cols: u64,
+        rows: u64,
+        bytes: &[u8],
+        max_tile_bytes: Option<u64>,
+    ) -> Result<Self, GpuError> {
+        dtype_flag(dtype)?;
+        if !cols.is_multiple_of(32) {
+            return Err(GpuError::Shape(format!(
+                "{name}: row length {cols} is not a multiple of 32"
+            )));
+        }
+        let row_bytes = dtype.bytes_for(cols).ok_or_else(|| {
+            GpuError::Shape(format!("{name}: {cols} is not whole {dtype} blocks"))
+        })?;
+        if bytes.len() as u64 != row_bytes * rows {
+            return Err(GpuError::Shape(format!(
+                "{name}: {} bytes for {rows} rows of {row_bytes}",
+                bytes.len()
+            )));
+        }
+        let limit = max_tile_bytes
+            .unwrap_or(u64::MAX)
+            .min(ctx.max_binding_size())
+            .saturating_sub(TILE_PAD);
+        let rows_per_tile = (limit / row_bytes).min(rows.max(1));
+        if rows_per_tile == 0 {
+            return Err(GpuError::Shape(format!(
+                "{name}: one row ({row_bytes} bytes) exceeds the binding limit"
+            )));
+        }
+        let mut tiles = Vec::new();
+        let mut first_row = 0;
+        while first_row < rows || (rows == 0 && tiles.is_empty()) {
+            let n = rows_per_tile.min(rows - first_row);
+            let data =
+                &bytes[(first_row * row_bytes) as usize..((first_row + n) * row_bytes) as usize];
+            let buffer = ctx.storage(name, data.len() as u64 + TILE_PAD);
+            ctx.write(&buffer, 0, data);
+            tiles.push(WeightTile {
+                buffer,
+                first_row,
+                rows: n,
+            });
+            first_row += n;
+            if n == 0 {
+                break;
+            }
+        }
+        Ok(Self {
+            name: name.to_string(),
+            dtype,
+            cols,
+            rows,
+            row_bytes,
+            tiles,
+        })
+    }
+
+    /// Bytes held on the GPU.
+    pub fn gpu_bytes(&self) -> u64 {
+        self.tiles.iter().map(|t| t.buffer.size()).sum()
+    }
+}

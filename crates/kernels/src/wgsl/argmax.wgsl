@@ -1,0 +1,99 @@
+// Two-stage argmax over n values. Stage PARTIAL: workgroup g reduces values
+// [g*CHUNK, (g+1)*CHUNK) to (value, index) in part[2g], part[2g+1]. Stage FINAL: one
+// workgroup reduces the partials and writes the index to result[0] and the value's bits to
+// result[1]. Ties go to the smaller index; NaN counts as -inf.
+//
+// GUMBEL: each logit first becomes logit / temperature + Gumbel(seed, step, index) noise, so
+// the argmax is an exact sample from softmax(logits / temperature).
+
+struct Params {
+    n: u32,
+    parts: u32,
+    seed: u32,
+    step: u32,
+    inv_temp: f32,
+}
+
+const CHUNK: u32 = 1024u;
+
+#if PARTIAL
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+#else
+@group(0) @binding(0) var<storage, read_write> result: array<u32>;
+#endif
+@group(0) @binding(1) var<storage, read_write> part: array<u32>;
+@group(0) @binding(2) var<uniform> p: Params;
+
+var<workgroup> bv: array<f32, 256>;
+var<workgroup> bi: array<u32, 256>;
+
+// PCG-style hash: the same stream on CPU and GPU for (seed, step, index).
+fn hash(a: u32) -> u32 {
+    var s = a * 747796405u + 2891336453u;
+    let w = ((s >> ((s >> 28u) + 4u)) ^ s) * 277803737u;
+    return (w >> 22u) ^ w;
+}
+
+fn gumbel(i: u32) -> f32 {
+    let h = hash(hash(hash(p.seed) ^ p.step) ^ i);
+    // Uniform in (0, 1), never exactly 0 or 1.
+    let u = (f32(h >> 8u) + 0.5) / 16777216.0;
+    return -log(-log(u));
+}
+
+fn better(v: f32, i: u32, ov: f32, oi: u32) -> bool {
+    return v > ov || (v == ov && i < oi);
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    var best = -3.4e38;
+    var besti = 0xFFFFFFFFu;
+#if PARTIAL
+    let start = wg.x * CHUNK;
+    for (var j = li; j < CHUNK; j += 256u) {
+        let i = start + j;
+        if (i < p.n) {
+            var v = x[i];
+            if (v != v) {
+                v = -3.4e38;
+            }
+#if GUMBEL
+            v = v * p.inv_temp + gumbel(i);
+#endif
+            if (better(v, i, best, besti)) {
+                best = v;
+                besti = i;
+            }
+        }
+    }
+#else
+    for (var j = li; j < p.parts; j += 256u) {
+        let v = bitcast<f32>(part[2u * j]);
+        let i = part[2u * j + 1u];
+        if (better(v, i, best, besti)) {
+            best = v;
+            besti = i;
+        }
+    }
+#endif
+    bv[li] = best;
+    bi[li] = besti;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (li < s && better(bv[li + s], bi[li + s], bv[li], bi[li])) {
+            bv[li] = bv[li + s];
+            bi[li] = bi[li + s];
+        }
+        workgroupBarrier();
+    }
+    if (li == 0u) {
+#if PARTIAL
+        part[2u * wg.x] = bitcast<u32>(bv[0]);
+        part[2u * wg.x + 1u] = bi[0];
+#else
+        result[0] = bi[0];
+        result[1] = bitcast<u32>(bv[0]);
+#endif
+    }
+}

@@ -1,0 +1,56 @@
+// Byte-level reads of GGUF blocks from the weight binding `w` (an array<u32> holding the
+// tensor's bytes exactly as the file stores them). Blocks of Q8_0, Q5_0, Q6_K... start at
+// 2-byte boundaries, so reads of a word may straddle two words. Weight buffers are padded so
+// the word after the last one exists.
+
+fn wb(o: u32) -> u32 {
+    return (w[o >> 2u] >> ((o & 3u) << 3u)) & 0xFFu;
+}
+
+// A 16-bit value at an even byte offset.
+fn w16(o: u32) -> u32 {
+    return (w[o >> 2u] >> ((o & 2u) << 3u)) & 0xFFFFu;
+}
+
+// A 32-bit little-endian value at any byte offset.
+fn w32(o: u32) -> u32 {
+    let s = (o & 3u) << 3u;
+    let a = w[o >> 2u];
+    if (s == 0u) {
+        return a;
+    }
+    return (a >> s) | (w[(o >> 2u) + 1u] << (32u - s));
+}
+
+fn wf16(o: u32) -> f32 {
+    return unpack2x16float(w16(o)).x;
+}
+
+fn bytes4(v: u32) -> vec4<u32> {
+    return (vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xFFu);
+}
+
+// The four bytes of `v` as signed values.
+fn sbytes4(v: u32) -> vec4<f32> {
+    let i = bitcast<i32>(v);
+    return vec4<f32>(vec4<i32>(extractBits(i, 0u, 8u), extractBits(i, 8u, 8u), extractBits(i, 16u, 8u), extractBits(i, 24u, 8u)));
+}
+
+// Low and high nibbles of the four bytes of `v`.
+fn lo4(v: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xFu));
+}
+
+fn hi4(v: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(v) >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(0xFu));
+}
+
+// Bit `b` of each byte of `v` (0 or 1).
+fn bit4(v: u32, b: u32) -> vec4<f32> {
+    return vec4<f32>((bytes4(v) >> vec4<u32>(b)) & vec4<u32>(1u));
+}
+
+// A byte as a signed value.
+fn sbyte(b: u32) -> f32 {
+    return f32(extractBits(bitcast<i32>(b), 0u, 8u));
+}

@@ -1,0 +1,222 @@
+// load_unit(rb, u): the 32 values of unit `u` (elements 32u..32u+31) of the row whose bytes
+// start at byte `rb`, dequantized exactly as ggml does. One DT_* flag selects the dtype.
+
+#if DT_IQ4_NL|DT_IQ4_XS
+var<private> IQ4: array<f32, 16> = array<f32, 16>(-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
+
+fn iq4(v: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(IQ4[u32(v.x)], IQ4[u32(v.y)], IQ4[u32(v.z)], IQ4[u32(v.w)]);
+}
+#endif
+
+#if DT_Q4_K|DT_Q5_K
+// Scale and min of sub-block j of the 12 packed scale bytes at `sb`.
+fn k4_scale_min(sb: u32, j: u32) -> vec2<f32> {
+    if (j < 4u) {
+        return vec2<f32>(f32(wb(sb + j) & 63u), f32(wb(sb + j + 4u) & 63u));
+    }
+    let a = wb(sb + j + 4u);
+    return vec2<f32>(f32((a & 0xFu) | ((wb(sb + j - 4u) >> 6u) << 4u)), f32((a >> 4u) | ((wb(sb + j) >> 6u) << 4u)));
+}
+#endif
+
+fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
+    var r: array<vec4<f32>, 8>;
+#if DT_F32
+    let b = (rb >> 2u) + u * 32u;
+    for (var i = 0u; i < 8u; i++) {
+        r[i] = bitcast<vec4<f32>>(vec4<u32>(w[b + 4u * i], w[b + 4u * i + 1u], w[b + 4u * i + 2u], w[b + 4u * i + 3u]));
+    }
+#endif
+#if DT_F16
+    let b = (rb >> 2u) + u * 16u;
+    for (var i = 0u; i < 8u; i++) {
+        r[i] = vec4<f32>(unpack2x16float(w[b + 2u * i]), unpack2x16float(w[b + 2u * i + 1u]));
+    }
+#endif
+#if DT_BF16
+    let b = (rb >> 2u) + u * 16u;
+    for (var i = 0u; i < 8u; i++) {
+        let v0 = w[b + 2u * i];
+        let v1 = w[b + 2u * i + 1u];
+        r[i] = bitcast<vec4<f32>>(vec4<u32>(v0 << 16u, v0 & 0xFFFF0000u, v1 << 16u, v1 & 0xFFFF0000u));
+    }
+#endif
+#if DT_Q8_0
+    let o = rb + u * 34u;
+    let d = wf16(o);
+    for (var i = 0u; i < 8u; i++) {
+        r[i] = d * sbytes4(w32(o + 2u + 4u * i));
+    }
+#endif
+#if DT_Q4_0
+    let o = rb + u * 18u;
+    let d = wf16(o);
+    for (var j = 0u; j < 4u; j++) {
+        let q = w32(o + 2u + 4u * j);
+        r[j] = (lo4(q) - 8.0) * d;
+        r[j + 4u] = (hi4(q) - 8.0) * d;
+    }
+#endif
+#if DT_Q4_1
+    let o = rb + u * 20u;
+    let d = wf16(o);
+    let m = wf16(o + 2u);
+    for (var j = 0u; j < 4u; j++) {
+        let q = w32(o + 4u + 4u * j);
+        r[j] = lo4(q) * d + m;
+        r[j + 4u] = hi4(q) * d + m;
+    }
+#endif
+#if DT_Q5_0
+    let o = rb + u * 22u;
+    let d = wf16(o);
+    let qh = w32(o + 2u);
+    for (var j = 0u; j < 4u; j++) {
+        let q = w32(o + 6u + 4u * j);
+        let hl = vec4<f32>((vec4<u32>(qh) >> (vec4<u32>(0u, 1u, 2u, 3u) + 4u * j)) & vec4<u32>(1u));
+        let hh = vec4<f32>((vec4<u32>(qh) >> (vec4<u32>(16u, 17u, 18u, 19u) + 4u * j)) & vec4<u32>(1u));
+        r[j] = (lo4(q) + 16.0 * hl - 16.0) * d;
+        r[j + 4u] = (hi4(q) + 16.0 * hh - 16.0) * d;
+    }
+#endif
+#if DT_Q5_1
+    let o = rb + u * 24u;
+    let d = wf16(o);
+    let m = wf16(o + 2u);
+    let qh = w32(o + 4u);
+    for (var j = 0u; j < 4u; j++) {
+        let q = w32(o + 8u + 4u * j);
+        let hl = vec4<f32>((vec4<u32>(qh) >> (vec4<u32>(0u, 1u, 2u, 3u) + 4u * j)) & vec4<u32>(1u));
+        let hh = vec4<f32>((vec4<u32>(qh) >> (vec4<u32>(16u, 17u, 18u, 19u) + 4u * j)) & vec4<u32>(1u));
+        r[j] = (lo4(q) + 16.0 * hl) * d + m;
+        r[j + 4u] = (hi4(q) + 16.0 * hh) * d + m;
+    }
+#endif
+#if DT_IQ4_NL
+    let o = rb + u * 18u;
+    let d = wf16(o);
+    for (var j = 0u; j < 4u; j++) {
+        let q = w32(o + 2u + 4u * j);
+        r[j] = iq4(lo4(q)) * d;
+        r[j + 4u] = iq4(hi4(q)) * d;
+    }
+#endif
+#if DT_Q4_K
+    let ob = rb + (u >> 3u) * 144u;
+    let s = u & 7u;
+    let sm = k4_scale_min(ob + 4u, s);
+    let dl = wf16(ob) * sm.x;
+    let ml = wf16(ob + 2u) * sm.y;
+    let qb = ob + 16u + (s >> 1u) * 32u;
+    for (var i = 0u; i < 8u; i++) {
+        let q = w32(qb + 4u * i);
+        var v: vec4<f32>;
+        if ((s & 1u) == 0u) {
+            v = lo4(q);
+        } else {
+            v = hi4(q);
+        }
+        r[i] = dl * v - ml;
+    }
+#endif
+#if DT_Q5_K
+    let ob = rb + (u >> 3u) * 176u;
+    let s = u & 7u;
+    let sm = k4_scale_min(ob + 4u, s);
+    let dl = wf16(ob) * sm.x;
+    let ml = wf16(ob + 2u) * sm.y;
+    let qb = ob + 48u + (s >> 1u) * 32u;
+    for (var i = 0u; i < 8u; i++) {
+        let q = w32(qb + 4u * i);
+        let h = bit4(w32(ob + 16u + 4u * i), s);
+        var v: vec4<f32>;
+        if ((s & 1u) == 0u) {
+            v = lo4(q);
+        } else {
+            v = hi4(q);
+        }
+        r[i] = dl * (v + 16.0 * h) - ml;
+    }
+#endif
+#if DT_Q6_K
+    let ob = rb + (u >> 3u) * 210u;
+    let s = u & 7u;
+    let hf = s >> 2u;
+    let quarter = s & 3u;
+    let qlb = ob + hf * 64u + (quarter & 1u) * 32u;
+    let nshift = (quarter >> 1u) * 4u;
+    let qhb = ob + 128u + hf * 32u;
+    let hshift = quarter * 2u;
+    let d = wf16(ob + 208u);
+    let sc0 = d * sbyte(wb(ob + 192u + hf * 8u + quarter * 2u));
+    let sc1 = d * sbyte(wb(ob + 192u + hf * 8u + quarter * 2u + 1u));
+    for (var i = 0u; i < 8u; i++) {
+        let ql = (bytes4(w32(qlb + 4u * i)) >> vec4<u32>(nshift)) & vec4<u32>(0xFu);
+        let qh = (bytes4(w32(qhb + 4u * i)) >> vec4<u32>(hshift)) & vec4<u32>(3u);
+        let q = vec4<f32>(ql | (qh << vec4<u32>(4u))) - 32.0;
+        if (i < 4u) {
+            r[i] = sc0 * q;
+        } else {
+            r[i] = sc1 * q;
+        }
+    }
+#endif
+#if DT_Q2_K
+    let ob = rb + (u >> 3u) * 84u;
+    let s = u & 7u;
+    let shift = (s & 3u) * 2u;
+    let qb = ob + 16u + (s >> 2u) * 32u;
+    let d = wf16(ob + 80u);
+    let dmin = wf16(ob + 82u);
+    let sa = wb(ob + s * 2u);
+    let sb = wb(ob + s * 2u + 1u);
+    for (var i = 0u; i < 8u; i++) {
+        let q = vec4<f32>((bytes4(w32(qb + 4u * i)) >> vec4<u32>(shift)) & vec4<u32>(3u));
+        var sc = sa;
+        if (i >= 4u) {
+            sc = sb;
+        }
+        r[i] = d * f32(sc & 0xFu) * q - dmin * f32(sc >> 4u);
+    }
+#endif
+#if DT_Q3_K
+    let ob = rb + (u >> 3u) * 110u;
+    let s = u & 7u;
+    let n = s >> 2u;
+    let j = s & 3u;
+    let qb = ob + 32u + n * 32u;
+    let d = wf16(ob + 108u);
+    var scl: array<f32, 2>;
+    for (var t = 0u; t < 2u; t++) {
+        let idx = s * 2u + t;
+        var low: u32;
+        if (idx < 8u) {
+            low = wb(ob + 96u + idx) & 0xFu;
+        } else {
+            low = wb(ob + 96u + idx - 8u) >> 4u;
+        }
+        let high = (wb(ob + 96u + 8u + (idx & 3u)) >> (2u * (idx >> 2u))) & 3u;
+        scl[t] = d * (f32(low | (high << 4u)) - 32.0);
+    }
+    for (var i = 0u; i < 8u; i++) {
+        let low = vec4<f32>((bytes4(w32(qb + 4u * i)) >> vec4<u32>(2u * j)) & vec4<u32>(3u));
+        let h = bit4(w32(ob + 4u * i), n * 4u + j);
+        r[i] = scl[i >> 2u] * (low + 4.0 * h - 4.0);
+    }
+#endif
+#if DT_IQ4_XS
+    let ob = rb + (u >> 3u) * 136u;
+    let s = u & 7u;
+    let d = wf16(ob);
+    let sh = w16(ob + 2u);
+    let ls = ((wb(ob + 4u + (s >> 1u)) >> (4u * (s & 1u))) & 0xFu) | (((sh >> (2u * s)) & 3u) << 4u);
+    let dl = d * (f32(ls) - 32.0);
+    for (var j = 0u; j < 4u; j++) {
+        let q = w32(ob + 8u + s * 16u + 4u * j);
+        r[j] = iq4(lo4(q)) * dl;
+        r[j + 4u] = iq4(hi4(q)) * dl;
+    }
+#endif
+    return r;
+}

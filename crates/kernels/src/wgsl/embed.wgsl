@@ -1,0 +1,36 @@
+// out[m, :] = W[ids[m] - first_row, :] * scale for the tokens whose id falls in this weight
+// tile: rows are dequantized on the GPU, one workgroup per token.
+
+struct Params {
+    k: u32,
+    row_bytes: u32,
+    first_row: u32,
+    rows: u32,
+    m: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> ids: array<u32>;
+@group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(3) var<uniform> p: Params;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let m = wg.x + wg.y * nwg.x;
+    if (m >= p.m) {
+        return;
+    }
+    let id = ids[m];
+    if (id < p.first_row || id - p.first_row >= p.rows) {
+        return;
+    }
+    let rb = (id - p.first_row) * p.row_bytes;
+    let ob = m * (p.k / 4u);
+    for (var u = li; u < p.k / 32u; u += 64u) {
+        let q = load_unit(rb, u);
+        for (var i = 0u; i < 8u; i++) {
+            out[ob + u * 8u + i] = q[i] * p.scale;
+        }
+    }
+}

@@ -1,0 +1,624 @@
+//! Every GPU kernel against its CPU reference, on random non-zero data, at several shapes
+//! including sizes that are not multiples of the workgroup or block size. Outputs are
+//! poisoned with NaN first, so an element the kernel fails to write fails the test.
+
+use std::sync::OnceLock;
+
+use wgemma_gguf::{GgmlType, dequantize_to_vec, quantize};
+use wgemma_kernels::ops::{self, AttentionArgs, Elementwise, MatmulArgs, NormOut, RopeArgs};
+use wgemma_kernels::{
+    ContextOptions, Dispatch, GPU_DTYPES, GpuContext, GpuWeight, Recorder, View, cpu,
+};
+
+/// One context for the whole test binary. No adapter is a skip on a developer machine and a
+/// failure in CI.
+fn ctx() -> Option<&'static GpuContext> {
+    static CTX: OnceLock<Option<GpuContext>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        match pollster::block_on(GpuContext::new(ContextOptions::default().with_env())) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "CI is set but no GPU adapter: {e}"
+                );
+                eprintln!("skipping GPU tests: {e}");
+                None
+            }
+        }
+    })
+    .as_ref()
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next() * scale + scale * 0.01).collect()
+    }
+}
+
+fn upload(ctx: &GpuContext, data: &[f32]) -> View {
+    View::of(&ctx.storage_init("test", bytemuck::cast_slice(data)))
+}
+
+fn upload_u32(ctx: &GpuContext, data: &[u32]) -> View {
+    View::of(&ctx.storage_init("test", bytemuck::cast_slice(data)))
+}
+
+fn poisoned(ctx: &GpuContext, n: usize) -> View {
+    upload(ctx, &vec![f32::NAN; n])
+}
+
+fn run(ctx: &GpuContext, dispatches: &[&Dispatch]) {
+    let mut rec = Recorder::new(ctx, "test");
+    for d in dispatches {
+        rec.run(d);
+    }
+    rec.submit();
+    ctx.wait().expect("GPU work failed");
+}
+
+fn read(ctx: &GpuContext, v: &View) -> Vec<f32> {
+    pollster::block_on(ctx.read_f32(v)).unwrap()
+}
+
+/// Largest absolute difference, relative to the reference's RMS.
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let rms = (want.iter().map(|v| v * v).sum::<f32>() / want.len().max(1) as f32)
+        .sqrt()
+        .max(1e-12);
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| {
+            if g.is_nan() {
+                f32::INFINITY
+            } else {
+                (g - w).abs()
+            }
+        })
+        .fold(0.0, f32::max)
+        / rms
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    let e = rel_err(got, want);
+    assert!(e <= tol, "{what}: relative error {e} > {tol}");
+}
+
+#[test]
+fn matmul_matches_cpu_for_every_dtype_and_shape() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    for dtype in GPU_DTYPES {
+        let kq = dtype.block_size().max(32) as u64;
+        // (k, n, m): matvec (m <= 4) and tiled (m > 4), odd row and token counts.
+        let shapes = [
+            (kq, 1, 1),
+            (kq * 2, 37, 1),
+            (kq * 3, 70, 3),
+            (kq, 65, 5),
+            (kq * 2, 129, 37),
+            (kq * 4, 3, 2),
+        ];
+        for (k, n, m) in shapes {
+            let wf = rng.vec((k * n) as usize, 0.5);
+            let wq = quantize(dtype, &wf).unwrap();
+            let wd = dequantize_to_vec(dtype, &wq).unwrap();
+            let x = rng.vec((m * k) as usize, 1.0);
+            let want = cpu::matmul(&wd, n as usize, k as usize, &x, m as usize);
+            let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, None).unwrap();
+            let xv = upload(ctx, &x);
+            let yv = poisoned(ctx, (m * n) as usize);
+            let args = MatmulArgs {
+                x: &xv,
+                y: &yv,
+                m: m as u32,
+                x_stride: k as u32,
+                y_stride: n as u32,
+                softcap: 0.0,
+            };
+            let ds = ops::matmul(ctx, &w, &args).unwrap();
+            run(ctx, &ds.iter().collect::<Vec<_>>());
+            assert_close(
+                &format!("{dtype} k={k} n={n} m={m}"),
+                &read(ctx, &yv),
+                &want,
+                2e-5,
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_across_tiles_with_strides_and_softcap() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(77);
+    for dtype in [GgmlType::Q8_0, GgmlType::Q6K, GgmlType::F32] {
+        let (k, n) = (256u64, 301u64);
+        let wf = rng.vec((k * n) as usize, 0.5);
+        let wq = quantize(dtype, &wf).unwrap();
+        let wd = dequantize_to_vec(dtype, &wq).unwrap();
+        // Tiles of ~50 rows: 7 tiles, the last one short.
+        let tile = dtype.bytes_for(k).unwrap() * 50 + 16;
+        let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, Some(tile)).unwrap();
+        assert_eq!(w.tiles.len(), 7);
+        for m in [1u32, 2, 9] {
+            let (xs, ys) = (k as u32 + 36, n as u32 + 5);
+            let mut x = rng.vec((m * xs) as usize, 1.0);
+            let packed: Vec<f32> = (0..m as usize)
+                .flat_map(|t| x[t * xs as usize..][..k as usize].to_vec())
+                .collect();
+            let mut want = cpu::matmul(&wd, n as usize, k as usize, &packed, m as usize);
+            want.iter_mut().for_each(|v| *v = cpu::softcap(*v, 3.0));
+            x.truncate((m * xs) as usize);
+            let xv = upload(ctx, &x);
+            let yv = poisoned(ctx, (m * ys) as usize);
+            let args = MatmulArgs {
+                x: &xv,
+                y: &yv,
+                m,
+                x_stride: xs,
+                y_stride: ys,
+                softcap: 3.0,
+            };
+            let ds = ops::matmul(ctx, &w, &args).unwrap();
+            run(ctx, &ds.iter().collect::<Vec<_>>());
+            let y = read(ctx, &yv);
+            let got: Vec<f32> = (0..m as usize)
+                .flat_map(|t| y[t * ys as usize..][..n as usize].to_vec())
+                .collect();
+            assert_close(&format!("{dtype} tiled m={m}"), &got, &want, 2e-5);
+            // The gaps between token rows stay untouched.
+            assert!(y[n as usize..ys as usize].iter().all(|v| v.is_nan()));
+        }
+    }
+}
+
+#[test]
+fn matmul_rejects_bad_shapes() {
+    let Some(ctx) = ctx() else { return };
+    let w =
+        GpuWeight::upload(ctx, "w", GgmlType::F32, 64, 4, &vec![0u8; 64 * 4 * 4], None).unwrap();
+    let small = upload(ctx, &[1.0; 10]);
+    let y = upload(ctx, &[0.0; 4]);
+    let args = MatmulArgs {
+        x: &small,
+        y: &y,
+        m: 1,
+        x_stride: 64,
+        y_stride: 4,
+        softcap: 0.0,
+    };
+    assert!(ops::matmul(ctx, &w, &args).is_err());
+    assert!(GpuWeight::upload(ctx, "w", GgmlType::F32, 64, 4, &[0u8; 12], None).is_err());
+    assert!(GpuWeight::upload(ctx, "w", GgmlType::Iq2Xxs, 256, 1, &[0u8; 66], None).is_err());
+    assert!(GpuWeight::upload(ctx, "w", GgmlType::F32, 48, 1, &[0u8; 192], None).is_err());
+}
+
+#[test]
+fn embed_gathers_rows_across_tiles() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(5);
+    for dtype in [GgmlType::Q8_0, GgmlType::Q4K, GgmlType::F16, GgmlType::Q6K] {
+        let (k, rows) = (256u64, 103u64);
+        let wq = quantize(dtype, &rng.vec((k * rows) as usize, 1.0)).unwrap();
+        let wd = dequantize_to_vec(dtype, &wq).unwrap();
+        let tile = dtype.bytes_for(k).unwrap() * 20 + 16;
+        let table = GpuWeight::upload(ctx, "emb", dtype, k, rows, &wq, Some(tile)).unwrap();
+        let ids = [0u32, 19, 20, 102, 55, 19, 7];
+        let out = poisoned(ctx, ids.len() * k as usize);
+        let ds = ops::embed(
+            ctx,
+            &table,
+            &upload_u32(ctx, &ids),
+            &out,
+            ids.len() as u32,
+            1.5,
+        )
+        .unwrap();
+        run(ctx, &ds.iter().collect::<Vec<_>>());
+        let want: Vec<f32> = ids
+            .iter()
+            .flat_map(|&i| {
+                wd[i as usize * k as usize..][..k as usize]
+                    .iter()
+                    .map(|v| v * 1.5)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_close(&format!("embed {dtype}"), &read(ctx, &out), &want, 1e-6);
+    }
+}
+
+#[test]
+fn rms_norm_in_all_three_forms() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(11);
+    for (rows, dim, stride) in [
+        (1u32, 1u32, 1u32),
+        (3, 640, 640),
+        (7, 257, 300),
+        (2, 1536, 1536),
+        (33, 256, 256),
+    ] {
+        let x = rng.vec((rows * stride) as usize, 2.0);
+        let w = rng.vec(dim as usize, 1.0);
+        let packed: Vec<f32> = (0..rows as usize)
+            .flat_map(|r| x[r * stride as usize..][..dim as usize].to_vec())
+            .collect();
+        let (xv, wv) = (upload(ctx, &x), upload(ctx, &w));
+        for weighted in [false, true] {
+            let wopt = weighted.then_some(&wv);
+            let want = cpu::rms_norm(
+                &packed,
+                dim as usize,
+                weighted.then_some(w.as_slice()),
+                1e-6,
+            );
+            let y = poisoned(ctx, (rows * dim) as usize);
+            let d =
+                ops::rms_norm(ctx, &xv, NormOut::To(&y), wopt, rows, dim, stride, 1e-6).unwrap();
+            run(ctx, &[&d]);
+            assert_close(&format!("norm {rows}x{dim}"), &read(ctx, &y), &want, 1e-5);
+
+            let res0 = rng.vec((rows * dim) as usize, 1.0);
+            let res = upload(ctx, &res0);
+            let d = ops::rms_norm(
+                ctx,
+                &xv,
+                NormOut::AddTo(&res),
+                wopt,
+                rows,
+                dim,
+                stride,
+                1e-6,
+            )
+            .unwrap();
+            run(ctx, &[&d]);
+            let want_res: Vec<f32> = res0.iter().zip(&want).map(|(a, b)| a + b).collect();
+            assert_close(
+                &format!("norm+residual {rows}x{dim}"),
+                &read(ctx, &res),
+                &want_res,
+                1e-5,
+            );
+        }
+        let inplace = upload(ctx, &packed);
+        let d = ops::rms_norm(
+            ctx,
+            &inplace,
+            NormOut::InPlace,
+            Some(&wv),
+            rows,
+            dim,
+            dim,
+            1e-6,
+        )
+        .unwrap();
+        run(ctx, &[&d]);
+        let want = cpu::rms_norm(&packed, dim as usize, Some(&w), 1e-6);
+        assert_close(
+            &format!("norm in place {rows}x{dim}"),
+            &read(ctx, &inplace),
+            &want,
+            1e-5,
+        );
+    }
+}
+
+#[test]
+fn rope_matches_cpu_with_partial_dims_and_freq_factors() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(13);
+    for (tokens, heads, hd, n_rot, ff) in [
+        (1u32, 4u32, 256u32, 256u32, false),
+        (5, 3, 64, 32, false),
+        (3, 2, 512, 512, true),
+        (7, 1, 96, 64, true),
+    ] {
+        let x = rng.vec((tokens * heads * hd) as usize, 1.0);
+        let positions: Vec<u32> = (0..tokens).map(|t| 3 + t * 977).collect();
+        let factors: Vec<f32> = (0..n_rot / 2)
+            .map(|i| {
+                if i < n_rot / 8 {
+                    1.0
+                } else if i % 3 == 0 {
+                    1e30
+                } else {
+                    2.5
+                }
+            })
+            .collect();
+        let mut want = x.clone();
+        cpu::rope_neox(
+            &mut want,
+            heads as usize,
+            hd as usize,
+            n_rot as usize,
+            &positions,
+            10000.0,
+            0.5,
+            ff.then_some(factors.as_slice()),
+        );
+        let xv = upload(ctx, &x);
+        let ffv = upload(ctx, &factors);
+        let args = RopeArgs {
+            x: &xv,
+            positions: &upload_u32(ctx, &positions),
+            tokens,
+            heads,
+            head_dim: hd,
+            n_rot,
+            base: 10000.0,
+            freq_scale: 0.5,
+            freq_factors: ff.then_some(&ffv),
+        };
+        run(ctx, &[&ops::rope(ctx, &args).unwrap()]);
+        // Angles reach ~1e4 radians, where f32 argument reduction differs by ~1e-3 between
+        // implementations; the reference computes the same f32 angles.
+        assert_close(
+            &format!("rope hd={hd} n_rot={n_rot}"),
+            &read(ctx, &xv),
+            &want,
+            2e-3,
+        );
+    }
+}
+
+#[test]
+fn attention_matches_cpu_for_prefill_decode_window_and_gqa() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(17);
+    // (n_head, n_kv_head, head_dim, capacity, positions, window)
+    let cases: Vec<(u32, u32, u32, u32, Vec<u32>, u32)> = vec![
+        (4, 1, 256, 64, (0..9).collect(), 0),
+        (4, 1, 256, 64, vec![40], 0),
+        (8, 2, 64, 700, vec![600], 0),
+        (8, 2, 64, 700, (520..540).collect(), 512),
+        (2, 2, 512, 300, vec![299], 100),
+        (3, 1, 96, 260, vec![0, 257, 258, 259], 0),
+    ];
+    for (nh, nkv, hd, cap, positions, window) in cases {
+        let t = positions.len() as u32;
+        let q = rng.vec((t * nh * hd) as usize, 1.0);
+        let kc = rng.vec((cap * nkv * hd) as usize, 1.0);
+        let vc = rng.vec((cap * nkv * hd) as usize, 1.0);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let want = cpu::attention(
+            &q,
+            &kc,
+            &vc,
+            &positions,
+            nh as usize,
+            nkv as usize,
+            hd as usize,
+            window as usize,
+            scale,
+            0.0,
+        );
+        let out = poisoned(ctx, want.len());
+        let args = AttentionArgs {
+            q: &upload(ctx, &q),
+            k_cache: &upload(ctx, &kc),
+            v_cache: &upload(ctx, &vc),
+            positions: &upload_u32(ctx, &positions),
+            out: &out,
+            tokens: t,
+            n_head: nh,
+            n_kv_head: nkv,
+            head_dim: hd,
+            window,
+            scale,
+            softcap: 0.0,
+        };
+        run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
+        assert_close(
+            &format!("attention h={nh}/{nkv} hd={hd} t={t} w={window}"),
+            &read(ctx, &out),
+            &want,
+            1e-4,
+        );
+    }
+}
+
+#[test]
+fn kv_store_writes_rows_at_their_positions() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(19);
+    let (row, m, stride, cap) = (96u32, 3u32, 100u32, 10u32);
+    let src = rng.vec((m * stride) as usize, 1.0);
+    let cache = upload(ctx, &vec![0.0; (cap * row) as usize]);
+    let positions = [7u32, 2, 12];
+    let d = ops::kv_store(
+        ctx,
+        &upload(ctx, &src),
+        &cache,
+        &upload_u32(ctx, &positions),
+        row,
+        m,
+        stride,
+    )
+    .unwrap();
+    run(ctx, &[&d]);
+    let got = read(ctx, &cache);
+    let mut want = vec![0.0; (cap * row) as usize];
+    for (i, &p) in positions.iter().enumerate() {
+        if p < cap {
+            want[(p * row) as usize..][..row as usize]
+                .copy_from_slice(&src[i * stride as usize..][..row as usize]);
+        }
+    }
+    assert_eq!(got, want);
+}
+
+#[test]
+fn elementwise_ops_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(23);
+    let (rows, cols) = (3u32, 517u32);
+    let gate = rng.vec((rows * 2 * cols) as usize, 3.0);
+    let up = rng.vec((rows * cols) as usize, 1.0);
+    let y = poisoned(ctx, (rows * cols) as usize);
+    let gv = upload(ctx, &gate);
+    let uv = upload(ctx, &up);
+    let op = Elementwise::Geglu {
+        gate: &gv,
+        up: &uv,
+        cols,
+        gate_stride: 2 * cols,
+        up_stride: cols,
+    };
+    run(ctx, &[&ops::elementwise(ctx, op, &y, rows * cols).unwrap()]);
+    let want: Vec<f32> = (0..rows as usize)
+        .flat_map(|r| {
+            cpu::geglu(
+                &gate[r * 2 * cols as usize..][..cols as usize],
+                &up[r * cols as usize..][..cols as usize],
+            )
+        })
+        .collect();
+    assert_close("geglu", &read(ctx, &y), &want, 1e-5);
+
+    let n = 70_001u32;
+    let a = rng.vec(n as usize, 1.0);
+    let b = rng.vec(n as usize, 20.0);
+    let yv = upload(ctx, &b);
+    let av = upload(ctx, &a);
+    run(
+        ctx,
+        &[
+            &ops::elementwise(ctx, Elementwise::Add(&av), &yv, n).unwrap(),
+            &ops::elementwise(ctx, Elementwise::Scale(0.5), &yv, n).unwrap(),
+            &ops::elementwise(ctx, Elementwise::Softcap(5.0), &yv, n).unwrap(),
+        ],
+    );
+    let want: Vec<f32> = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| cpu::softcap((x + y) * 0.5, 5.0))
+        .collect();
+    assert_close("add, scale, softcap", &read(ctx, &yv), &want, 1e-5);
+}
+
+#[test]
+fn argmax_and_gumbel_sampling_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(29);
+    for n in [1u32, 1000, 1025, 262_149] {
+        let mut x = rng.vec(n as usize, 10.0);
+        if n > 10 {
+            // A tie at the top: the smaller index wins. A NaN never wins.
+            x[n as usize / 2] = 50.0;
+            x[n as usize - 3] = 50.0;
+            x[3] = f32::NAN;
+        }
+        let xv = upload(ctx, &x);
+        let scratch = upload_u32(ctx, &vec![0; ops::Argmax::scratch_words(n) as usize]);
+        let result = upload_u32(ctx, &[7, 7]);
+        let a = ops::argmax(ctx, &xv, n, &scratch, &result, None).unwrap();
+        run(ctx, &[&a.partial, &a.finish]);
+        let got = pollster::block_on(ctx.read_u32(&result)).unwrap();
+        assert_eq!(got[0], cpu::argmax(&x).0, "argmax n={n}");
+
+        let g = ops::Gumbel {
+            seed: 42,
+            step: 3,
+            temperature: 0.7,
+        };
+        let s = ops::argmax(ctx, &xv, n, &scratch, &result, Some(g)).unwrap();
+        for step in [3u32, 4, 5] {
+            s.set_gumbel(ctx, n, ops::Gumbel { step, ..g });
+            run(ctx, &[&s.partial, &s.finish]);
+            let got = pollster::block_on(ctx.read_u32(&result)).unwrap();
+            assert_eq!(
+                got[0],
+                cpu::gumbel_argmax(&x, 42, step, 0.7),
+                "gumbel n={n} step={step}"
+            );
+        }
+    }
+}
+
+#[test]
+fn top_k_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(31);
+    for (n, k) in [(5u32, 5u32), (1000, 40), (262_144, 64), (70_000, 1)] {
+        let x = rng.vec(n as usize, 10.0);
+        let scratch = upload_u32(ctx, &vec![0; ops::TopK::scratch_words(n, k) as usize]);
+        let out = upload_u32(ctx, &vec![0; 2 * k as usize]);
+        let t = ops::top_k(ctx, &upload(ctx, &x), n, k, &scratch, &out).unwrap();
+        run(ctx, &[&t.partial, &t.finish]);
+        let got = pollster::block_on(ctx.read_u32(&out)).unwrap();
+        let want = cpu::top_k(&x, k as usize);
+        for (r, (id, v)) in want.iter().enumerate() {
+            assert_eq!(got[2 * r], *id, "top_k n={n} rank {r}");
+            assert_eq!(f32::from_bits(got[2 * r + 1]), *v);
+        }
+    }
+}
+
+#[test]
+fn penalties_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(37);
+    let mut logits = rng.vec(1000, 5.0);
+    let tokens = [(3u32, 1u32), (999, 4), (500, 2), (5000, 1)];
+    let flat: Vec<u32> = tokens.iter().flat_map(|&(a, b)| [a, b]).collect();
+    let p = ops::PenaltyParams {
+        repeat: 1.3,
+        frequency: 0.2,
+        presence: 0.5,
+    };
+    let lv = upload(ctx, &logits);
+    let d = ops::penalties(
+        ctx,
+        &upload_u32(ctx, &flat),
+        tokens.len() as u32,
+        &lv,
+        1000,
+        p,
+    )
+    .unwrap();
+    run(ctx, &[&d]);
+    cpu::penalties(&mut logits, &tokens, p);
+    assert_close("penalties", &read(ctx, &lv), &logits, 1e-6);
+}
+
+#[test]
+fn many_dispatches_share_one_pass_and_pipelines_are_cached() {
+    let Some(ctx) = ctx() else { return };
+    let n = 1000u32;
+    let y = upload(ctx, &vec![1.0; n as usize]);
+    let d = ops::elementwise(ctx, Elementwise::Scale(1.001), &y, n).unwrap();
+    let before = ctx.pipeline_count();
+    let again = ops::elementwise(ctx, Elementwise::Scale(2.0), &y, n).unwrap();
+    assert_eq!(
+        ctx.pipeline_count(),
+        before,
+        "same variant, no new pipeline"
+    );
+    let mut rec = Recorder::new(ctx, "many");
+    for _ in 0..200 {
+        rec.run(&d);
+    }
+    rec.run(&again);
+    assert_eq!(rec.dispatch_count(), 201);
+    rec.submit();
+    ctx.wait().unwrap();
+    let got = read(ctx, &y);
+    let want = 1.001f32.powi(200) * 2.0;
+    assert!(
+        got.iter().all(|v| (v - want).abs() < 1e-3),
+        "{} vs {want}",
+        got[0]
+    );
+}
