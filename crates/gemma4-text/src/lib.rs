@@ -1,1 +1,17 @@
-//! Gemma text decoder.
+//! The Gemma text decoder: configuration from GGUF metadata, tokenizer and chat template, an
+//! f32 CPU reference forward, and the GPU forward (batched prefill, one-token decode, KV cache
+//! on the GPU) with sampling.
+
+pub mod chat;
+pub mod config;
+pub mod forward;
+pub mod reference;
+pub mod sampling;
+pub mod synth;
+pub mod tensors;
+pub mod tokenizer;
+
+pub use config::{Arch, ConfigError, LayerConfig, TextConfig};
+pub use forward::{ForwardError, GpuModel, GpuSession, LoadError, LoadProgress, SessionOptions};
+pub use reference::CpuModel;
+pub use sampling::SamplingParams;

@@ -621,16 +621,19 @@ impl<'a> Cursor<'a> {
         })?;
         let offset = self.u64("tensor offset")?;
 
-        let n_elements = dims
+        // Zero dims are legal, but every partial product (rows, row bytes) must still fit:
+        // check the product with zeros counted as ones.
+        let fits = dims
             .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            .filter(|&n| n <= i64::MAX as u64);
-        let Some(n_elements) = n_elements else {
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d.max(1)))
+            .is_some_and(|n| n <= i64::MAX as u64);
+        if !fits {
             return Err(GgufError::BadTensor {
                 name,
                 reason: format!("dimensions {dims:?} overflow"),
             });
-        };
+        }
+        let n_elements = dims.iter().product::<u64>();
         if dims[0] % dtype.block_size() as u64 != 0 {
             return Err(GgufError::BadTensor {
                 name,

@@ -293,6 +293,7 @@ pub struct Recorder<'a> {
     encoder: Option<wgpu::CommandEncoder>,
     pass: Option<wgpu::ComputePass<'static>>,
     dispatches: usize,
+    profiler: Option<&'a mut Profiler>,
 }
 
 impl<'a> Recorder<'a> {
@@ -305,7 +306,16 @@ impl<'a> Recorder<'a> {
             encoder: Some(encoder),
             pass: None,
             dispatches: 0,
+            profiler: None,
         }
+    }
+
+    /// A recorder that times every dispatch with `profiler` (each in a pass of its own, so
+    /// the totals include per-pass overhead; for finding the expensive kernels).
+    pub fn profiled(ctx: &'a GpuContext, label: &str, profiler: &'a mut Profiler) -> Self {
+        let mut r = Self::new(ctx, label);
+        r.profiler = Some(profiler);
+        r
     }
 
     fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
@@ -324,6 +334,17 @@ impl<'a> Recorder<'a> {
     pub fn run_grid(&mut self, d: &Dispatch, workgroups: [u32; 3]) {
         if workgroups.contains(&0) {
             return;
+        }
+        if let Some(p) = self.profiler.as_mut() {
+            if let Some(index) = p.claim(d.label) {
+                let queries = p.queries.clone();
+                let d = Dispatch {
+                    workgroups,
+                    ..d.clone()
+                };
+                self.run_timed(&d, &queries, index);
+                return;
+            }
         }
         if self.pass.is_none() {
             let encoder = self
@@ -387,7 +408,89 @@ impl<'a> Recorder<'a> {
     /// Ends the pass and submits everything recorded.
     pub fn submit(mut self) -> wgpu::SubmissionIndex {
         self.pass = None;
-        let encoder = self.encoder.take().expect("the encoder lives until finish");
+        let mut encoder = self.encoder.take().expect("the encoder lives until finish");
+        if let Some(p) = self.profiler.take() {
+            p.resolve(&mut encoder);
+        }
         self.ctx.queue.submit([encoder.finish()])
+    }
+}
+
+/// GPU timestamps around dispatches, summed per kernel label.
+pub struct Profiler {
+    queries: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    capacity: u32,
+    labels: Vec<&'static str>,
+    period_ns: f64,
+}
+
+impl Profiler {
+    /// Room for `dispatches` timed dispatches per submission; `None` without timestamp queries.
+    pub fn new(ctx: &GpuContext, dispatches: u32) -> Option<Self> {
+        if !ctx.features.timestamps {
+            return None;
+        }
+        let count = (dispatches * 2).min(4096);
+        let queries = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("profiler"),
+            ty: wgpu::QueryType::Timestamp,
+            count,
+        });
+        let resolve = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("profiler"),
+            size: u64::from(count) * 8,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        Some(Self {
+            queries,
+            resolve,
+            capacity: count / 2,
+            labels: Vec::new(),
+            period_ns: f64::from(ctx.queue.get_timestamp_period()),
+        })
+    }
+
+    fn claim(&mut self, label: &'static str) -> Option<u32> {
+        let i = self.labels.len() as u32;
+        (i < self.capacity).then(|| {
+            self.labels.push(label);
+            2 * i
+        })
+    }
+
+    fn resolve(&self, encoder: &mut wgpu::CommandEncoder) {
+        let n = self.labels.len() as u32 * 2;
+        if n > 0 {
+            encoder.resolve_query_set(&self.queries, 0..n, &self.resolve, 0);
+        }
+    }
+
+    /// Reads the timings of the last profiled submission: per label, (dispatches, total
+    /// microseconds), most expensive first. Clears the labels for the next submission.
+    pub async fn read(
+        &mut self,
+        ctx: &GpuContext,
+    ) -> Result<Vec<(&'static str, usize, f64)>, GpuError> {
+        let n = self.labels.len() as u64 * 2;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let bytes = ctx.read(&self.resolve, 0, n * 8).await?;
+        let stamps: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes[..(n * 8) as usize]);
+        let mut totals: Vec<(&'static str, usize, f64)> = Vec::new();
+        for (i, label) in self.labels.drain(..).enumerate() {
+            let us = stamps[2 * i + 1].saturating_sub(stamps[2 * i]) as f64 * self.period_ns / 1e3;
+            match totals.iter_mut().find(|t| t.0 == label) {
+                Some(t) => {
+                    t.1 += 1;
+                    t.2 += us;
+                }
+                None => totals.push((label, 1, us)),
+            }
+        }
+        totals.sort_by(|a, b| b.2.total_cmp(&a.2));
+        Ok(totals)
     }
 }

@@ -73,15 +73,15 @@ pub struct GpuWeight {
 const TILE_PAD: u64 = 16;
 
 impl GpuWeight {
-    /// Uploads `bytes` (rows x cols of `dtype`, GGUF layout) in tiles of at most
-    /// `max_tile_bytes` (or the device's binding limit, whichever is smaller).
-    pub fn upload(
+    /// Creates the tile buffers for a `rows` x `cols` weight of `dtype` without filling them;
+    /// each tile holds at most `max_tile_bytes` (or the device's binding limit). Fill them with
+    /// [`GpuWeight::write_tile`] in any order (a streaming loader reads one tile at a time).
+    pub fn allocate(
         ctx: &GpuContext,
         name: &str,
         dtype: GgmlType,
         cols: u64,
         rows: u64,
-        bytes: &[u8],
         max_tile_bytes: Option<u64>,
     ) -> Result<Self, GpuError> {
         dtype_flag(dtype)?;
@@ -93,17 +93,11 @@ impl GpuWeight {
         let row_bytes = dtype.bytes_for(cols).ok_or_else(|| {
             GpuError::Shape(format!("{name}: {cols} is not whole {dtype} blocks"))
         })?;
-        if bytes.len() as u64 != row_bytes * rows {
-            return Err(GpuError::Shape(format!(
-                "{name}: {} bytes for {rows} rows of {row_bytes}",
-                bytes.len()
-            )));
-        }
         let limit = max_tile_bytes
             .unwrap_or(u64::MAX)
             .min(ctx.max_binding_size())
             .saturating_sub(TILE_PAD);
-        let rows_per_tile = (limit / row_bytes).min(rows.max(1));
+        let rows_per_tile = limit / row_bytes;
         if rows_per_tile == 0 {
             return Err(GpuError::Shape(format!(
                 "{name}: one row ({row_bytes} bytes) exceeds the binding limit"
@@ -111,21 +105,15 @@ impl GpuWeight {
         }
         let mut tiles = Vec::new();
         let mut first_row = 0;
-        while first_row < rows || (rows == 0 && tiles.is_empty()) {
+        while first_row < rows {
             let n = rows_per_tile.min(rows - first_row);
-            let data =
-                &bytes[(first_row * row_bytes) as usize..((first_row + n) * row_bytes) as usize];
-            let buffer = ctx.storage(name, data.len() as u64 + TILE_PAD);
-            ctx.write(&buffer, 0, data);
+            let buffer = ctx.storage(name, n * row_bytes + TILE_PAD);
             tiles.push(WeightTile {
                 buffer,
                 first_row,
                 rows: n,
             });
             first_row += n;
-            if n == 0 {
-                break;
-            }
         }
         Ok(Self {
             name: name.to_string(),
@@ -135,6 +123,52 @@ impl GpuWeight {
             row_bytes,
             tiles,
         })
+    }
+
+    /// Byte range of tile `i` within the tensor's data.
+    pub fn tile_range(&self, i: usize) -> std::ops::Range<u64> {
+        let t = &self.tiles[i];
+        t.first_row * self.row_bytes..(t.first_row + t.rows) * self.row_bytes
+    }
+
+    /// Fills tile `i` with its bytes (exactly `tile_range(i)` of the tensor).
+    pub fn write_tile(&self, ctx: &GpuContext, i: usize, bytes: &[u8]) -> Result<(), GpuError> {
+        let r = self.tile_range(i);
+        if bytes.len() as u64 != r.end - r.start {
+            return Err(GpuError::Shape(format!(
+                "{}: tile {i} takes {} bytes, got {}",
+                self.name,
+                r.end - r.start,
+                bytes.len()
+            )));
+        }
+        ctx.write(&self.tiles[i].buffer, 0, bytes);
+        Ok(())
+    }
+
+    /// Allocates and fills a weight from all its bytes (rows x cols of `dtype`, GGUF layout).
+    pub fn upload(
+        ctx: &GpuContext,
+        name: &str,
+        dtype: GgmlType,
+        cols: u64,
+        rows: u64,
+        bytes: &[u8],
+        max_tile_bytes: Option<u64>,
+    ) -> Result<Self, GpuError> {
+        let w = Self::allocate(ctx, name, dtype, cols, rows, max_tile_bytes)?;
+        if bytes.len() as u64 != w.row_bytes * rows {
+            return Err(GpuError::Shape(format!(
+                "{name}: {} bytes for {rows} rows of {}",
+                bytes.len(),
+                w.row_bytes
+            )));
+        }
+        for i in 0..w.tiles.len() {
+            let r = w.tile_range(i);
+            w.write_tile(ctx, i, &bytes[r.start as usize..r.end as usize])?;
+        }
+        Ok(w)
     }
 
     /// Bytes held on the GPU.

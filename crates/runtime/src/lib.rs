@@ -1,13 +1,35 @@
 //! wgemma: Gemma inference on the GPU through wgpu, natively and in the browser.
 //!
-//! This crate is the thin layer users depend on: where a model comes from ([`ModelSource`]),
-//! what a file holds ([`ModelInfo`]), and the asynchronous session API.
+//! ```no_run
+//! # async fn demo() -> Result<(), wgemma::Error> {
+//! use futures::StreamExt;
+//! use wgemma::{GenerateRequest, LoadOptions, Model, Prompt, SessionOptions};
+//!
+//! let model = Model::load_file("gemma-3-270m-q4_k_m.gguf", LoadOptions::default()).await?;
+//! let mut session = model.session(SessionOptions::default())?;
+//! let mut stream = Box::pin(session.generate(GenerateRequest::new(Prompt::Text("Hello".into()))));
+//! while let Some(event) = stream.next().await {
+//!     println!("{:?}", event?);
+//! }
+//! # Ok(()) }
+//! ```
 
+mod clock;
+mod error;
 mod info;
+mod model;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod pull;
+mod session;
 mod source;
 
+pub use error::Error;
 pub use info::ModelInfo;
+pub use model::{LoadOptions, Model};
+pub use session::{CancelHandle, Event, GenerateRequest, Prompt, Session, StopReason, Timings};
 pub use source::{ModelSource, SourceError};
 pub use wgemma_gguf as gguf;
+pub use wgemma_kernels::{ContextOptions, GpuContext};
+pub use wgemma_text::chat::{Message, Role};
+pub use wgemma_text::tokenizer::Tokenizer;
+pub use wgemma_text::{LoadProgress, SamplingParams, SessionOptions};

@@ -20,6 +20,8 @@ pub enum SourceError {
     NotFound(String),
     #[error(transparent)]
     Ollama(#[from] OllamaError),
+    #[error("{path}: {reason}")]
+    Open { path: String, reason: String },
 }
 
 impl ModelSource {

@@ -1,25 +1,25 @@
-// Byte-level reads of GGUF blocks from the weight binding `w` (an array<u32> holding the
-// tensor's bytes exactly as the file stores them). Blocks of Q8_0, Q5_0, Q6_K... start at
-// 2-byte boundaries, so reads of a word may straddle two words. Weight buffers are padded so
-// the word after the last one exists.
+// Byte-level reads of GGUF blocks through `wword(i)`, the i-th 32-bit word of the weight
+// bytes exactly as the file stores them (a storage binding or a staged copy). Blocks of Q8_0,
+// Q5_0, Q6_K... start at 2-byte boundaries, so reads of a word may straddle two words. Weight
+// buffers are padded so the word after the last one exists.
 
 fn wb(o: u32) -> u32 {
-    return (w[o >> 2u] >> ((o & 3u) << 3u)) & 0xFFu;
+    return (wword(o >> 2u) >> ((o & 3u) << 3u)) & 0xFFu;
 }
 
 // A 16-bit value at an even byte offset.
 fn w16(o: u32) -> u32 {
-    return (w[o >> 2u] >> ((o & 2u) << 3u)) & 0xFFFFu;
+    return (wword(o >> 2u) >> ((o & 2u) << 3u)) & 0xFFFFu;
 }
 
 // A 32-bit little-endian value at any byte offset.
 fn w32(o: u32) -> u32 {
     let s = (o & 3u) << 3u;
-    let a = w[o >> 2u];
+    let a = wword(o >> 2u);
     if (s == 0u) {
         return a;
     }
-    return (a >> s) | (w[(o >> 2u) + 1u] << (32u - s));
+    return (a >> s) | (wword((o >> 2u) + 1u) << (32u - s));
 }
 
 fn wf16(o: u32) -> f32 {

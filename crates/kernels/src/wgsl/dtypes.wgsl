@@ -25,20 +25,20 @@ fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
 #if DT_F32
     let b = (rb >> 2u) + u * 32u;
     for (var i = 0u; i < 8u; i++) {
-        r[i] = bitcast<vec4<f32>>(vec4<u32>(w[b + 4u * i], w[b + 4u * i + 1u], w[b + 4u * i + 2u], w[b + 4u * i + 3u]));
+        r[i] = bitcast<vec4<f32>>(vec4<u32>(wword(b + 4u * i), wword(b + 4u * i + 1u), wword(b + 4u * i + 2u), wword(b + 4u * i + 3u)));
     }
 #endif
 #if DT_F16
     let b = (rb >> 2u) + u * 16u;
     for (var i = 0u; i < 8u; i++) {
-        r[i] = vec4<f32>(unpack2x16float(w[b + 2u * i]), unpack2x16float(w[b + 2u * i + 1u]));
+        r[i] = vec4<f32>(unpack2x16float(wword(b + 2u * i)), unpack2x16float(wword(b + 2u * i + 1u)));
     }
 #endif
 #if DT_BF16
     let b = (rb >> 2u) + u * 16u;
     for (var i = 0u; i < 8u; i++) {
-        let v0 = w[b + 2u * i];
-        let v1 = w[b + 2u * i + 1u];
+        let v0 = wword(b + 2u * i);
+        let v1 = wword(b + 2u * i + 1u);
         r[i] = bitcast<vec4<f32>>(vec4<u32>(v0 << 16u, v0 & 0xFFFF0000u, v1 << 16u, v1 & 0xFFFF0000u));
     }
 #endif

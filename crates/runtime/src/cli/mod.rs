@@ -4,8 +4,13 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod chat;
 mod info;
+mod load;
 mod pull;
+mod run;
+mod score;
+mod tokenize;
 
 #[derive(Parser)]
 #[command(
@@ -24,6 +29,14 @@ enum Command {
     Info(info::Args),
     /// Fetch the default model (Gemma 3 270M Q4_K_M) into the cache.
     Pull,
+    /// Answer one prompt, streaming the reply.
+    Run(run::Args),
+    /// An interactive multi-turn chat.
+    Chat(chat::Args),
+    /// Print the token ids of a text as a JSON array.
+    Tokenize(tokenize::Args),
+    /// Teacher forcing: the model's top prediction after each of the given tokens.
+    Score(score::Args),
 }
 
 pub fn main() -> ExitCode {
@@ -38,6 +51,10 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info(args) => info::run(args),
         Command::Pull => pull::run().map(|path| println!("{}", path.display())),
+        Command::Run(args) => run::run(args),
+        Command::Chat(args) => chat::run(args),
+        Command::Tokenize(args) => tokenize::run(args),
+        Command::Score(args) => score::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

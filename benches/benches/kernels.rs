@@ -1,0 +1,125 @@
+//! Kernel benchmarks at Gemma 4 E2B shapes: matrix-vector products of every weight dtype
+//! (throughput in GB/s of weight bytes) and decode attention at context 512 and 4096.
+//!
+//!     cargo bench -p wgemma-benches --bench kernels
+//!
+//! Criterion's "throughput" column is weight bytes read per second.
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use wgemma_benches::{context, time_in_one_pass};
+use wgemma_gguf::{GgmlType, quantize};
+use wgemma_kernels::ops::{self, AttentionArgs, MatmulArgs};
+use wgemma_kernels::{GpuWeight, View};
+
+/// (rows, cols) of E2B's matrices: attention out, FFN up/gate, FFN down, output head.
+const SHAPES: [(u64, u64); 4] = [(1536, 2048), (6144, 1536), (1536, 6144), (262_144, 1536)];
+const DTYPES: [GgmlType; 9] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::Bf16,
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+fn matvec(c: &mut Criterion) {
+    let ctx = context();
+    let quick = std::env::var_os("WGEMMA_BENCH_QUICK").is_some();
+    let mut group = c.benchmark_group("matvec");
+    for dtype in DTYPES {
+        for (rows, cols) in SHAPES {
+            if quick && rows > 6144 && dtype != GgmlType::Q4K && dtype != GgmlType::Q6K {
+                continue;
+            }
+            // Quantize one row block and repeat it: realistic bytes, fast set-up.
+            let block_rows = 64u64;
+            let q = quantize(dtype, &random((block_rows * cols) as usize, rows ^ cols)).unwrap();
+            let mut bytes = Vec::with_capacity((rows / block_rows) as usize * q.len());
+            for _ in 0..rows / block_rows {
+                bytes.extend_from_slice(&q);
+            }
+            let Ok(w) = GpuWeight::upload(&ctx, "w", dtype, cols, rows, &bytes, None) else {
+                continue;
+            };
+            let x =
+                View::of(&ctx.storage_init("x", bytemuck::cast_slice(&random(cols as usize, 7))));
+            let y = View::of(&ctx.storage("y", rows * 4));
+            let args = MatmulArgs {
+                x: &x,
+                y: &y,
+                m: 1,
+                x_stride: cols as u32,
+                y_stride: rows as u32,
+                softcap: 0.0,
+            };
+            let ds = ops::matmul(&ctx, &w, &args).unwrap();
+            group.throughput(Throughput::Bytes(bytes.len() as u64));
+            group.bench_with_input(
+                BenchmarkId::new(dtype.name(), format!("{rows}x{cols}")),
+                &ds,
+                |b, ds| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters)),
+            );
+        }
+    }
+    group.finish();
+}
+
+fn attention(c: &mut Criterion) {
+    let ctx = context();
+    let mut group = c.benchmark_group("attention_decode");
+    // E2B: 8 query heads over 1 KV head; head_dim 256 (sliding) and 512 (global).
+    for (head_dim, context_len) in [(256u32, 512u32), (256, 4096), (512, 4096)] {
+        let (nh, nkv) = (8u32, 1u32);
+        let kv = (context_len * nkv * head_dim) as usize;
+        let q = View::of(&ctx.storage_init(
+            "q",
+            bytemuck::cast_slice(&random((nh * head_dim) as usize, 1)),
+        ));
+        let kc = View::of(&ctx.storage_init("k", bytemuck::cast_slice(&random(kv, 2))));
+        let vc = View::of(&ctx.storage_init("v", bytemuck::cast_slice(&random(kv, 3))));
+        let positions = View::of(&ctx.storage_init("pos", bytemuck::bytes_of(&(context_len - 1))));
+        let out = View::of(&ctx.storage("out", u64::from(nh * head_dim) * 4));
+        let d = ops::attention(
+            &ctx,
+            &AttentionArgs {
+                q: &q,
+                k_cache: &kc,
+                v_cache: &vc,
+                positions: &positions,
+                out: &out,
+                tokens: 1,
+                n_head: nh,
+                n_kv_head: nkv,
+                head_dim,
+                window: 0,
+                scale: 1.0,
+                softcap: 0.0,
+            },
+        )
+        .unwrap();
+        group.throughput(Throughput::Bytes(2 * kv as u64 * 4));
+        group.bench_function(
+            BenchmarkId::new(format!("hd{head_dim}"), context_len),
+            |b| b.iter_custom(|iters| time_in_one_pass(&ctx, std::slice::from_ref(&d), iters)),
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, matvec, attention);
+criterion_main!(benches);

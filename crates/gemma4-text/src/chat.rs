@@ -1,0 +1,217 @@
+//! Chat templates: a conversation rendered as the prompt text Gemma was trained on.
+//!
+//! The text is rendered without the leading `<bos>` that the Jinja templates emit: encode it
+//! with `add_special` so the tokenizer adds BOS, and with `parse_special` so the turn markers
+//! become their control tokens.
+
+use std::fmt;
+
+/// Who wrote a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    System,
+    User,
+    /// The model (`model` in Gemma's turn markers).
+    Assistant,
+}
+
+impl Role {
+    /// The role name Gemma's turn markers use.
+    pub fn turn_name(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "model",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        })
+    }
+}
+
+/// One message of a conversation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub role: Role,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: content.into(),
+        }
+    }
+
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new(Role::System, content)
+    }
+
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new(Role::User, content)
+    }
+
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::new(Role::Assistant, content)
+    }
+}
+
+/// Why a conversation cannot be rendered. Gemma's templates accept one optional leading
+/// system message followed by user and assistant turns in strict alternation, starting
+/// with the user.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ChatError {
+    #[error("the conversation has no user message")]
+    Empty,
+    #[error("message {index} is a system message; only the first message may be one")]
+    MisplacedSystem { index: usize },
+    #[error(
+        "message {index} is from the {found}, expected the {expected}: roles must alternate user/assistant/user/..."
+    )]
+    NotAlternating {
+        index: usize,
+        expected: Role,
+        found: Role,
+    },
+    #[error("a generation prompt cannot follow an assistant message")]
+    GenerationAfterAssistant,
+}
+
+/// The prompt format of a model family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatTemplate {
+    /// `<start_of_turn>user\n...<end_of_turn>\n`; the system message is folded into the
+    /// first user turn.
+    Gemma3,
+    /// `<|turn>user\n...<turn|>\n`, with a real system turn. Thinking is off and no empty
+    /// thought block is added (the E2B/E4B template; the 26B/31B template would append
+    /// `<|channel>thought\n<channel|>` to the generation prompt).
+    Gemma4,
+}
+
+impl ChatTemplate {
+    /// The template for a `general.architecture` value: Gemma 4 for `"gemma4"`, otherwise the
+    /// Gemma 3 format (which Gemma 1 and 2 share).
+    pub fn for_architecture(arch: &str) -> Self {
+        match arch {
+            "gemma4" => ChatTemplate::Gemma4,
+            _ => ChatTemplate::Gemma3,
+        }
+    }
+
+    /// The prompt text for `messages`, ending with the opening of the model's turn when
+    /// `add_generation_prompt` is set. Content is trimmed as the Jinja templates trim it;
+    /// Gemma 4 also drops `<|channel>...<channel|>` thinking from earlier model turns.
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        let (system, turns) = split_system(messages)?;
+        if add_generation_prompt && turns.last().is_some_and(|m| m.role == Role::Assistant) {
+            return Err(ChatError::GenerationAfterAssistant);
+        }
+        let capacity = messages.iter().map(|m| m.content.len() + 32).sum::<usize>() + 32;
+        let mut out = String::with_capacity(capacity);
+        match self {
+            ChatTemplate::Gemma3 => {
+                // The system text opens the first user turn, separated by a blank line. Unlike
+                // the HF template it is trimmed (as llama.cpp's built-in Gemma template does),
+                // and an empty one adds nothing.
+                let mut prefix = system.map(|s| trim(&s.content)).filter(|s| !s.is_empty());
+                for m in turns {
+                    out.push_str("<start_of_turn>");
+                    out.push_str(m.role.turn_name());
+                    out.push('\n');
+                    if let Some(p) = prefix.take() {
+                        out.push_str(p);
+                        out.push_str("\n\n");
+                    }
+                    out.push_str(trim(&m.content));
+                    out.push_str("<end_of_turn>\n");
+                }
+                if add_generation_prompt {
+                    out.push_str("<start_of_turn>model\n");
+                }
+            }
+            ChatTemplate::Gemma4 => {
+                if let Some(s) = system {
+                    out.push_str("<|turn>system\n");
+                    out.push_str(trim(&s.content));
+                    out.push_str("<turn|>\n");
+                }
+                for m in turns {
+                    out.push_str("<|turn>");
+                    out.push_str(m.role.turn_name());
+                    out.push('\n');
+                    match m.role {
+                        Role::Assistant => out.push_str(&strip_thinking(&m.content)),
+                        _ => out.push_str(trim(&m.content)),
+                    }
+                    out.push_str("<turn|>\n");
+                }
+                if add_generation_prompt {
+                    out.push_str("<|turn>model\n");
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The optional leading system message, and the user/assistant turns after it, checked.
+fn split_system(messages: &[Message]) -> Result<(Option<&Message>, &[Message]), ChatError> {
+    let (system, turns, offset) = match messages.split_first() {
+        Some((first, rest)) if first.role == Role::System => (Some(first), rest, 1),
+        _ => (None, messages, 0),
+    };
+    if turns.is_empty() {
+        return Err(ChatError::Empty);
+    }
+    for (i, m) in turns.iter().enumerate() {
+        let index = i + offset;
+        let expected = if i % 2 == 0 {
+            Role::User
+        } else {
+            Role::Assistant
+        };
+        if m.role == Role::System {
+            return Err(ChatError::MisplacedSystem { index });
+        }
+        if m.role != expected {
+            return Err(ChatError::NotAlternating {
+                index,
+                expected,
+                found: m.role,
+            });
+        }
+    }
+    Ok((system, turns))
+}
+
+/// Jinja's `trim` is Python's `str.strip()`, whose whitespace also includes the ASCII
+/// separators U+001C..U+001F that Rust's `trim` keeps.
+fn trim(s: &str) -> &str {
+    s.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
+}
+
+/// Gemma 4's `strip_thinking` macro: drops everything from each `<|channel>` to the next
+/// `<channel|>` (or to the end), then trims.
+fn strip_thinking(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for part in text.split("<channel|>") {
+        match part.find("<|channel>") {
+            Some(at) => out.push_str(&part[..at]),
+            None => out.push_str(part),
+        }
+    }
+    trim(&out).to_string()
+}

@@ -1,0 +1,176 @@
+//! The f32 CPU reference forward: the oracle the GPU forward is tested against. Every weight
+//! is dequantized to f32 once; each token is processed on its own, in plain loops built from
+//! the kernel crate's CPU references.
+
+use wgemma_gguf::{Gguf, ReadError, TensorInfo, TensorSource, read_tensor_f32};
+use wgemma_kernels::cpu;
+
+use crate::config::TextConfig;
+use crate::tensors::{Model, ModelTensors};
+
+/// A row-major f32 matrix (`rows` outputs of `cols` inputs).
+#[derive(Clone, Debug)]
+pub struct Matrix {
+    pub data: Vec<f32>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl Matrix {
+    /// `W x`, split over the machine's threads by rows.
+    pub fn apply(&self, x: &[f32]) -> Vec<f32> {
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(8);
+        let chunk = self.rows.div_ceil(threads).max(1);
+        let mut y = vec![0.0; self.rows];
+        std::thread::scope(|s| {
+            for (i, out) in y.chunks_mut(chunk).enumerate() {
+                let rows = &self.data[i * chunk * self.cols..][..out.len() * self.cols];
+                s.spawn(move || {
+                    out.copy_from_slice(&cpu::matmul(rows, out.len(), self.cols, x, 1))
+                });
+            }
+        });
+        y
+    }
+
+    fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..][..self.cols]
+    }
+}
+
+/// The model with f32 weights.
+pub struct CpuModel {
+    pub cfg: TextConfig,
+    w: Model<Matrix, Vec<f32>>,
+}
+
+/// KV caches and position of a CPU forward.
+pub struct CpuState {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    pub pos: usize,
+}
+
+impl CpuModel {
+    /// Dequantizes every tensor of the model.
+    pub fn load<S: TensorSource + ?Sized>(
+        g: &Gguf,
+        cfg: &TextConfig,
+        src: &S,
+    ) -> Result<Self, ReadError> {
+        let tensors = ModelTensors::resolve(g, cfg)?;
+        let w = tensors.try_map(
+            |t: &&TensorInfo| {
+                Ok::<_, ReadError>(Matrix {
+                    data: read_tensor_f32(g, src, t)?,
+                    rows: t.n_rows() as usize,
+                    cols: t.row_len() as usize,
+                })
+            },
+            |t: &&TensorInfo| read_tensor_f32(g, src, t),
+        )?;
+        Ok(Self {
+            cfg: cfg.clone(),
+            w,
+        })
+    }
+
+    pub fn new_state(&self) -> CpuState {
+        let n = self.cfg.n_layer;
+        CpuState {
+            k: vec![Vec::new(); n],
+            v: vec![Vec::new(); n],
+            pos: 0,
+        }
+    }
+
+    /// Runs `tokens` through the model, appending to `state`'s cache; returns the logits
+    /// after each token.
+    pub fn forward(&self, state: &mut CpuState, tokens: &[u32]) -> Vec<Vec<f32>> {
+        tokens.iter().map(|&t| self.step(state, t)).collect()
+    }
+
+    fn step(&self, st: &mut CpuState, token: u32) -> Vec<f32> {
+        let c = &self.cfg;
+        let eps = c.eps;
+        let pos = st.pos;
+        let mut x: Vec<f32> = self
+            .w
+            .token_embd
+            .row(token as usize)
+            .iter()
+            .map(|v| v * c.embed_scale)
+            .collect();
+        for (il, (lw, lc)) in self.w.layers.iter().zip(&c.layers).enumerate() {
+            let hd = lc.head_dim;
+            let h = cpu::rms_norm(&x, c.n_embd, Some(&lw.attn_norm), eps);
+            let mut q = cpu::rms_norm(&lw.q.apply(&h), hd, Some(&lw.q_norm), eps);
+            let ff = if lc.rope_freq_factors {
+                self.w.rope_freqs.as_deref()
+            } else {
+                None
+            };
+            let rope = |v: &mut [f32], heads: usize| {
+                cpu::rope_neox(
+                    v,
+                    heads,
+                    hd,
+                    lc.n_rot,
+                    &[pos as u32],
+                    lc.rope_base,
+                    lc.rope_freq_scale,
+                    ff,
+                );
+            };
+            rope(&mut q, c.n_head);
+            if let (Some(wk), Some(k_norm)) = (&lw.k, &lw.k_norm) {
+                let k_raw = wk.apply(&h);
+                let v_raw =
+                    lw.v.as_ref()
+                        .map_or_else(|| k_raw.clone(), |wv| wv.apply(&h));
+                let mut k = cpu::rms_norm(&k_raw, hd, Some(k_norm), eps);
+                rope(&mut k, lc.n_kv_head);
+                let v = if c.v_norm {
+                    cpu::rms_norm(&v_raw, hd, None, eps)
+                } else {
+                    v_raw
+                };
+                st.k[il].extend_from_slice(&k);
+                st.v[il].extend_from_slice(&v);
+            }
+            let src = lc.kv_source;
+            let window = if lc.sliding { c.sliding_window } else { 0 };
+            let attn = cpu::attention(
+                &q,
+                &st.k[src],
+                &st.v[src],
+                &[pos as u32],
+                c.n_head,
+                lc.n_kv_head,
+                hd,
+                window,
+                c.attn_scale,
+                0.0,
+            );
+            let o = lw.o.apply(&attn);
+            let o = cpu::rms_norm(&o, c.n_embd, Some(&lw.post_attn_norm), eps);
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            let f = cpu::rms_norm(&x, c.n_embd, Some(&lw.ffn_norm), eps);
+            let act = cpu::geglu(&lw.gate.apply(&f), &lw.up.apply(&f));
+            let down = cpu::rms_norm(&lw.down.apply(&act), c.n_embd, Some(&lw.post_ffw_norm), eps);
+            x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
+            if let Some(s) = &lw.out_scale {
+                x.iter_mut().for_each(|v| *v *= s[0]);
+            }
+        }
+        st.pos += 1;
+        let out = cpu::rms_norm(&x, c.n_embd, Some(&self.w.output_norm), eps);
+        let mut logits = self.w.output_matrix().apply(&out);
+        if let Some(cap) = c.final_softcap {
+            logits.iter_mut().for_each(|v| *v = cpu::softcap(*v, cap));
+        }
+        logits
+    }
+}

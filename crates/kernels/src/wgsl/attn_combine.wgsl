@@ -1,0 +1,53 @@
+// Merges the per-chunk results of attn_split.wgsl: one workgroup per query head rescales each
+// chunk by exp(m_c - max) and divides by the total weight.
+
+struct Params {
+    n_head: u32,
+    n_kv_head: u32,
+    head_dim: u32,
+    window: u32,
+    max_chunks: u32,
+    capacity: u32,
+    scale: f32,
+    softcap: f32,
+    q_offset: u32,
+}
+
+@group(0) @binding(0) var<storage, read> part: array<f32>;
+@group(0) @binding(1) var<storage, read> positions: array<u32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<uniform> p: Params;
+
+const CHUNK: u32 = 64u;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let h = wg.x;
+    let hd = p.head_dim;
+    let pos = positions[0];
+    var lo = 0u;
+    if (p.window > 0u && pos + 1u > p.window) {
+        lo = pos + 1u - p.window;
+    }
+    let hi = min(pos, p.capacity - 1u);
+    let chunks = (hi - lo) / CHUNK + 1u;
+    let stride = hd + 2u;
+    let b = h * p.max_chunks * stride;
+    var m = -3.0e38;
+    for (var c = li; c < chunks; c += 256u) {
+        m = max(m, part[b + c * stride + hd]);
+    }
+    m = wg_max(m, li);
+    var l = 0.0;
+    for (var c = li; c < chunks; c += 256u) {
+        l += exp(part[b + c * stride + hd] - m) * part[b + c * stride + hd + 1u];
+    }
+    l = wg_sum(l, li);
+    for (var d = li; d < hd; d += 256u) {
+        var acc = 0.0;
+        for (var c = 0u; c < chunks; c++) {
+            acc += exp(part[b + c * stride + hd] - m) * part[b + c * stride + d];
+        }
+        out[h * hd + d] = acc / l;
+    }
+}

@@ -1,0 +1,126 @@
+// Everything between the QKV projection and attention, one workgroup per (token, head):
+// per-head RMS norm of Q and K (with their weights) and of V (no weight, when V_NORM), NeoX
+// RoPE of Q and K, and the store of K and V into the cache slot of the token's position.
+//
+// qkv holds, per token, [q: n_head*hd | k: n_kv*hd | v: n_kv*hd] (`stride` floats apart); with
+// K_IS_V the v part is absent and V is the raw (un-normed) K. Q is rewritten in place.
+// Workgroups 0..n_head-1 of a token take Q heads, the next n_kv take K/V heads.
+
+struct Params {
+    n_head: u32,
+    n_kv: u32,
+    head_dim: u32,
+    n_rot: u32,
+    stride: u32,
+    tokens: u32,
+    capacity: u32,
+    eps: f32,
+    base: f32,
+    freq_scale: f32,
+}
+
+@group(0) @binding(0) var<storage, read_write> qkv: array<f32>;
+@group(0) @binding(1) var<storage, read> q_norm: array<f32>;
+@group(0) @binding(2) var<storage, read> k_norm: array<f32>;
+@group(0) @binding(3) var<storage, read_write> k_cache: array<f32>;
+@group(0) @binding(4) var<storage, read_write> v_cache: array<f32>;
+@group(0) @binding(5) var<storage, read> positions: array<u32>;
+@group(0) @binding(6) var<uniform> p: Params;
+#if FREQ_FACTORS
+@group(0) @binding(7) var<storage, read> ff: array<f32>;
+#endif
+
+const MAX_HD: u32 = 512u;
+var<workgroup> row: array<f32, MAX_HD>;
+
+// RMS-normalises the head in `row` (times weight `which`: 0 none, 1 q_norm, 2 k_norm).
+fn norm_row(li: u32, which: u32) {
+    var ss = 0.0;
+    for (var d = li; d < p.head_dim; d += 256u) {
+        ss += row[d] * row[d];
+    }
+    let inv = inverseSqrt(wg_sum(ss, li) / f32(p.head_dim) + p.eps);
+    for (var d = li; d < p.head_dim; d += 256u) {
+        var v = row[d] * inv;
+        if (which == 1u) {
+            v *= q_norm[d];
+        } else if (which == 2u) {
+            v *= k_norm[d];
+        }
+        row[d] = v;
+    }
+    workgroupBarrier();
+}
+
+fn rope_row(li: u32, pos: f32) {
+    let hr = p.n_rot / 2u;
+    for (var i = li; i < hr; i += 256u) {
+        var theta = pos * p.freq_scale * pow(p.base, -2.0 * f32(i) / f32(p.n_rot));
+#if FREQ_FACTORS
+        theta /= ff[i];
+#endif
+        let c = cos(theta);
+        let s = sin(theta);
+        let a = row[i];
+        let b = row[i + hr];
+        row[i] = a * c - b * s;
+        row[i + hr] = a * s + b * c;
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let head = wg.x;
+    let t = wg.y;
+    let hd = p.head_dim;
+    let pos = positions[t];
+    let base = t * p.stride;
+    if (head < p.n_head) {
+        let o = base + head * hd;
+        for (var d = li; d < hd; d += 256u) {
+            row[d] = qkv[o + d];
+        }
+        workgroupBarrier();
+        norm_row(li, 1u);
+        rope_row(li, f32(pos));
+        for (var d = li; d < hd; d += 256u) {
+            qkv[o + d] = row[d];
+        }
+        return;
+    }
+    let kvh = head - p.n_head;
+    let ko = base + (p.n_head + kvh) * hd;
+    let slot = (pos * p.n_kv + kvh) * hd;
+    let in_cache = pos < p.capacity;
+    // V first: it may be the raw K, which the K steps below overwrite in `row`.
+#if K_IS_V
+    let vo = ko;
+#else
+    let vo = base + (p.n_head + p.n_kv + kvh) * hd;
+#endif
+    for (var d = li; d < hd; d += 256u) {
+        row[d] = qkv[vo + d];
+    }
+    workgroupBarrier();
+#if V_NORM
+    norm_row(li, 0u);
+#endif
+    if (in_cache) {
+        for (var d = li; d < hd; d += 256u) {
+            v_cache[slot + d] = row[d];
+        }
+    }
+    workgroupBarrier();
+    for (var d = li; d < hd; d += 256u) {
+        row[d] = qkv[ko + d];
+    }
+    workgroupBarrier();
+    norm_row(li, 2u);
+    rope_row(li, f32(pos));
+    if (in_cache) {
+        for (var d = li; d < hd; d += 256u) {
+            k_cache[slot + d] = row[d];
+        }
+    }
+}

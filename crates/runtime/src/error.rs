@@ -1,0 +1,46 @@
+//! The one error type of the public API.
+
+/// Everything that can go wrong loading a model or generating with it. The session stays
+/// usable after any error but [`Error::Gpu`] with a lost device.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Source(#[from] crate::source::SourceError),
+    #[error("reading the model: {0}")]
+    Read(#[from] wgemma_gguf::SourceError),
+    #[error("the model file is not valid GGUF: {0}")]
+    Gguf(#[from] wgemma_gguf::GgufError),
+    #[error("model configuration: {0}")]
+    Config(#[from] wgemma_text::ConfigError),
+    #[error("loading weights: {0}")]
+    Load(#[from] wgemma_text::LoadError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] wgemma_text::tokenizer::TokenizerError),
+    #[error("chat: {0}")]
+    Chat(#[from] wgemma_text::chat::ChatError),
+    #[error(transparent)]
+    Forward(#[from] wgemma_text::ForwardError),
+    #[error(transparent)]
+    Gpu(#[from] wgemma_kernels::GpuError),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+}
+
+impl Error {
+    /// A short machine-readable code (what the JS API puts in its error objects).
+    pub fn code(&self) -> &'static str {
+        use wgemma_text::ForwardError as F;
+        match self {
+            Error::Source(_) | Error::Read(_) => "source",
+            Error::Gguf(_) => "bad_gguf",
+            Error::Config(_) => "unsupported_model",
+            Error::Load(_) => "load",
+            Error::Tokenizer(_) => "tokenizer",
+            Error::Chat(_) => "chat",
+            Error::Forward(F::ContextOverflow { .. }) => "context_overflow",
+            Error::Forward(F::Gpu(_)) | Error::Gpu(_) => "gpu",
+            Error::Forward(_) => "forward",
+            Error::EmptyPrompt => "empty_prompt",
+        }
+    }
+}

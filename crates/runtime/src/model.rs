@@ -1,0 +1,134 @@
+//! Loading a model: header, configuration, tokenizer, chat template, weights onto the GPU.
+
+use std::sync::Arc;
+
+use wgemma_gguf::{Gguf, RangeSource, read_header};
+use wgemma_kernels::{ContextOptions, GpuContext};
+use wgemma_text::chat::ChatTemplate;
+use wgemma_text::tokenizer::Tokenizer;
+use wgemma_text::{GpuModel, GpuSession, LoadProgress, SessionOptions, TextConfig};
+
+use crate::error::Error;
+use crate::info::ModelInfo;
+use crate::session::Session;
+
+/// How to load a model.
+#[derive(Default)]
+pub struct LoadOptions {
+    /// Called as weights upload, with bytes done and total.
+    pub on_progress: Option<Box<dyn FnMut(LoadProgress)>>,
+    /// Which GPU to use (ignored when `context` is given).
+    pub gpu: ContextOptions,
+    /// A GPU context to share between models.
+    pub context: Option<Arc<GpuContext>>,
+}
+
+pub(crate) struct Inner {
+    pub gpu: Arc<GpuModel>,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    pub info: ModelInfo,
+}
+
+/// A loaded model; cheap to clone, shared by its sessions.
+#[derive(Clone)]
+pub struct Model {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl Model {
+    /// Loads a model through any byte-range source: the header first (a few requests), then
+    /// the weights tile by tile straight to the GPU.
+    pub async fn load<R: RangeSource + ?Sized>(
+        source: &R,
+        mut opts: LoadOptions,
+    ) -> Result<Self, Error> {
+        let span = tracing::info_span!("load");
+        let _enter = span.enter();
+        let (header, _) = read_header(source).await?;
+        let ctx = match opts.context.take() {
+            Some(c) => c,
+            None => Arc::new(GpuContext::new(opts.gpu.clone()).await?),
+        };
+        Self::from_header(header, source, ctx, opts.on_progress.take()).await
+    }
+
+    async fn from_header<R: RangeSource + ?Sized>(
+        header: Gguf,
+        source: &R,
+        ctx: Arc<GpuContext>,
+        mut on_progress: Option<Box<dyn FnMut(LoadProgress)>>,
+    ) -> Result<Self, Error> {
+        let cfg = TextConfig::from_gguf(&header)?;
+        let tokenizer = Tokenizer::from_metadata(&header.metadata, cfg.arch.name())?;
+        let template = ChatTemplate::for_architecture(cfg.arch.name());
+        let info = ModelInfo::new(&header);
+        let gpu = GpuModel::load(ctx, &header, &cfg, source, |p| {
+            if let Some(f) = on_progress.as_mut() {
+                f(p);
+            }
+        })
+        .await?;
+        tracing::info!(
+            architecture = cfg.arch.name(),
+            layers = cfg.n_layer,
+            gpu_bytes = gpu.gpu_bytes(),
+            "model loaded"
+        );
+        Ok(Self {
+            inner: Arc::new(Inner {
+                gpu: Arc::new(gpu),
+                tokenizer,
+                template,
+                info,
+            }),
+        })
+    }
+
+    /// Loads a local GGUF, memory-mapped (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub async fn load_file(
+        path: impl AsRef<std::path::Path>,
+        opts: LoadOptions,
+    ) -> Result<Self, Error> {
+        let path = path.as_ref();
+        let map =
+            wgemma_gguf::MmapSource::open(path).map_err(|e| crate::source::SourceError::Open {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+        Self::load(&map, opts).await
+    }
+
+    /// A new conversation with its own KV cache.
+    pub fn session(&self, opts: SessionOptions) -> Result<Session, Error> {
+        let gpu = GpuSession::new(self.inner.gpu.clone(), opts)?;
+        Ok(Session::new(self.clone(), gpu))
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.inner.info
+    }
+
+    pub fn config(&self) -> &TextConfig {
+        &self.inner.gpu.cfg
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.inner.tokenizer
+    }
+
+    pub fn chat_template(&self) -> ChatTemplate {
+        self.inner.template
+    }
+
+    /// The GPU this model lives on.
+    pub fn gpu_context(&self) -> &Arc<GpuContext> {
+        &self.inner.gpu.ctx
+    }
+
+    /// Bytes of weights on the GPU.
+    pub fn gpu_bytes(&self) -> u64 {
+        self.inner.gpu.gpu_bytes()
+    }
+}

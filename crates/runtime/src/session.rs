@@ -1,0 +1,354 @@
+//! A conversation: generation as a stream of events, cancellation, and KV-cache reuse across
+//! turns (a new request feeds only what differs from what the cache already holds).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::Stream;
+use wgemma_text::chat::Message;
+use wgemma_text::tokenizer::StreamDecoder;
+use wgemma_text::{ForwardError, GpuSession, SamplingParams};
+
+use crate::clock::now_ms;
+use crate::error::Error;
+use crate::model::Model;
+
+/// What to generate from.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    /// Plain text, tokenized as is (no chat template).
+    Text(String),
+    /// A conversation, rendered with the model's chat template and ending with the prompt
+    /// for the model's turn.
+    Chat(Vec<Message>),
+    /// Token ids, fed as given.
+    Tokens(Vec<u32>),
+}
+
+/// One generation request.
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    pub prompt: Prompt,
+    pub sampling: SamplingParams,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Generation stops when the text contains any of these (the stop string is not emitted).
+    pub stop: Vec<String>,
+}
+
+impl GenerateRequest {
+    pub fn new(prompt: Prompt) -> Self {
+        Self {
+            prompt,
+            sampling: SamplingParams::default(),
+            max_tokens: 256,
+            stop: Vec::new(),
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// The model produced an end-of-turn or end-of-sequence token.
+    EndOfGeneration,
+    MaxTokens,
+    StopString,
+    Cancelled,
+    /// The KV cache is full.
+    ContextFull,
+}
+
+/// Where time went.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Timings {
+    /// Prompt tokens in the request.
+    pub prompt_tokens: usize,
+    /// Of those, how many were already in the cache.
+    pub cached_tokens: usize,
+    /// Time to the first generated token (prefill and first sample).
+    pub prompt_ms: f64,
+    pub generated_tokens: usize,
+    /// Time from the first to the last generated token.
+    pub decode_ms: f64,
+}
+
+impl Timings {
+    /// Prompt tokens processed per second.
+    pub fn prompt_tok_per_s(&self) -> f64 {
+        (self.prompt_tokens - self.cached_tokens) as f64 / (self.prompt_ms / 1e3).max(1e-9)
+    }
+
+    /// Generated tokens per second after the first.
+    pub fn decode_tok_per_s(&self) -> f64 {
+        self.generated_tokens.saturating_sub(1) as f64 / (self.decode_ms / 1e3).max(1e-9)
+    }
+}
+
+/// What a generation stream yields.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A generated token; `text` is the text it completes (possibly empty while a UTF-8
+    /// character or a possible stop string is incomplete).
+    Token { id: u32, text: String },
+    /// The end, with why and how fast.
+    Done {
+        reason: StopReason,
+        timings: Timings,
+    },
+}
+
+/// Stops a running generation from elsewhere (another task, a UI button).
+#[derive(Clone, Debug, Default)]
+pub struct CancelHandle(Arc<AtomicBool>);
+
+impl CancelHandle {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    fn take(&self) -> bool {
+        self.0.swap(false, Ordering::Relaxed)
+    }
+}
+
+/// A conversation with a model: its KV cache lives on the GPU between requests.
+pub struct Session {
+    model: Model,
+    gpu: GpuSession,
+    cancel: CancelHandle,
+}
+
+/// Per-request state of the generation loop.
+struct Run<'a> {
+    session: &'a mut Session,
+    req: GenerateRequest,
+    decoder: StreamDecoder,
+    /// Text decoded but held back because it might begin a stop string.
+    held: String,
+    next: Option<u32>,
+    generated: usize,
+    timings: Timings,
+    start_ms: f64,
+    first_ms: f64,
+    /// The end, when text still had to go out before it.
+    pending_done: Option<StopReason>,
+    done: bool,
+}
+
+impl Session {
+    pub(crate) fn new(model: Model, gpu: GpuSession) -> Self {
+        Self {
+            model,
+            gpu,
+            cancel: CancelHandle::default(),
+        }
+    }
+
+    /// A handle that stops the current (or next) generation within one step.
+    pub fn cancel_handle(&self) -> CancelHandle {
+        self.cancel.clone()
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Tokens in the KV cache.
+    pub fn cached_tokens(&self) -> &[u32] {
+        self.gpu.tokens()
+    }
+
+    /// Positions the session holds.
+    pub fn capacity(&self) -> usize {
+        self.gpu.capacity()
+    }
+
+    /// Forgets the conversation (the cache is reused from the start).
+    pub fn reset(&mut self) {
+        self.gpu.rewind(0);
+    }
+
+    /// Token ids for a prompt.
+    pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, Error> {
+        let tok = self.model.tokenizer();
+        let ids = match prompt {
+            Prompt::Text(t) => tok.encode(t, tok.add_bos_default(), true),
+            Prompt::Chat(messages) => {
+                let text = self.model.chat_template().render(messages, true)?;
+                tok.encode(&text, true, true)
+            }
+            Prompt::Tokens(t) => t.clone(),
+        };
+        if ids.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        Ok(ids)
+    }
+
+    /// Runs tokens through the model without generating (teacher forcing): after each token,
+    /// the token the model ranks first and its logit. Starts from an empty cache.
+    pub async fn score(&mut self, tokens: &[u32]) -> Result<Vec<(u32, f32)>, Error> {
+        self.gpu.rewind(0);
+        let r = self.gpu.score(tokens).await;
+        if r.is_err() {
+            self.gpu.rewind(0);
+        }
+        Ok(r?)
+    }
+
+    /// Generates a reply. Dropping the stream stops generation; the session stays usable
+    /// either way, and its cache keeps everything fed so far for the next request.
+    pub fn generate(
+        &mut self,
+        req: GenerateRequest,
+    ) -> impl Stream<Item = Result<Event, Error>> + '_ {
+        let decoder = StreamDecoder::new();
+        let run = Run {
+            session: self,
+            req,
+            decoder,
+            held: String::new(),
+            next: None,
+            generated: 0,
+            timings: Timings::default(),
+            start_ms: now_ms(),
+            first_ms: 0.0,
+            pending_done: None,
+            done: false,
+        };
+        futures::stream::unfold(run, |mut run| async move {
+            if run.done {
+                return None;
+            }
+            let item = run.step().await;
+            if matches!(item, Err(_) | Ok(Event::Done { .. })) {
+                run.done = true;
+            }
+            Some((item, run))
+        })
+    }
+}
+
+impl Run<'_> {
+    /// Ends the run: first any text still held back, then the `Done` event.
+    fn finish(&mut self, reason: StopReason) -> Event {
+        let mut rest = std::mem::take(&mut self.held);
+        rest.push_str(&self.decoder.flush());
+        if !rest.is_empty() && reason != StopReason::StopString {
+            self.pending_done = Some(reason);
+            return Event::Token {
+                id: self.next.unwrap_or(0),
+                text: rest,
+            };
+        }
+        self.done_event(reason)
+    }
+
+    fn done_event(&mut self, reason: StopReason) -> Event {
+        if self.first_ms > 0.0 {
+            self.timings.decode_ms = now_ms() - self.first_ms;
+        }
+        self.timings.generated_tokens = self.generated;
+        Event::Done {
+            reason,
+            timings: self.timings,
+        }
+    }
+
+    /// Feeds the prompt (first call) or the last token and samples the next.
+    async fn sample_next(&mut self) -> Result<Result<u32, StopReason>, Error> {
+        let s = &mut *self.session;
+        let to_feed = match self.next {
+            None => {
+                let _span = tracing::info_span!("prefill").entered();
+                let tokens = s.prompt_tokens(&self.req.prompt)?;
+                // Reuse the cached prefix, but always feed at least one token for logits.
+                let common = s
+                    .gpu
+                    .tokens()
+                    .iter()
+                    .zip(&tokens)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+                    .min(tokens.len() - 1);
+                s.gpu.rewind(common);
+                self.timings.prompt_tokens = tokens.len();
+                self.timings.cached_tokens = common;
+                if tokens.len() + 1 > s.gpu.capacity() {
+                    return Err(ForwardError::ContextOverflow {
+                        need: tokens.len() + 1,
+                        capacity: s.gpu.capacity(),
+                    }
+                    .into());
+                }
+                tokens[common..].to_vec()
+            }
+            Some(t) => {
+                if s.gpu.position() + 1 > s.gpu.capacity() {
+                    return Ok(Err(StopReason::ContextFull));
+                }
+                vec![t]
+            }
+        };
+        let step = self.generated as u32;
+        let _span = tracing::debug_span!("decode", step).entered();
+        Ok(Ok(s
+            .gpu
+            .feed_and_sample(&to_feed, &self.req.sampling, step)
+            .await?))
+    }
+
+    async fn step(&mut self) -> Result<Event, Error> {
+        if let Some(reason) = self.pending_done.take() {
+            return Ok(self.done_event(reason));
+        }
+        if self.session.cancel.take() {
+            return Ok(self.finish(StopReason::Cancelled));
+        }
+        if self.generated >= self.req.max_tokens {
+            return Ok(self.finish(StopReason::MaxTokens));
+        }
+        let id = match self.sample_next().await? {
+            Ok(id) => id,
+            Err(reason) => return Ok(self.finish(reason)),
+        };
+        if self.next.is_none() {
+            self.first_ms = now_ms();
+            self.timings.prompt_ms = self.first_ms - self.start_ms;
+        }
+        self.next = Some(id);
+        let tok = self.session.model.tokenizer();
+        if tok.is_end_of_generation(id) {
+            return Ok(self.finish(StopReason::EndOfGeneration));
+        }
+        self.generated += 1;
+        self.held.push_str(&self.decoder.push(tok, id));
+        if let Some(at) = self
+            .req
+            .stop
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
+            let text = self.held[..at].to_string();
+            self.held.clear();
+            self.decoder.flush();
+            // The text before the stop string still goes out, then the end.
+            self.pending_done = Some(StopReason::StopString);
+            return Ok(Event::Token { id, text });
+        }
+        let keep = held_back(&self.held, &self.req.stop);
+        let text: String = self.held.drain(..self.held.len() - keep).collect();
+        Ok(Event::Token { id, text })
+    }
+}
+
+/// How many bytes at the end of `text` could begin one of the stop strings.
+fn held_back(text: &str, stops: &[String]) -> usize {
+    stops
+        .iter()
+        .flat_map(|s| (1..s.len()).filter(|&n| s.is_char_boundary(n) && text.ends_with(&s[..n])))
+        .max()
+        .unwrap_or(0)
+}

@@ -1,0 +1,173 @@
+//! `cargo xtask bench-e2e --model M`: load, warm up, then prefill and decode several times;
+//! medians of prefill tok/s, decode tok/s and time to first token, GPU memory held, and the
+//! decode step's time against the bandwidth floor (weight bytes per token / 3.0 TB/s).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use wgemma_gguf::{Gguf, MmapSource, TensorSource};
+use wgemma_kernels::{ContextOptions, GpuContext, Profiler};
+use wgemma_text::{GpuModel, GpuSession, SamplingParams, SessionOptions, TextConfig};
+
+use crate::TaskError;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// GGUF file.
+    #[arg(long)]
+    model: std::path::PathBuf,
+    /// Prompt tokens per prefill.
+    #[arg(long, default_value_t = 512)]
+    prompt: usize,
+    /// Tokens decoded per repetition.
+    #[arg(long, default_value_t = 256)]
+    decode: usize,
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Bandwidth the floor assumes, in TB/s (3.0: an H100's measured WGSL read rate).
+    #[arg(long, default_value_t = 3.0)]
+    floor_tbps: f64,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Also time every kernel of one prefill and one decode step (GPU timestamps).
+    #[arg(long)]
+    profile: bool,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub fn run(a: Args) -> Result<(), TaskError> {
+    let ctx = Arc::new(pollster::block_on(GpuContext::new(
+        ContextOptions::default().with_env(),
+    ))?);
+    let src = MmapSource::open(&a.model)?;
+    let g = Gguf::parse(src.bytes(0, TensorSource::len(&src))?)?;
+    let cfg = TextConfig::from_gguf(&g)?;
+    let t = Instant::now();
+    let model = Arc::new(pollster::block_on(GpuModel::load(
+        ctx.clone(),
+        &g,
+        &cfg,
+        &src,
+        |_| {},
+    ))?);
+    ctx.wait()?;
+    let load_s = t.elapsed().as_secs_f64();
+    let opts = SessionOptions {
+        context: a.prompt + a.decode + 8,
+        max_batch: a.prompt.min(512),
+    };
+    let mut session = GpuSession::new(model.clone(), opts)?;
+    let vocab = cfg.n_vocab as u32;
+    let prompt: Vec<u32> = (0..a.prompt as u32)
+        .map(|i| (i * 7919 + 13) % vocab.max(1))
+        .collect();
+    let greedy = SamplingParams::default();
+    let (mut prefill, mut ttft, mut decode) = (Vec::new(), Vec::new(), Vec::new());
+    for rep in 0..a.reps + 1 {
+        session.rewind(0);
+        let t0 = Instant::now();
+        session.feed(&prompt)?;
+        ctx.wait()?;
+        let prefill_s = t0.elapsed().as_secs_f64();
+        let mut tok = pollster::block_on(session.sample(&greedy, 0))?;
+        let first_s = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        for step in 1..a.decode as u32 {
+            tok = pollster::block_on(session.feed_and_sample(&[tok], &greedy, step))?;
+        }
+        let decode_s = t1.elapsed().as_secs_f64();
+        // The first repetition warms pipelines and caches.
+        if rep > 0 {
+            prefill.push(a.prompt as f64 / prefill_s);
+            ttft.push(first_s * 1e3);
+            decode.push((a.decode - 1) as f64 / decode_s);
+        }
+    }
+    let (prefill, ttft, decode) = (median(prefill), median(ttft), median(decode));
+    if a.profile {
+        profile(&ctx, &mut session, &prompt)?;
+    }
+    let bytes_per_token = model.bytes_per_token();
+    let floor_ms = bytes_per_token as f64 / (a.floor_tbps * 1e12) * 1e3;
+    let step_ms = 1e3 / decode;
+    let memory = model.gpu_bytes() + session.gpu_bytes();
+    let name = g
+        .metadata
+        .opt_str("general.name")?
+        .unwrap_or("?")
+        .to_string();
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "model": name,
+                "adapter": ctx.info.name,
+                "backend": format!("{:?}", ctx.info.backend),
+                "prompt_tokens": a.prompt,
+                "decode_tokens": a.decode,
+                "prefill_tok_s": prefill,
+                "decode_tok_s": decode,
+                "ttft_ms": ttft,
+                "gpu_memory_bytes": memory,
+                "weight_bytes_per_token": bytes_per_token,
+                "floor_ms": floor_ms,
+                "decode_ms": step_ms,
+                "floor_fraction": floor_ms / step_ms,
+                "load_s": load_s,
+            })
+        );
+    } else {
+        println!(
+            "model            {name} on {} ({:?})",
+            ctx.info.name, ctx.info.backend
+        );
+        println!("prefill          {prefill:.1} tok/s ({} tokens)", a.prompt);
+        println!("decode           {decode:.1} tok/s ({step_ms:.3} ms/token)");
+        println!("time to first    {ttft:.1} ms");
+        println!(
+            "gpu memory       {:.1} MiB",
+            memory as f64 / (1 << 20) as f64
+        );
+        println!(
+            "floor            {:.3} ms/token ({:.1} MB at {} TB/s): decode runs at {:.1}% of it",
+            floor_ms,
+            bytes_per_token as f64 / 1e6,
+            a.floor_tbps,
+            100.0 * floor_ms / step_ms
+        );
+        println!("load             {load_s:.2} s");
+    }
+    Ok(())
+}
+
+/// Prints the GPU time of every kernel in one prefill and one decode step, to stderr.
+fn profile(ctx: &GpuContext, session: &mut GpuSession, prompt: &[u32]) -> Result<(), TaskError> {
+    let Some(mut profiler) = Profiler::new(ctx, 4096) else {
+        eprintln!("profile: the adapter has no timestamp queries");
+        return Ok(());
+    };
+    for (what, tokens) in [("prefill", prompt), ("decode", &prompt[..1])] {
+        if what == "prefill" {
+            session.rewind(0);
+        }
+        session.feed_profiled(tokens, Some(&mut profiler))?;
+        let rows = pollster::block_on(profiler.read(ctx))?;
+        let total: f64 = rows.iter().map(|r| r.2).sum();
+        eprintln!(
+            "{what} ({} tokens): {total:.0} us of kernels, each in its own pass",
+            tokens.len()
+        );
+        for (label, count, us) in rows {
+            eprintln!(
+                "  {label:16} {count:5} x {:9.1} us = {us:10.1} us",
+                us / count as f64
+            );
+        }
+    }
+    Ok(())
+}
