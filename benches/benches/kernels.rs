@@ -66,6 +66,7 @@ fn matvec(c: &mut Criterion) {
                 x_stride: cols as u32,
                 y_stride: rows as u32,
                 softcap: 0.0,
+                y_offset: 0,
             };
             let ds = ops::matmul(&ctx, &w, &args).unwrap();
             group.throughput(Throughput::Bytes(bytes.len() as u64));
@@ -94,32 +95,69 @@ fn attention(c: &mut Criterion) {
         let vc = View::of(&ctx.storage_init("v", bytemuck::cast_slice(&random(kv, 3))));
         let positions = View::of(&ctx.storage_init("pos", bytemuck::bytes_of(&(context_len - 1))));
         let out = View::of(&ctx.storage("out", u64::from(nh * head_dim) * 4));
-        let d = ops::attention(
-            &ctx,
-            &AttentionArgs {
-                q: &q,
-                k_cache: &kc,
-                v_cache: &vc,
-                positions: &positions,
-                out: &out,
-                tokens: 1,
-                n_head: nh,
-                n_kv_head: nkv,
-                head_dim,
-                window: 0,
-                scale: 1.0,
-                softcap: 0.0,
-            },
-        )
-        .unwrap();
+        let scratch = View::of(&ctx.storage(
+            "part",
+            ops::DecodeAttention::scratch_floats(nh, head_dim, context_len) * 4,
+        ));
+        let args = AttentionArgs {
+            q: &q,
+            k_cache: &kc,
+            v_cache: &vc,
+            positions: &positions,
+            out: &out,
+            tokens: 1,
+            n_head: nh,
+            n_kv_head: nkv,
+            head_dim,
+            window: 0,
+            scale: 1.0,
+            softcap: 0.0,
+            q_stride: nh * head_dim,
+        };
+        let a = ops::attention_decode(&ctx, &args, 0, &scratch).unwrap();
+        let ds = [a.split, a.combine];
         group.throughput(Throughput::Bytes(2 * kv as u64 * 4));
         group.bench_function(
             BenchmarkId::new(format!("hd{head_dim}"), context_len),
-            |b| b.iter_custom(|iters| time_in_one_pass(&ctx, std::slice::from_ref(&d), iters)),
+            |b| b.iter_custom(|iters| time_in_one_pass(&ctx, &ds, iters)),
         );
     }
     group.finish();
 }
 
-criterion_group!(benches, matvec, attention);
+/// Prefill: 512 tokens through a weight (throughput in multiply-adds, reported as elements).
+fn matmul_prefill(c: &mut Criterion) {
+    let ctx = context();
+    let mut group = c.benchmark_group("matmul512");
+    let m = 512u64;
+    for dtype in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0, GgmlType::F16] {
+        for (rows, cols) in [(2048u64, 1536u64), (6144, 1536)] {
+            let q = quantize(dtype, &random((rows * cols) as usize, 3)).unwrap();
+            let w = GpuWeight::upload(&ctx, "w", dtype, cols, rows, &q, None).unwrap();
+            let x = View::of(
+                &ctx.storage_init("x", bytemuck::cast_slice(&random((m * cols) as usize, 5))),
+            );
+            let y = View::of(&ctx.storage("y", m * rows * 4));
+            let args = MatmulArgs {
+                x: &x,
+                y: &y,
+                m: m as u32,
+                x_stride: cols as u32,
+                y_stride: rows as u32,
+                softcap: 0.0,
+                y_offset: 0,
+            };
+            let ds = ops::matmul(&ctx, &w, &args).unwrap();
+            group.throughput(Throughput::Elements(m * rows * cols));
+            group.bench_with_input(
+                BenchmarkId::new(dtype.name(), format!("{rows}x{cols}")),
+                &ds,
+                |b, ds| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters)),
+            );
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, matvec, matmul_prefill, attention);
 criterion_main!(benches);

@@ -86,80 +86,52 @@ impl SamplingParams {
         (self.seed ^ (self.seed >> 32)) as u32
     }
 
-    /// The uniform number in [0, 1) for the CPU draw of step `step`.
+    /// The seed of the candidate draw's stream (distinct from the Gumbel noise's).
+    pub fn draw_seed(&self) -> u32 {
+        self.seed32() ^ 0x5bd1_e995
+    }
+
+    /// The settings of the GPU sampling kernels at `step`.
+    pub fn gpu_params(&self, step: u32, vocab: u32) -> wgemma_kernels::ops::SampleParams {
+        wgemma_kernels::ops::SampleParams {
+            k: match self.strategy() {
+                Strategy::TopK(k) => k,
+                _ => 1,
+            },
+            seed: self.draw_seed(),
+            step,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            last_n: self.penalty_last_n as u32,
+            penalties: self.penalties().unwrap_or(PenaltyParams {
+                repeat: 1.0,
+                frequency: 0.0,
+                presence: 0.0,
+            }),
+            vocab,
+        }
+    }
+
+    /// The uniform number of the candidate draw at `step`.
     pub fn uniform(&self, step: u32) -> f32 {
-        // The same counter hash as the GPU noise, on a stream the GPU never uses.
-        let g = cpu::gumbel(self.seed32() ^ 0x5bd1_e995, step, u32::MAX);
-        // Invert the Gumbel transform back to its uniform.
-        (-(-g).exp()).exp()
+        cpu::uniform(self.draw_seed(), step, u32::MAX)
     }
-}
-
-/// The (id, count) pairs the penalties apply to: the last `last_n` tokens of `history`.
-pub fn penalty_tokens(history: &[u32], last_n: usize) -> Vec<(u32, u32)> {
-    let recent = &history[history.len().saturating_sub(last_n)..];
-    let mut counts: Vec<(u32, u32)> = Vec::new();
-    for &t in recent {
-        match counts.iter_mut().find(|(id, _)| *id == t) {
-            Some(e) => e.1 += 1,
-            None => counts.push((t, 1)),
-        }
-    }
-    counts
-}
-
-/// Draws among candidates sorted best first: temperature, softmax, top-p, min-p, then the
-/// token where the cumulative probability passes `u`.
-pub fn draw(candidates: &[(u32, f32)], p: &SamplingParams, u: f32) -> Option<u32> {
-    let first = candidates.first()?;
-    let t = p.temperature.max(1e-6);
-    let max = first.1 / t;
-    let mut probs: Vec<(u32, f32)> = candidates
-        .iter()
-        .map(|&(id, l)| (id, ((l / t) - max).exp()))
-        .collect();
-    let total: f32 = probs.iter().map(|x| x.1).sum();
-    probs.iter_mut().for_each(|x| x.1 /= total);
-    if p.min_p > 0.0 {
-        let floor = probs[0].1 * p.min_p;
-        probs.retain(|x| x.1 >= floor);
-    }
-    if p.top_p < 1.0 {
-        let mut acc = 0.0;
-        let mut keep = probs.len();
-        for (i, x) in probs.iter().enumerate() {
-            acc += x.1;
-            if acc >= p.top_p {
-                keep = i + 1;
-                break;
-            }
-        }
-        probs.truncate(keep.max(1));
-    }
-    let total: f32 = probs.iter().map(|x| x.1).sum();
-    let target = u * total;
-    let mut acc = 0.0;
-    for x in &probs {
-        acc += x.1;
-        if acc > target {
-            return Some(x.0);
-        }
-    }
-    probs.last().map(|x| x.0)
 }
 
 /// The whole sampling step on the CPU, over full logits (the reference of the GPU path).
 pub fn sample_cpu(logits: &[f32], p: &SamplingParams, history: &[u32], step: u32) -> u32 {
     let mut logits = logits.to_vec();
     if let Some(pen) = p.penalties() {
-        cpu::penalties(&mut logits, &penalty_tokens(history, p.penalty_last_n), pen);
+        let last_n = p.penalty_last_n.min(wgemma_kernels::ops::RING_CAP as usize);
+        cpu::penalties(&mut logits, &cpu::recent_counts(history, last_n), pen);
     }
     match p.strategy() {
         Strategy::Greedy => cpu::argmax(&logits).0,
         Strategy::Gumbel => cpu::gumbel_argmax(&logits, p.seed32(), step, p.temperature),
         Strategy::TopK(k) => {
             let cands = cpu::top_k(&logits, k as usize);
-            draw(&cands, p, p.uniform(step)).unwrap_or(0)
+            cpu::draw(&cands, p.temperature, p.top_p, p.min_p, p.uniform(step)).unwrap_or(0)
         }
     }
 }
@@ -195,40 +167,23 @@ mod tests {
     #[test]
     fn draws_respect_top_p_min_p_and_the_seed() {
         let cands = [(5u32, 10.0f32), (7, 9.0), (1, 5.0), (2, 1.0)];
-        let p = SamplingParams {
-            temperature: 1.0,
-            top_p: 0.5,
-            ..Default::default()
-        };
         // top_p 0.5 keeps only the first (p ~ 0.73).
         for u in [0.0, 0.5, 0.99] {
-            assert_eq!(draw(&cands, &p, u), Some(5));
+            assert_eq!(cpu::draw(&cands, 1.0, 0.5, 0.0, u), Some(5));
         }
-        let p = SamplingParams {
-            temperature: 1.0,
-            min_p: 0.2,
-            ..Default::default()
-        };
         // min_p 0.2 keeps 5 and 7 (p(7)/p(5) = e^-1 = 0.37).
-        assert_eq!(draw(&cands, &p, 0.99), Some(7));
-        let p = SamplingParams {
-            temperature: 1.0,
-            ..Default::default()
-        };
-        assert_eq!(draw(&cands, &p, 0.999_999), Some(2));
+        assert_eq!(cpu::draw(&cands, 1.0, 1.0, 0.2, 0.99), Some(7));
+        assert_eq!(cpu::draw(&cands, 1.0, 1.0, 0.0, 0.999_999), Some(2));
         let a = SamplingParams {
             seed: 7,
             ..Default::default()
         };
         assert_eq!(a.uniform(3), a.uniform(3));
         assert_ne!(a.uniform(3), a.uniform(4));
-        let u = a.uniform(9);
-        assert!((0.0..1.0).contains(&u));
-    }
-
-    #[test]
-    fn penalty_tokens_count_recent_history() {
-        assert_eq!(penalty_tokens(&[1, 2, 2, 3, 2], 3), vec![(2, 2), (3, 1)]);
-        assert_eq!(penalty_tokens(&[], 3), vec![]);
+        assert!((0.0..1.0).contains(&a.uniform(9)));
+        assert_eq!(
+            cpu::recent_counts(&[1, 2, 2, 3, 2], 3),
+            vec![(2, 2), (3, 1)]
+        );
     }
 }

@@ -36,6 +36,9 @@ pub enum DtypeMix {
     /// layers llama.cpp gives more bits; rows that are not whole 256-blocks fall back to Q5_0
     /// (for Q4_K) and Q8_0 (for Q6_K), as llama-quantize does.
     Q4KM,
+    /// A different dtype for neighbouring projections (Q/K/V, gate/up), so no two of them can
+    /// share a weight: exercises the paths real mixes take.
+    Varied,
 }
 
 impl DtypeMix {
@@ -44,6 +47,21 @@ impl DtypeMix {
     pub fn dtype(self, role: &str, il: usize, n_layer: usize, cols: u64) -> GgmlType {
         match self {
             DtypeMix::Uniform(t) => t,
+            DtypeMix::Varied => {
+                let want = match role {
+                    "attn_q" | "ffn_gate" => GgmlType::Q8_0,
+                    "attn_k" | "ffn_up" => GgmlType::Q5_0,
+                    "attn_v" => GgmlType::Q4_0,
+                    "ffn_down" => GgmlType::Q6K,
+                    "attn_output" => GgmlType::Q4K,
+                    _ => GgmlType::F16,
+                };
+                if cols.is_multiple_of(want.block_size() as u64) {
+                    want
+                } else {
+                    GgmlType::Q8_0
+                }
+            }
             DtypeMix::Q4KM => {
                 let eighth = n_layer / 8;
                 let more_bits = il < eighth || il >= 7 * n_layer / 8 || (il - eighth) % 3 == 2;

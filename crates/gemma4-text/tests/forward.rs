@@ -236,7 +236,7 @@ fn bad_input_gives_errors_and_leaves_the_session_usable() {
     ));
     assert_eq!(s.position(), 10);
     // Still usable: rewind and continue, and the result equals a fresh run.
-    s.rewind(4);
+    s.rewind(4).unwrap();
     s.feed(&[7, 8]).unwrap();
     let a = pollster::block_on(s.logits()).unwrap();
     let mut fresh = GpuSession::new(
@@ -405,4 +405,65 @@ fn gemma3_270m_agrees_with_llama_cpp_and_transformers() {
     // llama.cpp's CPU path quantizes activations to 8 bits and takes GELU from an f16 table:
     // its logits sit ~1% away from exact f32 math (transformers shows the same distance).
     assert!(ml < 0.3, "median top-logit difference to llama.cpp {ml}");
+}
+
+/// Steps queued back to back (the token never leaves the GPU between them) give the same
+/// tokens as one step at a time through the CPU, and the cache ends up the same.
+#[test]
+fn pipelined_steps_match_step_by_step_generation() {
+    let Some(ctx) = ctx() else { return };
+    let spec = SynthSpec::tiny_gemma3(GgmlType::Q8_0);
+    let m = load(synthetic_bytes(&spec).unwrap(), ctx);
+    let tokens = prompt(9, spec.n_vocab as u32);
+    for p in [
+        SamplingParams::default(),
+        SamplingParams {
+            temperature: 150.0,
+            seed: 5,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 150.0,
+            top_k: 30,
+            top_p: 0.9,
+            repeat_penalty: 1.3,
+            seed: 6,
+            ..Default::default()
+        },
+    ] {
+        let opts = SessionOptions {
+            context: 64,
+            max_batch: 16,
+        };
+        let mut one = GpuSession::new(m.gpu.clone(), opts).unwrap();
+        let mut t = pollster::block_on(one.feed_and_sample(&tokens, &p, 0)).unwrap();
+        let mut want = vec![t];
+        for step in 1..10 {
+            t = pollster::block_on(one.feed_and_sample(&[t], &p, step)).unwrap();
+            want.push(t);
+        }
+        let mut many = GpuSession::new(m.gpu.clone(), opts).unwrap();
+        many.begin(&tokens, &p, 0).unwrap();
+        let mut got = Vec::new();
+        let mut submitted = 1;
+        while got.len() < 10 {
+            while many.in_flight() < wgemma_text::forward::MAX_IN_FLIGHT && submitted < 10 {
+                many.advance(&p, submitted).unwrap();
+                submitted += 1;
+            }
+            got.push(pollster::block_on(many.next_token()).unwrap());
+        }
+        assert_eq!(got, want, "{p:?}");
+        // Both caches hold the prompt and the first nine generated tokens.
+        assert_eq!(many.tokens(), one.tokens());
+        assert_eq!(many.position(), tokens.len() + 9);
+        assert!(matches!(many.advance(&p, 10), Ok(())));
+        assert!(
+            many.rewind(3).is_err(),
+            "rewinding with steps in flight is refused"
+        );
+        pollster::block_on(many.drain()).unwrap();
+        many.rewind(3).unwrap();
+        assert_eq!(many.tokens(), &tokens[..3]);
+    }
 }

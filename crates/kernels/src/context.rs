@@ -40,6 +40,11 @@ pub struct ContextOptions {
     pub allow_f16: bool,
     /// Use subgroup operations when the adapter has them.
     pub allow_subgroups: bool,
+    /// Let wgpu add bounds checks, loop bounds and division guards to every shader. Off by
+    /// default: they cost the kernels a large share of their speed, and every kernel's indices
+    /// are bounded by the shapes its dispatcher validates. On for debugging
+    /// (`WGEMMA_SHADER_CHECKS=1`).
+    pub shader_checks: bool,
 }
 
 impl Default for ContextOptions {
@@ -50,6 +55,7 @@ impl Default for ContextOptions {
             adapter_name: None,
             allow_f16: true,
             allow_subgroups: true,
+            shader_checks: false,
         }
     }
 }
@@ -72,6 +78,9 @@ impl ContextOptions {
             }
             if on("WGEMMA_NO_SUBGROUPS") {
                 self.allow_subgroups = false;
+            }
+            if on("WGEMMA_SHADER_CHECKS") {
+                self.shader_checks = true;
             }
         }
         self
@@ -98,6 +107,7 @@ pub struct GpuContext {
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    shader_checks: bool,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -190,6 +200,7 @@ impl GpuContext {
             errors,
             lost,
             pipelines: Mutex::new(HashMap::new()),
+            shader_checks: options.shader_checks,
         })
     }
 
@@ -271,12 +282,22 @@ impl GpuContext {
         }
         let _span = tracing::debug_span!("compile", shader = %key).entered();
         let code = source.render(&self.features);
-        let module = self
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(&key),
-                source: wgpu::ShaderSource::Wgsl(code.into()),
-            });
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(&key),
+            source: wgpu::ShaderSource::Wgsl(code.into()),
+        };
+        let module = if self.shader_checks {
+            self.device.create_shader_module(desc)
+        } else {
+            // SAFETY: the kernels are ours, not user input. Every buffer index is bounded by
+            // parameters the dispatchers check against the bound sizes (weights carry padding
+            // for the one-word read-ahead), every loop runs to a bound taken from those
+            // parameters, and every divisor is a validated non-zero size.
+            unsafe {
+                self.device
+                    .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            }
+        };
         let constants: Vec<(&str, f64)> = source
             .constants
             .iter()

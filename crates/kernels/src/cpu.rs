@@ -163,11 +163,15 @@ fn hash(a: u32) -> u32 {
     (w >> 22) ^ w
 }
 
+/// A uniform number in (0, 1) for (seed, step, i): the stream the GPU sampling kernels use.
+pub fn uniform(seed: u32, step: u32, i: u32) -> f32 {
+    let h = hash(hash(hash(seed) ^ step) ^ i);
+    ((h >> 8) as f32 + 0.5) / 16_777_216.0
+}
+
 /// The Gumbel noise the GPU's sampling argmax adds to logit `i` at `step` for `seed`.
 pub fn gumbel(seed: u32, step: u32, i: u32) -> f32 {
-    let h = hash(hash(hash(seed) ^ step) ^ i);
-    let u = ((h >> 8) as f32 + 0.5) / 16_777_216.0;
-    -(-u.ln()).ln()
+    -(-uniform(seed, step, i).ln()).ln()
 }
 
 /// The token a Gumbel-max sampling step picks.
@@ -190,6 +194,68 @@ pub fn top_k(x: &[f32], k: usize) -> Vec<(u32, f32)> {
     };
     idx.sort_by(|&a, &b| key(b).total_cmp(&key(a)).then(a.cmp(&b)));
     idx.into_iter().take(k).map(|i| (i, key(i))).collect()
+}
+
+/// The distinct tokens among the last `last_n` of `history` with their counts, most recent
+/// first (what the penalties apply to).
+pub fn recent_counts(history: &[u32], last_n: usize) -> Vec<(u32, u32)> {
+    let recent = &history[history.len().saturating_sub(last_n)..];
+    let mut counts: Vec<(u32, u32)> = Vec::new();
+    for &t in recent.iter().rev() {
+        match counts.iter_mut().find(|(id, _)| *id == t) {
+            Some(e) => e.1 += 1,
+            None => counts.push((t, 1)),
+        }
+    }
+    counts
+}
+
+/// Draws among candidates sorted best first: softmax at the temperature, min-p, top-p, then
+/// the token where the cumulative probability passes `u` (what the GPU's DRAW kernel does).
+pub fn draw(
+    candidates: &[(u32, f32)],
+    temperature: f32,
+    top_p: f32,
+    min_p: f32,
+    u: f32,
+) -> Option<u32> {
+    let first = candidates.first()?;
+    let t = temperature.max(1e-6);
+    let top = first.1 / t;
+    let mut probs: Vec<(u32, f32)> = candidates
+        .iter()
+        .map(|&(id, l)| (id, (l / t - top).exp()))
+        .collect();
+    let total: f32 = probs.iter().map(|x| x.1).sum();
+    probs.iter_mut().for_each(|x| x.1 /= total);
+    if min_p > 0.0 {
+        let floor = probs[0].1 * min_p;
+        let kept = probs
+            .iter()
+            .rposition(|x| x.1 >= floor)
+            .map_or(0, |i| i + 1);
+        probs.truncate(kept);
+    }
+    if top_p < 1.0 {
+        let mut acc = 0.0;
+        if let Some(i) = probs.iter().position(|x| {
+            acc += x.1;
+            acc >= top_p
+        }) {
+            probs.truncate(i + 1);
+        }
+    }
+    probs.truncate(probs.len().max(1));
+    let total: f32 = probs.iter().map(|x| x.1).sum();
+    let target = u * total;
+    let mut acc = 0.0;
+    for x in &probs {
+        acc += x.1;
+        if acc > target {
+            return Some(x.0);
+        }
+    }
+    probs.last().map(|x| x.0)
 }
 
 /// Repetition, frequency and presence penalties (as the GPU kernel applies them).

@@ -18,6 +18,10 @@ const EMBED_WGSL: &str = include_str!("wgsl/embed.wgsl");
 const ARGMAX_WGSL: &str = include_str!("wgsl/argmax.wgsl");
 const TOPK_WGSL: &str = include_str!("wgsl/topk.wgsl");
 const PENALTY_WGSL: &str = include_str!("wgsl/penalty.wgsl");
+const HEAD_POST_WGSL: &str = include_str!("wgsl/head_post.wgsl");
+const ATTN_SPLIT_WGSL: &str = include_str!("wgsl/attn_split.wgsl");
+const ATTN_COMBINE_WGSL: &str = include_str!("wgsl/attn_combine.wgsl");
+const SAMPLE_WGSL: &str = include_str!("wgsl/sample.wgsl");
 
 /// Token counts up to this use the matrix-vector kernel; more use the tiled matmul.
 pub const MATVEC_MAX_TOKENS: u32 = 4;
@@ -55,6 +59,8 @@ pub struct MatmulArgs<'a> {
     pub y_stride: u32,
     /// `c * tanh(y / c)` on the output when > 0 (final logit softcap).
     pub softcap: f32,
+    /// Column of y where row 0 of W lands (weights side by side in one output).
+    pub y_offset: u32,
 }
 
 /// Weight times activations, one dispatch per weight tile (matrix-vector for few tokens,
@@ -83,21 +89,21 @@ pub fn matmul(
         &w.name,
         u64::from(a.m - 1) * u64::from(a.y_stride) + u64::from(n),
     )?;
-    let vec = a.m <= MATVEC_MAX_TOKENS;
-    // Threads per row: enough to cover short rows without idle lanes.
-    let units = k / 32;
-    let tpr = [4u32, 8, 16, 32, 64]
-        .into_iter()
-        .find(|&t| t * 2 >= units)
-        .unwrap_or(64);
-    let source = if vec {
-        ShaderSource::new("matvec", &[BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL])
-            .flag(flag)
-            .constant("TPR", f64::from(tpr))
-    } else {
-        ShaderSource::new("matmul", &[BYTES_WGSL, DTYPES_WGSL, MATMUL_WGSL]).flag(flag)
-    };
-    let pipeline = ctx.pipeline(&source);
+    if a.m <= MATVEC_MAX_TOKENS {
+        return matvec_dispatches(
+            ctx,
+            w,
+            a.x,
+            a.y,
+            a.m,
+            a.x_stride,
+            a.y_stride,
+            a.y_offset,
+            MatvecOut::Rows { softcap: a.softcap },
+        );
+    }
+    let pipeline = ctx
+        .pipeline(&ShaderSource::new("matmul", &[BYTES_WGSL, DTYPES_WGSL, MATMUL_WGSL]).flag(flag));
     w.tiles
         .iter()
         .map(|tile| {
@@ -106,19 +112,14 @@ pub fn matmul(
                 .u32(k)
                 .u32(rows)
                 .u32(w.row_bytes as u32)
-                .u32(tile.first_row as u32)
+                .u32(a.y_offset + tile.first_row as u32)
                 .u32(a.m)
                 .u32(a.x_stride)
                 .u32(a.y_stride)
                 .f32(a.softcap);
-            let workgroups = if vec {
-                grid(ctx, rows.div_ceil(256 / tpr), a.m)
-            } else {
-                [rows.div_ceil(64), a.m.div_ceil(32), 1]
-            };
             let wv = View::of(&tile.buffer);
             ctx.dispatch(
-                if vec { "matvec" } else { "matmul" },
+                "matmul",
                 pipeline.clone(),
                 &[
                     Bind::Storage(&wv),
@@ -126,7 +127,7 @@ pub fn matmul(
                     Bind::Storage(a.y),
                     Bind::Params(params),
                 ],
-                workgroups,
+                [rows.div_ceil(64), a.m.div_ceil(64), 1],
             )
         })
         .collect()
@@ -174,7 +175,12 @@ pub fn rms_norm(
         .flag_if(inplace, "INPLACE")
         .flag_if(residual, "RESIDUAL")
         .flag_if(weight.is_some(), "WEIGHT");
-    let params = Params::new().u32(dim).u32(rows).f32(eps).u32(x_stride);
+    let params = Params::new()
+        .u32(dim)
+        .u32(rows)
+        .f32(eps)
+        .u32(x_stride)
+        .f32(1.0);
     let mut binds = vec![Bind::Storage(x)];
     if let Some(y) = y {
         binds.push(Bind::Storage(y));
@@ -308,18 +314,34 @@ pub struct AttentionArgs<'a> {
     pub scale: f32,
     /// Softcap of the scores when > 0.
     pub softcap: f32,
+    /// Floats between consecutive tokens' queries (`n_head * head_dim` when packed).
+    pub q_stride: u32,
 }
 
 /// Causal attention over the KV cache.
 pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, GpuError> {
-    if a.head_dim > MAX_HEAD_DIM || a.n_kv_head == 0 || !a.n_head.is_multiple_of(a.n_kv_head) {
+    if a.head_dim > MAX_HEAD_DIM
+        || !a.head_dim.is_multiple_of(4)
+        || a.n_kv_head == 0
+        || !a.n_head.is_multiple_of(a.n_kv_head)
+    {
         return Err(shape(format!(
             "attention: {} heads over {} KV heads of dim {} (max {MAX_HEAD_DIM})",
             a.n_head, a.n_kv_head, a.head_dim
         )));
     }
     let q_len = u64::from(a.tokens) * u64::from(a.n_head) * u64::from(a.head_dim);
-    a.q.expect_len32("attention q", q_len)?;
+    if a.q_stride < a.n_head * a.head_dim {
+        return Err(shape(format!(
+            "attention: q stride {} < {}",
+            a.q_stride,
+            a.n_head * a.head_dim
+        )));
+    }
+    a.q.expect_len32(
+        "attention q",
+        u64::from(a.tokens.max(1) - 1) * u64::from(a.q_stride) + u64::from(a.n_head * a.head_dim),
+    )?;
     a.out.expect_len32("attention out", q_len)?;
     a.positions
         .expect_len32("attention positions", u64::from(a.tokens))?;
@@ -338,7 +360,8 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
         .u32(a.window)
         .f32(a.scale)
         .f32(a.softcap)
-        .u32(capacity as u32);
+        .u32(capacity as u32)
+        .u32(a.q_stride);
     let source = ShaderSource::new("attention", &[REDUCE_WGSL, ATTENTION_WGSL]);
     ctx.dispatch(
         "attention",
@@ -357,13 +380,15 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
 
 /// Elementwise operations of [`elementwise`].
 pub enum Elementwise<'a> {
-    /// `y[r, c] = gelu_tanh(gate[r * gate_stride + c]) * up[r * up_stride + c]`
+    /// `y[r, c] = gelu_tanh(gate[r * gate_stride + c]) * up[r * up_stride + c]`, or with
+    /// `interleaved`, `gelu_tanh(gate[r * gate_stride + 2c]) * up[r * up_stride + 2c + 1]`.
     Geglu {
         gate: &'a View,
         up: &'a View,
         cols: u32,
         gate_stride: u32,
         up_stride: u32,
+        interleaved: bool,
     },
     /// `y += a`
     Add(&'a View),
@@ -381,6 +406,7 @@ pub fn elementwise(
     n: u32,
 ) -> Result<Dispatch, GpuError> {
     y.expect_len32("elementwise y", u64::from(n))?;
+    let mut interleave = false;
     let (flag, a, b, params) = match op {
         Elementwise::Geglu {
             gate,
@@ -388,18 +414,21 @@ pub fn elementwise(
             cols,
             gate_stride,
             up_stride,
+            interleaved,
         } => {
+            interleave = interleaved;
+            let span = if interleaved { 2 * cols } else { cols };
             if cols == 0 || !n.is_multiple_of(cols) {
                 return Err(shape(format!("geglu: {n} values in rows of {cols}")));
             }
             let rows = u64::from(n / cols);
             gate.expect_len32(
                 "geglu gate",
-                (rows - 1) * u64::from(gate_stride) + u64::from(cols),
+                (rows - 1) * u64::from(gate_stride) + u64::from(span),
             )?;
             up.expect_len32(
                 "geglu up",
-                (rows - 1) * u64::from(up_stride) + u64::from(cols),
+                (rows - 1) * u64::from(up_stride) + u64::from(span),
             )?;
             let p = Params::new()
                 .u32(n)
@@ -431,7 +460,9 @@ pub fn elementwise(
             Params::new().u32(n).u32(n).u32(0).u32(0).f32(c),
         ),
     };
-    let source = ShaderSource::new("elementwise", &[ELEMENTWISE_WGSL]).flag(flag);
+    let source = ShaderSource::new("elementwise", &[ELEMENTWISE_WGSL])
+        .flag(flag)
+        .flag_if(interleave, "INTERLEAVED");
     let binds = [
         a.map_or(Bind::Skip, Bind::Storage),
         b.map_or(Bind::Skip, Bind::Storage),
@@ -674,4 +705,465 @@ pub fn penalty_params(count: u32, vocab: u32, p: PenaltyParams) -> Params {
         .f32(p.repeat)
         .f32(p.frequency)
         .f32(p.presence)
+}
+
+/// What [`matvec`] writes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MatvecOut {
+    /// `y[out_offset + r] = W[r] . x`, with `c * tanh(y / c)` when `softcap` > 0.
+    Rows { softcap: f32 },
+    /// The weight holds gate and up rows interleaved (2i, 2i+1): `y[out_offset + i] =
+    /// gelu_tanh(gate_i . x) * (up_i . x)`.
+    Geglu,
+}
+
+/// The step between two blocks of a layer, for `rows` rows of `dim`: the residual stream
+/// becomes `(res + rmsnorm(delta) * post) * scale` in place, and `out = rmsnorm(res) * weight`
+/// is the next block's input.
+#[allow(clippy::too_many_arguments)]
+pub fn residual_norm(
+    ctx: &GpuContext,
+    res: &View,
+    delta: &View,
+    post: &View,
+    weight: &View,
+    out: &View,
+    rows: u32,
+    dim: u32,
+    scale: f32,
+    eps: f32,
+) -> Result<Dispatch, GpuError> {
+    let n = u64::from(rows) * u64::from(dim);
+    for (what, v, len) in [
+        ("res", res, n),
+        ("delta", delta, n),
+        ("out", out, n),
+        ("post", post, u64::from(dim)),
+        ("weight", weight, u64::from(dim)),
+    ] {
+        v.expect_len32(&format!("residual_norm {what}"), len)?;
+    }
+    let source = ShaderSource::new("rms_norm", &[REDUCE_WGSL, NORM_WGSL])
+        .flag("RESIDUAL_NORM")
+        .flag("WEIGHT");
+    let params = Params::new()
+        .u32(dim)
+        .u32(rows)
+        .f32(eps)
+        .u32(dim)
+        .f32(scale);
+    ctx.dispatch(
+        "residual_norm",
+        ctx.pipeline(&source),
+        &[
+            Bind::Storage(res),
+            Bind::Storage(out),
+            Bind::Params(params),
+            Bind::Storage(weight),
+            Bind::Storage(delta),
+            Bind::Storage(post),
+        ],
+        grid(ctx, rows, 1),
+    )
+}
+
+/// The one-token kernel for `w` over `m` tokens writing `out`: one dispatch per tile.
+#[allow(clippy::too_many_arguments)]
+fn matvec_dispatches(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    x: &View,
+    y: &View,
+    m: u32,
+    x_stride: u32,
+    y_stride: u32,
+    out_offset: u32,
+    out: MatvecOut,
+) -> Result<Vec<Dispatch>, GpuError> {
+    const RPT: u32 = 4;
+    let flag = dtype_flag(w.dtype)?;
+    let k = w.cols as u32;
+    let geglu = out == MatvecOut::Geglu;
+    if geglu
+        && (!w.rows.is_multiple_of(2)
+            || w.tiles
+                .iter()
+                .any(|t| t.first_row % 2 != 0 || t.rows % 2 != 0))
+    {
+        return Err(shape(format!(
+            "{}: a gated output needs whole gate/up row pairs per tile",
+            w.name
+        )));
+    }
+    // Threads per row group: enough to cover short rows without idle lanes, and within one
+    // subgroup when subgroup shuffles do the sum.
+    let units = k / 32;
+    let max_tpr = if ctx.features.subgroups {
+        ctx.features.subgroup_min_size.clamp(4, 32)
+    } else {
+        64
+    };
+    let tpr = [4u32, 8, 16, 32, 64]
+        .into_iter()
+        .filter(|&t| t <= max_tpr)
+        .find(|&t| t * 2 >= units)
+        .unwrap_or(max_tpr);
+    let subgroups = ctx.features.subgroups && tpr <= ctx.features.subgroup_min_size;
+    let source = ShaderSource::new("matvec", &[BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL])
+        .flag(flag)
+        .flag_if(geglu, "GEGLU_OUT")
+        .flag_if(!subgroups, "NO_SUBGROUPS")
+        .constant("TPR", f64::from(tpr));
+    let pipeline = ctx.pipeline(&source);
+    let softcap = match out {
+        MatvecOut::Rows { softcap } => softcap,
+        MatvecOut::Geglu => 0.0,
+    };
+    let rows_per_group = 256 / tpr * RPT;
+    w.tiles
+        .iter()
+        .map(|tile| {
+            let rows = tile.rows as u32;
+            let first = if geglu {
+                tile.first_row / 2
+            } else {
+                tile.first_row
+            } as u32;
+            let params = Params::new()
+                .u32(k)
+                .u32(rows)
+                .u32(w.row_bytes as u32)
+                .u32(out_offset + first)
+                .u32(m)
+                .u32(x_stride)
+                .u32(y_stride)
+                .f32(softcap);
+            let wv = View::of(&tile.buffer);
+            ctx.dispatch(
+                "matvec",
+                pipeline.clone(),
+                &[
+                    Bind::Storage(&wv),
+                    Bind::Storage(x),
+                    Bind::Storage(y),
+                    Bind::Params(params),
+                ],
+                grid(ctx, rows.div_ceil(rows_per_group), m),
+            )
+        })
+        .collect()
+}
+
+/// The decode matrix-vector product of one token: `y[out_offset + r] = W[r] . x` (or the gated
+/// activation of interleaved gate/up rows), one dispatch per weight tile.
+pub fn matvec(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    x: &View,
+    y: &View,
+    out_offset: u32,
+    out: MatvecOut,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let out_rows = if out == MatvecOut::Geglu {
+        w.rows / 2
+    } else {
+        w.rows
+    };
+    x.expect_len32(&w.name, w.cols)?;
+    y.expect_len32(&w.name, u64::from(out_offset) + out_rows)?;
+    matvec_dispatches(ctx, w, x, y, 1, w.cols as u32, 0, out_offset, out)
+}
+
+/// Arguments of [`head_post`].
+pub struct HeadPostArgs<'a> {
+    /// Per token `[q | k | v]` (v absent when `k_is_v`), `stride` floats apart.
+    pub qkv: &'a View,
+    pub q_norm: &'a View,
+    /// K's norm weight and the caches, for layers that own a KV cache.
+    pub kv: Option<HeadPostKv<'a>>,
+    pub positions: &'a View,
+    pub tokens: u32,
+    pub n_head: u32,
+    pub head_dim: u32,
+    pub stride: u32,
+    pub n_rot: u32,
+    pub base: f32,
+    pub freq_scale: f32,
+    pub freq_factors: Option<&'a View>,
+    pub eps: f32,
+}
+
+/// The K/V side of [`head_post`].
+pub struct HeadPostKv<'a> {
+    pub k_norm: &'a View,
+    pub k_cache: &'a View,
+    pub v_cache: &'a View,
+    pub n_kv: u32,
+    /// V is the raw K projection (Gemma 4 layers without a V projection).
+    pub k_is_v: bool,
+    /// V gets an RMS norm without weight (Gemma 4).
+    pub v_norm: bool,
+}
+
+/// Per-head Q/K(/V) norms, RoPE and the KV-cache store in one dispatch.
+pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, GpuError> {
+    if a.head_dim > MAX_HEAD_DIM || a.n_rot > a.head_dim || !a.n_rot.is_multiple_of(2) {
+        return Err(shape(format!(
+            "head_post: head_dim {} n_rot {}",
+            a.head_dim, a.n_rot
+        )));
+    }
+    let n_kv = a.kv.as_ref().map_or(0, |kv| kv.n_kv);
+    let width = (a.n_head
+        + n_kv
+            * if a.kv.as_ref().is_some_and(|kv| kv.k_is_v) {
+                1
+            } else {
+                2
+            })
+        * a.head_dim;
+    if a.stride < width {
+        return Err(shape(format!("head_post: stride {} < {width}", a.stride)));
+    }
+    a.qkv.expect_len32(
+        "head_post qkv",
+        u64::from(a.tokens.max(1) - 1) * u64::from(a.stride) + u64::from(width),
+    )?;
+    a.q_norm
+        .expect_len32("head_post q_norm", u64::from(a.head_dim))?;
+    a.positions
+        .expect_len32("head_post positions", u64::from(a.tokens))?;
+    // Layers without their own cache still bind something in the K/V slots.
+    let (k_norm, kc, vc, capacity) = match &a.kv {
+        Some(kv) => {
+            kv.k_norm
+                .expect_len32("head_post k_norm", u64::from(a.head_dim))?;
+            let row = u64::from(kv.n_kv * a.head_dim);
+            (
+                kv.k_norm,
+                kv.k_cache,
+                kv.v_cache,
+                (kv.k_cache.len32() / row) as u32,
+            )
+        }
+        None => (a.q_norm, a.q_norm, a.q_norm, 0),
+    };
+    let source = ShaderSource::new("head_post", &[REDUCE_WGSL, HEAD_POST_WGSL])
+        .flag_if(a.freq_factors.is_some(), "FREQ_FACTORS")
+        .flag_if(a.kv.as_ref().is_some_and(|kv| kv.k_is_v), "K_IS_V")
+        .flag_if(a.kv.as_ref().is_some_and(|kv| kv.v_norm), "V_NORM");
+    let params = Params::new()
+        .u32(a.n_head)
+        .u32(n_kv)
+        .u32(a.head_dim)
+        .u32(a.n_rot)
+        .u32(a.stride)
+        .u32(a.tokens)
+        .u32(capacity)
+        .f32(a.eps)
+        .f32(a.base)
+        .f32(a.freq_scale);
+    let mut binds = vec![
+        Bind::Storage(a.qkv),
+        Bind::Storage(a.q_norm),
+        Bind::Storage(k_norm),
+        Bind::Storage(kc),
+        Bind::Storage(vc),
+        Bind::Storage(a.positions),
+        Bind::Params(params),
+    ];
+    if let Some(ff) = a.freq_factors {
+        ff.expect_len32("head_post freq factors", u64::from(a.n_rot / 2))?;
+        binds.push(Bind::Storage(ff));
+    }
+    ctx.dispatch(
+        "head_post",
+        ctx.pipeline(&source),
+        &binds,
+        [a.n_head + n_kv, a.tokens, 1],
+    )
+}
+
+/// Keys per workgroup of the split decode attention.
+pub const ATTN_CHUNK: u32 = 64;
+
+/// The two dispatches of decode attention: per-chunk partial results, then their merge.
+pub struct DecodeAttention {
+    pub split: Dispatch,
+    pub combine: Dispatch,
+}
+
+impl DecodeAttention {
+    /// Floats of scratch the partial results need.
+    pub fn scratch_floats(n_head: u32, head_dim: u32, capacity: u32) -> u64 {
+        u64::from(n_head) * u64::from(capacity.div_ceil(ATTN_CHUNK)) * u64::from(head_dim + 2)
+    }
+}
+
+/// Attention of one token's queries (at `positions[0]`) over the cache, split over chunks of
+/// keys. `q` starts `q_offset` floats into `a.q`; `a.tokens` must be 1.
+pub fn attention_decode(
+    ctx: &GpuContext,
+    a: &AttentionArgs<'_>,
+    q_offset: u32,
+    scratch: &View,
+) -> Result<DecodeAttention, GpuError> {
+    if a.tokens != 1
+        || a.head_dim > MAX_HEAD_DIM
+        || !a.head_dim.is_multiple_of(4)
+        || a.n_kv_head == 0
+        || !a.n_head.is_multiple_of(a.n_kv_head)
+    {
+        return Err(shape(format!(
+            "attention_decode: {} tokens, {} heads over {} KV heads of dim {}",
+            a.tokens, a.n_head, a.n_kv_head, a.head_dim
+        )));
+    }
+    a.q.expect_len32(
+        "attention q",
+        u64::from(q_offset) + u64::from(a.n_head * a.head_dim),
+    )?;
+    a.out
+        .expect_len32("attention out", u64::from(a.n_head * a.head_dim))?;
+    let row = u64::from(a.n_kv_head * a.head_dim);
+    let capacity = (a.k_cache.len32() / row) as u32;
+    if capacity == 0 || a.v_cache.len32() / row != u64::from(capacity) {
+        return Err(shape(
+            "attention: K and V caches differ or are empty".into(),
+        ));
+    }
+    scratch.expect_len32(
+        "attention scratch",
+        DecodeAttention::scratch_floats(a.n_head, a.head_dim, capacity),
+    )?;
+    let max_chunks = capacity.div_ceil(ATTN_CHUNK);
+    let params = Params::new()
+        .u32(a.n_head)
+        .u32(a.n_kv_head)
+        .u32(a.head_dim)
+        .u32(a.window)
+        .u32(max_chunks)
+        .u32(capacity)
+        .f32(a.scale)
+        .f32(a.softcap)
+        .u32(q_offset);
+    // A sliding layer never sees more than its window: no need to launch past it.
+    let chunks = if a.window > 0 {
+        max_chunks.min(a.window.div_ceil(ATTN_CHUNK) + 1)
+    } else {
+        max_chunks
+    };
+    let split = ctx.dispatch(
+        "attn_split",
+        ctx.pipeline(&ShaderSource::new(
+            "attn_split",
+            &[REDUCE_WGSL, ATTN_SPLIT_WGSL],
+        )),
+        &[
+            Bind::Storage(a.q),
+            Bind::Storage(a.k_cache),
+            Bind::Storage(a.v_cache),
+            Bind::Storage(a.positions),
+            Bind::Storage(scratch),
+            Bind::Params(params.clone()),
+        ],
+        [a.n_head, chunks, 1],
+    )?;
+    let combine = ctx.dispatch(
+        "attn_combine",
+        ctx.pipeline(&ShaderSource::new(
+            "attn_combine",
+            &[REDUCE_WGSL, ATTN_COMBINE_WGSL],
+        )),
+        &[
+            Bind::Storage(scratch),
+            Bind::Storage(a.positions),
+            Bind::Storage(a.out),
+            Bind::Params(params),
+        ],
+        [a.n_head, 1, 1],
+    )?;
+    Ok(DecodeAttention { split, combine })
+}
+
+/// Capacity of the recent-token ring the penalties read (words: one count, then tokens).
+pub const RING_CAP: u32 = 1024;
+
+/// Settings of the GPU sampling kernels; rewritten each step (the step feeds the random
+/// stream).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SampleParams {
+    pub k: u32,
+    pub seed: u32,
+    pub step: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub last_n: u32,
+    pub penalties: PenaltyParams,
+    pub vocab: u32,
+}
+
+impl SampleParams {
+    pub fn params(&self) -> Params {
+        Params::new()
+            .u32(self.k)
+            .u32(self.seed)
+            .u32(self.step)
+            .u32(self.last_n.min(RING_CAP))
+            .f32(self.temperature)
+            .f32(self.top_p)
+            .f32(self.min_p)
+            .f32(self.penalties.repeat)
+            .f32(self.penalties.frequency)
+            .f32(self.penalties.presence)
+            .u32(self.vocab)
+            .u32(RING_CAP)
+    }
+}
+
+/// Which of the sampling kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleKernel {
+    /// Draw from top-k candidates into `result[0]`.
+    Draw,
+    /// Append `result[0]` to the ring.
+    RingPush,
+    /// Penalise the logits of the ring's recent tokens.
+    PenaltyRing,
+}
+
+/// One of the GPU sampling kernels. `a` and `b` are, for `Draw`: the top-k output and the
+/// result; for `RingPush`: the result and the ring; for `PenaltyRing`: the ring and the logits.
+pub fn sample_kernel(
+    ctx: &GpuContext,
+    kind: SampleKernel,
+    a: &View,
+    b: &View,
+    p: &SampleParams,
+) -> Result<Dispatch, GpuError> {
+    let (flag, label) = match kind {
+        SampleKernel::Draw => {
+            if p.k == 0 || p.k > TOPK_MAX {
+                return Err(shape(format!("draw: k = {}", p.k)));
+            }
+            a.expect_len32("draw candidates", 2 * u64::from(p.k))?;
+            ("DRAW", "sample_draw")
+        }
+        SampleKernel::RingPush => {
+            b.expect_len32("ring", 1 + u64::from(RING_CAP))?;
+            ("RING_PUSH", "ring_push")
+        }
+        SampleKernel::PenaltyRing => {
+            a.expect_len32("ring", 1 + u64::from(RING_CAP))?;
+            b.expect_len32("logits", u64::from(p.vocab))?;
+            ("PENALTY_RING", "penalty_ring")
+        }
+    };
+    ctx.dispatch(
+        label,
+        ctx.pipeline(&ShaderSource::new("sample", &[SAMPLE_WGSL]).flag(flag)),
+        &[Bind::Storage(a), Bind::Storage(b), Bind::Params(p.params())],
+        [1, 1, 1],
+    )
 }

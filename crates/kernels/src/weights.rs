@@ -97,7 +97,11 @@ impl GpuWeight {
             .unwrap_or(u64::MAX)
             .min(ctx.max_binding_size())
             .saturating_sub(TILE_PAD);
-        let rows_per_tile = limit / row_bytes;
+        // Even tile sizes keep interleaved row pairs (gate/up) together.
+        let rows_per_tile = match limit / row_bytes {
+            n if n > 1 => n & !1,
+            n => n,
+        };
         if rows_per_tile == 0 {
             return Err(GpuError::Shape(format!(
                 "{name}: one row ({row_bytes} bytes) exceeds the binding limit"

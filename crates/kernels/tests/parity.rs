@@ -124,6 +124,7 @@ fn matmul_matches_cpu_for_every_dtype_and_shape() {
                 x_stride: k as u32,
                 y_stride: n as u32,
                 softcap: 0.0,
+                y_offset: 0,
             };
             let ds = ops::matmul(ctx, &w, &args).unwrap();
             run(ctx, &ds.iter().collect::<Vec<_>>());
@@ -152,6 +153,7 @@ fn matmul_across_tiles_with_strides_and_softcap() {
         assert_eq!(w.tiles.len(), 7);
         for m in [1u32, 2, 9] {
             let (xs, ys) = (k as u32 + 36, n as u32 + 5);
+            // Rows land 2 columns in: weights side by side in one output.
             let mut x = rng.vec((m * xs) as usize, 1.0);
             let packed: Vec<f32> = (0..m as usize)
                 .flat_map(|t| x[t * xs as usize..][..k as usize].to_vec())
@@ -168,16 +170,22 @@ fn matmul_across_tiles_with_strides_and_softcap() {
                 x_stride: xs,
                 y_stride: ys,
                 softcap: 3.0,
+                y_offset: 2,
             };
             let ds = ops::matmul(ctx, &w, &args).unwrap();
             run(ctx, &ds.iter().collect::<Vec<_>>());
             let y = read(ctx, &yv);
             let got: Vec<f32> = (0..m as usize)
-                .flat_map(|t| y[t * ys as usize..][..n as usize].to_vec())
+                .flat_map(|t| y[t * ys as usize + 2..][..n as usize].to_vec())
                 .collect();
             assert_close(&format!("{dtype} tiled m={m}"), &got, &want, 2e-5);
-            // The gaps between token rows stay untouched.
-            assert!(y[n as usize..ys as usize].iter().all(|v| v.is_nan()));
+            // The columns around the rows stay untouched.
+            assert!(
+                y[..2]
+                    .iter()
+                    .chain(&y[n as usize + 2..ys as usize])
+                    .all(|v| v.is_nan())
+            );
         }
     }
 }
@@ -196,6 +204,7 @@ fn matmul_rejects_bad_shapes() {
         x_stride: 64,
         y_stride: 4,
         softcap: 0.0,
+        y_offset: 0,
     };
     assert!(ops::matmul(ctx, &w, &args).is_err());
     assert!(GpuWeight::upload(ctx, "w", GgmlType::F32, 64, 4, &[0u8; 12], None).is_err());
@@ -418,6 +427,7 @@ fn attention_matches_cpu_for_prefill_decode_window_and_gqa() {
             window,
             scale,
             softcap: 0.0,
+            q_stride: nh * hd,
         };
         run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
         assert_close(
@@ -475,8 +485,31 @@ fn elementwise_ops_match_cpu() {
         cols,
         gate_stride: 2 * cols,
         up_stride: cols,
+        interleaved: false,
     };
     run(ctx, &[&ops::elementwise(ctx, op, &y, rows * cols).unwrap()]);
+    // Interleaved: gate and up alternate in the rows of one buffer.
+    let inter = poisoned(ctx, (rows * cols) as usize);
+    let op = Elementwise::Geglu {
+        gate: &gv,
+        up: &gv,
+        cols,
+        gate_stride: 2 * cols,
+        up_stride: 2 * cols,
+        interleaved: true,
+    };
+    run(
+        ctx,
+        &[&ops::elementwise(ctx, op, &inter, rows * cols).unwrap()],
+    );
+    let want_inter: Vec<f32> = (0..rows as usize)
+        .flat_map(|r| (0..cols as usize).map(move |c| (r, c)))
+        .map(|(r, c)| {
+            cpu::gelu_tanh(gate[r * 2 * cols as usize + 2 * c])
+                * gate[r * 2 * cols as usize + 2 * c + 1]
+        })
+        .collect();
+    assert_close("geglu interleaved", &read(ctx, &inter), &want_inter, 1e-5);
     let want: Vec<f32> = (0..rows as usize)
         .flat_map(|r| {
             cpu::geglu(
@@ -621,4 +654,330 @@ fn many_dispatches_share_one_pass_and_pipelines_are_cached() {
         "{} vs {want}",
         got[0]
     );
+}
+
+/// The one-token matvec against the CPU for every dtype: plain rows (with an output offset
+/// and softcap) and interleaved gate/up rows with the gated activation.
+#[test]
+fn one_token_matvec_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(41);
+    for dtype in GPU_DTYPES {
+        let kq = dtype.block_size().max(32) as u64;
+        // Short and long rows; row counts not a multiple of the rows per workgroup.
+        let long = if dtype.block_size() == 1 {
+            8192
+        } else {
+            kq * (20_000 / kq + 1)
+        };
+        for (k, n) in [(kq * 2, 38u64), (kq * 5, 302), (long, 10)] {
+            let ku = k as usize;
+            let wf = rng.vec((k * n) as usize, 0.5);
+            let wq = quantize(dtype, &wf).unwrap();
+            let wd = dequantize_to_vec(dtype, &wq).unwrap();
+            let x = rng.vec(ku, 1.0);
+            let xv = upload(ctx, &x);
+            let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, None).unwrap();
+            let mut want = cpu::matmul(&wd, n as usize, ku, &x, 1);
+            want.iter_mut().for_each(|v| *v = cpu::softcap(*v, 4.0));
+            let y = poisoned(ctx, n as usize + 3);
+            let ds =
+                ops::matvec(ctx, &w, &xv, &y, 3, ops::MatvecOut::Rows { softcap: 4.0 }).unwrap();
+            run(ctx, &ds.iter().collect::<Vec<_>>());
+            let got = read(ctx, &y);
+            assert!(
+                got[..3].iter().all(|v| v.is_nan()),
+                "{dtype}: wrote before its offset"
+            );
+            assert_close(
+                &format!("matvec {dtype} k={k} n={n}"),
+                &got[3..],
+                &want,
+                3e-5,
+            );
+            // The same rows read as interleaved gate/up pairs.
+            {
+                let rows: Vec<f32> = cpu::matmul(&wd, n as usize, ku, &x, 1);
+                let want: Vec<f32> = rows
+                    .chunks(2)
+                    .map(|p| cpu::gelu_tanh(p[0]) * p[1])
+                    .collect();
+                let y = poisoned(ctx, want.len());
+                let ds = ops::matvec(ctx, &w, &xv, &y, 0, ops::MatvecOut::Geglu).unwrap();
+                run(ctx, &ds.iter().collect::<Vec<_>>());
+                assert_close(
+                    &format!("matvec {dtype} gated k={k} n={n}"),
+                    &read(ctx, &y),
+                    &want,
+                    3e-5,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn residual_norm_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(59);
+    for (rows, dim) in [(1u32, 640u32), (5, 257), (2, 1536)] {
+        let n = (rows * dim) as usize;
+        let (res, delta) = (rng.vec(n, 1.0), rng.vec(n, 3.0));
+        let (post, pre) = (rng.vec(dim as usize, 1.0), rng.vec(dim as usize, 1.0));
+        let dn = cpu::rms_norm(&delta, dim as usize, Some(&post), 1e-6);
+        let h: Vec<f32> = res.iter().zip(&dn).map(|(a, b)| (a + b) * 0.5).collect();
+        let want = cpu::rms_norm(&h, dim as usize, Some(&pre), 1e-6);
+        let (rv, out) = (upload(ctx, &res), poisoned(ctx, n));
+        let d = ops::residual_norm(
+            ctx,
+            &rv,
+            &upload(ctx, &delta),
+            &upload(ctx, &post),
+            &upload(ctx, &pre),
+            &out,
+            rows,
+            dim,
+            0.5,
+            1e-6,
+        )
+        .unwrap();
+        run(ctx, &[&d]);
+        assert_close("residual stream", &read(ctx, &rv), &h, 1e-5);
+        assert_close("next input", &read(ctx, &out), &want, 1e-5);
+    }
+}
+
+#[test]
+fn head_post_matches_norm_rope_and_store() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(43);
+    // (heads, kv heads, head_dim, n_rot, tokens, k_is_v, v_norm, freq factors)
+    for (nh, nkv, hd, n_rot, t, k_is_v, v_norm, ff) in [
+        (4u32, 1u32, 256u32, 256u32, 1u32, false, false, false),
+        (8, 2, 512, 512, 3, true, true, true),
+        (3, 3, 64, 32, 2, false, true, false),
+    ] {
+        let width = (nh + nkv * if k_is_v { 1 } else { 2 }) * hd;
+        let stride = width + 8;
+        let qkv = rng.vec((t * stride) as usize, 2.0);
+        let qn = rng.vec(hd as usize, 1.0);
+        let kn = rng.vec(hd as usize, 1.0);
+        let factors: Vec<f32> = (0..n_rot / 2)
+            .map(|i| if i < n_rot / 8 { 1.0 } else { 1e30 })
+            .collect();
+        let positions: Vec<u32> = (0..t).map(|i| 5 + 2 * i).collect();
+        let cap = 16u32;
+        let row = (nkv * hd) as usize;
+        let (kc, vc) = (
+            upload(ctx, &vec![0.0; cap as usize * row]),
+            upload(ctx, &vec![0.0; cap as usize * row]),
+        );
+        let qkv_v = upload(ctx, &qkv);
+        let (qnv, knv, ffv) = (upload(ctx, &qn), upload(ctx, &kn), upload(ctx, &factors));
+        let pos_v = upload_u32(ctx, &positions);
+        let args = ops::HeadPostArgs {
+            qkv: &qkv_v,
+            q_norm: &qnv,
+            kv: Some(ops::HeadPostKv {
+                k_norm: &knv,
+                k_cache: &kc,
+                v_cache: &vc,
+                n_kv: nkv,
+                k_is_v,
+                v_norm,
+            }),
+            positions: &pos_v,
+            tokens: t,
+            n_head: nh,
+            head_dim: hd,
+            stride,
+            n_rot,
+            base: 10000.0,
+            freq_scale: 1.0,
+            freq_factors: ff.then_some(&ffv),
+            eps: 1e-6,
+        };
+        run(ctx, &[&ops::head_post(ctx, &args).unwrap()]);
+        let got_qkv = read(ctx, &qkv_v);
+        let (got_k, got_v) = (read(ctx, &kc), read(ctx, &vc));
+        let ffo = ff.then_some(factors.as_slice());
+        for ti in 0..t as usize {
+            let base = ti * stride as usize;
+            let (hdu, nhu) = (hd as usize, nh as usize);
+            let mut q = cpu::rms_norm(&qkv[base..base + nhu * hdu], hdu, Some(&qn), 1e-6);
+            cpu::rope_neox(
+                &mut q,
+                nhu,
+                hdu,
+                n_rot as usize,
+                &positions[ti..ti + 1],
+                10000.0,
+                1.0,
+                ffo,
+            );
+            assert_close("head_post q", &got_qkv[base..base + nhu * hdu], &q, 1e-4);
+            let k_raw = &qkv[base + nhu * hdu..][..row];
+            let mut k = cpu::rms_norm(k_raw, hdu, Some(&kn), 1e-6);
+            cpu::rope_neox(
+                &mut k,
+                nkv as usize,
+                hdu,
+                n_rot as usize,
+                &positions[ti..ti + 1],
+                10000.0,
+                1.0,
+                ffo,
+            );
+            let v_raw = if k_is_v {
+                k_raw.to_vec()
+            } else {
+                qkv[base + nhu * hdu + row..][..row].to_vec()
+            };
+            let v = if v_norm {
+                cpu::rms_norm(&v_raw, hdu, None, 1e-6)
+            } else {
+                v_raw
+            };
+            let slot = positions[ti] as usize * row;
+            assert_close("head_post k", &got_k[slot..slot + row], &k, 1e-4);
+            assert_close("head_post v", &got_v[slot..slot + row], &v, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn split_decode_attention_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(47);
+    // (n_head, n_kv_head, head_dim, capacity, position, window)
+    for (nh, nkv, hd, cap, pos, window) in [
+        (4u32, 1u32, 256u32, 600u32, 0u32, 0u32),
+        (4, 1, 256, 600, 63, 0),
+        (4, 1, 256, 600, 64, 0),
+        (8, 2, 512, 300, 299, 0),
+        (8, 1, 256, 2000, 1500, 512),
+        (2, 2, 64, 130, 129, 100),
+    ] {
+        let kv = (cap * nkv * hd) as usize;
+        let q_offset = 5u32;
+        let q = rng.vec((q_offset + nh * hd) as usize, 1.0);
+        let (kc, vc) = (rng.vec(kv, 1.0), rng.vec(kv, 1.0));
+        let scale = 0.1;
+        let want = cpu::attention(
+            &q[q_offset as usize..],
+            &kc,
+            &vc,
+            &[pos],
+            nh as usize,
+            nkv as usize,
+            hd as usize,
+            window as usize,
+            scale,
+            0.0,
+        );
+        let out = poisoned(ctx, want.len());
+        let scratch = upload(
+            ctx,
+            &vec![0.0; ops::DecodeAttention::scratch_floats(nh, hd, cap) as usize],
+        );
+        let args = AttentionArgs {
+            q: &upload(ctx, &q),
+            k_cache: &upload(ctx, &kc),
+            v_cache: &upload(ctx, &vc),
+            positions: &upload_u32(ctx, &[pos]),
+            out: &out,
+            tokens: 1,
+            n_head: nh,
+            n_kv_head: nkv,
+            head_dim: hd,
+            window,
+            scale,
+            softcap: 0.0,
+            q_stride: nh * hd,
+        };
+        let a = ops::attention_decode(ctx, &args, q_offset, &scratch).unwrap();
+        run(ctx, &[&a.split, &a.combine]);
+        assert_close(
+            &format!("decode attention h={nh}/{nkv} hd={hd} pos={pos} w={window}"),
+            &read(ctx, &out),
+            &want,
+            1e-4,
+        );
+    }
+}
+
+#[test]
+fn gpu_sampling_kernels_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(53);
+    let vocab = 5000u32;
+    let base = ops::SampleParams {
+        k: 40,
+        seed: 7,
+        step: 0,
+        temperature: 1.3,
+        top_p: 1.0,
+        min_p: 0.0,
+        last_n: 64,
+        penalties: ops::PenaltyParams {
+            repeat: 1.2,
+            frequency: 0.1,
+            presence: 0.3,
+        },
+        vocab,
+    };
+    // Draws: several settings and steps, candidates from the GPU's own top-k.
+    let logits = rng.vec(vocab as usize, 4.0);
+    let lv = upload(ctx, &logits);
+    let scratch = upload_u32(ctx, &vec![0; ops::TopK::scratch_words(vocab, 64) as usize]);
+    let cand = upload_u32(ctx, &[0; 128]);
+    let result = upload_u32(ctx, &[0, 0]);
+    for (top_p, min_p, k) in [
+        (1.0, 0.0, 40u32),
+        (0.8, 0.0, 64),
+        (1.0, 0.05, 20),
+        (0.5, 0.1, 3),
+    ] {
+        let t = ops::top_k(ctx, &lv, vocab, k, &scratch, &cand).unwrap();
+        let p = ops::SampleParams {
+            k,
+            top_p,
+            min_p,
+            ..base
+        };
+        let d = ops::sample_kernel(ctx, ops::SampleKernel::Draw, &cand, &result, &p).unwrap();
+        for step in 0..6u32 {
+            d.update_params(ctx, &ops::SampleParams { step, ..p }.params());
+            run(ctx, &[&t.partial, &t.finish, &d]);
+            let got = pollster::block_on(ctx.read_u32(&result)).unwrap()[0];
+            let want = cpu::draw(
+                &cpu::top_k(&logits, k as usize),
+                p.temperature,
+                top_p,
+                min_p,
+                cpu::uniform(7, step, u32::MAX),
+            );
+            assert_eq!(
+                Some(got),
+                want,
+                "draw top_p={top_p} min_p={min_p} k={k} step={step}"
+            );
+        }
+    }
+    // The ring: push tokens through result[0], then penalise from the last 64.
+    let ring = upload_u32(ctx, &vec![0; 1 + ops::RING_CAP as usize]);
+    let push = ops::sample_kernel(ctx, ops::SampleKernel::RingPush, &result, &ring, &base).unwrap();
+    let mut history = Vec::new();
+    for i in 0..1100u32 {
+        let tok = (i * 7919) % 97 + if i % 5 == 0 { 4990 } else { 0 };
+        history.push(tok);
+        ctx.write(&result.buffer, 0, bytemuck::bytes_of(&tok));
+        run(ctx, &[&push]);
+    }
+    let mut want = logits.clone();
+    cpu::penalties(&mut want, &cpu::recent_counts(&history, 64), base.penalties);
+    let lv2 = upload(ctx, &logits);
+    let pen = ops::sample_kernel(ctx, ops::SampleKernel::PenaltyRing, &ring, &lv2, &base).unwrap();
+    run(ctx, &[&pen]);
+    assert_close("ring penalties", &read(ctx, &lv2), &want, 1e-6);
 }

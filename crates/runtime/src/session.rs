@@ -126,7 +126,12 @@ struct Run<'a> {
     decoder: StreamDecoder,
     /// Text decoded but held back because it might begin a stop string.
     held: String,
-    next: Option<u32>,
+    /// The last token read back.
+    last: Option<u32>,
+    /// Prompt tokens in the cache (where generated tokens start).
+    prompt_len: usize,
+    /// Sampling steps queued so far.
+    submitted: usize,
     generated: usize,
     timings: Timings,
     start_ms: f64,
@@ -165,8 +170,9 @@ impl Session {
     }
 
     /// Forgets the conversation (the cache is reused from the start).
-    pub fn reset(&mut self) {
-        self.gpu.rewind(0);
+    pub async fn reset(&mut self) -> Result<(), Error> {
+        self.gpu.drain().await?;
+        Ok(self.gpu.rewind(0)?)
     }
 
     /// Token ids for a prompt.
@@ -189,10 +195,11 @@ impl Session {
     /// Runs tokens through the model without generating (teacher forcing): after each token,
     /// the token the model ranks first and its logit. Starts from an empty cache.
     pub async fn score(&mut self, tokens: &[u32]) -> Result<Vec<(u32, f32)>, Error> {
-        self.gpu.rewind(0);
+        self.gpu.drain().await?;
+        self.gpu.rewind(0)?;
         let r = self.gpu.score(tokens).await;
         if r.is_err() {
-            self.gpu.rewind(0);
+            self.gpu.rewind(0)?;
         }
         Ok(r?)
     }
@@ -209,7 +216,9 @@ impl Session {
             req,
             decoder,
             held: String::new(),
-            next: None,
+            last: None,
+            prompt_len: 0,
+            submitted: 0,
             generated: 0,
             timings: Timings::default(),
             start_ms: now_ms(),
@@ -231,14 +240,23 @@ impl Session {
 }
 
 impl Run<'_> {
-    /// Ends the run: first any text still held back, then the `Done` event.
+    /// Ends the run: settles the cache, then emits any text still held back before `Done`.
+    async fn end(&mut self, reason: StopReason) -> Result<Event, Error> {
+        let event = self.finish(reason);
+        if matches!(event, Event::Done { .. }) {
+            self.settle().await?;
+        }
+        Ok(event)
+    }
+
+    /// The text still held back, or the `Done` event when there is none.
     fn finish(&mut self, reason: StopReason) -> Event {
         let mut rest = std::mem::take(&mut self.held);
         rest.push_str(&self.decoder.flush());
         if !rest.is_empty() && reason != StopReason::StopString {
             self.pending_done = Some(reason);
             return Event::Token {
-                id: self.next.unwrap_or(0),
+                id: self.last.unwrap_or(0),
                 text: rest,
             };
         }
@@ -256,71 +274,98 @@ impl Run<'_> {
         }
     }
 
-    /// Feeds the prompt (first call) or the last token and samples the next.
-    async fn sample_next(&mut self) -> Result<Result<u32, StopReason>, Error> {
+    /// Starts the request: reuses the cached prefix, feeds the rest of the prompt and queues
+    /// the first sample.
+    async fn start(&mut self) -> Result<(), Error> {
+        let _span = tracing::info_span!("prefill").entered();
         let s = &mut *self.session;
-        let to_feed = match self.next {
-            None => {
-                let _span = tracing::info_span!("prefill").entered();
-                let tokens = s.prompt_tokens(&self.req.prompt)?;
-                // Reuse the cached prefix, but always feed at least one token for logits.
-                let common = s
-                    .gpu
-                    .tokens()
-                    .iter()
-                    .zip(&tokens)
-                    .take_while(|(a, b)| a == b)
-                    .count()
-                    .min(tokens.len() - 1);
-                s.gpu.rewind(common);
-                self.timings.prompt_tokens = tokens.len();
-                self.timings.cached_tokens = common;
-                if tokens.len() + 1 > s.gpu.capacity() {
-                    return Err(ForwardError::ContextOverflow {
-                        need: tokens.len() + 1,
-                        capacity: s.gpu.capacity(),
-                    }
-                    .into());
-                }
-                tokens[common..].to_vec()
-            }
-            Some(t) => {
-                if s.gpu.position() + 1 > s.gpu.capacity() {
-                    return Ok(Err(StopReason::ContextFull));
-                }
-                vec![t]
-            }
-        };
-        let step = self.generated as u32;
-        let _span = tracing::debug_span!("decode", step).entered();
-        Ok(Ok(s
+        s.gpu.drain().await?;
+        let tokens = s.prompt_tokens(&self.req.prompt)?;
+        // Reuse the cached prefix, but always feed at least one token for logits.
+        let common = s
             .gpu
-            .feed_and_sample(&to_feed, &self.req.sampling, step)
-            .await?))
+            .tokens()
+            .iter()
+            .zip(&tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(tokens.len() - 1);
+        s.gpu.rewind(common)?;
+        self.timings.prompt_tokens = tokens.len();
+        self.timings.cached_tokens = common;
+        if tokens.len() + 1 > s.gpu.capacity() {
+            return Err(ForwardError::ContextOverflow {
+                need: tokens.len() + 1,
+                capacity: s.gpu.capacity(),
+            }
+            .into());
+        }
+        self.prompt_len = tokens.len();
+        s.gpu.begin(&tokens[common..], &self.req.sampling, 0)?;
+        self.submitted = 1;
+        Ok(())
+    }
+
+    /// Queues decode steps until the pipeline is full or no more are wanted.
+    fn top_up(&mut self) -> Result<(), Error> {
+        let gpu = &mut self.session.gpu;
+        while gpu.in_flight() < wgemma_text::forward::MAX_IN_FLIGHT
+            && self.submitted < self.req.max_tokens
+            && gpu.position() < gpu.capacity()
+        {
+            gpu.advance(&self.req.sampling, self.submitted as u32)?;
+            self.submitted += 1;
+        }
+        Ok(())
+    }
+
+    /// Waits for the next sampled token, or says why there is none.
+    async fn sample_next(&mut self) -> Result<Result<u32, StopReason>, Error> {
+        if self.last.is_none() && self.submitted == 0 {
+            self.start().await?;
+        }
+        self.top_up()?;
+        if self.session.gpu.in_flight() == 0 {
+            return Ok(Err(StopReason::ContextFull));
+        }
+        let _span = tracing::debug_span!("decode", step = self.generated).entered();
+        Ok(Ok(self.session.gpu.next_token().await?))
+    }
+
+    /// Leaves the cache holding the prompt and the tokens generated before the last one:
+    /// queued steps past the stop are read and dropped.
+    async fn settle(&mut self) -> Result<(), Error> {
+        let gpu = &mut self.session.gpu;
+        gpu.drain().await?;
+        if self.submitted > 0 {
+            gpu.rewind(self.prompt_len + self.generated)?;
+        }
+        Ok(())
     }
 
     async fn step(&mut self) -> Result<Event, Error> {
         if let Some(reason) = self.pending_done.take() {
+            self.settle().await?;
             return Ok(self.done_event(reason));
         }
         if self.session.cancel.take() {
-            return Ok(self.finish(StopReason::Cancelled));
+            return self.end(StopReason::Cancelled).await;
         }
         if self.generated >= self.req.max_tokens {
-            return Ok(self.finish(StopReason::MaxTokens));
+            return self.end(StopReason::MaxTokens).await;
         }
         let id = match self.sample_next().await? {
             Ok(id) => id,
-            Err(reason) => return Ok(self.finish(reason)),
+            Err(reason) => return self.end(reason).await,
         };
-        if self.next.is_none() {
+        if self.last.is_none() {
             self.first_ms = now_ms();
             self.timings.prompt_ms = self.first_ms - self.start_ms;
         }
-        self.next = Some(id);
+        self.last = Some(id);
         let tok = self.session.model.tokenizer();
         if tok.is_end_of_generation(id) {
-            return Ok(self.finish(StopReason::EndOfGeneration));
+            return self.end(StopReason::EndOfGeneration).await;
         }
         self.generated += 1;
         self.held.push_str(&self.decoder.push(tok, id));

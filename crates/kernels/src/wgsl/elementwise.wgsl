@@ -1,5 +1,6 @@
 // Elementwise kernels over n values, one flag each:
-// GEGLU:  y[i] = gelu_tanh(a[i]) * b[i]       (a = gate, b = up; rows of a/b may be strided)
+// GEGLU:  y[i] = gelu_tanh(a[i]) * b[i]       (a = gate, b = up; rows of a/b may be strided;
+//         INTERLEAVED: gate and up alternate within a row, a[2c] and b[2c + 1])
 // ADD:    y[i] += a[i]
 // SCALE:  y[i] *= s
 // SOFTCAP: y[i] = c * tanh(y[i] / c)
@@ -35,7 +36,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 #if GEGLU
     let r = i / p.cols;
     let c = i % p.cols;
+#if INTERLEAVED
+    y[i] = gelu_tanh(a[r * p.a_stride + 2u * c]) * b[r * p.b_stride + 2u * c + 1u];
+#else
     y[i] = gelu_tanh(a[r * p.a_stride + c]) * b[r * p.b_stride + c];
+#endif
 #endif
 #if ADD
     y[i] += a[i];

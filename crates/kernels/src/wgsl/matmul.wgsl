@@ -1,6 +1,8 @@
 // Y[m, out_offset + r] = sum_k W[r, k] * X[m, k] for many tokens: each workgroup computes a
-// 32-token x 64-row tile, dequantizing one 32-element unit of 64 weight rows into workgroup
-// memory per step, so each weight byte is read once per 32 tokens.
+// 64-token x 64-row tile, 4 x 4 outputs per thread. Per step of 32 values of k, 64 threads
+// dequantize one unit of a weight row each and all threads load the tokens' inputs; both
+// tiles sit in workgroup memory k-major, so the inner loop reads two vec4s per 16 FMAs and
+// each weight byte is read once per 64 tokens.
 
 struct Params {
     k: u32,
@@ -18,16 +20,17 @@ struct Params {
 fn wword(i: u32) -> u32 {
     return w[i];
 }
+
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 
-const TM: u32 = 32u;
+const TM: u32 = 64u;
 const TN: u32 = 64u;
-const WS: u32 = 33u;
 
-var<workgroup> xs: array<f32, 1024>;
-var<workgroup> ws: array<f32, 2112>;
+// [k][16 groups of 4]: xs[kk * 16 + g] holds tokens 4g..4g+3 at k = kk; ws likewise rows.
+var<workgroup> xs: array<vec4<f32>, 512>;
+var<workgroup> ws: array<vec4<f32>, 512>;
 
 fn finish(v: f32) -> f32 {
     if (p.softcap > 0.0) {
@@ -42,52 +45,57 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let m0 = wg.y * TM;
     let tx = li % 16u;
     let ty = li / 16u;
-    var acc: array<f32, 8>;
+    var acc: array<vec4<f32>, 4>;
+    // Scalar staging for the transposed stores: a thread owns one (row or token, k) column.
+    var wcol: array<vec4<f32>, 8>;
     for (var u = 0u; u < p.k / 32u; u++) {
         if (li < TN) {
             let row = n0 + li;
             if (row < p.n) {
-                let q = load_unit(row * p.row_bytes, u);
-                for (var i = 0u; i < 8u; i++) {
-                    let b = li * WS + 4u * i;
-                    ws[b] = q[i].x;
-                    ws[b + 1u] = q[i].y;
-                    ws[b + 2u] = q[i].z;
-                    ws[b + 3u] = q[i].w;
-                }
+                wcol = load_unit(row * p.row_bytes, u);
             } else {
-                for (var i = 0u; i < 32u; i++) {
-                    ws[li * WS + i] = 0.0;
+                wcol = array<vec4<f32>, 8>();
+            }
+        }
+        // Everyone is done reading the previous step's tiles.
+        workgroupBarrier();
+        if (li < TN) {
+            let g = li / 4u;
+            let lane = li % 4u;
+            for (var i = 0u; i < 8u; i++) {
+                for (var c = 0u; c < 4u; c++) {
+                    let kk = 4u * i + c;
+                    ws[kk * 16u + g][lane] = wcol[i][c];
                 }
             }
         }
-        for (var t = 0u; t < 4u; t++) {
-            let e = li * 4u + t;
-            let tok = m0 + e / 32u;
+        // Inputs: 64 tokens x 32 values, 8 per thread.
+        for (var t = 0u; t < 8u; t++) {
+            let e = t * 256u + li;
+            let tok = e / 32u;
+            let kk = e % 32u;
             var v = 0.0;
-            if (tok < p.m) {
-                v = x[tok * p.x_stride + u * 32u + e % 32u];
+            if (m0 + tok < p.m) {
+                v = x[(m0 + tok) * p.x_stride + u * 32u + kk];
             }
-            xs[e] = v;
+            xs[kk * 16u + tok / 4u][tok % 4u] = v;
         }
         workgroupBarrier();
         for (var kk = 0u; kk < 32u; kk++) {
-            let a0 = xs[(ty * 2u) * 32u + kk];
-            let a1 = xs[(ty * 2u + 1u) * 32u + kk];
-            for (var j = 0u; j < 4u; j++) {
-                let b = ws[(tx + 16u * j) * WS + kk];
-                acc[j] += a0 * b;
-                acc[4u + j] += a1 * b;
-            }
+            let a = xs[kk * 16u + ty];
+            let b = ws[kk * 16u + tx];
+            acc[0] += a.x * b;
+            acc[1] += a.y * b;
+            acc[2] += a.z * b;
+            acc[3] += a.w * b;
         }
-        workgroupBarrier();
     }
-    for (var i = 0u; i < 2u; i++) {
-        let tok = m0 + ty * 2u + i;
+    for (var i = 0u; i < 4u; i++) {
+        let tok = m0 + ty * 4u + i;
         for (var j = 0u; j < 4u; j++) {
-            let row = n0 + tx + 16u * j;
+            let row = n0 + tx * 4u + j;
             if (tok < p.m && row < p.n) {
-                y[tok * p.y_stride + p.out_offset + row] = finish(acc[i * 4u + j]);
+                y[tok * p.y_stride + p.out_offset + row] = finish(acc[i][j]);
             }
         }
     }

@@ -1,5 +1,14 @@
-// y[m, out_offset + r] = sum_k W[r, k] * x[m, k] for the rows r of one weight tile: each
-// group of TPR threads owns a row and strides over its 32-element units; tokens are grid.z.
+// The one-token matrix-vector product y[m, out_offset + r] = sum_k W[r, k] * x[m, k], reading
+// the weights straight from memory.
+//
+// A workgroup of 256 threads takes 256 / TPR groups of RPT consecutive rows. The TPR threads of
+// a group stride over the rows' 32-element units; each thread dequantizes the unit of each of
+// its RPT rows against one load of the input, so the input is read once per RPT rows rather
+// than once per row. Lanes of a group are summed with subgroup shuffles when the subgroup is
+// at least TPR wide, else through workgroup memory. Tokens (few) are grid.z.
+//
+// GEGLU_OUT: rows are gate and up rows interleaved (2i: gate_i, 2i+1: up_i); the output is
+// y[out_offset + i] = gelu_tanh(gate_i . x) * (up_i . x), a gated FFN's activation.
 
 struct Params {
     k: u32,
@@ -12,18 +21,136 @@ struct Params {
     softcap: f32,
 }
 
+#if DT_Q4_K
+// Q4_K reads its 16-byte-aligned blocks as 16-byte words.
+@group(0) @binding(0) var<storage, read> w4: array<vec4<u32>>;
+
+fn wword(i: u32) -> u32 {
+    return w4[i >> 2u][i & 3u];
+}
+#else
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 
 fn wword(i: u32) -> u32 {
     return w[i];
 }
+#endif
+
+#if DT_Q4_K
+// Q4_K, 64 values a step: one 32-byte group of nibbles (low: sub-block 2j, high: 2j+1) and
+// its block's 16-byte header, as three 16-byte loads.
+const STEP: u32 = 64u;
+
+fn step_dot(rb: u32, c: u32, xv: ptr<function, array<vec4<f32>, 32>>) -> f32 {
+    let o16 = (rb + (c >> 2u) * 144u) >> 4u;
+    let j = c & 3u;
+    let hdr = w4[o16];
+    let dm = unpack2x16float(hdr.x);
+    // k4_scale_min on the 12 scale bytes hdr.y (0..3), hdr.z (4..7), hdr.w (8..11).
+    var scs: vec2<f32>;
+    var mns: vec2<f32>;
+    for (var t = 0u; t < 2u; t++) {
+        let sb = 2u * j + t;
+        if (sb < 4u) {
+            scs[t] = f32((hdr.y >> (8u * sb)) & 63u);
+            mns[t] = f32((hdr.z >> (8u * sb)) & 63u);
+        } else {
+            let sh = 8u * (sb - 4u);
+            let a = (hdr.w >> sh) & 0xFFu;
+            scs[t] = f32((a & 0xFu) | (((hdr.y >> sh) >> 6u & 3u) << 4u));
+            mns[t] = f32((a >> 4u) | (((hdr.z >> sh) >> 6u & 3u) << 4u));
+        }
+    }
+    let qa = w4[o16 + 1u + 2u * j];
+    let qb = w4[o16 + 2u + 2u * j];
+    var lo = 0.0;
+    var hi = 0.0;
+    var xlo = 0.0;
+    var xhi = 0.0;
+    for (var i = 0u; i < 8u; i++) {
+        var q: u32;
+        if (i < 4u) {
+            q = qa[i];
+        } else {
+            q = qb[i - 4u];
+        }
+        lo += dot(lo4(q), (*xv)[i]);
+        hi += dot(hi4(q), (*xv)[8u + i]);
+        xlo += dot(vec4<f32>(1.0), (*xv)[i]);
+        xhi += dot(vec4<f32>(1.0), (*xv)[8u + i]);
+    }
+    return dm.x * (scs.x * lo + scs.y * hi) - dm.y * (mns.x * xlo + mns.y * xhi);
+}
+#endif
+
+#if DT_Q6_K
+// Q6_K, 128 values a step (half a block): each word of its low nibbles and high bits is read
+// once and serves the quarters it holds bits of.
+const STEP: u32 = 128u;
+
+fn step_dot(rb: u32, c: u32, xv: ptr<function, array<vec4<f32>, 32>>) -> f32 {
+    let ob = rb + (c >> 1u) * 210u;
+    let hf = c & 1u;
+    let lb = ob + 64u * hf;
+    let hb = ob + 128u + 32u * hf;
+    // Per quarter (columns) and sub-block of 16 (a: values 0..15, b: 16..31).
+    var pa = vec4<f32>(0.0);
+    var pb = vec4<f32>(0.0);
+    for (var i = 0u; i < 8u; i++) {
+        let l0 = bytes4(w32(lb + 4u * i));
+        let l1 = bytes4(w32(lb + 32u + 4u * i));
+        let h = bytes4(w32(hb + 4u * i));
+        let q0 = vec4<f32>((l0 & vec4<u32>(0xFu)) | ((h & vec4<u32>(3u)) << vec4<u32>(4u))) - 32.0;
+        let q1 = vec4<f32>((l1 & vec4<u32>(0xFu)) | (((h >> vec4<u32>(2u)) & vec4<u32>(3u)) << vec4<u32>(4u))) - 32.0;
+        let q2 = vec4<f32>((l0 >> vec4<u32>(4u)) | (((h >> vec4<u32>(4u)) & vec4<u32>(3u)) << vec4<u32>(4u))) - 32.0;
+        let q3 = vec4<f32>((l1 >> vec4<u32>(4u)) | ((h >> vec4<u32>(6u)) << vec4<u32>(4u))) - 32.0;
+        let d4 = vec4<f32>(dot(q0, (*xv)[i]), dot(q1, (*xv)[8u + i]), dot(q2, (*xv)[16u + i]), dot(q3, (*xv)[24u + i]));
+        if (i < 4u) {
+            pa += d4;
+        } else {
+            pb += d4;
+        }
+    }
+    // Scales: sub-block 2 * quarter + (0: a, 1: b), bytes 192 + 8 * hf of the block.
+    let s_lo = w32(ob + 192u + 8u * hf);
+    let s_hi = w32(ob + 196u + 8u * hf);
+    let sa = vec4<f32>(sbyte(s_lo & 0xFFu), sbyte((s_lo >> 16u) & 0xFFu), sbyte(s_hi & 0xFFu), sbyte((s_hi >> 16u) & 0xFFu));
+    let sbv = vec4<f32>(sbyte((s_lo >> 8u) & 0xFFu), sbyte(s_lo >> 24u), sbyte((s_hi >> 8u) & 0xFFu), sbyte(s_hi >> 24u));
+    return wf16(ob + 208u) * (dot(sa, pa) + dot(sbv, pb));
+}
+#endif
+
+#if !DT_Q4_K
+#if !DT_Q6_K
+// Every other dtype: 32 values a step through the shared dequantizer.
+const STEP: u32 = 32u;
+
+fn step_dot(rb: u32, u: u32, xv: ptr<function, array<vec4<f32>, 32>>) -> f32 {
+    let q = load_unit(rb, u);
+    var s = 0.0;
+    for (var i = 0u; i < 8u; i++) {
+        s += dot(q[i], (*xv)[i]);
+    }
+    return s;
+}
+#endif
+#endif
+
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 
 override TPR: u32 = 32u;
+const RPT: u32 = 4u;
 
-var<workgroup> partial: array<f32, 256>;
+#if NO_SUBGROUPS
+var<workgroup> red: array<f32, 1024>;
+#endif
+
+fn gelu_tanh(v: f32) -> f32 {
+    let inner = 0.7978845608028654 * (v + 0.044715 * v * v * v);
+    return 0.5 * v * (1.0 + tanh(clamp(inner, -9.0, 9.0)));
+}
 
 fn finish(v: f32) -> f32 {
     if (p.softcap > 0.0) {
@@ -33,34 +160,68 @@ fn finish(v: f32) -> f32 {
 }
 
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let group = wg.x + wg.y * nwg.x;
-    let row = group * (256u / TPR) + li / TPR;
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let group = (wg.x + wg.y * nwg.x) * (256u / TPR) + li / TPR;
     let lane = li % TPR;
+    let row0 = group * RPT;
     let m = wg.z;
-    var acc = 0.0;
-    if (row < p.n) {
-        let rb = row * p.row_bytes;
-        let xb = m * (p.x_stride / 4u);
-        for (var u = lane; u < p.k / 32u; u += TPR) {
-            let q = load_unit(rb, u);
-            let xo = xb + u * 8u;
-            var s = 0.0;
-            for (var i = 0u; i < 8u; i++) {
-                s += dot(q[i], x[xo + i]);
+    let xb = m * (p.x_stride / 4u);
+    var acc = vec4<f32>(0.0);
+    let steps = p.k / STEP;
+    if (row0 < p.n) {
+        // Rows past the end repeat the last row: same loads, results dropped.
+        let last = p.n - 1u;
+        let rb0 = row0 * p.row_bytes;
+        let rb1 = min(row0 + 1u, last) * p.row_bytes;
+        let rb2 = min(row0 + 2u, last) * p.row_bytes;
+        let rb3 = min(row0 + 3u, last) * p.row_bytes;
+        for (var u = lane; u < steps; u += TPR) {
+            var xv: array<vec4<f32>, 32>;
+            for (var i = 0u; i < STEP / 4u; i++) {
+                xv[i] = x[xb + u * (STEP / 4u) + i];
             }
-            acc += s;
+            acc += vec4<f32>(step_dot(rb0, u, &xv), step_dot(rb1, u, &xv), step_dot(rb2, u, &xv), step_dot(rb3, u, &xv));
         }
     }
-    partial[li] = acc;
+#if !NO_SUBGROUPS
+    for (var off = TPR / 2u; off > 0u; off >>= 1u) {
+        acc += subgroupShuffleXor(acc, off);
+    }
+#else
+    for (var r = 0u; r < RPT; r++) {
+        red[r * 256u + li] = acc[r];
+    }
     workgroupBarrier();
     for (var s = TPR / 2u; s > 0u; s >>= 1u) {
         if (lane < s) {
-            partial[li] += partial[li + s];
+            for (var r = 0u; r < RPT; r++) {
+                red[r * 256u + li] += red[r * 256u + li + s];
+            }
         }
         workgroupBarrier();
     }
-    if (lane == 0u && row < p.n) {
-        y[m * p.y_stride + p.out_offset + row] = finish(partial[li]);
+    for (var r = 0u; r < RPT; r++) {
+        acc[r] = red[r * 256u + li];
     }
+#endif
+    if (lane != 0u || row0 >= p.n) {
+        return;
+    }
+    let ob = m * p.y_stride + p.out_offset;
+#if GEGLU_OUT
+    y[ob + row0 / 2u] = gelu_tanh(acc.x) * acc.y;
+    if (row0 + 2u < p.n) {
+        y[ob + row0 / 2u + 1u] = gelu_tanh(acc.z) * acc.w;
+    }
+#else
+    for (var r = 0u; r < RPT; r++) {
+        if (row0 + r < p.n) {
+            y[ob + row0 + r] = finish(acc[r]);
+        }
+    }
+#endif
 }

@@ -49,7 +49,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
             "/exit" | "/quit" => break,
             "/reset" => {
                 messages.retain(|m| m.role == Role::System);
-                session.reset();
+                pollster::block_on(session.reset())?;
                 continue;
             }
             _ => {}
