@@ -45,15 +45,16 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     let ctx = Arc::new(pollster::block_on(GpuContext::new(
         ContextOptions::default().with_env(),
     ))?);
-    let src = MmapSource::open(&a.model)?;
-    let g = Gguf::parse(src.bytes(0, TensorSource::len(&src))?)?;
+    let src = Arc::new(MmapSource::open(&a.model)?);
+    let g = Gguf::parse(src.bytes(0, TensorSource::len(&*src))?)?;
     let cfg = TextConfig::from_gguf(&g)?;
     let t = Instant::now();
     let model = Arc::new(pollster::block_on(GpuModel::load(
         ctx.clone(),
         &g,
         &cfg,
-        &src,
+        &*src,
+        Some(src.clone()),
         |_| {},
     ))?);
     ctx.wait()?;

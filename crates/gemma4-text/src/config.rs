@@ -81,7 +81,19 @@ pub struct TextConfig {
     pub v_norm: bool,
     /// Per-layer embedding width (Gemma 4 E2B/E4B); 0 when absent.
     pub n_ple: usize,
+    /// The mixture of experts of Gemma 4 26B-A4B, on the layers that have a router.
+    pub moe: Option<MoeConfig>,
     pub layers: Vec<LayerConfig>,
+}
+
+/// Mixture-of-experts sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeConfig {
+    pub n_expert: usize,
+    /// Experts each token uses.
+    pub n_used: usize,
+    /// Hidden width of one expert's feed-forward.
+    pub n_ff: usize,
 }
 
 fn invalid(msg: impl Into<String>) -> ConfigError {
@@ -141,6 +153,23 @@ impl TextConfig {
 
         let mut layers = Vec::with_capacity(n_layer);
         let (attn_scale, v_norm, n_ple);
+        let moe = match m.opt_u32(&key("expert_count"))? {
+            Some(n_expert) if n_expert > 0 => {
+                let n_used = m.get_u32(&key("expert_used_count"))? as usize;
+                let n_ff = m.get_u32(&key("expert_feed_forward_length"))? as usize;
+                if n_used == 0 || n_used > n_expert as usize || n_used > 64 || n_ff == 0 {
+                    return Err(invalid(format!(
+                        "{n_used} of {n_expert} experts of width {n_ff}"
+                    )));
+                }
+                Some(MoeConfig {
+                    n_expert: n_expert as usize,
+                    n_used,
+                    n_ff,
+                })
+            }
+            _ => None,
+        };
         match arch {
             Arch::Gemma3 => {
                 // llama.cpp: the 62-layer 27B scales by hidden/heads, the others by head_dim.
@@ -246,6 +275,7 @@ impl TextConfig {
             final_softcap,
             v_norm,
             n_ple,
+            moe,
             layers,
         })
     }

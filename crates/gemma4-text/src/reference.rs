@@ -2,11 +2,13 @@
 //! is dequantized to f32 once; each token is processed on its own, in plain loops built from
 //! the kernel crate's CPU references.
 
-use wgemma_gguf::{Gguf, ReadError, TensorInfo, TensorSource, read_tensor_f32};
+use std::sync::Arc;
+
+use wgemma_gguf::{Gguf, ReadError, TensorInfo, TensorSource, read_row_f32, read_tensor_f32};
 use wgemma_kernels::cpu;
 
 use crate::config::TextConfig;
-use crate::tensors::{Model, ModelTensors};
+use crate::tensors::{ExpertGateUp, Model, ModelTensors, MoeLayer, ple_table};
 
 /// A row-major f32 matrix (`rows` outputs of `cols` inputs).
 #[derive(Clone, Debug)]
@@ -44,6 +46,14 @@ impl Matrix {
 pub struct CpuModel {
     pub cfg: TextConfig,
     w: Model<Matrix, Vec<f32>>,
+    /// The per-layer token table, read a row per token (it is too large to hold as f32).
+    ple_table: Option<PleTable>,
+}
+
+struct PleTable {
+    header: Gguf,
+    info: TensorInfo,
+    source: Arc<dyn TensorSource>,
 }
 
 /// KV caches and position of a CPU forward.
@@ -54,27 +64,82 @@ pub struct CpuState {
 }
 
 impl CpuModel {
-    /// Dequantizes every tensor of the model.
-    pub fn load<S: TensorSource + ?Sized>(
-        g: &Gguf,
-        cfg: &TextConfig,
-        src: &S,
-    ) -> Result<Self, ReadError> {
+    /// Dequantizes every tensor of the model but the per-layer token table.
+    pub fn load(g: &Gguf, cfg: &TextConfig, src: Arc<dyn TensorSource>) -> Result<Self, ReadError> {
         let tensors = ModelTensors::resolve(g, cfg)?;
         let w = tensors.try_map(
             |t: &&TensorInfo| {
                 Ok::<_, ReadError>(Matrix {
-                    data: read_tensor_f32(g, src, t)?,
+                    data: read_tensor_f32(g, &*src, t)?,
                     rows: t.n_rows() as usize,
                     cols: t.row_len() as usize,
                 })
             },
-            |t: &&TensorInfo| read_tensor_f32(g, src, t),
+            |t: &&TensorInfo| read_tensor_f32(g, &*src, t),
         )?;
+        let ple_table = ple_table(g, cfg)?.map(|info| PleTable {
+            header: g.clone(),
+            info: info.clone(),
+            source: src.clone(),
+        });
         Ok(Self {
             cfg: cfg.clone(),
             w,
+            ple_table,
         })
+    }
+
+    /// Every layer's per-layer input for `token` (Gemma 4 E2B/E4B): `n_layer * n_ple` values,
+    /// from the token's row of the table and a projection of its embedding `x0`.
+    fn per_layer_inputs(&self, token: u32, x0: &[f32]) -> Result<Option<Vec<f32>>, ReadError> {
+        let (Some(table), Some(ple)) = (self.ple_table.as_ref(), self.w.ple.as_ref()) else {
+            return Ok(None);
+        };
+        let c = &self.cfg;
+        let n = c.n_ple;
+        let row = read_row_f32(&table.header, &*table.source, &table.info, u64::from(token))?;
+        let inv_sqrt_d = 1.0 / (c.n_embd as f32).sqrt();
+        let proj: Vec<f32> = ple.proj.apply(x0).iter().map(|v| v * inv_sqrt_d).collect();
+        let proj = cpu::rms_norm(&proj, n, Some(&ple.proj_norm), c.eps);
+        let tok_scale = (n as f32).sqrt();
+        Ok(Some(
+            proj.iter()
+                .zip(&row)
+                .map(|(p, t)| (p + t * tok_scale) * std::f32::consts::FRAC_1_SQRT_2)
+                .collect(),
+        ))
+    }
+
+    /// The experts' normed, weighted sum for the residual `r` (router, top-k, experts).
+    fn experts(&self, m: &MoeLayer<Matrix, Vec<f32>>, r: &[f32]) -> Vec<f32> {
+        let c = &self.cfg;
+        let Some(mc) = c.moe else {
+            return vec![0.0; c.n_embd];
+        };
+        let d = c.n_embd;
+        let inv_sqrt_d = 1.0 / (d as f32).sqrt();
+        let scale: Vec<f32> = m.router_scale.iter().map(|s| s * inv_sqrt_d).collect();
+        let logits = m.router.apply(&cpu::rms_norm(r, d, Some(&scale), c.eps));
+        let e_in = cpu::rms_norm(r, d, Some(&m.pre_norm), c.eps);
+        let ff = mc.n_ff;
+        let rows = |w: &Matrix, first: usize, n: usize| Matrix {
+            data: w.data[first * w.cols..(first + n) * w.cols].to_vec(),
+            rows: n,
+            cols: w.cols,
+        };
+        let mut out = vec![0.0f32; d];
+        for (e, weight) in cpu::route(&logits, mc.n_used) {
+            let e = e as usize;
+            let (gate, up) = match &m.gate_up {
+                ExpertGateUp::Fused(w) => (rows(w, e * 2 * ff, ff), rows(w, e * 2 * ff + ff, ff)),
+                ExpertGateUp::Split { gate, up } => (rows(gate, e * ff, ff), rows(up, e * ff, ff)),
+            };
+            let act = cpu::geglu(&gate.apply(&e_in), &up.apply(&e_in));
+            let y = rows(&m.down, e * d, d).apply(&act);
+            let s = weight * m.down_scale.as_ref().map_or(1.0, |ds| ds[e]);
+            out.iter_mut().zip(&y).for_each(|(o, v)| *o += s * v);
+        }
+        cpu::rms_norm(&out, d, Some(&m.post_norm_experts), c.eps)
     }
 
     pub fn new_state(&self) -> CpuState {
@@ -88,11 +153,15 @@ impl CpuModel {
 
     /// Runs `tokens` through the model, appending to `state`'s cache; returns the logits
     /// after each token.
-    pub fn forward(&self, state: &mut CpuState, tokens: &[u32]) -> Vec<Vec<f32>> {
+    pub fn forward(
+        &self,
+        state: &mut CpuState,
+        tokens: &[u32],
+    ) -> Result<Vec<Vec<f32>>, ReadError> {
         tokens.iter().map(|&t| self.step(state, t)).collect()
     }
 
-    fn step(&self, st: &mut CpuState, token: u32) -> Vec<f32> {
+    fn step(&self, st: &mut CpuState, token: u32) -> Result<Vec<f32>, ReadError> {
         let c = &self.cfg;
         let eps = c.eps;
         let pos = st.pos;
@@ -103,6 +172,7 @@ impl CpuModel {
             .iter()
             .map(|v| v * c.embed_scale)
             .collect();
+        let ple = self.per_layer_inputs(token, &x)?;
         for (il, (lw, lc)) in self.w.layers.iter().zip(&c.layers).enumerate() {
             let hd = lc.head_dim;
             let h = cpu::rms_norm(&x, c.n_embd, Some(&lw.attn_norm), eps);
@@ -159,8 +229,21 @@ impl CpuModel {
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let f = cpu::rms_norm(&x, c.n_embd, Some(&lw.ffn_norm), eps);
             let act = cpu::geglu(&lw.gate.apply(&f), &lw.up.apply(&f));
-            let down = cpu::rms_norm(&lw.down.apply(&act), c.n_embd, Some(&lw.post_ffw_norm), eps);
+            let mut ffn = lw.down.apply(&act);
+            if let Some(m) = &lw.moe {
+                // The dense branch and the experts, each normed, then summed.
+                let dense = cpu::rms_norm(&ffn, c.n_embd, Some(&m.post_norm_dense), eps);
+                let experts = self.experts(m, &x);
+                ffn = dense.iter().zip(&experts).map(|(a, b)| a + b).collect();
+            }
+            let down = cpu::rms_norm(&ffn, c.n_embd, Some(&lw.post_ffw_norm), eps);
             x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
+            if let (Some(p), Some(ple)) = (&lw.ple, &ple) {
+                let ple_l = &ple[il * c.n_ple..(il + 1) * c.n_ple];
+                let g = cpu::geglu(&p.inp_gate.apply(&x), ple_l);
+                let inj = cpu::rms_norm(&p.proj.apply(&g), c.n_embd, Some(&p.post_norm), eps);
+                x.iter_mut().zip(&inj).for_each(|(a, b)| *a += b);
+            }
             if let Some(s) = &lw.out_scale {
                 x.iter_mut().for_each(|v| *v *= s[0]);
             }
@@ -171,6 +254,6 @@ impl CpuModel {
         if let Some(cap) = c.final_softcap {
             logits.iter_mut().for_each(|v| *v = cpu::softcap(*v, cap));
         }
-        logits
+        Ok(logits)
     }
 }

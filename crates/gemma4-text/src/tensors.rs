@@ -26,6 +26,49 @@ pub struct Layer<M, V> {
     pub post_ffw_norm: V,
     /// Gemma 4's per-layer output multiplier.
     pub out_scale: Option<V>,
+    /// Per-layer embedding injection (Gemma 4 E2B/E4B).
+    pub ple: Option<PleLayer<M, V>>,
+    /// The experts running beside the dense feed-forward (Gemma 4 26B-A4B).
+    pub moe: Option<MoeLayer<M, V>>,
+}
+
+/// A layer's per-layer-embedding tensors: `x += norm(proj(gelu(inp_gate x) * ple)) * post_norm`.
+#[derive(Clone, Debug)]
+pub struct PleLayer<M, V> {
+    /// `n_ple` rows of `n_embd`.
+    pub inp_gate: M,
+    /// `n_embd` rows of `n_ple`.
+    pub proj: M,
+    pub post_norm: V,
+}
+
+/// A layer's mixture of experts.
+#[derive(Clone, Debug)]
+pub struct MoeLayer<M, V> {
+    /// `n_expert` rows of `n_embd`.
+    pub router: M,
+    /// Multiplies the router's normed input.
+    pub router_scale: V,
+    pub pre_norm: V,
+    /// Norm of the dense branch's output.
+    pub post_norm_dense: V,
+    /// Norm of the experts' weighted sum.
+    pub post_norm_experts: V,
+    /// Per expert: `2 * n_ff` rows (gate then up), experts stacked; or gate and up apart.
+    pub gate_up: ExpertGateUp<M>,
+    /// Per expert `n_embd` rows of `n_ff`, experts stacked.
+    pub down: M,
+    /// Multiplier of each expert's output.
+    pub down_scale: Option<V>,
+}
+
+/// How a file stores the experts' gate and up projections.
+#[derive(Clone, Debug)]
+pub enum ExpertGateUp<M> {
+    /// llama.cpp: one tensor, per expert the gate rows then the up rows.
+    Fused(M),
+    /// Ollama: two tensors.
+    Split { gate: M, up: M },
 }
 
 /// All the model's tensors.
@@ -37,11 +80,32 @@ pub struct Model<M, V> {
     pub output_norm: V,
     /// Frequency divisors of the global layers' RoPE (Gemma 4).
     pub rope_freqs: Option<V>,
+    /// Projection of the token embedding into all layers' per-layer inputs, and its norm.
+    pub ple: Option<PleModel<M, V>>,
     pub layers: Vec<Layer<M, V>>,
+}
+
+/// The model-level per-layer-embedding tensors (the token table itself is read by rows, never
+/// as a whole: see [`ModelTensors::ple_table`]).
+#[derive(Clone, Debug)]
+pub struct PleModel<M, V> {
+    /// `n_ple * n_layer` rows of `n_embd`.
+    pub proj: M,
+    pub proj_norm: V,
 }
 
 /// The tensor infos of a model, checked.
 pub type ModelTensors<'a> = Model<&'a TensorInfo, &'a TensorInfo>;
+
+/// The per-layer token table: `n_vocab` rows of `n_ple * n_layer`, read a row at a time.
+pub fn ple_table<'a>(g: &'a Gguf, cfg: &TextConfig) -> Result<Option<&'a TensorInfo>, TensorError> {
+    if cfg.n_ple == 0 {
+        return Ok(None);
+    }
+    let t = g.require_tensor("per_layer_token_embd.weight")?;
+    t.expect_dims(&[(cfg.n_ple * cfg.n_layer) as u64, cfg.n_vocab as u64])?;
+    Ok(Some(t))
+}
 
 impl<'a> ModelTensors<'a> {
     /// Looks up every tensor the config calls for and checks its shape.
@@ -60,6 +124,20 @@ impl<'a> ModelTensors<'a> {
             Ok(t)
         };
         let token_embd = matrix("token_embd.weight", d, cfg.n_vocab as u64)?;
+        let shaped = |name: &str, dims: &[u64]| -> Result<&'a TensorInfo, TensorError> {
+            let t = get(name)?;
+            t.expect_dims(dims)?;
+            Ok(t)
+        };
+        let n_ple = cfg.n_ple as u64;
+        let ple = if n_ple > 0 {
+            Some(PleModel {
+                proj: matrix("per_layer_model_proj.weight", d, n_ple * cfg.n_layer as u64)?,
+                proj_norm: vector("per_layer_proj_norm.weight", n_ple)?,
+            })
+        } else {
+            None
+        };
         let output = match opt("output.weight") {
             Some(_) => Some(matrix("output.weight", d, cfg.n_vocab as u64)?),
             None => None,
@@ -86,6 +164,48 @@ impl<'a> ModelTensors<'a> {
                 Some(_) => Some(vector(&n("layer_output_scale"), 1)?),
                 None => None,
             };
+            let ple = if n_ple > 0 {
+                Some(PleLayer {
+                    inp_gate: matrix(&n("inp_gate"), d, n_ple)?,
+                    proj: matrix(&n("proj"), n_ple, d)?,
+                    post_norm: vector(&n("post_norm"), d)?,
+                })
+            } else {
+                None
+            };
+            let t = |s: &str| format!("blk.{il}.{s}");
+            let moe = match (cfg.moe, opt(&n("ffn_gate_inp"))) {
+                (Some(mc), Some(_)) => {
+                    let (e, fe) = (mc.n_expert as u64, mc.n_ff as u64);
+                    let gate_up = match opt(&n("ffn_gate_up_exps")) {
+                        Some(_) => {
+                            ExpertGateUp::Fused(shaped(&n("ffn_gate_up_exps"), &[d, 2 * fe, e])?)
+                        }
+                        None => ExpertGateUp::Split {
+                            gate: shaped(&n("ffn_gate_exps"), &[d, fe, e])?,
+                            up: shaped(&n("ffn_up_exps"), &[d, fe, e])?,
+                        },
+                    };
+                    // Ollama's older blobs name the per-expert scale after the router.
+                    let down_scale = match opt(&t("ffn_down_exps.scale"))
+                        .or(opt(&t("ffn_gate_inp.per_expert_scale")))
+                    {
+                        Some(s) => Some(shaped(&s.name, &[e])?),
+                        None => None,
+                    };
+                    Some(MoeLayer {
+                        router: matrix(&n("ffn_gate_inp"), d, e)?,
+                        router_scale: shaped(&t("ffn_gate_inp.scale"), &[d])?,
+                        pre_norm: vector(&n("pre_ffw_norm_2"), d)?,
+                        post_norm_dense: vector(&n("post_ffw_norm_1"), d)?,
+                        post_norm_experts: vector(&n("post_ffw_norm_2"), d)?,
+                        gate_up,
+                        down: shaped(&n("ffn_down_exps"), &[fe, d, e])?,
+                        down_scale,
+                    })
+                }
+                _ => None,
+            };
             layers.push(Layer {
                 attn_norm: vector(&n("attn_norm"), d)?,
                 q: matrix(&n("attn_q"), d, q_rows)?,
@@ -101,6 +221,8 @@ impl<'a> ModelTensors<'a> {
                 down: matrix(&n("ffn_down"), ff, d)?,
                 post_ffw_norm: vector(&n("post_ffw_norm"), d)?,
                 out_scale,
+                ple,
+                moe,
             });
         }
         Ok(Model {
@@ -108,6 +230,7 @@ impl<'a> ModelTensors<'a> {
             output,
             output_norm,
             rope_freqs,
+            ple,
             layers,
         })
     }
@@ -135,6 +258,33 @@ impl<M, V> Layer<M, V> {
             down: fm(&self.down)?,
             post_ffw_norm: fv(&self.post_ffw_norm)?,
             out_scale: self.out_scale.as_ref().map(&mut *fv).transpose()?,
+            ple: match &self.ple {
+                Some(p) => Some(PleLayer {
+                    inp_gate: fm(&p.inp_gate)?,
+                    proj: fm(&p.proj)?,
+                    post_norm: fv(&p.post_norm)?,
+                }),
+                None => None,
+            },
+            moe: match &self.moe {
+                Some(m) => Some(MoeLayer {
+                    router: fm(&m.router)?,
+                    router_scale: fv(&m.router_scale)?,
+                    pre_norm: fv(&m.pre_norm)?,
+                    post_norm_dense: fv(&m.post_norm_dense)?,
+                    post_norm_experts: fv(&m.post_norm_experts)?,
+                    gate_up: match &m.gate_up {
+                        ExpertGateUp::Fused(w) => ExpertGateUp::Fused(fm(w)?),
+                        ExpertGateUp::Split { gate, up } => ExpertGateUp::Split {
+                            gate: fm(gate)?,
+                            up: fm(up)?,
+                        },
+                    },
+                    down: fm(&m.down)?,
+                    down_scale: m.down_scale.as_ref().map(&mut *fv).transpose()?,
+                }),
+                None => None,
+            },
         })
     }
 }
@@ -151,6 +301,13 @@ impl<M, V> Model<M, V> {
             output: self.output.as_ref().map(&mut fm).transpose()?,
             output_norm: fv(&self.output_norm)?,
             rope_freqs: self.rope_freqs.as_ref().map(&mut fv).transpose()?,
+            ple: match &self.ple {
+                Some(p) => Some(PleModel {
+                    proj: fm(&p.proj)?,
+                    proj_norm: fv(&p.proj_norm)?,
+                }),
+                None => None,
+            },
             layers: self
                 .layers
                 .iter()

@@ -49,9 +49,17 @@ struct Loaded {
 fn load(bytes: Vec<u8>, ctx: Arc<GpuContext>) -> Loaded {
     let g = Gguf::parse(&bytes).unwrap();
     let cfg = TextConfig::from_gguf(&g).unwrap();
-    let src = BytesSource::new(bytes.clone());
-    let cpu = CpuModel::load(&g, &cfg, &src).unwrap();
-    let gpu = pollster::block_on(GpuModel::load(ctx, &g, &cfg, &src, |_| {})).unwrap();
+    let src = Arc::new(BytesSource::new(bytes.clone()));
+    let cpu = CpuModel::load(&g, &cfg, src.clone()).unwrap();
+    let gpu = pollster::block_on(GpuModel::load(
+        ctx,
+        &g,
+        &cfg,
+        &*src,
+        Some(src.clone()),
+        |_| {},
+    ))
+    .unwrap();
     Loaded {
         cpu,
         gpu: Arc::new(gpu),
@@ -79,7 +87,7 @@ fn tiny_models_match_the_cpu_reference_through_prefill_and_decode() {
         let m = load(synthetic_bytes(&spec).unwrap(), ctx.clone());
         let tokens = prompt(11, spec.n_vocab as u32);
         let mut cpu_state = m.cpu.new_state();
-        let want = m.cpu.forward(&mut cpu_state, &tokens);
+        let want = m.cpu.forward(&mut cpu_state, &tokens).unwrap();
         for max_batch in [64, 4] {
             let mut s = GpuSession::new(
                 m.gpu.clone(),
@@ -98,11 +106,11 @@ fn tiny_models_match_the_cpu_reference_through_prefill_and_decode() {
             );
             // Decode: one token at a time, each step against the reference.
             let mut cpu_state2 = m.cpu.new_state();
-            m.cpu.forward(&mut cpu_state2, &tokens);
+            m.cpu.forward(&mut cpu_state2, &tokens).unwrap();
             for t in [5u32, 300, 17] {
                 s.feed(&[t]).unwrap();
                 let got = pollster::block_on(s.logits()).unwrap();
-                let want = m.cpu.forward(&mut cpu_state2, &[t]).pop().unwrap();
+                let want = m.cpu.forward(&mut cpu_state2, &[t]).unwrap().pop().unwrap();
                 let e = rel_err(&got, &want);
                 assert!(
                     e < 2e-4,
@@ -278,20 +286,30 @@ fn gemma3_270m_gpu_logits_match_the_cpu_reference() {
     let (Some(ctx), Some(path)) = (ctx(), real_model()) else {
         return;
     };
-    let src = MmapSource::open(&path).unwrap();
-    let g = Gguf::parse(src.bytes(0, TensorSource::len(&src)).unwrap()).unwrap();
+    let src = Arc::new(MmapSource::open(&path).unwrap());
+    let g = Gguf::parse(src.bytes(0, TensorSource::len(&*src)).unwrap()).unwrap();
     let cfg = TextConfig::from_gguf(&g).unwrap();
     assert_eq!(
         (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_vocab),
         (18, 640, 4, 262_144)
     );
     assert_eq!(cfg.layers.iter().filter(|l| !l.sliding).count(), 3);
-    let cpu = CpuModel::load(&g, &cfg, &src).unwrap();
-    let gpu = Arc::new(pollster::block_on(GpuModel::load(ctx, &g, &cfg, &src, |_| {})).unwrap());
+    let cpu = CpuModel::load(&g, &cfg, src.clone()).unwrap();
+    let gpu = Arc::new(
+        pollster::block_on(GpuModel::load(
+            ctx,
+            &g,
+            &cfg,
+            &*src,
+            Some(src.clone()),
+            |_| {},
+        ))
+        .unwrap(),
+    );
     // "<bos>The capital of France is" in Gemma 3 token ids, then two decode steps.
     let tokens = [2u32, 818, 5279, 529, 7001, 563];
     let mut st = cpu.new_state();
-    let want = cpu.forward(&mut st, &tokens);
+    let want = cpu.forward(&mut st, &tokens).unwrap();
     let mut s = GpuSession::new(gpu, SessionOptions::default()).unwrap();
     s.feed(&tokens).unwrap();
     let got = pollster::block_on(s.logits()).unwrap();
@@ -304,7 +322,7 @@ fn gemma3_270m_gpu_logits_match_the_cpu_reference() {
     for t in [9079u32, 236761] {
         s.feed(&[t]).unwrap();
         let got = pollster::block_on(s.logits()).unwrap();
-        let want = cpu.forward(&mut st, &[t]).pop().unwrap();
+        let want = cpu.forward(&mut st, &[t]).unwrap().pop().unwrap();
         let e = rel_err(&got, &want);
         assert!(e < 1e-3, "decode: relative error {e}");
     }
@@ -322,10 +340,20 @@ fn gemma3_270m_agrees_with_llama_cpp_and_transformers() {
         serde_json::from_str(include_str!("golden/llamacpp_gemma3_greedy.json")).unwrap();
     let hf: serde_json::Value =
         serde_json::from_str(include_str!("golden/hf_gemma3_teacher_forced.json")).unwrap();
-    let src = MmapSource::open(&path).unwrap();
-    let g = Gguf::parse(src.bytes(0, TensorSource::len(&src)).unwrap()).unwrap();
+    let src = Arc::new(MmapSource::open(&path).unwrap());
+    let g = Gguf::parse(src.bytes(0, TensorSource::len(&*src)).unwrap()).unwrap();
     let cfg = TextConfig::from_gguf(&g).unwrap();
-    let gpu = Arc::new(pollster::block_on(GpuModel::load(ctx, &g, &cfg, &src, |_| {})).unwrap());
+    let gpu = Arc::new(
+        pollster::block_on(GpuModel::load(
+            ctx,
+            &g,
+            &cfg,
+            &*src,
+            Some(src.clone()),
+            |_| {},
+        ))
+        .unwrap(),
+    );
     let ids = |v: &serde_json::Value| -> Vec<u32> {
         v.as_array()
             .unwrap()

@@ -28,6 +28,16 @@ fn slice_of(all: &[u8], offset: u64, len: u64) -> Result<&[u8], SourceError> {
     }
 }
 
+impl<T: TensorSource + ?Sized> TensorSource for Arc<T> {
+    fn len(&self) -> u64 {
+        (**self).len()
+    }
+
+    fn bytes(&self, offset: u64, len: u64) -> Result<&[u8], SourceError> {
+        (**self).bytes(offset, len)
+    }
+}
+
 /// A file held in memory.
 #[derive(Clone)]
 pub struct BytesSource(Arc<[u8]>);

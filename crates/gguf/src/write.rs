@@ -149,6 +149,39 @@ impl<W: Write> GgufWriter<W> {
         Ok(())
     }
 
+    /// Writes the data of the next tensor in table order from pieces produced one at a time
+    /// (multi-gigabyte tensors never sit in memory whole).
+    pub fn write_tensor_chunks(
+        &mut self,
+        chunks: impl IntoIterator<Item = Vec<u8>>,
+    ) -> Result<(), WriteError> {
+        let Some(spec) = self.specs.get(self.next) else {
+            return Err(WriteError::Tensor {
+                name: String::new(),
+                reason: "more tensors written than the table holds".into(),
+            });
+        };
+        let (name, expected) = (spec.name.clone(), self.sizes[self.next]);
+        let mut written = 0u64;
+        for chunk in chunks {
+            written += chunk.len() as u64;
+            if written > expected {
+                break;
+            }
+            self.out.write_all(&chunk)?;
+        }
+        if written != expected {
+            return Err(WriteError::Tensor {
+                name,
+                reason: format!("{written} bytes given, {expected} expected"),
+            });
+        }
+        self.pos += written;
+        self.pad()?;
+        self.next += 1;
+        Ok(())
+    }
+
     /// Checks that every tensor was written and returns the output.
     pub fn finish(mut self) -> Result<W, WriteError> {
         if let Some(spec) = self.specs.get(self.next) {

@@ -185,6 +185,18 @@ pub fn gumbel_argmax(logits: &[f32], seed: u32, step: u32, temperature: f32) -> 
     argmax(&noisy).0
 }
 
+/// Mixture-of-experts routing: softmax over the router logits, the `k` most likely experts,
+/// their probabilities renormalised to sum to one (floored as llama.cpp does).
+pub fn route(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+    let total: f32 = exps.iter().sum();
+    let probs: Vec<f32> = exps.iter().map(|e| e / total).collect();
+    let top = top_k(&probs, k);
+    let sum: f32 = top.iter().map(|t| t.1).sum::<f32>().max(6.103_515_6e-5);
+    top.into_iter().map(|(i, p)| (i, p / sum)).collect()
+}
+
 /// The `k` largest values with their indices, best first, ties to the smaller index.
 pub fn top_k(x: &[f32], k: usize) -> Vec<(u32, f32)> {
     let mut idx: Vec<u32> = (0..x.len() as u32).collect();

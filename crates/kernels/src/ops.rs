@@ -22,6 +22,7 @@ const HEAD_POST_WGSL: &str = include_str!("wgsl/head_post.wgsl");
 const ATTN_SPLIT_WGSL: &str = include_str!("wgsl/attn_split.wgsl");
 const ATTN_COMBINE_WGSL: &str = include_str!("wgsl/attn_combine.wgsl");
 const SAMPLE_WGSL: &str = include_str!("wgsl/sample.wgsl");
+const MOE_WGSL: &str = include_str!("wgsl/moe.wgsl");
 
 /// Token counts up to this use the matrix-vector kernel; more use the tiled matmul.
 pub const MATVEC_MAX_TOKENS: u32 = 4;
@@ -100,6 +101,7 @@ pub fn matmul(
             a.y_stride,
             a.y_offset,
             MatvecOut::Rows { softcap: a.softcap },
+            None,
         );
     }
     let pipeline = ctx
@@ -389,6 +391,8 @@ pub enum Elementwise<'a> {
         gate_stride: u32,
         up_stride: u32,
         interleaved: bool,
+        /// Floats into `up` where row 0 starts.
+        up_offset: u32,
     },
     /// `y += a`
     Add(&'a View),
@@ -415,6 +419,7 @@ pub fn elementwise(
             gate_stride,
             up_stride,
             interleaved,
+            up_offset,
         } => {
             interleave = interleaved;
             let span = if interleaved { 2 * cols } else { cols };
@@ -428,14 +433,15 @@ pub fn elementwise(
             )?;
             up.expect_len32(
                 "geglu up",
-                (rows - 1) * u64::from(up_stride) + u64::from(span),
+                u64::from(up_offset) + (rows - 1) * u64::from(up_stride) + u64::from(span),
             )?;
             let p = Params::new()
                 .u32(n)
                 .u32(cols)
                 .u32(gate_stride)
                 .u32(up_stride)
-                .f32(0.0);
+                .f32(0.0)
+                .u32(up_offset);
             ("GEGLU", Some(gate), Some(up), p)
         }
         Elementwise::Add(a) => {
@@ -767,7 +773,19 @@ pub fn residual_norm(
     )
 }
 
-/// The one-token kernel for `w` over `m` tokens writing `out`: one dispatch per tile.
+/// Experts chosen per slot, for [`expert_matvec`].
+pub struct ExpertSlots<'a> {
+    /// `slots` expert ids (the route kernel's `sel`).
+    pub sel: &'a View,
+    pub slots: u32,
+    /// Rows of one expert in the stacked weight.
+    pub rows_per_expert: u32,
+    /// Slots per input row: slot s reads input row s / x_group.
+    pub x_group: u32,
+}
+
+/// The one-token kernel for `w` over `m` tokens (or expert slots) writing `out`: one dispatch
+/// per tile.
 #[allow(clippy::too_many_arguments)]
 fn matvec_dispatches(
     ctx: &GpuContext,
@@ -779,6 +797,7 @@ fn matvec_dispatches(
     y_stride: u32,
     out_offset: u32,
     out: MatvecOut,
+    experts: Option<&ExpertSlots<'_>>,
 ) -> Result<Vec<Dispatch>, GpuError> {
     const RPT: u32 = 4;
     let flag = dtype_flag(w.dtype)?;
@@ -813,6 +832,7 @@ fn matvec_dispatches(
         .flag(flag)
         .flag_if(geglu, "GEGLU_OUT")
         .flag_if(!subgroups, "NO_SUBGROUPS")
+        .flag_if(experts.is_some(), "EXPERTS")
         .constant("TPR", f64::from(tpr));
     let pipeline = ctx.pipeline(&source);
     let softcap = match out {
@@ -823,12 +843,29 @@ fn matvec_dispatches(
     w.tiles
         .iter()
         .map(|tile| {
-            let rows = tile.rows as u32;
-            let first = if geglu {
-                tile.first_row / 2
-            } else {
-                tile.first_row
-            } as u32;
+            let (rows, first, first_expert, experts_here, x_group) = match experts {
+                // Every slot's output starts at its own row 0; the tile's experts say which
+                // slots work here.
+                Some(e) => {
+                    let per = u64::from(e.rows_per_expert);
+                    let first_expert = (tile.first_row / per) as u32;
+                    (
+                        e.rows_per_expert,
+                        0,
+                        first_expert,
+                        (tile.rows / per) as u32,
+                        e.x_group,
+                    )
+                }
+                None => {
+                    let first = if geglu {
+                        tile.first_row / 2
+                    } else {
+                        tile.first_row
+                    };
+                    (tile.rows as u32, first as u32, 0, 0, 1)
+                }
+            };
             let params = Params::new()
                 .u32(k)
                 .u32(rows)
@@ -837,8 +874,12 @@ fn matvec_dispatches(
                 .u32(m)
                 .u32(x_stride)
                 .u32(y_stride)
-                .f32(softcap);
+                .f32(softcap)
+                .u32(first_expert)
+                .u32(experts_here)
+                .u32(x_group);
             let wv = View::of(&tile.buffer);
+            let sel = experts.map_or(Bind::Skip, |e| Bind::Storage(e.sel));
             ctx.dispatch(
                 "matvec",
                 pipeline.clone(),
@@ -847,6 +888,7 @@ fn matvec_dispatches(
                     Bind::Storage(x),
                     Bind::Storage(y),
                     Bind::Params(params),
+                    sel,
                 ],
                 grid(ctx, rows.div_ceil(rows_per_group), m),
             )
@@ -871,7 +913,131 @@ pub fn matvec(
     };
     x.expect_len32(&w.name, w.cols)?;
     y.expect_len32(&w.name, u64::from(out_offset) + out_rows)?;
-    matvec_dispatches(ctx, w, x, y, 1, w.cols as u32, 0, out_offset, out)
+    matvec_dispatches(ctx, w, x, y, 1, w.cols as u32, 0, out_offset, out, None)
+}
+
+/// Products of the experts chosen per slot: slot s multiplies expert `sel[s]` (its
+/// `rows_per_expert` rows of the stacked `w`) by input row `s / x_group` of `x`, into row s of
+/// `y` (`y_stride` apart). With [`MatvecOut::Geglu`] each expert's rows are gate/up pairs.
+pub fn expert_matvec(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    x: &View,
+    y: &View,
+    y_stride: u32,
+    slots: &ExpertSlots<'_>,
+    out: MatvecOut,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let per = u64::from(slots.rows_per_expert);
+    if per == 0
+        || !w.rows.is_multiple_of(per)
+        || w.tiles
+            .iter()
+            .any(|t| t.first_row % per != 0 || t.rows % per != 0)
+    {
+        return Err(shape(format!(
+            "{}: tiles must hold whole experts of {per} rows",
+            w.name
+        )));
+    }
+    let out_rows = if out == MatvecOut::Geglu {
+        per / 2
+    } else {
+        per
+    };
+    slots
+        .sel
+        .expect_len32("expert ids", u64::from(slots.slots))?;
+    x.expect_len32(
+        &w.name,
+        u64::from(slots.slots.div_ceil(slots.x_group.max(1)) - 1) * w.cols + w.cols,
+    )?;
+    y.expect_len32(
+        &w.name,
+        u64::from(slots.slots - 1) * u64::from(y_stride) + out_rows,
+    )?;
+    matvec_dispatches(
+        ctx,
+        w,
+        x,
+        y,
+        slots.slots,
+        w.cols as u32,
+        y_stride,
+        0,
+        out,
+        Some(slots),
+    )
+}
+
+/// Routes each of `tokens` tokens to its `k` experts: `sel` gets the expert ids and `weight`
+/// their renormalised probabilities (times `expert_scale` when given).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_route(
+    ctx: &GpuContext,
+    logits: &View,
+    sel: &View,
+    weight: &View,
+    expert_scale: Option<&View>,
+    tokens: u32,
+    n_expert: u32,
+    k: u32,
+) -> Result<Dispatch, GpuError> {
+    if n_expert == 0 || n_expert > 256 || k == 0 || k > n_expert {
+        return Err(shape(format!(
+            "moe_route: {k} of {n_expert} experts (at most 256)"
+        )));
+    }
+    logits.expect_len32("router logits", u64::from(tokens) * u64::from(n_expert))?;
+    sel.expect_len32("expert ids", u64::from(tokens * k))?;
+    weight.expect_len32("expert weights", u64::from(tokens * k))?;
+    if let Some(s) = expert_scale {
+        s.expect_len32("expert scale", u64::from(n_expert))?;
+    }
+    let params = Params::new()
+        .u32(n_expert)
+        .u32(k)
+        .u32(0)
+        .u32(u32::from(expert_scale.is_some()));
+    ctx.dispatch(
+        "moe_route",
+        ctx.pipeline(&ShaderSource::new("moe", &[MOE_WGSL]).flag("ROUTE")),
+        &[
+            Bind::Storage(logits),
+            Bind::Storage(sel),
+            Bind::Storage(weight),
+            Bind::Params(params),
+            // Without a scale the shader reads none; the binding still needs a buffer.
+            Bind::Storage(expert_scale.unwrap_or(logits)),
+        ],
+        [tokens, 1, 1],
+    )
+}
+
+/// `out[t] = sum_j weight[t*k + j] * y[t*k + j]` over rows of `dim`: the experts' mix.
+pub fn moe_sum(
+    ctx: &GpuContext,
+    y: &View,
+    weight: &View,
+    out: &View,
+    tokens: u32,
+    k: u32,
+    dim: u32,
+) -> Result<Dispatch, GpuError> {
+    y.expect_len32("expert outputs", u64::from(tokens * k) * u64::from(dim))?;
+    weight.expect_len32("expert weights", u64::from(tokens * k))?;
+    out.expect_len32("experts' mix", u64::from(tokens) * u64::from(dim))?;
+    ctx.dispatch(
+        "moe_sum",
+        ctx.pipeline(&ShaderSource::new("moe", &[MOE_WGSL]).flag("SUM")),
+        &[
+            Bind::Storage(y),
+            Bind::Storage(weight),
+            Bind::Storage(out),
+            Bind::Params(Params::new().u32(0).u32(k).u32(dim).u32(0)),
+        ],
+        [tokens, 1, 1],
+    )
 }
 
 /// Arguments of [`head_post`].

@@ -84,6 +84,21 @@ impl GpuWeight {
         rows: u64,
         max_tile_bytes: Option<u64>,
     ) -> Result<Self, GpuError> {
+        // Even tile sizes keep interleaved row pairs (gate/up) together.
+        Self::allocate_in_groups(ctx, name, dtype, cols, rows, 2, max_tile_bytes)
+    }
+
+    /// [`GpuWeight::allocate`] with every tile holding whole groups of `group_rows` rows (one
+    /// expert's rows, so an expert never straddles two bindings).
+    pub fn allocate_in_groups(
+        ctx: &GpuContext,
+        name: &str,
+        dtype: GgmlType,
+        cols: u64,
+        rows: u64,
+        group_rows: u64,
+        max_tile_bytes: Option<u64>,
+    ) -> Result<Self, GpuError> {
         dtype_flag(dtype)?;
         if !cols.is_multiple_of(32) {
             return Err(GpuError::Shape(format!(
@@ -97,14 +112,15 @@ impl GpuWeight {
             .unwrap_or(u64::MAX)
             .min(ctx.max_binding_size())
             .saturating_sub(TILE_PAD);
-        // Even tile sizes keep interleaved row pairs (gate/up) together.
+        let group = group_rows.max(1);
         let rows_per_tile = match limit / row_bytes {
-            n if n > 1 => n & !1,
-            n => n,
+            n if n >= group => n / group * group,
+            n if n >= rows => n,
+            _ => 0,
         };
         if rows_per_tile == 0 {
             return Err(GpuError::Shape(format!(
-                "{name}: one row ({row_bytes} bytes) exceeds the binding limit"
+                "{name}: {group} rows of {row_bytes} bytes exceed the binding limit"
             )));
         }
         let mut tiles = Vec::new();

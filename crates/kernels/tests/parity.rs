@@ -486,6 +486,7 @@ fn elementwise_ops_match_cpu() {
         gate_stride: 2 * cols,
         up_stride: cols,
         interleaved: false,
+        up_offset: 0,
     };
     run(ctx, &[&ops::elementwise(ctx, op, &y, rows * cols).unwrap()]);
     // Interleaved: gate and up alternate in the rows of one buffer.
@@ -497,6 +498,7 @@ fn elementwise_ops_match_cpu() {
         gate_stride: 2 * cols,
         up_stride: 2 * cols,
         interleaved: true,
+        up_offset: 0,
     };
     run(
         ctx,
@@ -980,4 +982,111 @@ fn gpu_sampling_kernels_match_cpu() {
     let pen = ops::sample_kernel(ctx, ops::SampleKernel::PenaltyRing, &ring, &lv2, &base).unwrap();
     run(ctx, &[&pen]);
     assert_close("ring penalties", &read(ctx, &lv2), &want, 1e-6);
+}
+
+#[test]
+fn experts_route_multiply_and_mix_like_the_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(61);
+    let (tokens, n_expert, k, d, ff) = (3u32, 6u32, 2u32, 64u64, 96u64);
+    let logits = rng.vec((tokens * n_expert) as usize, 3.0);
+    let scale = rng.vec(n_expert as usize, 1.0);
+    let (sel, weight) = (
+        upload_u32(ctx, &vec![0; (tokens * k) as usize]),
+        upload(ctx, &vec![0.0; (tokens * k) as usize]),
+    );
+    let (lv, sv) = (upload(ctx, &logits), upload(ctx, &scale));
+    run(
+        ctx,
+        &[&ops::moe_route(ctx, &lv, &sel, &weight, Some(&sv), tokens, n_expert, k).unwrap()],
+    );
+    let got_sel = pollster::block_on(ctx.read_u32(&sel)).unwrap();
+    let got_w = read(ctx, &weight);
+    let mut want_w = Vec::new();
+    for t in 0..tokens as usize {
+        let routed = cpu::route(
+            &logits[t * n_expert as usize..][..n_expert as usize],
+            k as usize,
+        );
+        for (j, (e, w)) in routed.iter().enumerate() {
+            assert_eq!(got_sel[t * k as usize + j], *e, "token {t} slot {j}");
+            want_w.push(w * scale[*e as usize]);
+        }
+    }
+    assert_close("route weights", &got_w, &want_w, 1e-5);
+
+    // Gate/up experts (interleaved pairs), tiles holding two experts each.
+    for dtype in [GgmlType::Q8_0, GgmlType::F32] {
+        let wf = rng.vec((u64::from(n_expert) * 2 * ff * d) as usize, 0.5);
+        let wq = quantize(dtype, &wf).unwrap();
+        let wd = dequantize_to_vec(dtype, &wq).unwrap();
+        let tile = dtype.bytes_for(d).unwrap() * 2 * ff * 2 + 16;
+        let w = GpuWeight::allocate_in_groups(
+            ctx,
+            "experts",
+            dtype,
+            d,
+            u64::from(n_expert) * 2 * ff,
+            2 * ff,
+            Some(tile),
+        )
+        .unwrap();
+        assert_eq!(w.tiles.len(), 3);
+        for i in 0..w.tiles.len() {
+            let r = w.tile_range(i);
+            w.write_tile(ctx, i, &wq[r.start as usize..r.end as usize])
+                .unwrap();
+        }
+        let x = rng.vec((u64::from(tokens) * d) as usize, 1.0);
+        let slots = ops::ExpertSlots {
+            sel: &sel,
+            slots: tokens * k,
+            rows_per_expert: 2 * ff as u32,
+            x_group: k,
+        };
+        let out = poisoned(ctx, (u64::from(tokens * k) * ff) as usize);
+        let ds = ops::expert_matvec(
+            ctx,
+            &w,
+            &upload(ctx, &x),
+            &out,
+            ff as u32,
+            &slots,
+            ops::MatvecOut::Geglu,
+        )
+        .unwrap();
+        run(ctx, &ds.iter().collect::<Vec<_>>());
+        let mut want = Vec::new();
+        for s in 0..(tokens * k) as usize {
+            let e = got_sel[s] as usize;
+            let rows = &wd[e * 2 * ff as usize * d as usize..][..2 * ff as usize * d as usize];
+            let xr = &x[(s / k as usize) * d as usize..][..d as usize];
+            let y = cpu::matmul(rows, 2 * ff as usize, d as usize, xr, 1);
+            want.extend(y.chunks(2).map(|p| cpu::gelu_tanh(p[0]) * p[1]));
+        }
+        assert_close(
+            &format!("expert gate/up {dtype}"),
+            &read(ctx, &out),
+            &want,
+            3e-5,
+        );
+    }
+    // The mix.
+    let y = rng.vec((u64::from(tokens * k) * d) as usize, 1.0);
+    let mix = poisoned(ctx, (u64::from(tokens) * d) as usize);
+    run(
+        ctx,
+        &[&ops::moe_sum(ctx, &upload(ctx, &y), &weight, &mix, tokens, k, d as u32).unwrap()],
+    );
+    let want: Vec<f32> = (0..tokens as usize)
+        .flat_map(|t| {
+            let (y, w) = (&y, &got_w);
+            (0..d as usize).map(move |i| {
+                (0..k as usize)
+                    .map(|j| w[t * k as usize + j] * y[(t * k as usize + j) * d as usize + i])
+                    .sum()
+            })
+        })
+        .collect();
+    assert_close("expert mix", &read(ctx, &mix), &want, 1e-5);
 }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use wgemma_gguf::{Gguf, RangeSource, read_header};
+use wgemma_gguf::{Gguf, RangeSource, TensorSource, read_header};
 use wgemma_kernels::{ContextOptions, GpuContext};
 use wgemma_text::chat::ChatTemplate;
 use wgemma_text::tokenizer::Tokenizer;
@@ -21,6 +21,9 @@ pub struct LoadOptions {
     pub gpu: ContextOptions,
     /// A GPU context to share between models.
     pub context: Option<Arc<GpuContext>>,
+    /// Random access to the file, for what is read a row per token at run time (Gemma 4's
+    /// per-layer embedding table). [`Model::load_file`] sets it.
+    pub rows: Option<Arc<dyn TensorSource>>,
 }
 
 pub(crate) struct Inner {
@@ -50,20 +53,28 @@ impl Model {
             Some(c) => c,
             None => Arc::new(GpuContext::new(opts.gpu.clone()).await?),
         };
-        Self::from_header(header, source, ctx, opts.on_progress.take()).await
+        Self::from_header(
+            header,
+            source,
+            ctx,
+            opts.rows.take(),
+            opts.on_progress.take(),
+        )
+        .await
     }
 
     async fn from_header<R: RangeSource + ?Sized>(
         header: Gguf,
         source: &R,
         ctx: Arc<GpuContext>,
+        rows: Option<Arc<dyn TensorSource>>,
         mut on_progress: Option<Box<dyn FnMut(LoadProgress)>>,
     ) -> Result<Self, Error> {
         let cfg = TextConfig::from_gguf(&header)?;
         let tokenizer = Tokenizer::from_metadata(&header.metadata, cfg.arch.name())?;
         let template = ChatTemplate::for_architecture(cfg.arch.name());
         let info = ModelInfo::new(&header);
-        let gpu = GpuModel::load(ctx, &header, &cfg, source, |p| {
+        let gpu = GpuModel::load(ctx, &header, &cfg, source, rows, |p| {
             if let Some(f) = on_progress.as_mut() {
                 f(p);
             }
@@ -89,7 +100,7 @@ impl Model {
     #[cfg(not(target_arch = "wasm32"))]
     pub async fn load_file(
         path: impl AsRef<std::path::Path>,
-        opts: LoadOptions,
+        mut opts: LoadOptions,
     ) -> Result<Self, Error> {
         let path = path.as_ref();
         let map =
@@ -97,6 +108,8 @@ impl Model {
                 path: path.display().to_string(),
                 reason: e.to_string(),
             })?;
+        let map = Arc::new(map);
+        opts.rows = Some(map.clone());
         Self::load(&map, opts).await
     }
 

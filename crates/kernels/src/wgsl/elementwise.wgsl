@@ -11,6 +11,7 @@ struct Params {
     a_stride: u32,
     b_stride: u32,
     s: f32,
+    b_offset: u32,
 }
 
 #if GEGLU|ADD
@@ -37,9 +38,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let r = i / p.cols;
     let c = i % p.cols;
 #if INTERLEAVED
-    y[i] = gelu_tanh(a[r * p.a_stride + 2u * c]) * b[r * p.b_stride + 2u * c + 1u];
+    y[i] = gelu_tanh(a[r * p.a_stride + 2u * c]) * b[p.b_offset + r * p.b_stride + 2u * c + 1u];
 #else
-    y[i] = gelu_tanh(a[r * p.a_stride + c]) * b[r * p.b_stride + c];
+    y[i] = gelu_tanh(a[r * p.a_stride + c]) * b[p.b_offset + r * p.b_stride + c];
 #endif
 #endif
 #if ADD

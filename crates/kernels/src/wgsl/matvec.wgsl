@@ -19,6 +19,11 @@ struct Params {
     x_stride: u32,
     y_stride: u32,
     softcap: f32,
+    // EXPERTS: the tile holds experts first_expert.. stacked, n rows each; slot z computes
+    // expert sel[z] on input row z / x_group.
+    first_expert: u32,
+    experts_here: u32,
+    x_group: u32,
 }
 
 #if DT_Q4_K
@@ -146,6 +151,9 @@ const RPT: u32 = 4u;
 #if NO_SUBGROUPS
 var<workgroup> red: array<f32, 1024>;
 #endif
+#if EXPERTS
+@group(0) @binding(4) var<storage, read> sel: array<u32>;
+#endif
 
 fn gelu_tanh(v: f32) -> f32 {
     let inner = 0.7978845608028654 * (v + 0.044715 * v * v * v);
@@ -169,16 +177,27 @@ fn main(
     let lane = li % TPR;
     let row0 = group * RPT;
     let m = wg.z;
+#if EXPERTS
+    // A slot whose expert lives in another tile has nothing to do here.
+    let expert = sel[m] - p.first_expert;
+    if (sel[m] < p.first_expert || expert >= p.experts_here) {
+        return;
+    }
+    let xb = (m / p.x_group) * (p.x_stride / 4u);
+    let rbase = expert * p.n;
+#else
     let xb = m * (p.x_stride / 4u);
+    let rbase = 0u;
+#endif
     var acc = vec4<f32>(0.0);
     let steps = p.k / STEP;
     if (row0 < p.n) {
         // Rows past the end repeat the last row: same loads, results dropped.
         let last = p.n - 1u;
-        let rb0 = row0 * p.row_bytes;
-        let rb1 = min(row0 + 1u, last) * p.row_bytes;
-        let rb2 = min(row0 + 2u, last) * p.row_bytes;
-        let rb3 = min(row0 + 3u, last) * p.row_bytes;
+        let rb0 = (rbase + row0) * p.row_bytes;
+        let rb1 = (rbase + min(row0 + 1u, last)) * p.row_bytes;
+        let rb2 = (rbase + min(row0 + 2u, last)) * p.row_bytes;
+        let rb3 = (rbase + min(row0 + 3u, last)) * p.row_bytes;
         for (var u = lane; u < steps; u += TPR) {
             var xv: array<vec4<f32>, 32>;
             for (var i = 0u; i < STEP / 4u; i++) {

@@ -37,7 +37,7 @@ pub fn load(arg: &ModelArg, quiet: bool) -> Result<Model, CliError> {
             progress_bar.set_position(p.done);
         })),
         gpu: wgemma::ContextOptions::default().with_env(),
-        context: None,
+        ..LoadOptions::default()
     };
     let model = pollster::block_on(Model::load_file(&path, opts))
         .map_err(|e| format!("{}: {e}", path.display()))?;

@@ -1,26 +1,20 @@
-//! The GPU forward.
-//!
-//! Weights are uploaded once; projections that share an input and a dtype (Q/K/V, gate/up) sit
-//! side by side in one weight so one dispatch computes them. A session allocates its KV cache
-//! and scratch once, at the largest shapes. Prefill runs all prompt positions through batched
-//! kernels. Decode runs a plan built once per session from fused kernels (norms, residual adds
-//! and activations folded into the matrix-vector products) and keeps the token on the GPU: the
-//! embedding reads the token that the previous step sampled into `result`, so steps can be
-//! queued back to back while the CPU reads earlier tokens back.
+//! A conversation on the GPU: the KV cache and scratch, allocated once at their largest
+//! shapes, and the recorded steps. Prefill runs all prompt positions through batched kernels;
+//! decode runs a plan built once per session and keeps the token on the GPU: the embedding
+//! reads the token the previous step sampled into `result`, so steps can be queued back to
+//! back while the CPU reads earlier tokens back.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use wgemma_gguf::{GgmlType, Gguf, RangeSource, TensorInfo, dequantize_to_vec};
 use wgemma_kernels::ops::{
-    self, AttentionArgs, Elementwise, HeadPostArgs, HeadPostKv, MatmulArgs, MatvecOut, NormOut,
-    SampleKernel,
+    self, AttentionArgs, Elementwise, ExpertSlots, HeadPostArgs, HeadPostKv, MatmulArgs, MatvecOut,
+    NormOut, SampleKernel,
 };
-use wgemma_kernels::{Dispatch, GpuContext, GpuError, GpuWeight, Profiler, Recorder, View, wgpu};
+use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Profiler, Recorder, View, WeightTile, wgpu};
 
-use crate::config::TextConfig;
+use super::model::{GateUp, GpuModel};
 use crate::sampling::{SamplingParams, Strategy};
-use crate::tensors::ModelTensors;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
@@ -38,372 +32,8 @@ pub enum ForwardError {
     NothingSampled,
     #[error("steps are still in flight: read their tokens first")]
     Busy,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    #[error(transparent)]
-    Tensor(#[from] wgemma_gguf::TensorError),
-    #[error(transparent)]
-    Source(#[from] wgemma_gguf::SourceError),
-    #[error(transparent)]
-    Gpu(#[from] GpuError),
-    #[error("tensor {name}: {reason}")]
-    Unsupported { name: String, reason: String },
-}
-
-/// Bytes of weights uploaded so far, of the total.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LoadProgress {
-    pub done: u64,
-    pub total: u64,
-}
-
-/// A weight whose rows land at column `offset` of a shared output.
-#[derive(Clone, Debug)]
-struct Part {
-    w: GpuWeight,
-    offset: u32,
-}
-
-/// The gate and up projections of a feed-forward block.
-enum GateUp {
-    /// One weight with gate and up rows alternating, so one product yields the activation.
-    Interleaved(GpuWeight),
-    /// Different dtypes: two products and a separate activation.
-    Separate { gate: GpuWeight, up: GpuWeight },
-}
-
-/// One decoder layer on the GPU.
-struct Layer {
-    attn_norm: View,
-    /// `[q | k | v]` projections (k and v absent on shared-KV layers, v absent when V is K).
-    qkv: Vec<Part>,
-    qkv_width: u32,
-    k_is_v: bool,
-    q_norm: View,
-    k_norm: Option<View>,
-    o: GpuWeight,
-    post_attn_norm: View,
-    ffn_norm: View,
-    gate_up: GateUp,
-    down: GpuWeight,
-    post_ffw_norm: View,
-    out_scale: f32,
-}
-
-/// The model's weights on the GPU.
-pub struct GpuModel {
-    pub cfg: TextConfig,
-    pub ctx: Arc<GpuContext>,
-    token_embd: GpuWeight,
-    output: Option<GpuWeight>,
-    output_norm: View,
-    rope_freqs: Option<View>,
-    layers: Vec<Layer>,
-}
-
-/// What the loader copies where.
-enum Job<'a> {
-    /// Tensors stacked by rows into one weight.
-    Matrix(Vec<&'a TensorInfo>, GpuWeight),
-    /// Two tensors with their rows alternating (gate, up).
-    Interleaved(&'a TensorInfo, &'a TensorInfo, GpuWeight),
-    Vector(&'a TensorInfo, View),
-}
-
-/// Splits projections that share an input into runs of equal dtype, each one weight.
-fn runs<'a>(tensors: &[&'a TensorInfo]) -> Vec<Vec<&'a TensorInfo>> {
-    let mut out: Vec<Vec<&TensorInfo>> = Vec::new();
-    for &t in tensors {
-        match out.last_mut() {
-            Some(run) if run[0].dtype == t.dtype => run.push(t),
-            _ => out.push(vec![t]),
-        }
-    }
-    out
-}
-
-struct Loader<'a, 'c> {
-    ctx: &'c GpuContext,
-    jobs: Vec<Job<'a>>,
-}
-
-impl<'a> Loader<'a, '_> {
-    fn matrix(&mut self, parts: Vec<&'a TensorInfo>) -> Result<GpuWeight, LoadError> {
-        let first = parts[0];
-        let rows = parts.iter().map(|t| t.n_rows()).sum();
-        let name = parts
-            .iter()
-            .map(|t| t.name.as_str())
-            .collect::<Vec<_>>()
-            .join("+");
-        let w = GpuWeight::allocate(self.ctx, &name, first.dtype, first.row_len(), rows, None)
-            .map_err(|e| LoadError::Unsupported {
-                name: name.clone(),
-                reason: e.to_string(),
-            })?;
-        self.jobs.push(Job::Matrix(parts, w.clone()));
-        Ok(w)
-    }
-
-    fn gate_up(&mut self, gate: &'a TensorInfo, up: &'a TensorInfo) -> Result<GateUp, LoadError> {
-        if gate.dtype != up.dtype {
-            return Ok(GateUp::Separate {
-                gate: self.matrix(vec![gate])?,
-                up: self.matrix(vec![up])?,
-            });
-        }
-        let name = format!("{}+{}", gate.name, up.name);
-        let w = GpuWeight::allocate(
-            self.ctx,
-            &name,
-            gate.dtype,
-            gate.row_len(),
-            2 * gate.n_rows(),
-            None,
-        )
-        .map_err(|e| LoadError::Unsupported {
-            name: name.clone(),
-            reason: e.to_string(),
-        })?;
-        self.jobs.push(Job::Interleaved(gate, up, w.clone()));
-        Ok(GateUp::Interleaved(w))
-    }
-
-    fn vector(&mut self, t: &'a TensorInfo) -> View {
-        let v = View::of(&self.ctx.storage(&t.name, t.n_elements() * 4));
-        self.jobs.push(Job::Vector(t, v.clone()));
-        v
-    }
-
-    /// Projections side by side: one part per run of equal dtype, with its output column.
-    fn parts(&mut self, tensors: &[&'a TensorInfo]) -> Result<(Vec<Part>, u32), LoadError> {
-        let mut offset = 0;
-        let mut parts = Vec::new();
-        for run in runs(tensors) {
-            let w = self.matrix(run)?;
-            let rows = w.rows as u32;
-            parts.push(Part { w, offset });
-            offset += rows;
-        }
-        Ok((parts, offset))
-    }
-}
-
-/// Reads rows `rows` (even bounds) of two tensors interleaved row by row: two range reads,
-/// then the rows alternate in memory.
-async fn interleaved_rows<R: RangeSource + ?Sized>(
-    g: &Gguf,
-    src: &R,
-    a: &TensorInfo,
-    b: &TensorInfo,
-    rows: std::ops::Range<u64>,
-) -> Result<Vec<u8>, LoadError> {
-    let (lo, hi) = (rows.start / 2, rows.end / 2);
-    let rb = a.row_bytes();
-    let read = |t: &TensorInfo| src.read_range(g.tensor_range(t).start + lo * rb, (hi - lo) * rb);
-    let (ra, rbytes) = (read(a).await?, read(b).await?);
-    let mut out = Vec::with_capacity(ra.len() * 2);
-    for (x, y) in ra
-        .chunks_exact(rb as usize)
-        .zip(rbytes.chunks_exact(rb as usize))
-    {
-        out.extend_from_slice(x);
-        out.extend_from_slice(y);
-    }
-    Ok(out)
-}
-
-/// Reads rows `rows` of the stacked `parts` (the bytes of a weight tile).
-async fn stacked_rows<R: RangeSource + ?Sized>(
-    g: &Gguf,
-    src: &R,
-    parts: &[&TensorInfo],
-    rows: std::ops::Range<u64>,
-) -> Result<Vec<u8>, LoadError> {
-    let mut out = Vec::new();
-    let mut first = 0;
-    for t in parts {
-        let (lo, hi) = (rows.start.max(first), rows.end.min(first + t.n_rows()));
-        if lo < hi {
-            let start = g.tensor_range(t).start + (lo - first) * t.row_bytes();
-            out.extend(src.read_range(start, (hi - lo) * t.row_bytes()).await?);
-        }
-        first += t.n_rows();
-    }
-    Ok(out)
-}
-
-impl GpuModel {
-    /// Uploads the model's tensors, reading them through `src` one weight tile at a time, so
-    /// memory on the CPU side peaks at one tile.
-    pub async fn load<R: RangeSource + ?Sized>(
-        ctx: Arc<GpuContext>,
-        g: &Gguf,
-        cfg: &TextConfig,
-        src: &R,
-        mut progress: impl FnMut(LoadProgress),
-    ) -> Result<Self, LoadError> {
-        let t = ModelTensors::resolve(g, cfg)?;
-        let mut ld = Loader {
-            ctx: &ctx,
-            jobs: Vec::new(),
-        };
-        let token_embd = ld.matrix(vec![t.token_embd])?;
-        let output = t.output.map(|o| ld.matrix(vec![o])).transpose()?;
-        let output_norm = ld.vector(t.output_norm);
-        let rope_freqs = t.rope_freqs.map(|r| ld.vector(r));
-        let mut layers = Vec::with_capacity(cfg.n_layer);
-        for lt in &t.layers {
-            let mut qkv_tensors = vec![lt.q];
-            qkv_tensors.extend(lt.k);
-            qkv_tensors.extend(lt.v);
-            let (qkv, qkv_width) = ld.parts(&qkv_tensors)?;
-            let gate_up = ld.gate_up(lt.gate, lt.up)?;
-            let out_scale = match lt.out_scale {
-                Some(s) => {
-                    let bytes = src.read_range(g.tensor_range(s).start, s.n_bytes).await?;
-                    dequantize_to_vec(s.dtype, &bytes)?
-                        .first()
-                        .copied()
-                        .unwrap_or(1.0)
-                }
-                None => 1.0,
-            };
-            layers.push(Layer {
-                attn_norm: ld.vector(lt.attn_norm),
-                qkv,
-                qkv_width,
-                k_is_v: lt.k.is_some() && lt.v.is_none(),
-                q_norm: ld.vector(lt.q_norm),
-                k_norm: lt.k_norm.map(|k| ld.vector(k)),
-                o: ld.matrix(vec![lt.o])?,
-                post_attn_norm: ld.vector(lt.post_attn_norm),
-                ffn_norm: ld.vector(lt.ffn_norm),
-                gate_up,
-                down: ld.matrix(vec![lt.down])?,
-                post_ffw_norm: ld.vector(lt.post_ffw_norm),
-                out_scale,
-            });
-        }
-        let total: u64 = ld
-            .jobs
-            .iter()
-            .map(|j| match j {
-                Job::Matrix(parts, _) => parts.iter().map(|t| t.n_bytes).sum(),
-                Job::Interleaved(a, b, _) => a.n_bytes + b.n_bytes,
-                Job::Vector(t, _) => t.n_bytes,
-            })
-            .sum();
-        let mut done = 0;
-        for job in &ld.jobs {
-            match job {
-                Job::Matrix(parts, w) => {
-                    for i in 0..w.tiles.len() {
-                        let tile = &w.tiles[i];
-                        let bytes =
-                            stacked_rows(g, src, parts, tile.first_row..tile.first_row + tile.rows)
-                                .await?;
-                        w.write_tile(&ctx, i, &bytes)?;
-                        done += bytes.len() as u64;
-                        progress(LoadProgress { done, total });
-                    }
-                }
-                Job::Interleaved(a, b, w) => {
-                    for i in 0..w.tiles.len() {
-                        let tile = &w.tiles[i];
-                        let bytes = interleaved_rows(
-                            g,
-                            src,
-                            a,
-                            b,
-                            tile.first_row..tile.first_row + tile.rows,
-                        )
-                        .await?;
-                        w.write_tile(&ctx, i, &bytes)?;
-                        done += bytes.len() as u64;
-                        progress(LoadProgress { done, total });
-                    }
-                }
-                Job::Vector(t, view) => {
-                    let bytes = src.read_range(g.tensor_range(t).start, t.n_bytes).await?;
-                    let values = match t.dtype {
-                        GgmlType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(&bytes),
-                        dt => dequantize_to_vec(dt, &bytes)?,
-                    };
-                    ctx.write(&view.buffer, 0, bytemuck::cast_slice(&values));
-                    done += t.n_bytes;
-                    progress(LoadProgress { done, total });
-                }
-            }
-        }
-        ctx.check()?;
-        Ok(Self {
-            cfg: cfg.clone(),
-            ctx: ctx.clone(),
-            token_embd,
-            output,
-            output_norm,
-            rope_freqs,
-            layers,
-        })
-    }
-
-    fn matrices(&self) -> impl Iterator<Item = &GpuWeight> {
-        let layers = self.layers.iter().flat_map(|l| {
-            let gate_up = match &l.gate_up {
-                GateUp::Interleaved(w) => vec![w],
-                GateUp::Separate { gate, up } => vec![gate, up],
-            };
-            l.qkv
-                .iter()
-                .map(|p| &p.w)
-                .chain(gate_up)
-                .chain([&l.o, &l.down])
-        });
-        std::iter::once(&self.token_embd)
-            .chain(&self.output)
-            .chain(layers)
-    }
-
-    /// Weight bytes one decode step reads: every matrix once (the output projection included),
-    /// but only one row of the embedding when it is not also the output.
-    pub fn bytes_per_token(&self) -> u64 {
-        let all: u64 = self.matrices().map(|w| w.rows * w.row_bytes).sum();
-        let e = &self.token_embd;
-        match self.output {
-            Some(_) => all - e.rows * e.row_bytes + e.row_bytes,
-            None => all,
-        }
-    }
-
-    /// Bytes the weights hold on the GPU.
-    pub fn gpu_bytes(&self) -> u64 {
-        let vectors: u64 = self
-            .layers
-            .iter()
-            .flat_map(|l| {
-                [
-                    &l.attn_norm,
-                    &l.q_norm,
-                    &l.post_attn_norm,
-                    &l.ffn_norm,
-                    &l.post_ffw_norm,
-                ]
-                .into_iter()
-                .chain(&l.k_norm)
-            })
-            .chain([&self.output_norm])
-            .chain(&self.rope_freqs)
-            .map(|v| v.size)
-            .sum();
-        self.matrices().map(GpuWeight::gpu_bytes).sum::<u64>() + vectors
-    }
-
-    fn output_matrix(&self) -> &GpuWeight {
-        self.output.as_ref().unwrap_or(&self.token_embd)
-    }
+    #[error("reading per-layer embedding rows: {0}")]
+    Rows(#[from] wgemma_gguf::SourceError),
 }
 
 /// Sizes of a session.
@@ -432,8 +62,10 @@ enum Op {
 }
 
 /// Activations, allocated once at the largest batch. `x` is the residual stream, `xn` the
-/// normed input of the next block.
+/// normed input of the next block. Buffers a model does not use are one word.
 struct Scratch {
+    ple: PleScratch,
+    moe: MoeScratch,
     x: View,
     xn: View,
     qkv: View,
@@ -453,6 +85,33 @@ struct Scratch {
     topk_scratch: View,
     topk_out: View,
     ring: View,
+}
+
+/// Per-layer-embedding activations: the tokens' raw table rows, their dequantized values, the
+/// projection of the embedding they join, and the per-layer injection.
+struct PleScratch {
+    /// The table rows of the step's tokens, as the file stores them.
+    rows: View,
+    /// 0, 1, 2, ...: the staged rows are gathered in order.
+    iota: View,
+    tok: View,
+    all: View,
+    gate: View,
+    act: View,
+    out: View,
+}
+
+/// Mixture-of-experts activations.
+struct MoeScratch {
+    dense: View,
+    router_in: View,
+    logits: View,
+    sel: View,
+    weight: View,
+    input: View,
+    act: View,
+    out: View,
+    mix: View,
 }
 
 /// The sampling dispatches for one strategy, built on first use and reused every step.
@@ -517,9 +176,7 @@ impl GpuSession {
         let b = opts.max_batch.clamp(1, capacity) as u64;
         let buf = |name: &str, floats: u64| View::of(&ctx.storage(name, floats * 4));
         let d = cfg.n_embd as u64;
-        let max =
-            |f: &dyn Fn(&Layer) -> u32| u64::from(model.layers.iter().map(f).max().unwrap_or(0));
-        let max_qkv = max(&|l| l.qkv_width);
+        let max_qkv = u64::from(model.layers.iter().map(|l| l.qkv_width).max().unwrap_or(0));
         let max_q = cfg
             .layers
             .iter()
@@ -529,7 +186,37 @@ impl GpuSession {
         let max_ff = cfg.layers.iter().map(|l| l.n_ff).max().unwrap_or(0) as u64;
         let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0) as u32;
         let vocab = cfg.n_vocab as u64;
+        // Per-layer embeddings: every layer's inputs for each token.
+        let (n_ple, n_all) = (cfg.n_ple as u64, (cfg.n_ple * cfg.n_layer) as u64);
+        let row_bytes = model.ple.as_ref().map_or(0, |p| p.info.row_bytes());
+        let iota: Vec<u32> = (0..b as u32).collect();
+        let ple = PleScratch {
+            rows: View::of(&ctx.storage("ple_rows", b * row_bytes + 16)),
+            iota: View::of(&ctx.storage_init("ple_iota", bytemuck::cast_slice(&iota))),
+            tok: buf("ple_tok", b * n_all),
+            all: buf("ple_all", b * n_all),
+            gate: buf("ple_gate", b * n_ple),
+            act: buf("ple_act", b * n_ple),
+            out: buf("ple_out", if n_ple > 0 { b * d } else { 1 }),
+        };
+        let (k, e, ffe) = cfg.moe.map_or((0, 0, 0), |m| {
+            (m.n_used as u64, m.n_expert as u64, m.n_ff as u64)
+        });
+        let moe_d = if k > 0 { b * d } else { 1 };
+        let moe = MoeScratch {
+            dense: buf("moe_dense", moe_d),
+            router_in: buf("moe_router_in", moe_d),
+            logits: buf("moe_logits", b * e),
+            sel: buf("moe_sel", b * k),
+            weight: buf("moe_weight", b * k),
+            input: buf("moe_input", moe_d),
+            act: buf("moe_act", b * k * ffe),
+            out: buf("moe_out", b * k * d),
+            mix: buf("moe_mix", moe_d),
+        };
         let s = Scratch {
+            ple,
+            moe,
             x: buf("x", b * d),
             xn: buf("xn", b * d),
             qkv: buf("qkv", b * max_qkv),
@@ -642,6 +329,22 @@ impl GpuSession {
             &s.topk_scratch,
             &s.topk_out,
             &s.ring,
+            &s.ple.rows,
+            &s.ple.iota,
+            &s.ple.tok,
+            &s.ple.all,
+            &s.ple.gate,
+            &s.ple.act,
+            &s.ple.out,
+            &s.moe.dense,
+            &s.moe.router_in,
+            &s.moe.logits,
+            &s.moe.sel,
+            &s.moe.weight,
+            &s.moe.input,
+            &s.moe.act,
+            &s.moe.out,
+            &s.moe.mix,
         ]
         .iter()
         .map(|v| v.size)
@@ -754,21 +457,37 @@ impl GpuSession {
                 if single {
                     ops::matvec(ctx, w, x, y, y_offset, MatvecOut::Rows { softcap })
                 } else {
-                    ops::matmul(
-                        ctx,
-                        w,
-                        &MatmulArgs {
-                            x,
-                            y,
-                            m,
-                            x_stride: w.cols as u32,
-                            y_stride,
-                            softcap,
-                            y_offset,
-                        },
-                    )
+                    let args = MatmulArgs {
+                        x,
+                        y,
+                        m,
+                        x_stride: w.cols as u32,
+                        y_stride,
+                        softcap,
+                        y_offset,
+                    };
+                    ops::matmul(ctx, w, &args)
                 }
             };
+        let geglu = |gate: &View,
+                     up: &View,
+                     cols: u32,
+                     gate_stride: u32,
+                     up_stride: u32,
+                     up_offset: u32,
+                     out: &View,
+                     interleaved: bool| {
+            let op = Elementwise::Geglu {
+                gate,
+                up,
+                cols,
+                gate_stride,
+                up_stride,
+                interleaved,
+                up_offset,
+            };
+            ops::elementwise(ctx, op, out, m * cols)
+        };
         let mut run = |ds: Vec<Dispatch>| ops.extend(ds.into_iter().map(Op::Run));
         run(ops::embed(
             ctx,
@@ -778,6 +497,57 @@ impl GpuSession {
             m,
             cfg.embed_scale,
         )?);
+        if let Some(ple) = &model.ple {
+            // Every layer's per-layer input: (norm(proj x / sqrt(d)) + table row * sqrt(n)) / sqrt(2),
+            // from the table rows staged for this step's tokens.
+            let (n, l) = (cfg.n_ple as u32, cfg.n_layer as u32);
+            let staged = GpuWeight {
+                name: "per_layer_token_embd rows".into(),
+                dtype: ple.info.dtype,
+                cols: ple.info.row_len(),
+                rows: u64::from(m),
+                row_bytes: ple.info.row_bytes(),
+                tiles: vec![WeightTile {
+                    buffer: s.ple.rows.buffer.clone(),
+                    first_row: 0,
+                    rows: u64::from(m),
+                }],
+            };
+            run(ops::embed(
+                ctx,
+                &staged,
+                &s.ple.iota,
+                &s.ple.tok,
+                m,
+                (n as f32).sqrt(),
+            )?);
+            run(product(&ple.proj, &s.x, &s.ple.all, n * l, 0, 0.0)?);
+            run(vec![
+                ops::elementwise(
+                    ctx,
+                    Elementwise::Scale(1.0 / (d as f32).sqrt()),
+                    &s.ple.all,
+                    m * n * l,
+                )?,
+                ops::rms_norm(
+                    ctx,
+                    &s.ple.all,
+                    NormOut::InPlace,
+                    Some(&ple.proj_norm),
+                    m * l,
+                    n,
+                    n,
+                    eps,
+                )?,
+                ops::elementwise(ctx, Elementwise::Add(&s.ple.tok), &s.ple.all, m * n * l)?,
+                ops::elementwise(
+                    ctx,
+                    Elementwise::Scale(std::f32::consts::FRAC_1_SQRT_2),
+                    &s.ple.all,
+                    m * n * l,
+                )?,
+            ]);
+        }
         // The block before the current one, whose output still has to join the residual
         // stream: (delta, post-norm weight, scale).
         let mut pending: Option<(&View, &View, f32)> = None;
@@ -816,43 +586,156 @@ impl GpuSession {
                 }
                 GateUp::Interleaved(w) => {
                     run(product(w, &s.xn, &s.gate_up, 2 * ff, 0, 0.0)?);
-                    run(vec![ops::elementwise(
-                        ctx,
-                        Elementwise::Geglu {
-                            gate: &s.gate_up,
-                            up: &s.gate_up,
-                            cols: ff,
-                            gate_stride: 2 * ff,
-                            up_stride: 2 * ff,
-                            interleaved: true,
-                        },
+                    run(vec![geglu(
+                        &s.gate_up,
+                        &s.gate_up,
+                        ff,
+                        2 * ff,
+                        2 * ff,
+                        0,
                         &s.act,
-                        m * ff,
+                        true,
                     )?]);
                 }
                 GateUp::Separate { gate, up } => {
                     run(product(gate, &s.xn, &s.gate_up, ff, 0, 0.0)?);
                     run(product(up, &s.xn, &s.up, ff, 0, 0.0)?);
-                    run(vec![ops::elementwise(
-                        ctx,
-                        Elementwise::Geglu {
-                            gate: &s.gate_up,
-                            up: &s.up,
-                            cols: ff,
-                            gate_stride: ff,
-                            up_stride: ff,
-                            interleaved: false,
-                        },
-                        &s.act,
-                        m * ff,
+                    run(vec![geglu(
+                        &s.gate_up, &s.up, ff, ff, ff, 0, &s.act, false,
                     )?]);
                 }
             }
             run(product(&l.down, &s.act, &s.down, d, 0, 0.0)?);
-            pending = Some((&s.down, &l.post_ffw_norm, l.out_scale));
+            let mut ffn_out = &s.down;
+            if let (Some(x), Some(mc)) = (&l.experts, cfg.moe) {
+                // The dense branch normed, plus the experts' normed mix: each token's router
+                // picks its experts, whose products run per (token, expert) slot.
+                let (k, ne, fe) = (mc.n_used as u32, mc.n_expert as u32, mc.n_ff as u32);
+                let mo = &s.moe;
+                run(vec![
+                    ops::rms_norm(
+                        ctx,
+                        &s.down,
+                        NormOut::To(&mo.dense),
+                        Some(&x.post_norm_dense),
+                        m,
+                        d,
+                        d,
+                        eps,
+                    )?,
+                    ops::rms_norm(
+                        ctx,
+                        &s.x,
+                        NormOut::To(&mo.router_in),
+                        Some(&x.router_scale),
+                        m,
+                        d,
+                        d,
+                        eps,
+                    )?,
+                ]);
+                run(product(&x.router, &mo.router_in, &mo.logits, ne, 0, 0.0)?);
+                run(vec![
+                    ops::moe_route(
+                        ctx,
+                        &mo.logits,
+                        &mo.sel,
+                        &mo.weight,
+                        x.down_scale.as_ref(),
+                        m,
+                        ne,
+                        k,
+                    )?,
+                    ops::rms_norm(
+                        ctx,
+                        &s.x,
+                        NormOut::To(&mo.input),
+                        Some(&x.pre_norm),
+                        m,
+                        d,
+                        d,
+                        eps,
+                    )?,
+                ]);
+                let gate_up_slots = ExpertSlots {
+                    sel: &mo.sel,
+                    slots: m * k,
+                    rows_per_expert: 2 * fe,
+                    x_group: k,
+                };
+                run(ops::expert_matvec(
+                    ctx,
+                    &x.gate_up,
+                    &mo.input,
+                    &mo.act,
+                    fe,
+                    &gate_up_slots,
+                    MatvecOut::Geglu,
+                )?);
+                let down_slots = ExpertSlots {
+                    sel: &mo.sel,
+                    slots: m * k,
+                    rows_per_expert: d,
+                    x_group: 1,
+                };
+                run(ops::expert_matvec(
+                    ctx,
+                    &x.down,
+                    &mo.act,
+                    &mo.out,
+                    d,
+                    &down_slots,
+                    MatvecOut::Rows { softcap: 0.0 },
+                )?);
+                run(vec![
+                    ops::moe_sum(ctx, &mo.out, &mo.weight, &mo.mix, m, k, d)?,
+                    ops::rms_norm(
+                        ctx,
+                        &mo.mix,
+                        NormOut::AddTo(&mo.dense),
+                        Some(&x.post_norm_experts),
+                        m,
+                        d,
+                        d,
+                        eps,
+                    )?,
+                ]);
+                ffn_out = &mo.dense;
+            }
+            pending = Some((ffn_out, &l.post_ffw_norm, l.out_scale));
+            if let Some(p) = &l.ple {
+                // x += norm(ffn) * post, then the layer's slice of the per-layer inputs gates a
+                // small projection that joins the stream (scaled with the layer's output).
+                let (n, all) = (cfg.n_ple as u32, (cfg.n_ple * cfg.n_layer) as u32);
+                run(vec![ops::rms_norm(
+                    ctx,
+                    ffn_out,
+                    NormOut::AddTo(&s.x),
+                    Some(&l.post_ffw_norm),
+                    m,
+                    d,
+                    d,
+                    eps,
+                )?]);
+                run(product(&p.inp_gate, &s.x, &s.ple.gate, n, 0, 0.0)?);
+                run(vec![geglu(
+                    &s.ple.gate,
+                    &s.ple.all,
+                    n,
+                    n,
+                    all,
+                    il as u32 * n,
+                    &s.ple.act,
+                    false,
+                )?]);
+                run(product(&p.proj, &s.ple.act, &s.ple.out, d, 0, 0.0)?);
+                pending = Some((&s.ple.out, &p.post_norm, l.out_scale));
+            }
         }
         let softcap = cfg.final_softcap.unwrap_or(0.0);
         let vocab = cfg.n_vocab as u32;
+        // A chunk without logits leaves only its KV entries behind: its last residual add
+        // has no reader.
         if logits != LogitsFor::None {
             run(vec![into_block(pending, &model.output_norm)?]);
         }
@@ -883,19 +766,16 @@ impl GpuSession {
             LogitsFor::All => {
                 let out =
                     all_logits.ok_or_else(|| GpuError::Shape("no buffer for all logits".into()))?;
-                let all = ops::matmul(
-                    ctx,
-                    model.output_matrix(),
-                    &MatmulArgs {
-                        x: &s.xn,
-                        y: out,
-                        m,
-                        x_stride: d,
-                        y_stride: vocab,
-                        softcap,
-                        y_offset: 0,
-                    },
-                )?;
+                let args = MatmulArgs {
+                    x: &s.xn,
+                    y: out,
+                    m,
+                    x_stride: d,
+                    y_stride: vocab,
+                    softcap,
+                    y_offset: 0,
+                };
+                let all = ops::matmul(ctx, model.output_matrix(), &args)?;
                 ops.extend(all.into_iter().map(Op::Run));
             }
         }
@@ -921,8 +801,9 @@ impl GpuSession {
     }
 
     /// Writes the ids and positions of a chunk that starts at the current position.
-    fn stage(&self, chunk: &[u32]) {
+    fn stage(&self, chunk: &[u32]) -> Result<(), ForwardError> {
         let ctx = &self.model.ctx;
+        self.stage_ple_rows(chunk)?;
         let start = self.position() as u32;
         let positions: Vec<u32> = (start..start + chunk.len() as u32).collect();
         ctx.write(
@@ -935,6 +816,23 @@ impl GpuSession {
             self.s.positions.offset,
             bytemuck::cast_slice(&positions),
         );
+        Ok(())
+    }
+
+    /// Copies the per-layer table rows of `tokens` to the GPU (models with per-layer
+    /// embeddings): a row per token from the file, never the whole table.
+    fn stage_ple_rows(&self, tokens: &[u32]) -> Result<(), ForwardError> {
+        if let Some(ple) = &self.model.ple {
+            let rows = ple.read_rows(tokens)?;
+            self.model.ctx.write(&self.s.ple.rows.buffer, 0, &rows);
+        }
+        Ok(())
+    }
+
+    /// Whether a decode step needs its input token on the CPU (per-layer embeddings read the
+    /// token's table row from the file), so steps cannot run ahead of the readback.
+    pub fn needs_token_on_cpu(&self) -> bool {
+        self.model.ple.is_some()
     }
 
     fn record(rec: &mut Recorder<'_>, ops: &[Op]) {
@@ -961,7 +859,7 @@ impl GpuSession {
                 // One token: the fused decode step, which reads its token from `result`.
                 let ctx = &self.model.ctx;
                 ctx.write(&self.s.result.buffer, 0, bytemuck::bytes_of(&chunk[0]));
-                self.stage(chunk);
+                self.stage(chunk)?;
                 Self::record(rec, &self.decode);
             } else {
                 let logits = if last {
@@ -970,7 +868,7 @@ impl GpuSession {
                     LogitsFor::None
                 };
                 let ops = self.plan(chunk.len() as u32, &self.s.ids, logits, None)?;
-                self.stage(chunk);
+                self.stage(chunk)?;
                 if last {
                     Self::record(rec, &ops);
                 } else {
@@ -1059,6 +957,13 @@ impl GpuSession {
                 need,
                 capacity: self.capacity,
             });
+        }
+        if self.needs_token_on_cpu() {
+            // The fed token's table row must be staged: it has to be read back first.
+            match self.known_unfed {
+                Some(t) => self.stage_ple_rows(&[t])?,
+                None => return Err(ForwardError::Busy),
+            }
         }
         let ctx = self.model.ctx.clone();
         let pos = self.position() as u32;
@@ -1318,7 +1223,7 @@ impl GpuSession {
         let mut out = Vec::with_capacity(tokens.len());
         for chunk in tokens.chunks(rows) {
             let ops = self.plan(chunk.len() as u32, &self.s.ids, LogitsFor::All, Some(&all))?;
-            self.stage(chunk);
+            self.stage(chunk)?;
             let mut rec = Recorder::new(&ctx, "score");
             Self::record(&mut rec, &ops);
             rec.submit();

@@ -1,0 +1,8 @@
+//! The GPU forward: the weights ([`GpuModel`]) and a conversation's state and steps
+//! ([`GpuSession`]).
+
+mod model;
+mod session;
+
+pub use model::{GpuModel, LoadError, LoadProgress};
+pub use session::{ForwardError, GpuSession, MAX_IN_FLIGHT, SessionOptions};

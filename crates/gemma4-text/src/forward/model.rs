@@ -1,0 +1,575 @@
+//! The model's weights on the GPU, and the loader that streams them there.
+//!
+//! Projections that share an input and a dtype (Q/K/V) sit side by side in one weight so one
+//! dispatch computes them; gate and up rows are interleaved (per expert, for experts) so the
+//! product can emit the gated activation directly.
+
+use std::sync::Arc;
+
+use wgemma_gguf::{GgmlType, Gguf, RangeSource, TensorInfo, TensorSource, dequantize_to_vec};
+use wgemma_kernels::{GpuContext, GpuError, GpuWeight, View};
+
+use crate::config::TextConfig;
+use crate::tensors::{ExpertGateUp, ModelTensors, ple_table};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Tensor(#[from] wgemma_gguf::TensorError),
+    #[error(transparent)]
+    Source(#[from] wgemma_gguf::SourceError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error("tensor {name}: {reason}")]
+    Unsupported { name: String, reason: String },
+    #[error(
+        "this model's per-layer embeddings are read by rows at run time: give the loader random access to the file"
+    )]
+    NoRowSource,
+}
+
+/// Bytes of weights uploaded so far, of the total.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadProgress {
+    pub done: u64,
+    pub total: u64,
+}
+
+/// A weight whose rows land at column `offset` of a shared output.
+#[derive(Clone, Debug)]
+pub(super) struct Part {
+    pub w: GpuWeight,
+    pub offset: u32,
+}
+
+/// The gate and up projections of a feed-forward block.
+pub(super) enum GateUp {
+    /// One weight with gate and up rows alternating, so one product yields the activation.
+    Interleaved(GpuWeight),
+    /// Different dtypes: two products and a separate activation.
+    Separate { gate: GpuWeight, up: GpuWeight },
+}
+
+/// A layer's per-layer-embedding weights.
+pub(super) struct PleLayer {
+    pub inp_gate: GpuWeight,
+    pub proj: GpuWeight,
+    pub post_norm: View,
+}
+
+/// A layer's experts.
+pub(super) struct Experts {
+    pub router: GpuWeight,
+    /// The router input's norm weight, already times 1/sqrt(n_embd).
+    pub router_scale: View,
+    pub pre_norm: View,
+    pub post_norm_dense: View,
+    pub post_norm_experts: View,
+    /// Per expert, gate/up row pairs.
+    pub gate_up: GpuWeight,
+    pub down: GpuWeight,
+    pub down_scale: Option<View>,
+}
+
+/// One decoder layer on the GPU.
+pub(super) struct Layer {
+    pub attn_norm: View,
+    /// `[q | k | v]` projections (k and v absent on shared-KV layers, v absent when V is K).
+    pub qkv: Vec<Part>,
+    pub qkv_width: u32,
+    pub k_is_v: bool,
+    pub q_norm: View,
+    pub k_norm: Option<View>,
+    pub o: GpuWeight,
+    pub post_attn_norm: View,
+    pub ffn_norm: View,
+    pub gate_up: GateUp,
+    pub down: GpuWeight,
+    pub post_ffw_norm: View,
+    pub out_scale: f32,
+    pub ple: Option<PleLayer>,
+    pub experts: Option<Experts>,
+}
+
+/// The per-layer token table, read a row per token from the file (never uploaded whole).
+pub(super) struct PleTable {
+    pub info: TensorInfo,
+    /// Absolute offset of the table's data in the file.
+    pub start: u64,
+    pub rows: Arc<dyn TensorSource>,
+    pub proj: GpuWeight,
+    pub proj_norm: View,
+}
+
+impl PleTable {
+    /// The raw (quantized) rows of `tokens`, back to back.
+    pub fn read_rows(&self, tokens: &[u32]) -> Result<Vec<u8>, wgemma_gguf::SourceError> {
+        let rb = self.info.row_bytes();
+        let mut out = Vec::with_capacity(tokens.len() * rb as usize);
+        for &t in tokens {
+            out.extend_from_slice(self.rows.bytes(self.start + u64::from(t) * rb, rb)?);
+        }
+        Ok(out)
+    }
+}
+
+/// The model's weights on the GPU.
+pub struct GpuModel {
+    pub cfg: TextConfig,
+    pub ctx: Arc<GpuContext>,
+    pub(super) token_embd: GpuWeight,
+    pub(super) output: Option<GpuWeight>,
+    pub(super) output_norm: View,
+    pub(super) rope_freqs: Option<View>,
+    pub(super) ple: Option<PleTable>,
+    pub(super) layers: Vec<Layer>,
+}
+
+/// Where a gate/up pair's rows come from: row `i` of group `g` is row
+/// `g * stride + offset + i` of `tensor`.
+#[derive(Clone, Copy)]
+struct RowSource<'a> {
+    tensor: &'a TensorInfo,
+    stride: u64,
+    offset: u64,
+}
+
+/// What the loader copies where.
+enum Job<'a> {
+    /// Tensors stacked by rows into one weight.
+    Stacked(Vec<&'a TensorInfo>, GpuWeight),
+    /// Gate and up rows alternating, in groups of `pairs` pairs (one group per expert).
+    Interleaved {
+        gate: RowSource<'a>,
+        up: RowSource<'a>,
+        pairs: u64,
+        w: GpuWeight,
+    },
+    Vector {
+        tensor: &'a TensorInfo,
+        view: View,
+        scale: f32,
+    },
+}
+
+impl Job<'_> {
+    fn bytes(&self) -> u64 {
+        match self {
+            Job::Stacked(parts, _) => parts.iter().map(|t| t.n_bytes).sum(),
+            Job::Interleaved { w, .. } => w.rows * w.row_bytes,
+            Job::Vector { tensor, .. } => tensor.n_bytes,
+        }
+    }
+}
+
+/// Splits projections that share an input into runs of equal dtype, each one weight.
+fn runs<'a>(tensors: &[&'a TensorInfo]) -> Vec<Vec<&'a TensorInfo>> {
+    let mut out: Vec<Vec<&TensorInfo>> = Vec::new();
+    for &t in tensors {
+        match out.last_mut() {
+            Some(run) if run[0].dtype == t.dtype => run.push(t),
+            _ => out.push(vec![t]),
+        }
+    }
+    out
+}
+
+struct Loader<'a, 'c> {
+    ctx: &'c GpuContext,
+    jobs: Vec<Job<'a>>,
+}
+
+impl<'a> Loader<'a, '_> {
+    fn allocate(
+        &self,
+        name: &str,
+        t: &TensorInfo,
+        rows: u64,
+        group: u64,
+    ) -> Result<GpuWeight, LoadError> {
+        GpuWeight::allocate_in_groups(self.ctx, name, t.dtype, t.row_len(), rows, group, None)
+            .map_err(|e| LoadError::Unsupported {
+                name: name.to_string(),
+                reason: e.to_string(),
+            })
+    }
+
+    fn matrix(&mut self, parts: Vec<&'a TensorInfo>, group: u64) -> Result<GpuWeight, LoadError> {
+        let rows = parts.iter().map(|t| t.n_rows()).sum();
+        let name = parts
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect::<Vec<_>>()
+            .join("+");
+        let w = self.allocate(&name, parts[0], rows, group)?;
+        self.jobs.push(Job::Stacked(parts, w.clone()));
+        Ok(w)
+    }
+
+    fn interleaved(
+        &mut self,
+        gate: RowSource<'a>,
+        up: RowSource<'a>,
+        pairs: u64,
+        groups: u64,
+    ) -> Result<GpuWeight, LoadError> {
+        let name = format!("{}+{}", gate.tensor.name, up.tensor.name);
+        // Experts keep whole experts per tile; a dense pair of projections only whole pairs.
+        let group = if groups > 1 { 2 * pairs } else { 2 };
+        let w = self.allocate(&name, gate.tensor, 2 * pairs * groups, group)?;
+        self.jobs.push(Job::Interleaved {
+            gate,
+            up,
+            pairs,
+            w: w.clone(),
+        });
+        Ok(w)
+    }
+
+    fn gate_up(&mut self, gate: &'a TensorInfo, up: &'a TensorInfo) -> Result<GateUp, LoadError> {
+        if gate.dtype != up.dtype {
+            return Ok(GateUp::Separate {
+                gate: self.matrix(vec![gate], 1)?,
+                up: self.matrix(vec![up], 1)?,
+            });
+        }
+        let whole = |tensor| RowSource {
+            tensor,
+            stride: 0,
+            offset: 0,
+        };
+        Ok(GateUp::Interleaved(self.interleaved(
+            whole(gate),
+            whole(up),
+            gate.n_rows(),
+            1,
+        )?))
+    }
+
+    fn vector_scaled(&mut self, tensor: &'a TensorInfo, scale: f32) -> View {
+        let view = View::of(&self.ctx.storage(&tensor.name, tensor.n_elements() * 4));
+        self.jobs.push(Job::Vector {
+            tensor,
+            view: view.clone(),
+            scale,
+        });
+        view
+    }
+
+    fn vector(&mut self, t: &'a TensorInfo) -> View {
+        self.vector_scaled(t, 1.0)
+    }
+
+    /// Projections side by side: one part per run of equal dtype, with its output column.
+    fn parts(&mut self, tensors: &[&'a TensorInfo]) -> Result<(Vec<Part>, u32), LoadError> {
+        let mut offset = 0;
+        let mut parts = Vec::new();
+        for run in runs(tensors) {
+            let w = self.matrix(run, 1)?;
+            let rows = w.rows as u32;
+            parts.push(Part { w, offset });
+            offset += rows;
+        }
+        Ok((parts, offset))
+    }
+}
+
+/// Reads rows `rows` of the stacked `parts` (the bytes of a weight tile).
+async fn stacked_rows<R: RangeSource + ?Sized>(
+    g: &Gguf,
+    src: &R,
+    parts: &[&TensorInfo],
+    rows: std::ops::Range<u64>,
+) -> Result<Vec<u8>, LoadError> {
+    let mut out = Vec::new();
+    let mut first = 0;
+    for t in parts {
+        let (lo, hi) = (rows.start.max(first), rows.end.min(first + t.n_rows()));
+        if lo < hi {
+            let start = g.tensor_range(t).start + (lo - first) * t.row_bytes();
+            out.extend(src.read_range(start, (hi - lo) * t.row_bytes()).await?);
+        }
+        first += t.n_rows();
+    }
+    Ok(out)
+}
+
+/// Reads output rows `rows` (whole groups) of an interleaved gate/up weight: per group, one
+/// range read of its gate rows and one of its up rows, then the rows alternate in memory.
+async fn interleaved_rows<R: RangeSource + ?Sized>(
+    g: &Gguf,
+    src: &R,
+    gate: RowSource<'_>,
+    up: RowSource<'_>,
+    pairs: u64,
+    rows: std::ops::Range<u64>,
+) -> Result<Vec<u8>, LoadError> {
+    let rb = gate.tensor.row_bytes();
+    let mut out = Vec::with_capacity(((rows.end - rows.start) * rb) as usize);
+    let mut row = rows.start;
+    while row < rows.end {
+        let group = row / (2 * pairs);
+        let p0 = (row % (2 * pairs)) / 2;
+        let p1 = pairs.min(p0 + (rows.end - row) / 2);
+        let read = |s: RowSource<'_>| {
+            let first = group * s.stride + s.offset + p0;
+            src.read_range(g.tensor_range(s.tensor).start + first * rb, (p1 - p0) * rb)
+        };
+        let (a, b) = (read(gate).await?, read(up).await?);
+        for (x, y) in a.chunks_exact(rb as usize).zip(b.chunks_exact(rb as usize)) {
+            out.extend_from_slice(x);
+            out.extend_from_slice(y);
+        }
+        row += 2 * (p1 - p0);
+    }
+    Ok(out)
+}
+
+impl GpuModel {
+    /// Uploads the model's tensors, reading them through `src` one weight tile at a time, so
+    /// memory on the CPU side peaks at one tile. Models with per-layer embeddings also need
+    /// `rows`, random access to the file for the table that is read a row per token.
+    pub async fn load<R: RangeSource + ?Sized>(
+        ctx: Arc<GpuContext>,
+        g: &Gguf,
+        cfg: &TextConfig,
+        src: &R,
+        rows: Option<Arc<dyn TensorSource>>,
+        mut progress: impl FnMut(LoadProgress),
+    ) -> Result<Self, LoadError> {
+        let t = ModelTensors::resolve(g, cfg)?;
+        let mut ld = Loader {
+            ctx: &ctx,
+            jobs: Vec::new(),
+        };
+        let token_embd = ld.matrix(vec![t.token_embd], 1)?;
+        let output = t.output.map(|o| ld.matrix(vec![o], 1)).transpose()?;
+        let output_norm = ld.vector(t.output_norm);
+        let rope_freqs = t.rope_freqs.map(|r| ld.vector(r));
+        let inv_sqrt_d = 1.0 / (cfg.n_embd as f32).sqrt();
+        let ple = match (ple_table(g, cfg)?, &t.ple) {
+            (Some(info), Some(p)) => Some(PleTable {
+                info: info.clone(),
+                start: g.tensor_range(info).start,
+                rows: rows.ok_or(LoadError::NoRowSource)?,
+                proj: ld.matrix(vec![p.proj], 1)?,
+                proj_norm: ld.vector(p.proj_norm),
+            }),
+            _ => None,
+        };
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for lt in &t.layers {
+            let mut qkv_tensors = vec![lt.q];
+            qkv_tensors.extend(lt.k);
+            qkv_tensors.extend(lt.v);
+            let (qkv, qkv_width) = ld.parts(&qkv_tensors)?;
+            let out_scale = match lt.out_scale {
+                Some(s) => {
+                    let bytes = src.read_range(g.tensor_range(s).start, s.n_bytes).await?;
+                    dequantize_to_vec(s.dtype, &bytes)?
+                        .first()
+                        .copied()
+                        .unwrap_or(1.0)
+                }
+                None => 1.0,
+            };
+            let experts = match (&lt.moe, cfg.moe) {
+                (Some(m), Some(mc)) => {
+                    let (ff, n) = (mc.n_ff as u64, mc.n_expert as u64);
+                    let (gate, up) = match &m.gate_up {
+                        ExpertGateUp::Fused(t) => (
+                            RowSource {
+                                tensor: t,
+                                stride: 2 * ff,
+                                offset: 0,
+                            },
+                            RowSource {
+                                tensor: t,
+                                stride: 2 * ff,
+                                offset: ff,
+                            },
+                        ),
+                        ExpertGateUp::Split { gate, up } => (
+                            RowSource {
+                                tensor: gate,
+                                stride: ff,
+                                offset: 0,
+                            },
+                            RowSource {
+                                tensor: up,
+                                stride: ff,
+                                offset: 0,
+                            },
+                        ),
+                    };
+                    Some(Experts {
+                        router: ld.matrix(vec![m.router], 1)?,
+                        router_scale: ld.vector_scaled(m.router_scale, inv_sqrt_d),
+                        pre_norm: ld.vector(m.pre_norm),
+                        post_norm_dense: ld.vector(m.post_norm_dense),
+                        post_norm_experts: ld.vector(m.post_norm_experts),
+                        gate_up: ld.interleaved(gate, up, ff, n)?,
+                        down: ld.matrix(vec![m.down], cfg.n_embd as u64)?,
+                        down_scale: m.down_scale.map(|s| ld.vector(s)),
+                    })
+                }
+                _ => None,
+            };
+            layers.push(Layer {
+                attn_norm: ld.vector(lt.attn_norm),
+                qkv,
+                qkv_width,
+                k_is_v: lt.k.is_some() && lt.v.is_none(),
+                q_norm: ld.vector(lt.q_norm),
+                k_norm: lt.k_norm.map(|k| ld.vector(k)),
+                o: ld.matrix(vec![lt.o], 1)?,
+                post_attn_norm: ld.vector(lt.post_attn_norm),
+                ffn_norm: ld.vector(lt.ffn_norm),
+                gate_up: ld.gate_up(lt.gate, lt.up)?,
+                down: ld.matrix(vec![lt.down], 1)?,
+                post_ffw_norm: ld.vector(lt.post_ffw_norm),
+                out_scale,
+                ple: match &lt.ple {
+                    Some(p) => Some(PleLayer {
+                        inp_gate: ld.matrix(vec![p.inp_gate], 1)?,
+                        proj: ld.matrix(vec![p.proj], 1)?,
+                        post_norm: ld.vector(p.post_norm),
+                    }),
+                    None => None,
+                },
+                experts,
+            });
+        }
+        let total: u64 = ld.jobs.iter().map(Job::bytes).sum();
+        let mut done = 0;
+        for job in &ld.jobs {
+            match job {
+                Job::Stacked(parts, w) => {
+                    for (i, tile) in w.tiles.iter().enumerate() {
+                        let bytes =
+                            stacked_rows(g, src, parts, tile.first_row..tile.first_row + tile.rows)
+                                .await?;
+                        w.write_tile(&ctx, i, &bytes)?;
+                        done += bytes.len() as u64;
+                        progress(LoadProgress { done, total });
+                    }
+                }
+                Job::Interleaved { gate, up, pairs, w } => {
+                    for (i, tile) in w.tiles.iter().enumerate() {
+                        let range = tile.first_row..tile.first_row + tile.rows;
+                        let bytes = interleaved_rows(g, src, *gate, *up, *pairs, range).await?;
+                        w.write_tile(&ctx, i, &bytes)?;
+                        done += bytes.len() as u64;
+                        progress(LoadProgress { done, total });
+                    }
+                }
+                Job::Vector {
+                    tensor,
+                    view,
+                    scale,
+                } => {
+                    let bytes = src
+                        .read_range(g.tensor_range(tensor).start, tensor.n_bytes)
+                        .await?;
+                    let mut values = match tensor.dtype {
+                        GgmlType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(&bytes),
+                        dt => dequantize_to_vec(dt, &bytes)?,
+                    };
+                    values.iter_mut().for_each(|v| *v *= scale);
+                    ctx.write(&view.buffer, 0, bytemuck::cast_slice(&values));
+                    done += tensor.n_bytes;
+                    progress(LoadProgress { done, total });
+                }
+            }
+        }
+        ctx.check()?;
+        Ok(Self {
+            cfg: cfg.clone(),
+            ctx: ctx.clone(),
+            token_embd,
+            output,
+            output_norm,
+            rope_freqs,
+            ple,
+            layers,
+        })
+    }
+
+    /// Every matrix with the fraction of its rows one decode step reads (experts: the used
+    /// ones; the embedding: one row unless it is also the output).
+    fn matrices(&self) -> Vec<(&GpuWeight, f64)> {
+        let used = self
+            .cfg
+            .moe
+            .map_or(1.0, |m| m.n_used as f64 / m.n_expert as f64);
+        let e = &self.token_embd;
+        let mut out = vec![(
+            e,
+            if self.output.is_some() {
+                1.0 / e.rows as f64
+            } else {
+                1.0
+            },
+        )];
+        out.extend(self.output.iter().map(|w| (w, 1.0)));
+        out.extend(self.ple.iter().map(|p| (&p.proj, 1.0)));
+        for l in &self.layers {
+            out.extend(l.qkv.iter().map(|p| (&p.w, 1.0)));
+            match &l.gate_up {
+                GateUp::Interleaved(w) => out.push((w, 1.0)),
+                GateUp::Separate { gate, up } => out.extend([(gate, 1.0), (up, 1.0)]),
+            }
+            out.extend([(&l.o, 1.0), (&l.down, 1.0)]);
+            if let Some(p) = &l.ple {
+                out.extend([(&p.inp_gate, 1.0), (&p.proj, 1.0)]);
+            }
+            if let Some(x) = &l.experts {
+                out.extend([(&x.router, 1.0), (&x.gate_up, used), (&x.down, used)]);
+            }
+        }
+        out
+    }
+
+    /// Weight bytes one decode step reads: the floor of a step's time is this over bandwidth.
+    pub fn bytes_per_token(&self) -> u64 {
+        let matrices: f64 = self
+            .matrices()
+            .iter()
+            .map(|(w, frac)| (w.rows * w.row_bytes) as f64 * frac)
+            .sum();
+        let ple_row = self.ple.as_ref().map_or(0, |p| p.info.row_bytes());
+        matrices as u64 + ple_row
+    }
+
+    /// Bytes the weights hold on the GPU.
+    pub fn gpu_bytes(&self) -> u64 {
+        let vectors: u64 = self
+            .layers
+            .iter()
+            .flat_map(|l| {
+                [
+                    &l.attn_norm,
+                    &l.q_norm,
+                    &l.post_attn_norm,
+                    &l.ffn_norm,
+                    &l.post_ffw_norm,
+                ]
+                .into_iter()
+                .chain(&l.k_norm)
+                .chain(l.ple.iter().map(|p| &p.post_norm))
+            })
+            .chain([&self.output_norm])
+            .chain(&self.rope_freqs)
+            .map(|v| v.size)
+            .sum();
+        self.matrices()
+            .iter()
+            .map(|(w, _)| w.gpu_bytes())
+            .sum::<u64>()
+            + vectors
+    }
+
+    pub(super) fn output_matrix(&self) -> &GpuWeight {
+        self.output.as_ref().unwrap_or(&self.token_embd)
+    }
+}
