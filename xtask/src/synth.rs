@@ -1,5 +1,5 @@
-//! `cargo xtask synth OUT.gguf [--preset tiny-gemma3]`: a synthetic model with random
-//! weights.
+//! `cargo xtask synth OUT.gguf [--preset NAME]`: a synthetic model with random weights, tiny
+//! for tests or with a real model's shapes and Q4_K_M dtype mix for benchmarks.
 
 use std::io::BufWriter;
 
@@ -12,7 +12,8 @@ use crate::TaskError;
 pub struct Args {
     /// Where to write the GGUF.
     out: std::path::PathBuf,
-    /// Which model: tiny-gemma3, gemma3-270m.
+    /// Which model: tiny-gemma3, tiny-gemma4, gemma3-270m, e2b, e4b, 26b-a4b (the last three
+    /// are Gemma 4's shapes).
     #[arg(long, default_value = "tiny-gemma3")]
     preset: String,
     /// Weight dtype of the tiny presets (F32, Q8_0, Q4_K, ...).
@@ -27,12 +28,23 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         GgmlType::from_name(&a.dtype).ok_or_else(|| format!("unknown dtype {}", a.dtype))?;
     let mut spec = match a.preset.as_str() {
         "tiny-gemma3" => SynthSpec::tiny_gemma3(dtype),
+        "tiny-gemma4" => SynthSpec::tiny_gemma4(dtype),
         "gemma3-270m" => SynthSpec::gemma3_270m(),
+        "e2b" => SynthSpec::gemma4_e2b(),
+        "e4b" => SynthSpec::gemma4_e4b(),
+        "26b-a4b" => SynthSpec::gemma4_26b_a4b(),
         other => return Err(format!("unknown preset {other}").into()),
     };
     spec.seed = a.seed;
+    let t = std::time::Instant::now();
     let file = std::fs::File::create(&a.out)?;
-    write_synthetic(&spec, BufWriter::new(file))?;
-    eprintln!("wrote {}", a.out.display());
+    write_synthetic(&spec, BufWriter::with_capacity(1 << 22, file))?;
+    let size = std::fs::metadata(&a.out)?.len();
+    eprintln!(
+        "wrote {} ({:.2} GiB) in {:.1} s",
+        a.out.display(),
+        size as f64 / (1u64 << 30) as f64,
+        t.elapsed().as_secs_f64()
+    );
     Ok(())
 }

@@ -14,6 +14,7 @@ pub struct SynthSpec {
     pub n_embd: usize,
     pub n_head: usize,
     pub n_kv_head: usize,
+    /// Head size (of the sliding layers, for Gemma 4).
     pub head_dim: usize,
     pub n_ff: usize,
     pub n_vocab: usize,
@@ -24,7 +25,36 @@ pub struct SynthSpec {
     /// Every n-th layer is global (the rest slide).
     pub global_every: usize,
     pub final_softcap: Option<f32>,
+    /// What Gemma 4 adds; `None` for Gemma 3.
+    pub gemma4: Option<Gemma4Extras>,
     pub seed: u64,
+}
+
+/// The Gemma 4 features of a synthetic model.
+#[derive(Clone, Debug)]
+pub struct Gemma4Extras {
+    /// Head size of the global layers.
+    pub head_dim_global: usize,
+    /// KV heads of the global layers.
+    pub n_kv_head_global: usize,
+    /// Global layers take V from K (no V projection).
+    pub k_eq_v: bool,
+    /// Per-layer embedding width (0: none).
+    pub n_ple: usize,
+    /// The last layers that reuse an earlier layer's KV cache.
+    pub shared_kv_layers: usize,
+    /// The shared-KV layers have a feed-forward twice as wide.
+    pub double_wide_shared: bool,
+    /// Experts beside the dense feed-forward on every layer.
+    pub moe: Option<SynthMoe>,
+}
+
+/// A synthetic mixture of experts.
+#[derive(Clone, Copy, Debug)]
+pub struct SynthMoe {
+    pub n_expert: usize,
+    pub n_used: usize,
+    pub n_ff: usize,
 }
 
 /// The dtypes of a synthetic model's matrices (norms are always F32).
@@ -98,6 +128,7 @@ impl SynthSpec {
             mix: DtypeMix::Uniform(dtype),
             global_every: 3,
             final_softcap: None,
+            gemma4: None,
             seed: 1,
         }
     }
@@ -120,8 +151,126 @@ impl SynthSpec {
             mix: DtypeMix::Q4KM,
             global_every: 6,
             final_softcap: None,
+            gemma4: None,
             seed: 1,
         }
+    }
+}
+
+impl SynthSpec {
+    /// A Gemma 4 with every text feature small enough for tests: per-layer embeddings, two
+    /// shared-KV layers with a double-wide feed-forward, global layers with their own head size.
+    pub fn tiny_gemma4(dtype: GgmlType) -> Self {
+        Self {
+            arch: "gemma4",
+            n_layer: 7,
+            n_embd: 128,
+            n_head: 4,
+            n_kv_head: 1,
+            head_dim: 32,
+            n_ff: 128,
+            n_vocab: 512,
+            sliding_window: 6,
+            context_length: 256,
+            mix: DtypeMix::Uniform(dtype),
+            global_every: 3,
+            final_softcap: Some(30.0),
+            gemma4: Some(Gemma4Extras {
+                head_dim_global: 64,
+                n_kv_head_global: 1,
+                k_eq_v: false,
+                n_ple: 32,
+                shared_kv_layers: 2,
+                double_wide_shared: true,
+                moe: None,
+            }),
+            seed: 1,
+        }
+    }
+
+    /// Gemma 4 E2B's shapes (35 layers, every 5th global, the last 20 sharing KV, per-layer
+    /// embeddings of 256) with a Q4_K_M dtype mix.
+    pub fn gemma4_e2b() -> Self {
+        Self {
+            arch: "gemma4",
+            n_layer: 35,
+            n_embd: 1536,
+            n_head: 8,
+            n_kv_head: 1,
+            head_dim: 256,
+            n_ff: 6144,
+            n_vocab: 262_144,
+            sliding_window: 512,
+            context_length: 131_072,
+            mix: DtypeMix::Q4KM,
+            global_every: 5,
+            final_softcap: Some(30.0),
+            gemma4: Some(Gemma4Extras {
+                head_dim_global: 512,
+                n_kv_head_global: 1,
+                k_eq_v: false,
+                n_ple: 256,
+                shared_kv_layers: 20,
+                double_wide_shared: true,
+                moe: None,
+            }),
+            seed: 1,
+        }
+    }
+
+    /// Gemma 4 E4B's shapes (42 layers, every 6th global, the last 18 sharing KV).
+    pub fn gemma4_e4b() -> Self {
+        Self {
+            n_layer: 42,
+            n_embd: 2560,
+            n_kv_head: 2,
+            n_ff: 10_240,
+            global_every: 6,
+            gemma4: Some(Gemma4Extras {
+                head_dim_global: 512,
+                n_kv_head_global: 2,
+                k_eq_v: false,
+                n_ple: 256,
+                shared_kv_layers: 18,
+                double_wide_shared: false,
+                moe: None,
+            }),
+            ..Self::gemma4_e2b()
+        }
+    }
+
+    /// Gemma 4 26B-A4B's shapes: 30 layers, 128 experts (8 used) beside a dense feed-forward,
+    /// global layers taking V from K.
+    pub fn gemma4_26b_a4b() -> Self {
+        Self {
+            n_layer: 30,
+            n_embd: 2816,
+            n_head: 16,
+            n_kv_head: 8,
+            n_ff: 2112,
+            sliding_window: 1024,
+            context_length: 262_144,
+            global_every: 6,
+            gemma4: Some(Gemma4Extras {
+                head_dim_global: 512,
+                n_kv_head_global: 2,
+                k_eq_v: true,
+                n_ple: 0,
+                shared_kv_layers: 0,
+                double_wide_shared: false,
+                moe: Some(SynthMoe {
+                    n_expert: 128,
+                    n_used: 8,
+                    n_ff: 704,
+                }),
+            }),
+            ..Self::gemma4_e2b()
+        }
+    }
+
+    /// Whether layer `il` uses sliding-window attention.
+    fn sliding(&self, il: usize) -> bool {
+        self.global_every == 0 || il % self.global_every < self.global_every - 1
     }
 }
 
@@ -129,6 +278,19 @@ impl SynthSpec {
 struct Rng(u64);
 
 impl Rng {
+    /// A generator for chunk `chunk` of tensor `tensor`: chunks are generated in parallel and
+    /// each must not depend on the others.
+    fn for_chunk(seed: u64, tensor: usize, chunk: u64) -> Self {
+        // splitmix64 of the three, so neighbouring chunks start far apart.
+        let mut z = seed
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .wrapping_add((tensor as u64) << 40)
+            .wrapping_add(chunk);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Self((z ^ (z >> 31)) | 1)
+    }
+
     fn uniform(&mut self) -> f32 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
@@ -141,20 +303,19 @@ impl Rng {
     }
 }
 
-/// Vocabulary of a synthetic model: control tokens, Gemma's turn markers, all 256 byte
-/// tokens, then pieces of lowercase letters (with and without the word-start mark).
-fn vocabulary(n_vocab: usize) -> (Vec<String>, Vec<f32>, Vec<i32>) {
-    let mut tokens: Vec<String> = [
-        "<pad>",
-        "<eos>",
-        "<bos>",
-        "<unk>",
-        "<start_of_turn>",
-        "<end_of_turn>",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+/// Vocabulary of a synthetic model: control tokens, the architecture's turn markers, all 256
+/// byte tokens, then pieces of lowercase letters (with and without the word-start mark).
+/// Returns the tokens, scores, types and the BPE merges that build the two-letter pieces.
+fn vocabulary(n_vocab: usize, arch: &str) -> (Vec<String>, Vec<f32>, Vec<i32>, Vec<String>) {
+    let turns = if arch == "gemma4" {
+        ["<|turn>", "<turn|>"]
+    } else {
+        ["<start_of_turn>", "<end_of_turn>"]
+    };
+    let mut tokens: Vec<String> = ["<pad>", "<eos>", "<bos>", "<unk>", turns[0], turns[1]]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     let mut types = vec![3; tokens.len()];
     for b in 0..=255u8 {
         tokens.push(format!("<0x{b:02X}>"));
@@ -162,10 +323,13 @@ fn vocabulary(n_vocab: usize) -> (Vec<String>, Vec<f32>, Vec<i32>) {
     }
     let mut pieces = vec!["▁".to_string()];
     pieces.extend(('a'..='z').map(String::from));
+    let mut merges = Vec::new();
     for a in 'a'..='z' {
         for b in 'a'..='z' {
             pieces.push(format!("{a}{b}"));
             pieces.push(format!("▁{a}{b}"));
+            merges.push(format!("{a} {b}"));
+            merges.push(format!("▁ {a}{b}"));
         }
     }
     // Full-size vocabularies run past the letter pieces: fill with distinct placeholders.
@@ -182,47 +346,115 @@ fn vocabulary(n_vocab: usize) -> (Vec<String>, Vec<f32>, Vec<i32>) {
     }
     tokens.truncate(n_vocab);
     types.truncate(n_vocab);
+    // Keep only merges whose parts and result all made it into a small vocabulary.
+    let known: std::collections::HashSet<&str> = tokens.iter().map(String::as_str).collect();
+    merges.retain(|m| {
+        let (l, r) = m.split_once(' ').unwrap_or((m, ""));
+        known.contains(l) && known.contains(r) && known.contains(format!("{l}{r}").as_str())
+    });
     let scores = (0..tokens.len()).map(|i| -(i as f32)).collect();
-    (tokens, scores, types)
+    (tokens, scores, types, merges)
 }
 
-/// Writes the model as GGUF into `out`, generating each tensor as it is written.
-pub fn write_synthetic<W: Write>(spec: &SynthSpec, out: W) -> Result<W, WriteError> {
+/// How a planned tensor's values are made.
+enum Fill {
+    /// `offset + scale * uniform(-1, 1)`.
+    Random {
+        scale: f32,
+        offset: f32,
+    },
+    Values(Vec<f32>),
+}
+
+/// One tensor of a synthetic model.
+struct Planned {
+    name: String,
+    dtype: GgmlType,
+    /// ggml order: the row length first.
+    dims: Vec<u64>,
+    fill: Fill,
+}
+
+fn metadata(spec: &SynthSpec) -> Vec<(String, Value)> {
     let a = spec.arch;
     let k = |s: &str| format!("{a}.{s}");
-    let (tokens, scores, types) = vocabulary(spec.n_vocab);
+    let u = |v: usize| Value::U32(v as u32);
+    let (tokens, scores, types, merges) = vocabulary(spec.n_vocab, a);
     let mut meta: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(a.into())),
         (
             "general.name".into(),
             Value::String(format!("synthetic {a}")),
         ),
-        (k("context_length"), Value::U32(spec.context_length as u32)),
-        (k("embedding_length"), Value::U32(spec.n_embd as u32)),
-        (k("block_count"), Value::U32(spec.n_layer as u32)),
-        (k("feed_forward_length"), Value::U32(spec.n_ff as u32)),
-        (k("attention.head_count"), Value::U32(spec.n_head as u32)),
-        (
-            k("attention.head_count_kv"),
-            Value::U32(spec.n_kv_head as u32),
-        ),
-        (k("attention.key_length"), Value::U32(spec.head_dim as u32)),
-        (
-            k("attention.value_length"),
-            Value::U32(spec.head_dim as u32),
-        ),
+        (k("context_length"), u(spec.context_length)),
+        (k("embedding_length"), u(spec.n_embd)),
+        (k("block_count"), u(spec.n_layer)),
+        (k("attention.head_count"), u(spec.n_head)),
         (k("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
-        (
-            k("attention.sliding_window"),
-            Value::U32(spec.sliding_window as u32),
-        ),
-        (
-            k("attention.sliding_window_pattern"),
-            Value::U32(spec.global_every as u32),
-        ),
+        (k("attention.sliding_window"), u(spec.sliding_window)),
         (k("rope.freq_base"), Value::F32(1_000_000.0)),
-        ("tokenizer.ggml.model".into(), Value::String("llama".into())),
-        ("tokenizer.ggml.pre".into(), Value::String("default".into())),
+    ];
+    match &spec.gemma4 {
+        None => meta.extend([
+            (k("feed_forward_length"), u(spec.n_ff)),
+            (k("attention.head_count_kv"), u(spec.n_kv_head)),
+            (k("attention.key_length"), u(spec.head_dim)),
+            (k("attention.value_length"), u(spec.head_dim)),
+            (k("attention.sliding_window_pattern"), u(spec.global_every)),
+            ("tokenizer.ggml.model".into(), Value::String("llama".into())),
+            ("tokenizer.ggml.pre".into(), Value::String("default".into())),
+        ]),
+        Some(g) => {
+            let layers = 0..spec.n_layer;
+            let per_layer = |f: &dyn Fn(usize) -> usize| {
+                Value::Array(Array::I32(layers.clone().map(|il| f(il) as i32).collect()))
+            };
+            meta.extend([
+                (k("feed_forward_length"), per_layer(&|il| spec.ff_width(il))),
+                (
+                    k("attention.head_count_kv"),
+                    per_layer(&|il| {
+                        if spec.sliding(il) {
+                            spec.n_kv_head
+                        } else {
+                            g.n_kv_head_global
+                        }
+                    }),
+                ),
+                (
+                    k("attention.sliding_window_pattern"),
+                    Value::Array(Array::Bool(
+                        layers.clone().map(|il| spec.sliding(il)).collect(),
+                    )),
+                ),
+                (k("attention.key_length"), u(g.head_dim_global)),
+                (k("attention.value_length"), u(g.head_dim_global)),
+                (k("attention.key_length_swa"), u(spec.head_dim)),
+                (k("attention.value_length_swa"), u(spec.head_dim)),
+                (k("rope.dimension_count"), u(g.head_dim_global)),
+                (k("rope.dimension_count_swa"), u(spec.head_dim)),
+                (k("rope.freq_base_swa"), Value::F32(10_000.0)),
+                (k("attention.shared_kv_layers"), u(g.shared_kv_layers)),
+                (k("embedding_length_per_layer_input"), u(g.n_ple)),
+                (
+                    "tokenizer.ggml.model".into(),
+                    Value::String("gemma4".into()),
+                ),
+                (
+                    "tokenizer.ggml.merges".into(),
+                    Value::Array(Array::String(merges)),
+                ),
+            ]);
+            if let Some(m) = g.moe {
+                meta.extend([
+                    (k("expert_count"), u(m.n_expert)),
+                    (k("expert_used_count"), u(m.n_used)),
+                    (k("expert_feed_forward_length"), u(m.n_ff)),
+                ]);
+            }
+        }
+    }
+    meta.extend([
         (
             "tokenizer.ggml.tokens".into(),
             Value::Array(Array::String(tokens)),
@@ -242,75 +474,237 @@ pub fn write_synthetic<W: Write>(spec: &SynthSpec, out: W) -> Result<W, WriteErr
         ("tokenizer.ggml.add_bos_token".into(), Value::Bool(true)),
         ("tokenizer.ggml.add_eos_token".into(), Value::Bool(false)),
         ("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false)),
-    ];
+    ]);
     if let Some(c) = spec.final_softcap {
         meta.push((k("final_logit_softcapping"), Value::F32(c)));
     }
-    let (d, hd, ff, v) = (
-        spec.n_embd as u64,
-        spec.head_dim as u64,
-        spec.n_ff as u64,
-        spec.n_vocab as u64,
-    );
-    let (q_rows, kv_rows) = (spec.n_head as u64 * hd, spec.n_kv_head as u64 * hd);
-    // (name, dtype, dims, scale, offset): norms sit around their Gemma 3 values (the +1 is
-    // folded in), matrices are scaled so activations neither vanish nor explode.
-    let nl = spec.n_layer;
-    let mut plan: Vec<(String, GgmlType, Vec<u64>, f32, f32)> = vec![
-        (
-            "token_embd.weight".into(),
-            spec.mix.dtype("token_embd", 0, nl, d),
-            vec![d, v],
-            1.0,
-            0.0,
-        ),
-        (
-            "output_norm.weight".into(),
-            GgmlType::F32,
-            vec![d],
-            0.5,
-            1.0,
-        ),
-    ];
-    let ms = |cols: u64| 1.5 / (cols as f32).sqrt();
-    for il in 0..spec.n_layer {
-        let n = |s: &str| format!("blk.{il}.{s}.weight");
-        let dt = |role: &str, cols: u64| spec.mix.dtype(role, il, nl, cols);
-        plan.extend([
-            (n("attn_norm"), GgmlType::F32, vec![d], 0.5, 1.0),
-            (n("attn_q"), dt("attn_q", d), vec![d, q_rows], ms(d), 0.0),
-            (n("attn_k"), dt("attn_k", d), vec![d, kv_rows], ms(d), 0.0),
-            (n("attn_v"), dt("attn_v", d), vec![d, kv_rows], ms(d), 0.0),
-            (n("attn_q_norm"), GgmlType::F32, vec![hd], 0.5, 1.0),
-            (n("attn_k_norm"), GgmlType::F32, vec![hd], 0.5, 1.0),
-            (
-                n("attn_output"),
-                dt("attn_output", q_rows),
-                vec![q_rows, d],
-                ms(q_rows),
-                0.0,
-            ),
-            (n("post_attention_norm"), GgmlType::F32, vec![d], 0.5, 1.0),
-            (n("ffn_norm"), GgmlType::F32, vec![d], 0.5, 1.0),
-            (n("ffn_gate"), dt("ffn_gate", d), vec![d, ff], ms(d), 0.0),
-            (n("ffn_up"), dt("ffn_up", d), vec![d, ff], ms(d), 0.0),
-            (n("ffn_down"), dt("ffn_down", ff), vec![ff, d], ms(ff), 0.0),
-            (n("post_ffw_norm"), GgmlType::F32, vec![d], 0.5, 1.0),
-        ]);
+    meta
+}
+
+impl SynthSpec {
+    /// Feed-forward width of layer `il`.
+    fn ff_width(&self, il: usize) -> usize {
+        match &self.gemma4 {
+            Some(g) if g.double_wide_shared && il >= self.n_layer - g.shared_kv_layers => {
+                2 * self.n_ff
+            }
+            _ => self.n_ff,
+        }
     }
+
+    /// Every tensor in file order. Norms sit around 1 (Gemma's +1 is folded in), matrices are
+    /// scaled so activations neither vanish nor explode.
+    fn plan(&self) -> Vec<Planned> {
+        let (d, v, nl) = (self.n_embd as u64, self.n_vocab as u64, self.n_layer);
+        let ms = |cols: u64| Fill::Random {
+            scale: 1.5 / (cols as f32).sqrt(),
+            offset: 0.0,
+        };
+        let norm = || Fill::Random {
+            scale: 0.5,
+            offset: 1.0,
+        };
+        let matrix = |name: String, role: &str, il: usize, dims: Vec<u64>| Planned {
+            dtype: self.mix.dtype(role, il, nl, dims[0]),
+            fill: ms(dims[0]),
+            name,
+            dims,
+        };
+        let vector = |name: String, n: u64| Planned {
+            name,
+            dtype: GgmlType::F32,
+            dims: vec![n],
+            fill: norm(),
+        };
+        let mut plan = vec![
+            Planned {
+                name: "token_embd.weight".into(),
+                dtype: self.mix.dtype("token_embd", 0, nl, d),
+                dims: vec![d, v],
+                fill: Fill::Random {
+                    scale: 1.0,
+                    offset: 0.0,
+                },
+            },
+            vector("output_norm.weight".into(), d),
+        ];
+        let g = self.gemma4.as_ref();
+        let n_ple = g.map_or(0, |g| g.n_ple) as u64;
+        if let Some(g) = g {
+            // Proportional RoPE: a quarter of the global head's frequencies rotate, the rest
+            // are divided away.
+            let half = g.head_dim_global / 2;
+            plan.push(Planned {
+                name: "rope_freqs.weight".into(),
+                dtype: GgmlType::F32,
+                dims: vec![half as u64],
+                fill: Fill::Values(
+                    (0..half)
+                        .map(|i| if i < half / 4 { 1.0 } else { 1e30 })
+                        .collect(),
+                ),
+            });
+            if n_ple > 0 {
+                let all = n_ple * nl as u64;
+                plan.extend([
+                    Planned {
+                        name: "per_layer_token_embd.weight".into(),
+                        dtype: self.mix.dtype("token_embd", 0, nl, all),
+                        dims: vec![all, v],
+                        fill: Fill::Random {
+                            scale: 1.0,
+                            offset: 0.0,
+                        },
+                    },
+                    matrix(
+                        "per_layer_model_proj.weight".into(),
+                        "ple_proj",
+                        0,
+                        vec![d, all],
+                    ),
+                    vector("per_layer_proj_norm.weight".into(), n_ple),
+                ]);
+            }
+        }
+        for il in 0..nl {
+            let n = |s: &str| format!("blk.{il}.{s}.weight");
+            let sliding = self.sliding(il);
+            let (hd, n_kv) = match g {
+                Some(g) if !sliding => (g.head_dim_global as u64, g.n_kv_head_global as u64),
+                _ => (self.head_dim as u64, self.n_kv_head as u64),
+            };
+            let owns_kv = g.is_none_or(|g| il < nl - g.shared_kv_layers);
+            // Global layers of K=V models have no V projection.
+            let has_v = owns_kv && (sliding || !g.is_some_and(|g| g.k_eq_v));
+            let (q_rows, kv_rows) = (self.n_head as u64 * hd, n_kv * hd);
+            let ff = self.ff_width(il) as u64;
+            plan.push(vector(n("attn_norm"), d));
+            plan.push(matrix(n("attn_q"), "attn_q", il, vec![d, q_rows]));
+            if owns_kv {
+                plan.push(matrix(n("attn_k"), "attn_k", il, vec![d, kv_rows]));
+            }
+            if has_v {
+                plan.push(matrix(n("attn_v"), "attn_v", il, vec![d, kv_rows]));
+            }
+            plan.push(vector(n("attn_q_norm"), hd));
+            if owns_kv {
+                plan.push(vector(n("attn_k_norm"), hd));
+            }
+            plan.extend([
+                matrix(n("attn_output"), "attn_output", il, vec![q_rows, d]),
+                vector(n("post_attention_norm"), d),
+                vector(n("ffn_norm"), d),
+                matrix(n("ffn_gate"), "ffn_gate", il, vec![d, ff]),
+                matrix(n("ffn_up"), "ffn_up", il, vec![d, ff]),
+                matrix(n("ffn_down"), "ffn_down", il, vec![ff, d]),
+                vector(n("post_ffw_norm"), d),
+            ]);
+            let Some(g) = g else { continue };
+            plan.push(Planned {
+                name: n("layer_output_scale"),
+                dtype: GgmlType::F32,
+                dims: vec![1],
+                fill: Fill::Random {
+                    scale: 0.1,
+                    offset: 0.8,
+                },
+            });
+            if n_ple > 0 {
+                plan.extend([
+                    matrix(n("inp_gate"), "ple_gate", il, vec![d, n_ple]),
+                    matrix(n("proj"), "ple_out", il, vec![n_ple, d]),
+                    vector(n("post_norm"), d),
+                ]);
+            }
+            if let Some(m) = g.moe {
+                let (e, fe) = (m.n_expert as u64, m.n_ff as u64);
+                plan.extend([
+                    Planned {
+                        name: n("ffn_gate_inp"),
+                        dtype: GgmlType::F32,
+                        dims: vec![d, e],
+                        fill: ms(d),
+                    },
+                    vector(format!("blk.{il}.ffn_gate_inp.scale"), d),
+                    vector(n("pre_ffw_norm_2"), d),
+                    vector(n("post_ffw_norm_1"), d),
+                    vector(n("post_ffw_norm_2"), d),
+                    matrix(n("ffn_gate_up_exps"), "ffn_gate", il, vec![d, 2 * fe, e]),
+                    matrix(n("ffn_down_exps"), "ffn_down", il, vec![fe, d, e]),
+                    vector(format!("blk.{il}.ffn_down_exps.scale"), e),
+                ]);
+            }
+        }
+        plan
+    }
+}
+
+/// Values per generated chunk: large enough to amortise a thread, small enough that a batch
+/// of chunks stays well under a gigabyte.
+const CHUNK_VALUES: u64 = 1 << 22;
+
+/// The bytes of a planned tensor, generated (and quantized) in parallel by row chunks and
+/// yielded in order.
+fn tensor_chunks(
+    t: &Planned,
+    seed: u64,
+    index: usize,
+) -> Result<Box<dyn Iterator<Item = Vec<u8>> + '_>, WriteError> {
+    let cols = t.dims[0];
+    let rows: u64 = t.dims[1..].iter().product();
+    if !cols.is_multiple_of(t.dtype.block_size() as u64) {
+        return Err(WriteError::Tensor {
+            name: t.name.clone(),
+            reason: format!(
+                "row length {cols} is not a whole number of {} blocks",
+                t.dtype.name()
+            ),
+        });
+    }
+    let (scale, offset) = match &t.fill {
+        Fill::Values(v) => {
+            let bytes = quantize(t.dtype, v).map_err(|e| WriteError::Tensor {
+                name: t.name.clone(),
+                reason: e.to_string(),
+            })?;
+            return Ok(Box::new(std::iter::once(bytes)));
+        }
+        Fill::Random { scale, offset } => (*scale, *offset),
+    };
+    let chunk_rows = (CHUNK_VALUES / cols).max(1);
+    let n_chunks = rows.div_ceil(chunk_rows);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let make = move |c: u64| {
+        let n = (chunk_rows.min(rows - c * chunk_rows) * cols) as usize;
+        let values = Rng::for_chunk(seed, index, c).fill(n, scale, offset);
+        // The block check above makes this infallible; a failure would show as a short
+        // tensor, which the writer reports.
+        quantize(t.dtype, &values).unwrap_or_default()
+    };
+    Ok(Box::new((0..n_chunks).step_by(threads as usize).flat_map(
+        move |first| {
+            let last = (first + threads).min(n_chunks);
+            std::thread::scope(|s| {
+                let handles: Vec<_> = (first..last).map(|c| s.spawn(move || make(c))).collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_default())
+                    .collect::<Vec<_>>()
+            })
+        },
+    )))
+}
+
+/// Writes the model as GGUF into `out`, generating each tensor as it is written.
+pub fn write_synthetic<W: Write>(spec: &SynthSpec, out: W) -> Result<W, WriteError> {
+    let plan = spec.plan();
     let specs = plan
         .iter()
-        .map(|(name, dt, dims, _, _)| TensorSpec::new(name, *dt, dims))
+        .map(|t| TensorSpec::new(&t.name, t.dtype, &t.dims))
         .collect();
-    let mut w = GgufWriter::new(out, &meta, specs, 32)?;
-    let mut rng = Rng(spec.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    for (name, dt, dims, scale, offset) in &plan {
-        let values = rng.fill(dims.iter().product::<u64>() as usize, *scale, *offset);
-        let bytes = quantize(*dt, &values).map_err(|e| WriteError::Tensor {
-            name: name.clone(),
-            reason: e.to_string(),
-        })?;
-        w.write_tensor(&bytes)?;
+    let mut w = GgufWriter::new(out, &metadata(spec), specs, 32)?;
+    for (i, t) in plan.iter().enumerate() {
+        w.write_tensor_chunks(tensor_chunks(t, spec.seed, i)?)?;
     }
     w.finish()
 }

@@ -2,69 +2,18 @@
 //! (prefill, chunked prefill past the sliding window, decode, teacher-forced scoring,
 //! sampling), then the real Gemma 3 270M when it is present.
 
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+mod common;
 
-use wgemma_gguf::{BytesSource, GgmlType, Gguf, MmapSource, TensorSource};
-use wgemma_kernels::{ContextOptions, GpuContext};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use common::{ctx, load, rel_err};
+use wgemma_gguf::{GgmlType, Gguf, MmapSource, TensorSource};
 use wgemma_text::sampling::sample_cpu;
-use wgemma_text::synth::{SynthSpec, synthetic_bytes};
+use wgemma_text::synth::{SynthMoe, SynthSpec, synthetic_bytes};
 use wgemma_text::{
     CpuModel, ForwardError, GpuModel, GpuSession, SamplingParams, SessionOptions, TextConfig,
 };
-
-fn ctx() -> Option<Arc<GpuContext>> {
-    static CTX: OnceLock<Option<Arc<GpuContext>>> = OnceLock::new();
-    CTX.get_or_init(|| {
-        match pollster::block_on(GpuContext::new(ContextOptions::default().with_env())) {
-            Ok(c) => Some(Arc::new(c)),
-            Err(e) => {
-                assert!(
-                    std::env::var_os("CI").is_none(),
-                    "CI is set but no GPU adapter: {e}"
-                );
-                eprintln!("skipping GPU tests: {e}");
-                None
-            }
-        }
-    })
-    .clone()
-}
-
-/// Largest difference relative to the reference's largest magnitude.
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-6);
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| (g - w).abs())
-        .fold(0.0, f32::max)
-        / scale
-}
-
-struct Loaded {
-    cpu: CpuModel,
-    gpu: Arc<GpuModel>,
-}
-
-fn load(bytes: Vec<u8>, ctx: Arc<GpuContext>) -> Loaded {
-    let g = Gguf::parse(&bytes).unwrap();
-    let cfg = TextConfig::from_gguf(&g).unwrap();
-    let src = Arc::new(BytesSource::new(bytes.clone()));
-    let cpu = CpuModel::load(&g, &cfg, src.clone()).unwrap();
-    let gpu = pollster::block_on(GpuModel::load(
-        ctx,
-        &g,
-        &cfg,
-        &*src,
-        Some(src.clone()),
-        |_| {},
-    ))
-    .unwrap();
-    Loaded {
-        cpu,
-        gpu: Arc::new(gpu),
-    }
-}
 
 fn prompt(n: usize, vocab: u32) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 37 + 11) % vocab).collect()
@@ -75,15 +24,35 @@ fn tiny_models_match_the_cpu_reference_through_prefill_and_decode() {
     let Some(ctx) = ctx() else { return };
     // Tolerances: f32 weights agree to float rounding; quantized weights are the same
     // dequantized values on both sides, so they agree equally well.
-    for dtype in [
+    let mut specs: Vec<SynthSpec> = [
         GgmlType::F32,
         GgmlType::Q8_0,
         GgmlType::Q4K,
         GgmlType::Q5_0,
         GgmlType::Q6K,
-    ] {
+    ]
+    .into_iter()
+    .map(|dtype| {
         let mut spec = SynthSpec::tiny_gemma3(dtype);
         spec.final_softcap = (dtype == GgmlType::Q4K).then_some(15.0);
+        spec
+    })
+    .collect();
+    // Gemma 4: per-layer embeddings (a quantized table whose rows are staged per step) with
+    // shared KV; and experts beside the dense feed-forward, with V taken from K.
+    specs.push(SynthSpec::tiny_gemma4(GgmlType::Q8_0));
+    let mut moe = SynthSpec::tiny_gemma4(GgmlType::Q5_0);
+    if let Some(g) = moe.gemma4.as_mut() {
+        (g.n_ple, g.shared_kv_layers, g.k_eq_v) = (0, 0, true);
+        g.moe = Some(SynthMoe {
+            n_expert: 5,
+            n_used: 2,
+            n_ff: 64,
+        });
+    }
+    specs.push(moe);
+    for spec in specs {
+        let dtype = format!("{} {:?}", spec.arch, spec.mix);
         let m = load(synthetic_bytes(&spec).unwrap(), ctx.clone());
         let tokens = prompt(11, spec.n_vocab as u32);
         let mut cpu_state = m.cpu.new_state();

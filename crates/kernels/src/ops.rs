@@ -1099,7 +1099,9 @@ pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, Gpu
         .expect_len32("head_post q_norm", u64::from(a.head_dim))?;
     a.positions
         .expect_len32("head_post positions", u64::from(a.tokens))?;
-    // Layers without their own cache still bind something in the K/V slots.
+    // Layers without their own cache still bind something in the K/V slots (never touched
+    // with n_kv = 0): read-only slots take q_norm, read-write ones qkv, so no buffer is bound
+    // with two different usages.
     let (k_norm, kc, vc, capacity) = match &a.kv {
         Some(kv) => {
             kv.k_norm
@@ -1112,7 +1114,7 @@ pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, Gpu
                 (kv.k_cache.len32() / row) as u32,
             )
         }
-        None => (a.q_norm, a.q_norm, a.q_norm, 0),
+        None => (a.q_norm, a.qkv, a.qkv, 0),
     };
     let source = ShaderSource::new("head_post", &[REDUCE_WGSL, HEAD_POST_WGSL])
         .flag_if(a.freq_factors.is_some(), "FREQ_FACTORS")

@@ -845,6 +845,52 @@ fn head_post_matches_norm_rope_and_store() {
             assert_close("head_post v", &got_v[slot..slot + row], &v, 1e-5);
         }
     }
+    // A shared-KV layer: Q only, the rest of the row untouched.
+    let (nh, hd, t, stride) = (3u32, 96u32, 2u32, 3 * 96 + 40);
+    let qkv = rng.vec((t * stride) as usize, 2.0);
+    let qn = rng.vec(hd as usize, 1.0);
+    let (qkv_v, qnv) = (upload(ctx, &qkv), upload(ctx, &qn));
+    let positions = [3u32, 9];
+    let pos_v = upload_u32(ctx, &positions);
+    let args = ops::HeadPostArgs {
+        qkv: &qkv_v,
+        q_norm: &qnv,
+        kv: None,
+        positions: &pos_v,
+        tokens: t,
+        n_head: nh,
+        head_dim: hd,
+        stride,
+        n_rot: 64,
+        base: 10000.0,
+        freq_scale: 1.0,
+        freq_factors: None,
+        eps: 1e-6,
+    };
+    run(ctx, &[&ops::head_post(ctx, &args).unwrap()]);
+    let got = read(ctx, &qkv_v);
+    for ti in 0..t as usize {
+        let base = ti * stride as usize;
+        let q_len = (nh * hd) as usize;
+        let mut q = cpu::rms_norm(&qkv[base..base + q_len], hd as usize, Some(&qn), 1e-6);
+        cpu::rope_neox(
+            &mut q,
+            nh as usize,
+            hd as usize,
+            64,
+            &positions[ti..ti + 1],
+            10000.0,
+            1.0,
+            None,
+        );
+        assert_close("shared head_post q", &got[base..base + q_len], &q, 1e-4);
+        let rest = base + q_len..base + stride as usize;
+        assert_eq!(
+            &got[rest.clone()],
+            &qkv[rest],
+            "shared head_post wrote past Q"
+        );
+    }
 }
 
 #[test]

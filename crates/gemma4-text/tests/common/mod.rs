@@ -1,0 +1,63 @@
+//! Helpers the integration tests share: the GPU context (a missing adapter fails under CI),
+//! model loading into both forwards, and the error measure.
+
+#![allow(dead_code)]
+
+use std::sync::{Arc, OnceLock};
+
+use wgemma_gguf::{BytesSource, Gguf};
+use wgemma_kernels::{ContextOptions, GpuContext};
+use wgemma_text::{CpuModel, GpuModel, TextConfig};
+
+pub fn ctx() -> Option<Arc<GpuContext>> {
+    static CTX: OnceLock<Option<Arc<GpuContext>>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        match pollster::block_on(GpuContext::new(ContextOptions::default().with_env())) {
+            Ok(c) => Some(Arc::new(c)),
+            Err(e) => {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "CI is set but no GPU adapter: {e}"
+                );
+                eprintln!("skipping GPU tests: {e}");
+                None
+            }
+        }
+    })
+    .clone()
+}
+
+/// Largest difference relative to the reference's largest magnitude.
+pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-6);
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs())
+        .fold(0.0, f32::max)
+        / scale
+}
+
+pub struct Loaded {
+    pub cpu: CpuModel,
+    pub gpu: Arc<GpuModel>,
+}
+
+pub fn load(bytes: Vec<u8>, ctx: Arc<GpuContext>) -> Loaded {
+    let g = Gguf::parse(&bytes).unwrap();
+    let cfg = TextConfig::from_gguf(&g).unwrap();
+    let src = Arc::new(BytesSource::new(bytes.clone()));
+    let cpu = CpuModel::load(&g, &cfg, src.clone()).unwrap();
+    let gpu = pollster::block_on(GpuModel::load(
+        ctx,
+        &g,
+        &cfg,
+        &*src,
+        Some(src.clone()),
+        |_| {},
+    ))
+    .unwrap();
+    Loaded {
+        cpu,
+        gpu: Arc::new(gpu),
+    }
+}
