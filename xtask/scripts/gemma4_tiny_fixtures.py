@@ -433,7 +433,9 @@ def llamacpp_logits(args, gguf_path, seqs):
         json.dump(seqs, f)
     try:
         r = subprocess.run([sys.executable, __file__, "--llamacpp-eval", str(gguf_path), f.name],
-                           env=llama_env(args), check=True, capture_output=True, text=True)
+                           env=llama_env(args), capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"llama.cpp worker failed ({r.returncode}):\n{r.stderr}")
     finally:
         os.unlink(f.name)
     return [np.array(x, dtype=np.float32) for x in json.loads(r.stdout)]

@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use wgemma_gguf::{Gguf, MmapSource, TensorSource};
 use wgemma_kernels::{ContextOptions, GpuContext, Profiler};
-use wgemma_text::forward::MAX_IN_FLIGHT;
 use wgemma_text::{GpuModel, GpuSession, SamplingParams, SessionOptions, TextConfig};
 
 use crate::TaskError;
@@ -89,7 +88,8 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         let (mut submitted, mut read) = (1u32, 1usize);
         let mut record_s = 0.0;
         while read < a.decode {
-            while session.in_flight() < MAX_IN_FLIGHT && (submitted as usize) < a.decode {
+            while session.in_flight() < session.pipeline_depth() && (submitted as usize) < a.decode
+            {
                 let tr = Instant::now();
                 session.advance(&greedy, submitted)?;
                 record_s += tr.elapsed().as_secs_f64();

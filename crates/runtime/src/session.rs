@@ -309,13 +309,7 @@ impl Run<'_> {
     /// Queues decode steps until the pipeline is full or no more are wanted.
     fn top_up(&mut self) -> Result<(), Error> {
         let gpu = &mut self.session.gpu;
-        // Per-layer embeddings read the fed token's row on the CPU: those models run one step
-        // at a time.
-        let depth = if gpu.needs_token_on_cpu() {
-            1
-        } else {
-            wgemma_text::forward::MAX_IN_FLIGHT
-        };
+        let depth = gpu.pipeline_depth();
         while gpu.in_flight() < depth
             && self.submitted < self.req.max_tokens
             && gpu.position() < gpu.capacity()

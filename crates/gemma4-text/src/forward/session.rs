@@ -831,8 +831,18 @@ impl GpuSession {
 
     /// Whether a decode step needs its input token on the CPU (per-layer embeddings read the
     /// token's table row from the file), so steps cannot run ahead of the readback.
-    pub fn needs_token_on_cpu(&self) -> bool {
+    fn needs_token_on_cpu(&self) -> bool {
         self.model.ple.is_some()
+    }
+
+    /// How many decode steps may be queued ahead of the readback: [`MAX_IN_FLIGHT`], or 1 for
+    /// models whose step needs the previous token on the CPU.
+    pub fn pipeline_depth(&self) -> usize {
+        if self.needs_token_on_cpu() {
+            1
+        } else {
+            MAX_IN_FLIGHT
+        }
     }
 
     fn record(rec: &mut Recorder<'_>, ops: &[Op]) {
@@ -948,7 +958,7 @@ impl GpuSession {
         if !self.has_sample {
             return Err(ForwardError::NothingSampled);
         }
-        if self.in_flight.len() >= MAX_IN_FLIGHT {
+        if self.in_flight.len() >= self.pipeline_depth() {
             return Err(ForwardError::Busy);
         }
         let need = self.position() + 1;
