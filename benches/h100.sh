@@ -7,12 +7,14 @@
 #   - .gl/: the Vulkan loader debs (../shared/ENVIRONMENT.md)
 #   - .dev/xtask: `cargo build --release -p xtask`
 #   - .dev/kernels: `cargo bench -p wgemma-benches --bench kernels --no-run` (the binary)
+#   - .dev/pydeps: the diskcache wheel unpacked (the llama_cpp bindings import it)
 #   - .dev/llama.tar.xz: llama.cpp from the llama-cpp-python 0.3.36 sdist, trimmed to
 #     CMakeLists.txt cmake common conversion convert_hf_to_gguf.py ggml (cpu, cuda) gguf-py
 #     include src vendor tools/{llama-bench,quantize,tokenize}, plus the sdist's llama_cpp/
 #     package as llama_cpp_py/ (see benches/RESULTS.md for the exact commands)
 # then call the device tool twice, back to back (the machine is given back when idle):
-#   carry [".gl", ".dev"], command `bash benches/h100.sh start`   (builds start, our runs)
+#   carry [".gl", ".dev"], command `bash benches/h100.sh start`   (builds start, our runs;
+#                                   `ours` alone skips llama.cpp)
 #   carry [".gl", ".dev"], command `bash benches/h100.sh finish`  (fixtures, llama-bench)
 # Results land in $OUT; the models and builds stay in target/h100 between the two calls.
 set -u
@@ -41,8 +43,13 @@ builds() {
 }
 
 start() {
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   builds
+  ours
+}
+
+# Our side alone: synthetic models, end-to-end runs, kernel benchmarks.
+ours() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   for m in $MODELS; do
     .dev/xtask synth "$W/models/$m.gguf" --preset "$m" 2>&1 | tee -a "$OUT/synth.txt"
   done
@@ -52,7 +59,6 @@ start() {
   .dev/xtask bench-e2e --model "$W/models/e2b.gguf" --reps 1 --profile 2> "$OUT/e2e-e2b-profile.txt" > /dev/null
   .dev/kernels --bench --warm-up-time 0.3 --measurement-time 1 ${BENCH_FILTER:-} > "$OUT/kernels.txt" 2>&1
   python3 benches/summarize.py "$OUT/kernels.txt" | tee "$OUT/kernels-summary.txt"
-  tail -n 3 "$W/llama-cuda-build.log" "$W/llama-cpu-build.log"
 }
 
 finish() {

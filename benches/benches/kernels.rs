@@ -11,8 +11,17 @@ use wgemma_gguf::{GgmlType, quantize};
 use wgemma_kernels::ops::{self, AttentionArgs, MatmulArgs};
 use wgemma_kernels::{GpuWeight, View};
 
-/// (rows, cols) of E2B's matrices: attention out, FFN up/gate, FFN down, output head.
-const SHAPES: [(u64, u64); 4] = [(1536, 2048), (6144, 1536), (1536, 6144), (262_144, 1536)];
+/// (rows, cols) of E2B's matrices: attention out, FFN up/gate, FFN down, output head; then
+/// Gemma 3 270M's QKV, interleaved gate/up and down (rows of 640 take no K-quant).
+const SHAPES: [(u64, u64); 7] = [
+    (1536, 2048),
+    (6144, 1536),
+    (1536, 6144),
+    (262_144, 1536),
+    (1536, 640),
+    (4096, 640),
+    (640, 2048),
+];
 const DTYPES: [GgmlType; 9] = [
     GgmlType::F32,
     GgmlType::F16,
@@ -159,5 +168,27 @@ fn matmul_prefill(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, matvec, matmul_prefill, attention);
+/// What one dependent dispatch costs in a pass: a tiny elementwise op on a 1536-vector (each
+/// waits for the one before), and the residual+norm step between blocks. Every decode step
+/// pays the first once per kernel; it is the budget fused kernels save.
+fn dispatch_floor(c: &mut Criterion) {
+    let ctx = context();
+    let mut group = c.benchmark_group("dispatch");
+    let d = 1536u32;
+    let x = View::of(&ctx.storage_init("x", bytemuck::cast_slice(&random(d as usize, 1))));
+    let delta = View::of(&ctx.storage_init("delta", bytemuck::cast_slice(&random(d as usize, 2))));
+    let w = View::of(&ctx.storage_init("w", bytemuck::cast_slice(&random(d as usize, 3))));
+    let y = View::of(&ctx.storage("y", u64::from(d) * 4));
+    let scale = [ops::elementwise(&ctx, ops::Elementwise::Scale(1.0), &x, d).unwrap()];
+    group.bench_function("scale/1536", |b| {
+        b.iter_custom(|iters| time_in_one_pass(&ctx, &scale, iters))
+    });
+    let norm = [ops::residual_norm(&ctx, &x, &delta, &w, &w, &y, 1, d, 1.0, 1e-6).unwrap()];
+    group.bench_function("residual_norm/1536", |b| {
+        b.iter_custom(|iters| time_in_one_pass(&ctx, &norm, iters))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, dispatch_floor, matvec, matmul_prefill, attention);
 criterion_main!(benches);

@@ -478,6 +478,10 @@ fn metadata(spec: &SynthSpec) -> Vec<(String, Value)> {
     if let Some(c) = spec.final_softcap {
         meta.push((k("final_logit_softcapping"), Value::F32(c)));
     }
+    if spec.mix == DtypeMix::Q4KM {
+        // llama.cpp's file type id of Q4_K_M, so its tools label the file as such.
+        meta.push(("general.file_type".into(), Value::U32(15)));
+    }
     meta
 }
 

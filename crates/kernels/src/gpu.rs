@@ -405,14 +405,20 @@ impl<'a> Recorder<'a> {
         self.dispatches
     }
 
-    /// Ends the pass and submits everything recorded.
-    pub fn submit(mut self) -> wgpu::SubmissionIndex {
+    /// Ends the pass and returns everything recorded, to submit later.
+    pub fn finish(mut self) -> wgpu::CommandBuffer {
         self.pass = None;
         let mut encoder = self.encoder.take().expect("the encoder lives until finish");
         if let Some(p) = self.profiler.take() {
             p.resolve(&mut encoder);
         }
-        self.ctx.queue.submit([encoder.finish()])
+        encoder.finish()
+    }
+
+    /// Ends the pass and submits everything recorded.
+    pub fn submit(self) -> wgpu::SubmissionIndex {
+        let ctx = self.ctx;
+        ctx.queue.submit([self.finish()])
     }
 }
 

@@ -5,6 +5,7 @@ use crate::context::{GpuContext, GpuError};
 use crate::gpu::{Bind, Dispatch, Params, View};
 use crate::shader::{BYTES_WGSL, DTYPES_WGSL, ShaderSource};
 use crate::weights::{GpuWeight, dtype_flag};
+use wgemma_gguf::GgmlType;
 
 const MATVEC_WGSL: &str = include_str!("wgsl/matvec.wgsl");
 const MATMUL_WGSL: &str = include_str!("wgsl/matmul.wgsl");
@@ -799,7 +800,6 @@ fn matvec_dispatches(
     out: MatvecOut,
     experts: Option<&ExpertSlots<'_>>,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    const RPT: u32 = 4;
     let flag = dtype_flag(w.dtype)?;
     let k = w.cols as u32;
     let geglu = out == MatvecOut::Geglu;
@@ -814,32 +814,52 @@ fn matvec_dispatches(
             w.name
         )));
     }
-    // Threads per row group: enough to cover short rows without idle lanes, and within one
-    // subgroup when subgroup shuffles do the sum.
-    let units = k / 32;
-    let max_tpr = if ctx.features.subgroups {
-        ctx.features.subgroup_min_size.clamp(4, 32)
-    } else {
-        64
+    // Threads per row group: one per step of the row where possible (short rows leave no
+    // lane idle, and the rows' loads all start at once). A step is the values the shader
+    // takes at a time for the dtype.
+    let step = match w.dtype {
+        GgmlType::Q4K => 64,
+        GgmlType::Q6K => 128,
+        _ => 32,
     };
-    let tpr = [4u32, 8, 16, 32, 64]
+    let steps = k / step;
+    let mut tpr = [4u32, 8, 16, 32, 64, 128]
         .into_iter()
-        .filter(|&t| t <= max_tpr)
-        .find(|&t| t * 2 >= units)
-        .unwrap_or(max_tpr);
-    let subgroups = ctx.features.subgroups && tpr <= ctx.features.subgroup_min_size;
-    let source = ShaderSource::new("matvec", &[BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL])
+        .find(|&t| t >= steps)
+        .unwrap_or(256);
+    // Rows per group: 4 shares each input load among 4 rows, but a matrix with few rows then
+    // occupies few workgroups and leaves most of the GPU idle: halve it (down to a gate/up
+    // pair for GEGLU_OUT), then widen the groups, until there are enough workgroups.
+    const MIN_WORKGROUPS: u64 = 256;
+    let rows_out = experts.map_or(w.rows, |e| {
+        u64::from(e.rows_per_expert) * u64::from(e.slots)
+    });
+    let workgroups = |tpr: u32, rpt: u32| rows_out.div_ceil(u64::from(256 / tpr * rpt));
+    let mut rpt = 4u32;
+    let min_rpt = if geglu { 2 } else { 1 };
+    while rpt > min_rpt && workgroups(tpr, rpt) < MIN_WORKGROUPS {
+        rpt /= 2;
+    }
+    while tpr < 256 && workgroups(tpr, rpt) < MIN_WORKGROUPS {
+        tpr *= 2;
+    }
+    let subgroups = ctx.features.subgroups;
+    let mut source = ShaderSource::new("matvec", &[BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL])
         .flag(flag)
         .flag_if(geglu, "GEGLU_OUT")
         .flag_if(!subgroups, "NO_SUBGROUPS")
         .flag_if(experts.is_some(), "EXPERTS")
-        .constant("TPR", f64::from(tpr));
+        .constant("TPR", f64::from(tpr))
+        .constant("RPT", f64::from(rpt));
+    if subgroups {
+        source = source.constant("SG", f64::from(ctx.features.subgroup_min_size.clamp(4, 64)));
+    }
     let pipeline = ctx.pipeline(&source);
     let softcap = match out {
         MatvecOut::Rows { softcap } => softcap,
         MatvecOut::Geglu => 0.0,
     };
-    let rows_per_group = 256 / tpr * RPT;
+    let rows_per_group = 256 / tpr * rpt;
     w.tiles
         .iter()
         .map(|tile| {

@@ -672,7 +672,17 @@ fn one_token_matvec_matches_cpu() {
         } else {
             kq * (20_000 / kq + 1)
         };
-        for (k, n) in [(kq * 2, 38u64), (kq * 5, 302), (long, 10)] {
+        // Few rows take 1 or 2 rows per thread group; 8194 rows of 2048 keep 4.
+        let many = if [GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K].contains(&dtype)
+        {
+            Some((2048, 8194))
+        } else {
+            None
+        };
+        for (k, n) in [(kq * 2, 38u64), (kq * 5, 302), (long, 10)]
+            .into_iter()
+            .chain(many)
+        {
             let ku = k as usize;
             let wf = rng.vec((k * n) as usize, 0.5);
             let wq = quantize(dtype, &wf).unwrap();

@@ -133,6 +133,13 @@ enum LogitsFor {
     All,
 }
 
+/// A recorded step of a per-layer-embedding model that waits for its input token (still being
+/// sampled by the step before it) to stage that token's table row, then is submitted.
+struct Deferred {
+    slot: usize,
+    commands: wgpu::CommandBuffer,
+}
+
 /// A step whose sampled token is on its way back.
 struct InFlight {
     slot: usize,
@@ -162,6 +169,7 @@ pub struct GpuSession {
     has_sample: bool,
     readback: Vec<wgpu::Buffer>,
     in_flight: VecDeque<InFlight>,
+    deferred: Option<Deferred>,
     next_slot: usize,
     has_logits: bool,
 }
@@ -278,6 +286,7 @@ impl GpuSession {
             has_sample: false,
             readback,
             in_flight: VecDeque::new(),
+            deferred: None,
             next_slot: 0,
             has_logits: false,
         };
@@ -303,7 +312,7 @@ impl GpuSession {
 
     /// Steps queued whose tokens are not read back yet.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.len()
+        self.in_flight.len() + usize::from(self.deferred.is_some())
     }
 
     /// Bytes this session holds on the GPU (KV cache and scratch; weights are the model's).
@@ -357,7 +366,7 @@ impl GpuSession {
     /// when new tokens arrive and are never read before then). Steps in flight must have been
     /// read first.
     pub fn rewind(&mut self, pos: usize) -> Result<(), ForwardError> {
-        if !self.in_flight.is_empty() {
+        if self.in_flight() > 0 {
             return Err(ForwardError::Busy);
         }
         self.history.truncate(pos);
@@ -835,11 +844,12 @@ impl GpuSession {
         self.model.ple.is_some()
     }
 
-    /// How many decode steps may be queued ahead of the readback: [`MAX_IN_FLIGHT`], or 1 for
-    /// models whose step needs the previous token on the CPU.
+    /// How many decode steps may be queued ahead of the readback: [`MAX_IN_FLIGHT`], or for
+    /// models whose step needs the previous token on the CPU, 2: one running and the next
+    /// recorded, submitted as soon as its token is read (the CPU's recording overlaps the GPU).
     pub fn pipeline_depth(&self) -> usize {
         if self.needs_token_on_cpu() {
-            1
+            2
         } else {
             MAX_IN_FLIGHT
         }
@@ -858,7 +868,7 @@ impl GpuSession {
     /// last are submitted on their own (ids and positions are rewritten between them).
     fn feed_into(&mut self, rec: &mut Recorder<'_>, tokens: &[u32]) -> Result<(), ForwardError> {
         self.check_tokens(tokens)?;
-        if !self.in_flight.is_empty() {
+        if self.in_flight() > 0 {
             return Err(ForwardError::Busy);
         }
         self.settle_sample();
@@ -958,7 +968,7 @@ impl GpuSession {
         if !self.has_sample {
             return Err(ForwardError::NothingSampled);
         }
-        if self.in_flight.len() >= self.pipeline_depth() {
+        if self.in_flight() >= self.pipeline_depth() {
             return Err(ForwardError::Busy);
         }
         let need = self.position() + 1;
@@ -968,12 +978,14 @@ impl GpuSession {
                 capacity: self.capacity,
             });
         }
-        if self.needs_token_on_cpu() {
-            // The fed token's table row must be staged: it has to be read back first.
-            match self.known_unfed {
-                Some(t) => self.stage_ple_rows(&[t])?,
-                None => return Err(ForwardError::Busy),
-            }
+        // Per-layer embeddings need the fed token's table row: staged now when the token is
+        // known, else when the step sampling it is read back (`next_token`).
+        let defer = self.needs_token_on_cpu() && self.known_unfed.is_none();
+        if defer && (self.deferred.is_some() || self.in_flight.len() != 1) {
+            return Err(ForwardError::Busy);
+        }
+        if let (true, Some(t)) = (self.needs_token_on_cpu(), self.known_unfed) {
+            self.stage_ple_rows(&[t])?;
         }
         let ctx = self.model.ctx.clone();
         let pos = self.position() as u32;
@@ -991,12 +1003,17 @@ impl GpuSession {
             None => self.fed_unknown += 1,
         }
         self.has_logits = true;
-        self.submit_step(rec);
+        if defer {
+            let (slot, commands) = self.finish_step(rec);
+            self.deferred = Some(Deferred { slot, commands });
+        } else {
+            self.submit_step(rec);
+        }
         Ok(())
     }
 
-    /// Copies `result` to the next readback slot, submits, and starts mapping it.
-    fn submit_step(&mut self, mut rec: Recorder<'_>) {
+    /// Copies `result` to the next readback slot and ends the recording.
+    fn finish_step(&mut self, mut rec: Recorder<'_>) -> (usize, wgpu::CommandBuffer) {
         let slot = self.next_slot;
         self.next_slot = (slot + 1) % MAX_IN_FLIGHT;
         let staging = View::of(&self.readback[slot]);
@@ -1005,7 +1022,17 @@ impl GpuSession {
             &staging,
             8,
         );
-        let submission = rec.submit();
+        (slot, rec.finish())
+    }
+
+    /// Records the readback of the step's token, submits, and starts mapping it.
+    fn submit_step(&mut self, rec: Recorder<'_>) {
+        let (slot, commands) = self.finish_step(rec);
+        self.launch(slot, commands);
+    }
+
+    fn launch(&mut self, slot: usize, commands: wgpu::CommandBuffer) {
+        let submission = self.model.ctx.queue.submit([commands]);
         let (tx, rx) = futures::channel::oneshot::channel();
         self.readback[slot]
             .slice(..)
@@ -1057,12 +1084,17 @@ impl GpuSession {
         } else {
             self.known_unfed = Some(token);
         }
+        // A recorded step was waiting for exactly this token.
+        if let Some(d) = self.deferred.take() {
+            self.stage_ple_rows(&[token])?;
+            self.launch(d.slot, d.commands);
+        }
         Ok(token)
     }
 
     /// Reads every queued step back (their tokens are in the history or pending after this).
     pub async fn drain(&mut self) -> Result<(), ForwardError> {
-        while !self.in_flight.is_empty() {
+        while self.in_flight() > 0 {
             self.next_token().await?;
         }
         Ok(())
@@ -1084,7 +1116,7 @@ impl GpuSession {
         if !self.has_logits {
             return Err(ForwardError::NoLogits);
         }
-        if !self.in_flight.is_empty() {
+        if self.in_flight() > 0 {
             return Err(ForwardError::Busy);
         }
         let ctx = self.model.ctx.clone();
@@ -1221,7 +1253,7 @@ impl GpuSession {
     /// logit (what the model predicts next).
     pub async fn score(&mut self, tokens: &[u32]) -> Result<Vec<(u32, f32)>, ForwardError> {
         self.check_tokens(tokens)?;
-        if !self.in_flight.is_empty() {
+        if self.in_flight() > 0 {
             return Err(ForwardError::Busy);
         }
         self.settle_sample();

@@ -4,8 +4,9 @@
 // A workgroup of 256 threads takes 256 / TPR groups of RPT consecutive rows. The TPR threads of
 // a group stride over the rows' 32-element units; each thread dequantizes the unit of each of
 // its RPT rows against one load of the input, so the input is read once per RPT rows rather
-// than once per row. Lanes of a group are summed with subgroup shuffles when the subgroup is
-// at least TPR wide, else through workgroup memory. Tokens (few) are grid.z.
+// than once per row. Lanes of a group are summed with subgroup shuffles (and, for groups wider
+// than the SG-lane subgroups, their subgroups' sums through workgroup memory), or without
+// subgroups through workgroup memory alone. Tokens (few) are grid.z.
 //
 // GEGLU_OUT: rows are gate and up rows interleaved (2i: gate_i, 2i+1: up_i); the output is
 // y[out_offset + i] = gelu_tanh(gate_i . x) * (up_i . x), a gated FFN's activation.
@@ -46,7 +47,19 @@ fn wword(i: u32) -> u32 {
 // its block's 16-byte header, as three 16-byte loads.
 const STEP: u32 = 64u;
 
-fn step_dot(rb: u32, c: u32, xv: ptr<function, array<vec4<f32>, 32>>) -> f32 {
+// The sums of the step's two 32-value halves of x, which the mins multiply: the same for
+// every row, so computed once per step.
+fn step_pre(xv: ptr<function, array<vec4<f32>, 32>>) -> vec2<f32> {
+    var xlo = vec4<f32>(0.0);
+    var xhi = vec4<f32>(0.0);
+    for (var i = 0u; i < 8u; i++) {
+        xlo += (*xv)[i];
+        xhi += (*xv)[8u + i];
+    }
+    return vec2<f32>(dot(xlo, vec4<f32>(1.0)), dot(xhi, vec4<f32>(1.0)));
+}
+
+fn step_dot(rb: u32, c: u32, xv: ptr<function, array<vec4<f32>, 32>>, xs: vec2<f32>) -> f32 {
     let o16 = (rb + (c >> 2u) * 144u) >> 4u;
     let j = c & 3u;
     let hdr = w4[o16];
@@ -70,21 +83,11 @@ fn step_dot(rb: u32, c: u32, xv: ptr<function, array<vec4<f32>, 32>>) -> f32 {
     let qb = w4[o16 + 2u + 2u * j];
     var lo = 0.0;
     var hi = 0.0;
-    var xlo = 0.0;
-    var xhi = 0.0;
-    for (var i = 0u; i < 8u; i++) {
-        var q: u32;
-        if (i < 4u) {
-            q = qa[i];
-        } else {
-            q = qb[i - 4u];
-        }
-        lo += dot(lo4(q), (*xv)[i]);
-        hi += dot(hi4(q), (*xv)[8u + i]);
-        xlo += dot(vec4<f32>(1.0), (*xv)[i]);
-        xhi += dot(vec4<f32>(1.0), (*xv)[8u + i]);
+    for (var i = 0u; i < 4u; i++) {
+        lo += dot(lo4(qa[i]), (*xv)[i]) + dot(lo4(qb[i]), (*xv)[4u + i]);
+        hi += dot(hi4(qa[i]), (*xv)[8u + i]) + dot(hi4(qb[i]), (*xv)[12u + i]);
     }
-    return dm.x * (scs.x * lo + scs.y * hi) - dm.y * (mns.x * xlo + mns.y * xhi);
+    return dm.x * (scs.x * lo + scs.y * hi) - dm.y * (mns.x * xs.x + mns.y * xs.y);
 }
 #endif
 
@@ -93,7 +96,11 @@ fn step_dot(rb: u32, c: u32, xv: ptr<function, array<vec4<f32>, 32>>) -> f32 {
 // once and serves the quarters it holds bits of.
 const STEP: u32 = 128u;
 
-fn step_dot(rb: u32, c: u32, xv: ptr<function, array<vec4<f32>, 32>>) -> f32 {
+fn step_pre(xv: ptr<function, array<vec4<f32>, 32>>) -> vec2<f32> {
+    return vec2<f32>(0.0);
+}
+
+fn step_dot(rb: u32, c: u32, xv: ptr<function, array<vec4<f32>, 32>>, xs: vec2<f32>) -> f32 {
     let ob = rb + (c >> 1u) * 210u;
     let hf = c & 1u;
     let lb = ob + 64u * hf;
@@ -130,7 +137,11 @@ fn step_dot(rb: u32, c: u32, xv: ptr<function, array<vec4<f32>, 32>>) -> f32 {
 // Every other dtype: 32 values a step through the shared dequantizer.
 const STEP: u32 = 32u;
 
-fn step_dot(rb: u32, u: u32, xv: ptr<function, array<vec4<f32>, 32>>) -> f32 {
+fn step_pre(xv: ptr<function, array<vec4<f32>, 32>>) -> vec2<f32> {
+    return vec2<f32>(0.0);
+}
+
+fn step_dot(rb: u32, u: u32, xv: ptr<function, array<vec4<f32>, 32>>, xs: vec2<f32>) -> f32 {
     let q = load_unit(rb, u);
     var s = 0.0;
     for (var i = 0u; i < 8u; i++) {
@@ -146,10 +157,16 @@ fn step_dot(rb: u32, u: u32, xv: ptr<function, array<vec4<f32>, 32>>) -> f32 {
 @group(0) @binding(3) var<uniform> p: Params;
 
 override TPR: u32 = 32u;
-const RPT: u32 = 4u;
+// Rows per group: 4, or 2 and 1 for matrices with few rows (more workgroups, fewer rows
+// each). GEGLU_OUT needs at least a gate/up pair.
+override RPT: u32 = 4u;
 
 #if NO_SUBGROUPS
 var<workgroup> red: array<f32, 1024>;
+#else
+// The smallest subgroup size the device has: shuffles stay within aligned SG-lane blocks.
+override SG: u32 = 32u;
+var<workgroup> sg_sums: array<vec4<f32>, 64>;
 #endif
 #if EXPERTS
 @group(0) @binding(4) var<storage, read> sel: array<u32>;
@@ -203,12 +220,31 @@ fn main(
             for (var i = 0u; i < STEP / 4u; i++) {
                 xv[i] = x[xb + u * (STEP / 4u) + i];
             }
-            acc += vec4<f32>(step_dot(rb0, u, &xv), step_dot(rb1, u, &xv), step_dot(rb2, u, &xv), step_dot(rb3, u, &xv));
+            let xs = step_pre(&xv);
+            acc.x += step_dot(rb0, u, &xv, xs);
+            if (RPT > 1u) {
+                acc.y += step_dot(rb1, u, &xv, xs);
+            }
+            if (RPT > 2u) {
+                acc.z += step_dot(rb2, u, &xv, xs);
+                acc.w += step_dot(rb3, u, &xv, xs);
+            }
         }
     }
 #if !NO_SUBGROUPS
-    for (var off = TPR / 2u; off > 0u; off >>= 1u) {
+    for (var off = min(TPR, SG) / 2u; off > 0u; off >>= 1u) {
         acc += subgroupShuffleXor(acc, off);
+    }
+    if (TPR > SG) {
+        if (li % SG == 0u) {
+            sg_sums[li / SG] = acc;
+        }
+        workgroupBarrier();
+        if (lane == 0u) {
+            for (var i = 1u; i < TPR / SG; i++) {
+                acc += sg_sums[li / SG + i];
+            }
+        }
     }
 #else
     for (var r = 0u; r < RPT; r++) {
@@ -233,7 +269,7 @@ fn main(
     let ob = m * p.y_stride + p.out_offset;
 #if GEGLU_OUT
     y[ob + row0 / 2u] = gelu_tanh(acc.x) * acc.y;
-    if (row0 + 2u < p.n) {
+    if (RPT > 2u && row0 + 2u < p.n) {
         y[ob + row0 / 2u + 1u] = gelu_tanh(acc.z) * acc.w;
     }
 #else

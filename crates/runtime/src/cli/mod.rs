@@ -40,6 +40,13 @@ enum Command {
 }
 
 pub fn main() -> ExitCode {
+    // Output piped into `head` and the like: end quietly when the reader goes away, as
+    // command-line tools do, instead of panicking in println!.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WGEMMA_LOG")

@@ -1,0 +1,96 @@
+//! The `wgemma` binary as a user runs it: `info` on a file, on an Ollama model name resolved
+//! through a store directory, on the real Gemma 3 270M when it is present, and on bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use wgemma_gguf::GgmlType;
+use wgemma_text::synth::{SynthSpec, synthetic_bytes};
+
+fn wgemma(args: &[&str], ollama_models: Option<&Path>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wgemma"));
+    cmd.args(args);
+    if let Some(store) = ollama_models {
+        cmd.env("OLLAMA_MODELS", store);
+    }
+    cmd.output().expect("the wgemma binary runs")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("info --json prints one JSON object")
+}
+
+fn scratch_dir(what: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("wgemma-cli-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn info_reads_a_file_and_an_ollama_name() {
+    let dir = scratch_dir("info");
+    let bytes = synthetic_bytes(&SynthSpec::tiny_gemma4(GgmlType::Q8_0)).unwrap();
+    let file = dir.join("tiny.gguf");
+    std::fs::write(&file, &bytes).unwrap();
+    let by_path = json(&wgemma(&["info", file.to_str().unwrap(), "--json"], None));
+    assert_eq!(by_path["architecture"], "gemma4");
+    let tensors = by_path["tensors"].as_array().unwrap();
+    assert_eq!(
+        by_path["tensor_count"].as_u64().unwrap() as usize,
+        tensors.len()
+    );
+    assert!(
+        tensors
+            .iter()
+            .any(|t| t["name"] == "per_layer_token_embd.weight")
+    );
+    assert!(by_path["parameter_count"].as_u64().unwrap() > 0);
+    assert_eq!(by_path["metadata"]["gemma4.block_count"], 7);
+
+    // The same file as an Ollama blob named by a manifest.
+    let store = dir.join("store");
+    let digest = "d".repeat(64);
+    std::fs::create_dir_all(store.join("blobs")).unwrap();
+    std::fs::write(store.join("blobs").join(format!("sha256-{digest}")), &bytes).unwrap();
+    let manifest = store.join("manifests/registry.ollama.ai/library/gemma4/tiny");
+    std::fs::create_dir_all(manifest.parent().unwrap()).unwrap();
+    let layers = serde_json::json!({ "schemaVersion": 2, "layers": [
+        { "mediaType": "application/vnd.ollama.image.model", "digest": format!("sha256:{digest}") }
+    ]});
+    std::fs::write(&manifest, layers.to_string()).unwrap();
+    let by_name = json(&wgemma(&["info", "gemma4:tiny", "--json"], Some(&store)));
+    assert_eq!(by_name["tensor_count"], by_path["tensor_count"]);
+
+    // A missing name and a truncated file: an error on stderr and a failing exit code.
+    let missing = wgemma(&["info", "gemma4:nope"], Some(&store));
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("gemma4"));
+    let cut = dir.join("cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() / 3]).unwrap();
+    let truncated = wgemma(&["info", cut.to_str().unwrap()], None);
+    assert!(!truncated.status.success());
+    assert!(String::from_utf8_lossy(&truncated.stderr).starts_with("error:"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn info_on_the_real_gemma3_270m() {
+    let path = wgemma_gguf::cache_dir().map(|d| d.join("models").join("gemma-3-270m-q4_k_m.gguf"));
+    let Some(path) = path.filter(|p| p.is_file()) else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but the real model is missing"
+        );
+        eprintln!("skipping: the real model is not in the cache");
+        return;
+    };
+    let info = json(&wgemma(&["info", path.to_str().unwrap(), "--json"], None));
+    assert_eq!(info["architecture"], "gemma3");
+    assert_eq!(info["tensor_count"], 236);
+    assert_eq!(info["parameter_count"], 268_098_176u64);
+}
