@@ -103,6 +103,7 @@ pub fn matmul(
             a.y_offset,
             MatvecOut::Rows { softcap: a.softcap },
             None,
+            None,
         );
     }
     let pipeline = ctx
@@ -787,6 +788,58 @@ pub struct ExpertSlots<'a> {
 
 /// The one-token kernel for `w` over `m` tokens (or expert slots) writing `out`: one dispatch
 /// per tile.
+/// How a matrix-vector product spreads over a workgroup of 256 threads: `tpr` threads per
+/// row group (4..=256, a power of two) and `rpt` rows per group (1, 2 or 4; at least 2 for a
+/// gated output). [`MatvecTuning::choose`] picks one per shape and device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatvecTuning {
+    pub tpr: u32,
+    pub rpt: u32,
+}
+
+impl MatvecTuning {
+    /// The tuning for `rows` rows of `k` values of `dtype`.
+    pub fn choose(ctx: &GpuContext, dtype: GgmlType, k: u32, rows: u64, geglu: bool) -> Self {
+        // Threads per row group: one per step of the row where possible (short rows leave no
+        // lane idle, and the rows' loads all start at once). A step is the values the shader
+        // takes at a time for the dtype.
+        let step = match dtype {
+            GgmlType::Q4K => 64,
+            GgmlType::Q6K => 128,
+            _ => 32,
+        };
+        let steps = k / step;
+        let cpu = ctx.info.device_type == wgpu::DeviceType::Cpu;
+        // A CPU adapter runs a workgroup as one thread's SIMD loop, where a group wider than a
+        // subgroup only adds barriers.
+        let max_tpr = if cpu && ctx.features.subgroups {
+            ctx.features.subgroup_min_size.clamp(4, 256)
+        } else {
+            256
+        };
+        let mut tpr = [4u32, 8, 16, 32, 64, 128, 256]
+            .into_iter()
+            .find(|&t| t >= steps.min(max_tpr))
+            .unwrap_or(256);
+        // Rows per group: 4 shares each input load among 4 rows, but a matrix with few rows then
+        // occupies few workgroups and leaves most of the GPU idle: halve it (down to a gate/up
+        // pair for GEGLU_OUT), then widen the groups, until there are enough workgroups.
+        // A CPU adapter (lavapipe) runs a workgroup per thread: more and smaller ones only add
+        // per-workgroup overhead there.
+        let min_workgroups: u64 = if cpu { 1 } else { 256 };
+        let workgroups = |tpr: u32, rpt: u32| rows.div_ceil(u64::from(256 / tpr * rpt));
+        let mut rpt = 4u32;
+        let min_rpt = if geglu { 2 } else { 1 };
+        while rpt > min_rpt && workgroups(tpr, rpt) < min_workgroups {
+            rpt /= 2;
+        }
+        while tpr < 256 && workgroups(tpr, rpt) < min_workgroups {
+            tpr *= 2;
+        }
+        Self { tpr, rpt }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn matvec_dispatches(
     ctx: &GpuContext,
@@ -799,6 +852,7 @@ fn matvec_dispatches(
     out_offset: u32,
     out: MatvecOut,
     experts: Option<&ExpertSlots<'_>>,
+    tuning: Option<MatvecTuning>,
 ) -> Result<Vec<Dispatch>, GpuError> {
     let flag = dtype_flag(w.dtype)?;
     let k = w.cols as u32;
@@ -814,35 +868,24 @@ fn matvec_dispatches(
             w.name
         )));
     }
-    // Threads per row group: one per step of the row where possible (short rows leave no
-    // lane idle, and the rows' loads all start at once). A step is the values the shader
-    // takes at a time for the dtype.
-    let step = match w.dtype {
-        GgmlType::Q4K => 64,
-        GgmlType::Q6K => 128,
-        _ => 32,
+    let MatvecTuning { tpr, rpt } = match tuning {
+        Some(t) if [4, 8, 16, 32, 64, 128, 256].contains(&t.tpr) && [1, 2, 4].contains(&t.rpt) => {
+            if geglu && t.rpt < 2 {
+                return Err(shape(format!(
+                    "{}: a gated output needs 2 rows per group",
+                    w.name
+                )));
+            }
+            t
+        }
+        Some(t) => return Err(shape(format!("{}: matvec tuning {t:?}", w.name))),
+        None => {
+            let rows = experts.map_or(w.rows, |e| {
+                u64::from(e.rows_per_expert) * u64::from(e.slots)
+            });
+            MatvecTuning::choose(ctx, w.dtype, k, rows, geglu)
+        }
     };
-    let steps = k / step;
-    let mut tpr = [4u32, 8, 16, 32, 64, 128]
-        .into_iter()
-        .find(|&t| t >= steps)
-        .unwrap_or(256);
-    // Rows per group: 4 shares each input load among 4 rows, but a matrix with few rows then
-    // occupies few workgroups and leaves most of the GPU idle: halve it (down to a gate/up
-    // pair for GEGLU_OUT), then widen the groups, until there are enough workgroups.
-    const MIN_WORKGROUPS: u64 = 256;
-    let rows_out = experts.map_or(w.rows, |e| {
-        u64::from(e.rows_per_expert) * u64::from(e.slots)
-    });
-    let workgroups = |tpr: u32, rpt: u32| rows_out.div_ceil(u64::from(256 / tpr * rpt));
-    let mut rpt = 4u32;
-    let min_rpt = if geglu { 2 } else { 1 };
-    while rpt > min_rpt && workgroups(tpr, rpt) < MIN_WORKGROUPS {
-        rpt /= 2;
-    }
-    while tpr < 256 && workgroups(tpr, rpt) < MIN_WORKGROUPS {
-        tpr *= 2;
-    }
     let subgroups = ctx.features.subgroups;
     let mut source = ShaderSource::new("matvec", &[BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL])
         .flag(flag)
@@ -926,6 +969,20 @@ pub fn matvec(
     out_offset: u32,
     out: MatvecOut,
 ) -> Result<Vec<Dispatch>, GpuError> {
+    matvec_tuned(ctx, w, x, y, out_offset, out, None)
+}
+
+/// [`matvec`] with a given tuning (`None`: the one [`MatvecTuning::choose`] picks), for tests
+/// and kernel tuning.
+pub fn matvec_tuned(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    x: &View,
+    y: &View,
+    out_offset: u32,
+    out: MatvecOut,
+    tuning: Option<MatvecTuning>,
+) -> Result<Vec<Dispatch>, GpuError> {
     let out_rows = if out == MatvecOut::Geglu {
         w.rows / 2
     } else {
@@ -933,7 +990,19 @@ pub fn matvec(
     };
     x.expect_len32(&w.name, w.cols)?;
     y.expect_len32(&w.name, u64::from(out_offset) + out_rows)?;
-    matvec_dispatches(ctx, w, x, y, 1, w.cols as u32, 0, out_offset, out, None)
+    matvec_dispatches(
+        ctx,
+        w,
+        x,
+        y,
+        1,
+        w.cols as u32,
+        0,
+        out_offset,
+        out,
+        None,
+        tuning,
+    )
 }
 
 /// Products of the experts chosen per slot: slot s multiplies expert `sel[s]` (its
@@ -987,6 +1056,7 @@ pub fn expert_matvec(
         0,
         out,
         Some(slots),
+        None,
     )
 }
 

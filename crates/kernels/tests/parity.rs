@@ -728,6 +728,48 @@ fn one_token_matvec_matches_cpu() {
     }
 }
 
+/// Every thread-group shape of the matvec (threads per group 4..256, 1/2/4 rows per group),
+/// whatever the device would pick: groups wider than a subgroup and single-row groups are
+/// the paths a big GPU takes and a CPU adapter never chooses by itself.
+#[test]
+fn matvec_matches_cpu_at_every_tuning() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(67);
+    // One dtype of each step size (32, 64, 128 values); each tuning is a pipeline to compile.
+    for dtype in [GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
+        let (k, n) = (1024u64, 38u64);
+        let wq = quantize(dtype, &rng.vec((k * n) as usize, 0.5)).unwrap();
+        let wd = dequantize_to_vec(dtype, &wq).unwrap();
+        let x = rng.vec(k as usize, 1.0);
+        let xv = upload(ctx, &x);
+        let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, None).unwrap();
+        let rows = cpu::matmul(&wd, n as usize, k as usize, &x, 1);
+        let gated: Vec<f32> = rows
+            .chunks(2)
+            .map(|p| cpu::gelu_tanh(p[0]) * p[1])
+            .collect();
+        for tpr in [4u32, 64, 256] {
+            for rpt in [1u32, 2, 4] {
+                let t = Some(ops::MatvecTuning { tpr, rpt });
+                let what = format!("{dtype} tpr {tpr} rpt {rpt}");
+                let y = poisoned(ctx, n as usize);
+                let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
+                let ds = ops::matvec_tuned(ctx, &w, &xv, &y, 0, rows_out, t).unwrap();
+                run(ctx, &ds.iter().collect::<Vec<_>>());
+                assert_close(&what, &read(ctx, &y), &rows, 3e-5);
+                let y = poisoned(ctx, gated.len());
+                let gate = ops::matvec_tuned(ctx, &w, &xv, &y, 0, ops::MatvecOut::Geglu, t);
+                if rpt == 1 {
+                    assert!(gate.is_err(), "{what}: a gated output needs row pairs");
+                    continue;
+                }
+                run(ctx, &gate.unwrap().iter().collect::<Vec<_>>());
+                assert_close(&format!("{what} gated"), &read(ctx, &y), &gated, 3e-5);
+            }
+        }
+    }
+}
+
 #[test]
 fn residual_norm_matches_cpu() {
     let Some(ctx) = ctx() else { return };
