@@ -7,6 +7,7 @@
 #   - .gl/: the Vulkan loader debs (../shared/ENVIRONMENT.md)
 #   - .dev/xtask: `cargo build --release -p xtask`
 #   - .dev/kernels: `cargo bench -p wgemma-benches --bench kernels --no-run` (the binary)
+#   - .dev/parity: `cargo test -p wgemma-kernels --test parity --release --no-run` (the binary)
 #   - .dev/pydeps: the diskcache wheel unpacked (the llama_cpp bindings import it)
 #   - .dev/llama.tar.xz: llama.cpp from the llama-cpp-python 0.3.36 sdist, trimmed to
 #     CMakeLists.txt cmake common conversion convert_hf_to_gguf.py ggml (cpu, cuda) gguf-py
@@ -14,7 +15,7 @@
 #     package as llama_cpp_py/ (see benches/RESULTS.md for the exact commands)
 # then call the device tool twice, back to back (the machine is given back when idle):
 #   carry [".gl", ".dev"], command `bash benches/h100.sh start`   (builds start, our runs;
-#                                   `ours` alone skips llama.cpp)
+#                                   `ours` alone skips llama.cpp, `tests` runs the parity tests)
 #   carry [".gl", ".dev"], command `bash benches/h100.sh finish`  (fixtures, llama-bench)
 # Results land in $OUT; the models and builds stay in target/h100 between the two calls.
 set -u
@@ -24,7 +25,7 @@ mkdir -p "$OUT" "$W/models"
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-chmod +x .dev/xtask .dev/kernels
+chmod +x .dev/xtask .dev/kernels .dev/parity
 MODELS="gemma3-270m e2b e4b"
 LL=$W/ll/lltrim
 CMAKE_COMMON="-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
@@ -45,6 +46,11 @@ builds() {
 start() {
   builds
   ours
+}
+
+# The kernels' GPU-vs-CPU parity tests on this GPU (CI runs them on lavapipe).
+tests() {
+  CI=true .dev/parity 2>&1 | tail -n 25 | tee "$OUT/parity.txt"
 }
 
 # Our side alone: synthetic models, end-to-end runs, kernel benchmarks.
