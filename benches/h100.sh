@@ -89,4 +89,14 @@ finish() {
   done
 }
 
+# The 26B-A4B mixture of experts at full size (15 GiB), both engines, shorter runs.
+moe() {
+  builds
+  .dev/xtask synth "$W/models/26b-a4b.gguf" --preset 26b-a4b 2>&1 | tee -a "$OUT/synth.txt"
+  .dev/xtask bench-e2e --model "$W/models/26b-a4b.gguf" --prompt 128 --decode 64 --reps 2 | tee "$OUT/e2e-26b-a4b.txt"
+  while kill -0 "$(cat "$W/cuda.pid")" 2> /dev/null; do sleep 5; done
+  tail -n 2 "$W/llama-cuda-build.log"
+  "$LL/build-cuda/bin/llama-bench" -m "$W/models/26b-a4b.gguf" -ngl 99 -p 128 -n 64 -r 2 2>&1 | tee "$OUT/llama-bench-26b.txt"
+}
+
 for step in "$@"; do "$step"; done
