@@ -7,13 +7,11 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::{ctx, load, rel_err};
+use common::{ctx, gpu_model, load, rel_err, scoring_session};
 use wgemma_gguf::{GgmlType, Gguf, MmapSource, TensorSource};
 use wgemma_text::sampling::sample_cpu;
 use wgemma_text::synth::{SynthMoe, SynthSpec, synthetic_bytes};
-use wgemma_text::{
-    CpuModel, ForwardError, GpuModel, GpuSession, SamplingParams, SessionOptions, TextConfig,
-};
+use wgemma_text::{CpuModel, ForwardError, GpuSession, SamplingParams, SessionOptions, TextConfig};
 
 fn prompt(n: usize, vocab: u32) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 37 + 11) % vocab).collect()
@@ -89,14 +87,7 @@ fn tiny_models_match_the_cpu_reference_through_prefill_and_decode() {
             }
         }
         // Teacher forcing returns the reference's argmax at every position.
-        let mut s = GpuSession::new(
-            m.gpu.clone(),
-            SessionOptions {
-                context: 64,
-                max_batch: 8,
-            },
-        )
-        .unwrap();
+        let mut s = scoring_session(&m.gpu);
         let scored = pollster::block_on(s.score(&tokens)).unwrap();
         for (i, (id, logit)) in scored.iter().enumerate() {
             let (want_id, want_logit) = wgemma_kernels::cpu::argmax(&want[i]);
@@ -264,17 +255,7 @@ fn gemma3_270m_gpu_logits_match_the_cpu_reference() {
     );
     assert_eq!(cfg.layers.iter().filter(|l| !l.sliding).count(), 3);
     let cpu = CpuModel::load(&g, &cfg, src.clone()).unwrap();
-    let gpu = Arc::new(
-        pollster::block_on(GpuModel::load(
-            ctx,
-            &g,
-            &cfg,
-            &*src,
-            Some(src.clone()),
-            |_| {},
-        ))
-        .unwrap(),
-    );
+    let gpu = gpu_model(ctx, &g, &cfg, &src);
     // "<bos>The capital of France is" in Gemma 3 token ids, then two decode steps.
     let tokens = [2u32, 818, 5279, 529, 7001, 563];
     let mut st = cpu.new_state();
@@ -312,17 +293,7 @@ fn gemma3_270m_agrees_with_llama_cpp_and_transformers() {
     let src = Arc::new(MmapSource::open(&path).unwrap());
     let g = Gguf::parse(src.bytes(0, TensorSource::len(&*src)).unwrap()).unwrap();
     let cfg = TextConfig::from_gguf(&g).unwrap();
-    let gpu = Arc::new(
-        pollster::block_on(GpuModel::load(
-            ctx,
-            &g,
-            &cfg,
-            &*src,
-            Some(src.clone()),
-            |_| {},
-        ))
-        .unwrap(),
-    );
+    let gpu = gpu_model(ctx, &g, &cfg, &src);
     let ids = |v: &serde_json::Value| -> Vec<u32> {
         v.as_array()
             .unwrap()

@@ -8,8 +8,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{ctx, load, rel_err};
-use wgemma_text::{CpuModel, GpuSession, SessionOptions};
+use common::{ctx, load, rel_err, scoring_session};
+use wgemma_text::CpuModel;
 
 struct Case {
     tokens: Vec<u32>,
@@ -155,13 +155,9 @@ fn gpu_forward_agrees_with_transformers_and_llama_cpp() {
     );
     for (name, bytes, json) in &MODELS[1..] {
         let m = load(bytes.to_vec(), ctx.clone());
-        let opts = SessionOptions {
-            context: 64,
-            max_batch: 8,
-        };
         for (ci, case) in golden(json).iter().enumerate() {
             // Teacher forcing through the batched kernels, in chunks smaller than the prompt.
-            let mut s = GpuSession::new(m.gpu.clone(), opts).unwrap();
+            let mut s = scoring_session(&m.gpu);
             let scored = pollster::block_on(s.score(&case.tokens)).unwrap();
             for (t, &p) in scored.iter().enumerate() {
                 check_position(&format!("{name} case {ci} gpu score"), case, t, p);
@@ -169,7 +165,7 @@ fn gpu_forward_agrees_with_transformers_and_llama_cpp() {
             // A prefill, then the decode kernels one token at a time, each row against the
             // transformers row where the golden holds one.
             let first = case.hf_rows.iter().map(|(t, _)| *t).min().unwrap();
-            let mut s = GpuSession::new(m.gpu.clone(), opts).unwrap();
+            let mut s = scoring_session(&m.gpu);
             s.feed(&case.tokens[..=first]).unwrap();
             for t in first..case.tokens.len() {
                 if t > first {
@@ -285,14 +281,7 @@ fn ollama_blob_layout_gives_the_same_model() {
     }
     let Some(ctx) = ctx() else { return };
     let m = load(ollama, ctx);
-    let mut s = GpuSession::new(
-        m.gpu.clone(),
-        SessionOptions {
-            context: 64,
-            max_batch: 8,
-        },
-    )
-    .unwrap();
+    let mut s = scoring_session(&m.gpu);
     let scored = pollster::block_on(s.score(&case.tokens)).unwrap();
     for (t, &p) in scored.iter().enumerate() {
         check_position("ollama layout gpu", case, t, p);

@@ -5,9 +5,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use wgemma_gguf::{BytesSource, Gguf};
+use wgemma_gguf::{BytesSource, Gguf, TensorSource};
 use wgemma_kernels::{ContextOptions, GpuContext};
-use wgemma_text::{CpuModel, GpuModel, TextConfig};
+use wgemma_text::{CpuModel, GpuModel, GpuSession, SessionOptions, TextConfig};
 
 pub fn ctx() -> Option<Arc<GpuContext>> {
     static CTX: OnceLock<Option<Arc<GpuContext>>> = OnceLock::new();
@@ -46,18 +46,28 @@ pub fn load(bytes: Vec<u8>, ctx: Arc<GpuContext>) -> Loaded {
     let g = Gguf::parse(&bytes).unwrap();
     let cfg = TextConfig::from_gguf(&g).unwrap();
     let src = Arc::new(BytesSource::new(bytes.clone()));
-    let cpu = CpuModel::load(&g, &cfg, src.clone()).unwrap();
-    let gpu = pollster::block_on(GpuModel::load(
-        ctx,
-        &g,
-        &cfg,
-        &*src,
-        Some(src.clone()),
-        |_| {},
-    ))
-    .unwrap();
     Loaded {
-        cpu,
-        gpu: Arc::new(gpu),
+        cpu: CpuModel::load(&g, &cfg, src.clone()).unwrap(),
+        gpu: gpu_model(ctx, &g, &cfg, &src),
     }
+}
+
+/// The model's weights on the GPU, read from `src` (which also serves rows at run time).
+pub fn gpu_model<S: TensorSource + 'static>(
+    ctx: Arc<GpuContext>,
+    g: &Gguf,
+    cfg: &TextConfig,
+    src: &Arc<S>,
+) -> Arc<GpuModel> {
+    let rows: Arc<dyn TensorSource> = src.clone();
+    Arc::new(pollster::block_on(GpuModel::load(ctx, g, cfg, &**src, Some(rows), |_| {})).unwrap())
+}
+
+/// A small session for teacher forcing: prompts run in chunks of 8.
+pub fn scoring_session(model: &Arc<GpuModel>) -> GpuSession {
+    let opts = SessionOptions {
+        context: 64,
+        max_batch: 8,
+    };
+    GpuSession::new(model.clone(), opts).unwrap()
 }
