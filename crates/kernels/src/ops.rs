@@ -786,8 +786,6 @@ pub struct ExpertSlots<'a> {
     pub x_group: u32,
 }
 
-/// The one-token kernel for `w` over `m` tokens (or expert slots) writing `out`: one dispatch
-/// per tile.
 /// How a matrix-vector product spreads over a workgroup of 256 threads: `tpr` threads per
 /// row group (4..=256, a power of two) and `rpt` rows per group (1, 2 or 4; at least 2 for a
 /// gated output). [`MatvecTuning::choose`] picks one per shape and device.
@@ -840,6 +838,8 @@ impl MatvecTuning {
     }
 }
 
+/// The one-token kernel for `w` over `m` tokens (or expert slots) writing `out`: one dispatch
+/// per tile.
 #[allow(clippy::too_many_arguments)]
 fn matvec_dispatches(
     ctx: &GpuContext,
