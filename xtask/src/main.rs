@@ -5,7 +5,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench_e2e;
+mod browser_test;
+mod serve;
 mod synth;
+mod wasm;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask")]
@@ -18,8 +21,14 @@ struct Cli {
 enum Task {
     /// End-to-end speed: prefill and decode tok/s, time to first token, memory, bandwidth use.
     BenchE2e(bench_e2e::Args),
+    /// Build the wasm package, then test it in headless Chromium (WebGPU on SwiftShader).
+    BrowserTest(browser_test::Args),
+    /// Serve the demo page and models on 127.0.0.1 (HTTP with Range requests).
+    Serve(serve::Args),
     /// Write a synthetic GGUF with random weights (tiny for tests, full size for benchmarks).
     Synth(synth::Args),
+    /// Build the runtime for wasm32 and bind it for the browser into web/pkg.
+    Wasm(wasm::Args),
 }
 
 type TaskError = Box<dyn std::error::Error>;
@@ -28,7 +37,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.task {
         Task::BenchE2e(a) => bench_e2e::run(a),
+        Task::BrowserTest(a) => browser_test::run(a),
+        Task::Serve(a) => serve::run(a),
         Task::Synth(a) => synth::run(a),
+        Task::Wasm(a) => wasm::run(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -62,6 +62,7 @@ impl Default for ContextOptions {
 
 impl ContextOptions {
     /// Applies the `WGEMMA_*` environment overrides (native only; the browser has no env).
+    #[cfg_attr(target_arch = "wasm32", allow(unused_mut))]
     pub fn with_env(mut self) -> Self {
         #[cfg(not(target_arch = "wasm32"))]
         {

@@ -24,6 +24,10 @@ pub enum Error {
     Gpu(#[from] wgemma_kernels::GpuError),
     #[error("the prompt is empty")]
     EmptyPrompt,
+    #[error("bad request: {0}")]
+    Request(String),
+    #[error("the session is busy with another generation")]
+    Busy,
 }
 
 impl Error {
@@ -41,6 +45,8 @@ impl Error {
             Error::Forward(F::Gpu(_)) | Error::Gpu(_) => "gpu",
             Error::Forward(_) => "forward",
             Error::EmptyPrompt => "empty_prompt",
+            Error::Request(_) => "bad_request",
+            Error::Busy => "busy",
         }
     }
 }

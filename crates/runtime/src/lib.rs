@@ -17,14 +17,18 @@
 mod clock;
 mod error;
 mod info;
+mod json;
 mod model;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod pull;
 mod session;
 mod source;
+#[cfg(target_arch = "wasm32")]
+mod web;
 
 pub use error::Error;
 pub use info::ModelInfo;
+pub use json::session_options_from_json;
 pub use model::{LoadOptions, Model};
 pub use session::{CancelHandle, Event, GenerateRequest, Prompt, Session, StopReason, Timings};
 pub use source::{ModelSource, SourceError};

@@ -75,8 +75,8 @@ fn step_dot(rb: u32, c: u32, xv: ptr<function, array<vec4<f32>, 32>>, xs: vec2<f
         } else {
             let sh = 8u * (sb - 4u);
             let a = (hdr.w >> sh) & 0xFFu;
-            scs[t] = f32((a & 0xFu) | (((hdr.y >> sh) >> 6u & 3u) << 4u));
-            mns[t] = f32((a >> 4u) | (((hdr.z >> sh) >> 6u & 3u) << 4u));
+            scs[t] = f32((a & 0xFu) | ((((hdr.y >> sh) >> 6u) & 3u) << 4u));
+            mns[t] = f32((a >> 4u) | ((((hdr.z >> sh) >> 6u) & 3u) << 4u));
         }
     }
     let qa = w4[o16 + 1u + 2u * j];

@@ -1,0 +1,298 @@
+//! Requests, session options and events as JSON: the shapes the JS API exchanges with the
+//! worker, kept here (not behind `cfg(wasm32)`) so native tests and `cargo xtask
+//! browser-test`'s native run parse exactly what the browser parses.
+//!
+//! A request: `{"messages": [{"role": "user", "content": "..."}]}` (or `"prompt": "text"`,
+//! fed without a chat template, or `"tokens": [2, 651]`), plus optional `maxTokens`,
+//! `temperature`, `topK`, `topP`, `minP`, `repeatPenalty`, `frequencyPenalty`,
+//! `presencePenalty`, `penaltyLastN`, `seed` and `stop` (strings).
+
+use serde_json::{Map, Value, json};
+use wgemma_text::chat::{Message, Role};
+use wgemma_text::{SamplingParams, SessionOptions};
+
+use crate::error::Error;
+use crate::session::{Event, GenerateRequest, Prompt, StopReason, Timings};
+
+fn bad(msg: impl Into<String>) -> Error {
+    Error::Request(msg.into())
+}
+
+fn object(v: &Value) -> Result<&Map<String, Value>, Error> {
+    v.as_object().ok_or_else(|| bad("expected a JSON object"))
+}
+
+fn number(o: &Map<String, Value>, key: &str) -> Result<Option<f64>, Error> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .filter(|x| x.is_finite())
+            .map(Some)
+            .ok_or_else(|| bad(format!("`{key}` must be a number"))),
+    }
+}
+
+/// A non-negative whole number no larger than `max`.
+fn count(o: &Map<String, Value>, key: &str, max: u64) -> Result<Option<u64>, Error> {
+    match number(o, key)? {
+        None => Ok(None),
+        Some(x) if x >= 0.0 && x.fract() == 0.0 && x <= max as f64 => Ok(Some(x as u64)),
+        Some(x) => Err(bad(format!(
+            "`{key}` must be a whole number from 0 to {max}, not {x}"
+        ))),
+    }
+}
+
+fn role(name: &str) -> Result<Role, Error> {
+    match name {
+        "system" => Ok(Role::System),
+        "user" => Ok(Role::User),
+        "assistant" | "model" => Ok(Role::Assistant),
+        r => Err(bad(format!("unknown role `{r}` (system, user, assistant)"))),
+    }
+}
+
+fn prompt(o: &Map<String, Value>) -> Result<Prompt, Error> {
+    if let Some(m) = o.get("messages") {
+        let list = m
+            .as_array()
+            .ok_or_else(|| bad("`messages` must be an array"))?;
+        let messages = list
+            .iter()
+            .map(|m| {
+                let m = object(m)?;
+                let text = |k: &str| {
+                    m.get(k)
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| bad(format!("every message needs a string `{k}`")))
+                };
+                Ok(Message::new(role(text("role")?)?, text("content")?))
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        return Ok(Prompt::Chat(messages));
+    }
+    if let Some(p) = o.get("prompt") {
+        let text = p.as_str().ok_or_else(|| bad("`prompt` must be a string"))?;
+        return Ok(Prompt::Text(text.to_string()));
+    }
+    if let Some(t) = o.get("tokens") {
+        let ids = t
+            .as_array()
+            .ok_or_else(|| bad("`tokens` must be an array"))?
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|x| u32::try_from(x).ok())
+                    .ok_or_else(|| bad("`tokens` must hold token ids"))
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        return Ok(Prompt::Tokens(ids));
+    }
+    Err(bad("a request needs `messages`, `prompt` or `tokens`"))
+}
+
+impl GenerateRequest {
+    /// Parses a request object (see the module documentation).
+    pub fn from_json(v: &Value) -> Result<Self, Error> {
+        let o = object(v)?;
+        let mut req = GenerateRequest::new(prompt(o)?);
+        let d = SamplingParams::default();
+        let float =
+            |k: &str, default: f32| Ok::<f32, Error>(number(o, k)?.map_or(default, |x| x as f32));
+        req.sampling = SamplingParams {
+            temperature: float("temperature", d.temperature)?,
+            top_k: count(o, "topK", u32::MAX.into())?.map_or(d.top_k, |k| k as usize),
+            top_p: float("topP", d.top_p)?,
+            min_p: float("minP", d.min_p)?,
+            repeat_penalty: float("repeatPenalty", d.repeat_penalty)?,
+            frequency_penalty: float("frequencyPenalty", d.frequency_penalty)?,
+            presence_penalty: float("presencePenalty", d.presence_penalty)?,
+            penalty_last_n: count(o, "penaltyLastN", 1 << 20)?
+                .map_or(d.penalty_last_n, |n| n as usize),
+            seed: count(o, "seed", (1 << 53) - 1)?.unwrap_or(d.seed),
+        };
+        if req.sampling.temperature < 0.0 {
+            return Err(bad("`temperature` must not be negative"));
+        }
+        if let Some(n) = count(o, "maxTokens", u32::MAX.into())? {
+            req.max_tokens = n as usize;
+        }
+        if let Some(s) = o.get("stop") {
+            req.stop = s
+                .as_array()
+                .ok_or_else(|| bad("`stop` must be an array of strings"))?
+                .iter()
+                .map(|x| {
+                    x.as_str()
+                        .filter(|x| !x.is_empty())
+                        .map(str::to_string)
+                        .ok_or_else(|| bad("`stop` must hold non-empty strings"))
+                })
+                .collect::<Result<_, Error>>()?;
+        }
+        Ok(req)
+    }
+}
+
+/// Parses session options: `{"context": 4096, "maxBatch": 256}`, both optional.
+pub fn session_options_from_json(v: &Value) -> Result<SessionOptions, Error> {
+    let d = SessionOptions::default();
+    if v.is_null() {
+        return Ok(d);
+    }
+    let o = object(v)?;
+    let positive = |k: &str, default: usize| match count(o, k, 1 << 24)? {
+        Some(0) => Err(bad(format!("`{k}` must be at least 1"))),
+        Some(n) => Ok(n as usize),
+        None => Ok(default),
+    };
+    Ok(SessionOptions {
+        context: positive("context", d.context)?,
+        max_batch: positive("maxBatch", d.max_batch)?,
+    })
+}
+
+impl StopReason {
+    /// The name the JS API uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            StopReason::EndOfGeneration => "end",
+            StopReason::MaxTokens => "max_tokens",
+            StopReason::StopString => "stop_string",
+            StopReason::Cancelled => "aborted",
+            StopReason::ContextFull => "context_full",
+        }
+    }
+}
+
+impl Timings {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "promptTokens": self.prompt_tokens,
+            "cachedTokens": self.cached_tokens,
+            "promptMs": self.prompt_ms,
+            "generatedTokens": self.generated_tokens,
+            "decodeMs": self.decode_ms,
+            "promptTokPerS": self.prompt_tok_per_s(),
+            "decodeTokPerS": self.decode_tok_per_s(),
+        })
+    }
+}
+
+impl Event {
+    /// `{"type": "token", "id", "text"}` or `{"type": "done", "reason", "timings"}`.
+    pub fn to_json(&self) -> Value {
+        match self {
+            Event::Token { id, text } => json!({ "type": "token", "id": id, "text": text }),
+            Event::Done { reason, timings } => json!({
+                "type": "done",
+                "reason": reason.name(),
+                "timings": timings.to_json(),
+            }),
+        }
+    }
+}
+
+impl Error {
+    /// `{"code", "message"}`: what the JS API rejects with.
+    pub fn to_json(&self) -> Value {
+        json!({ "code": self.code(), "message": self.to_string() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<GenerateRequest, Error> {
+        GenerateRequest::from_json(&serde_json::from_str(s).expect("test JSON"))
+    }
+
+    #[test]
+    fn a_chat_request_with_sampling() {
+        let r = parse(
+            r#"{"messages": [{"role": "system", "content": "Be brief."},
+                             {"role": "user", "content": "Hi"}],
+                "maxTokens": 12, "temperature": 0.7, "topK": 40, "topP": 0.9,
+                "seed": 7, "stop": ["\n\n"]}"#,
+        )
+        .expect("valid request");
+        let Prompt::Chat(m) = &r.prompt else {
+            panic!("expected a chat prompt, got {:?}", r.prompt)
+        };
+        assert_eq!(m.len(), 2);
+        assert_eq!((m[0].role, m[1].content.as_str()), (Role::System, "Hi"));
+        assert_eq!(r.max_tokens, 12);
+        assert_eq!(
+            (
+                r.sampling.temperature,
+                r.sampling.top_k,
+                r.sampling.top_p,
+                r.sampling.seed
+            ),
+            (0.7, 40, 0.9, 7)
+        );
+        assert_eq!(r.stop, vec!["\n\n".to_string()]);
+        assert_eq!(r.sampling.min_p, SamplingParams::default().min_p);
+    }
+
+    #[test]
+    fn text_and_token_prompts() {
+        assert!(
+            matches!(parse(r#"{"prompt": "Once"}"#).map(|r| r.prompt), Ok(Prompt::Text(t)) if t == "Once")
+        );
+        assert!(
+            matches!(parse(r#"{"tokens": [2, 651]}"#).map(|r| r.prompt), Ok(Prompt::Tokens(t)) if t == [2, 651])
+        );
+    }
+
+    #[test]
+    fn bad_requests_are_errors_with_a_code() {
+        for bad in [
+            "[]",
+            "{}",
+            r#"{"prompt": 3}"#,
+            r#"{"messages": [{"role": "robot", "content": "x"}]}"#,
+            r#"{"messages": [{"role": "user"}]}"#,
+            r#"{"tokens": [-1]}"#,
+            r#"{"prompt": "x", "maxTokens": 1.5}"#,
+            r#"{"prompt": "x", "maxTokens": -3}"#,
+            r#"{"prompt": "x", "temperature": -1}"#,
+            r#"{"prompt": "x", "topK": "many"}"#,
+            r#"{"prompt": "x", "stop": [""]}"#,
+        ] {
+            let e = parse(bad).expect_err(bad);
+            assert_eq!(e.code(), "bad_request", "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn session_options() {
+        let o = session_options_from_json(&json!({"context": 512})).expect("valid");
+        assert_eq!(
+            (o.context, o.max_batch),
+            (512, SessionOptions::default().max_batch)
+        );
+        assert!(session_options_from_json(&json!({"context": 0})).is_err());
+        assert!(session_options_from_json(&json!({"maxBatch": 1e12})).is_err());
+        let d = session_options_from_json(&Value::Null).expect("null is the default");
+        assert_eq!(d.context, SessionOptions::default().context);
+    }
+
+    #[test]
+    fn events_as_json() {
+        let t = Event::Token {
+            id: 5,
+            text: "é".into(),
+        };
+        assert_eq!(t.to_json(), json!({"type": "token", "id": 5, "text": "é"}));
+        let d = Event::Done {
+            reason: StopReason::Cancelled,
+            timings: Timings::default(),
+        }
+        .to_json();
+        assert_eq!(d["reason"], "aborted");
+        assert_eq!(d["timings"]["generatedTokens"], 0);
+    }
+}

@@ -1,0 +1,179 @@
+//! The browser binding (wasm-bindgen): what `web/worker.js` calls. The worker owns the model
+//! and its sessions; the page talks to the worker through `web/wgemma.js`, so a GPU step or a
+//! download never blocks the page. Errors reject with `{code, message}` objects.
+
+mod range;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use futures::StreamExt;
+use js_sys::{Function, Promise};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+use wgemma_text::{LoadProgress, SessionOptions};
+
+use crate::json::session_options_from_json;
+use crate::{CancelHandle, Error, GenerateRequest, LoadOptions, Model, Session};
+use range::{JsRangeSource, js_message};
+
+#[wasm_bindgen]
+extern "C" {
+    #[wasm_bindgen(js_namespace = console, js_name = error)]
+    fn console_error(message: &str);
+}
+
+/// A panic is a bug; its message goes to the console instead of a bare `unreachable` trap.
+#[wasm_bindgen(start)]
+pub fn start() {
+    std::panic::set_hook(Box::new(|info| console_error(&info.to_string())));
+}
+
+fn js_value(v: &serde_json::Value) -> JsValue {
+    js_sys::JSON::parse(&v.to_string()).unwrap_or(JsValue::NULL)
+}
+
+fn reject(e: &Error) -> JsValue {
+    js_value(&e.to_json())
+}
+
+fn parse_json(text: &str) -> Result<serde_json::Value, Error> {
+    serde_json::from_str(text).map_err(|e| Error::Request(format!("not JSON: {e}")))
+}
+
+/// A loaded model, owned by the worker.
+#[wasm_bindgen]
+pub struct WasmModel {
+    model: Model,
+}
+
+#[wasm_bindgen]
+impl WasmModel {
+    /// Loads a model through `reader` (`{size, read(offset, length) -> Promise<Uint8Array>}`),
+    /// calling `on_progress(done, total)` (bytes) as the weights upload.
+    pub async fn load(
+        reader: JsValue,
+        on_progress: Option<Function>,
+    ) -> Result<WasmModel, JsValue> {
+        let source = JsRangeSource::new(reader).map_err(|e| reject(&e.into()))?;
+        let on_progress = on_progress.map(|f| {
+            Box::new(move |p: LoadProgress| {
+                // A throwing progress callback must not abort the load.
+                let _ = f.call2(
+                    &JsValue::NULL,
+                    &JsValue::from_f64(p.done as f64),
+                    &JsValue::from_f64(p.total as f64),
+                );
+            }) as Box<dyn FnMut(LoadProgress)>
+        });
+        let opts = LoadOptions {
+            on_progress,
+            ..LoadOptions::default()
+        };
+        let model = Model::load(&source, opts).await.map_err(|e| reject(&e))?;
+        Ok(WasmModel { model })
+    }
+
+    /// What the file holds (as `wgemma info --json`, without the tensor list) and the GPU
+    /// it runs on.
+    pub fn info(&self) -> JsValue {
+        let mut v = self.model.info().to_json();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("tensors");
+            let ctx = self.model.gpu_context();
+            o.insert(
+                "gpu".into(),
+                serde_json::json!({
+                    "adapter": ctx.info.name,
+                    "backend": ctx.info.backend.to_string(),
+                    "shaderF16": ctx.features.shader_f16,
+                    "subgroups": ctx.features.subgroups,
+                    "weightBytes": self.model.gpu_bytes(),
+                }),
+            );
+        }
+        js_value(&v)
+    }
+
+    /// A new conversation; `options` is JSON (`{"context": 4096, "maxBatch": 256}`) or empty.
+    pub fn session(&self, options: &str) -> Result<WasmSession, JsValue> {
+        let opts = if options.trim().is_empty() {
+            SessionOptions::default()
+        } else {
+            parse_json(options)
+                .and_then(|v| session_options_from_json(&v))
+                .map_err(|e| reject(&e))?
+        };
+        let session = self.model.session(opts).map_err(|e| reject(&e))?;
+        Ok(WasmSession {
+            cancel: session.cancel_handle(),
+            session: Rc::new(RefCell::new(Some(session))),
+        })
+    }
+}
+
+/// A conversation. While a generation runs, the session is lent to it; `cancel` still works.
+#[wasm_bindgen]
+pub struct WasmSession {
+    session: Rc<RefCell<Option<Session>>>,
+    cancel: CancelHandle,
+}
+
+#[wasm_bindgen]
+impl WasmSession {
+    /// Generates for `request` (JSON, see the runtime's `json` module), calling
+    /// `on_event(event)` for each token and the final `done`; resolves when generation ends.
+    pub fn generate(&self, request: &str, on_event: Function) -> Promise {
+        let slot = self.session.clone();
+        let parsed = parse_json(request).and_then(|v| GenerateRequest::from_json(&v));
+        future_to_promise(async move {
+            let req = parsed.map_err(|e| reject(&e))?;
+            let mut session = slot
+                .borrow_mut()
+                .take()
+                .ok_or_else(|| reject(&Error::Busy))?;
+            let result = emit_events(&mut session, req, &on_event).await;
+            *slot.borrow_mut() = Some(session);
+            result.map(|()| JsValue::UNDEFINED)
+        })
+    }
+
+    /// Stops the running generation within one step (it ends with reason `aborted`).
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Forgets the conversation.
+    pub fn reset(&self) -> Promise {
+        let slot = self.session.clone();
+        future_to_promise(async move {
+            let mut session = slot
+                .borrow_mut()
+                .take()
+                .ok_or_else(|| reject(&Error::Busy))?;
+            let r = session.reset().await;
+            *slot.borrow_mut() = Some(session);
+            r.map(|()| JsValue::UNDEFINED).map_err(|e| reject(&e))
+        })
+    }
+}
+
+async fn emit_events(
+    session: &mut Session,
+    req: GenerateRequest,
+    on_event: &Function,
+) -> Result<(), JsValue> {
+    let mut events = Box::pin(session.generate(req));
+    while let Some(event) = events.next().await {
+        let event = event.map_err(|e| reject(&e))?;
+        on_event
+            .call1(&JsValue::NULL, &js_value(&event.to_json()))
+            .map_err(|e| {
+                reject(&Error::Request(format!(
+                    "the event callback threw: {}",
+                    js_message(&e)
+                )))
+            })?;
+    }
+    Ok(())
+}

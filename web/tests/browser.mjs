@@ -1,0 +1,208 @@
+// Drives headless Chromium (WebGPU on SwiftShader) through the JS API and the demo page.
+// Run by `cargo xtask browser-test`, which builds the package, serves it, and passes:
+//   WGEMMA_URL       the served site                 WGEMMA_CHROMIUM  the browser binary
+//   WGEMMA_MODEL     the tiny model's URL path       WGEMMA_REQUEST   the generation request (JSON)
+//   WGEMMA_EXPECTED  the native run's token ids      WGEMMA_OUT       where the screenshot goes
+//   WGEMMA_DEMO_REQUEST, WGEMMA_DEMO_EXPECTED        what is typed into the demo page, and the
+//                                                    native run's tokens for it
+//   WGEMMA_BENCH     optional: a bigger model's URL path to time (load, prefill, decode)
+// Prints one JSON line of results; exits non-zero when a check fails.
+import { chromium } from "playwright-core";
+
+const env = process.env;
+const request = JSON.parse(env.WGEMMA_REQUEST);
+const expected = JSON.parse(env.WGEMMA_EXPECTED);
+const demoRequest = JSON.parse(env.WGEMMA_DEMO_REQUEST);
+const demoExpected = JSON.parse(env.WGEMMA_DEMO_EXPECTED);
+const results = { checks: {} };
+const failures = [];
+
+function check(name, ok, detail) {
+  results.checks[name] = ok ? "ok" : `FAILED: ${detail}`;
+  if (!ok) failures.push(`${name}: ${detail}`);
+}
+
+const browser = await chromium.launch({
+  executablePath: env.WGEMMA_CHROMIUM,
+  headless: true,
+  args: [
+    "--no-sandbox",
+    "--disable-gpu-sandbox",
+    "--enable-unsafe-webgpu",
+    "--enable-features=Vulkan",
+    "--use-vulkan=swiftshader",
+    "--use-webgpu-adapter=swiftshader",
+    "--disable-background-networking",
+    "--disable-component-update",
+  ],
+});
+const page = await browser.newPage({ viewport: { width: 1000, height: 800 } });
+const log = [];
+page.on("console", (m) => log.push(`${m.type()}: ${m.text()}`));
+page.on("pageerror", (e) => log.push(`pageerror: ${e.message}`));
+page.setDefaultTimeout(0);
+
+try {
+  await page.goto(`${env.WGEMMA_URL}/index.html`);
+
+  // The JS API: greedy generation equals the native run; a second load comes from the cache.
+  const api = await page.evaluate(
+    async ({ model, request }) => {
+      const { WGemma } = await import("./wgemma.js");
+      await caches.delete("wgemma-models-v1");
+      const run = async (session) => {
+        const ids = [];
+        let done = null;
+        const { messages, ...options } = request;
+        for await (const ev of session.generate(messages, options)) {
+          if (ev.type === "token") ids.push(ev.id);
+          else done = ev;
+        }
+        return { ids, done };
+      };
+      let progressCalls = 0;
+      const t0 = performance.now();
+      const m = await WGemma.load(model, { onProgress: () => progressCalls++ });
+      const loadMs = performance.now() - t0;
+      const first = await run(m.session({ context: 256 }));
+      const info = m.info();
+      m.dispose();
+      const again = await WGemma.load(model);
+      const cachedInfo = again.info();
+      const second = await run(again.session({ context: 256 }));
+      again.dispose();
+      return { loadMs, progressCalls, info, cachedLoad: cachedInfo.load, first, second };
+    },
+    { model: env.WGEMMA_MODEL, request },
+  );
+  results.adapter = api.info.gpu;
+  results.tinyLoadMs = api.loadMs;
+  results.tokens = api.first.ids;
+  check(
+    "greedy tokens equal the native run",
+    JSON.stringify(api.first.ids) === JSON.stringify(expected),
+    `browser ${JSON.stringify(api.first.ids)} vs native ${JSON.stringify(expected)}`,
+  );
+  check("load reports progress", api.progressCalls > 0, `${api.progressCalls} progress calls`);
+  check(
+    "a second load reads only the cache",
+    api.cachedLoad.fetchedBytes === 0 && api.cachedLoad.cachedBytes === api.info.file_size,
+    JSON.stringify(api.cachedLoad),
+  );
+  check(
+    "the cached model generates the same tokens",
+    JSON.stringify(api.second.ids) === JSON.stringify(expected),
+    JSON.stringify(api.second.ids),
+  );
+
+  // Abort within a step, then the same session still answers, identically.
+  const abort = await page.evaluate(
+    async ({ model, request }) => {
+      const { WGemma } = await import("./wgemma.js");
+      const m = await WGemma.load(model);
+      const s = m.session({ context: 256 });
+      const { messages, ...options } = request;
+      const ids = [];
+      let done = null;
+      for await (const ev of s.generate(messages, { ...options, maxTokens: 200 })) {
+        if (ev.type === "token") {
+          ids.push(ev.id);
+          if (ids.length === 3) s.abort();
+        } else done = ev;
+      }
+      const after = [];
+      for await (const ev of s.generate(messages, options)) if (ev.type === "token") after.push(ev.id);
+      // Leaving the loop early aborts too; the session answers again afterwards.
+      for await (const ev of s.generate(messages, { ...options, maxTokens: 200 })) break;
+      const third = [];
+      for await (const ev of s.generate(messages, options)) if (ev.type === "token") third.push(ev.id);
+      m.dispose();
+      return { reason: done?.reason, tokensBeforeStop: ids.length, after, third };
+    },
+    { model: env.WGEMMA_MODEL, request },
+  );
+  check(
+    "abort stops within a step",
+    abort.reason === "aborted" && abort.tokensBeforeStop <= 3 + 2,
+    JSON.stringify(abort),
+  );
+  check(
+    "the session is usable after abort",
+    JSON.stringify(abort.after) === JSON.stringify(expected) &&
+      JSON.stringify(abort.third) === JSON.stringify(expected),
+    JSON.stringify(abort),
+  );
+
+  // Bad sources reject with typed errors.
+  const errors = await page.evaluate(async () => {
+    const { WGemma } = await import("./wgemma.js");
+    const codeOf = (p) =>
+      p.then(
+        () => "no error",
+        (e) => `${e.name}/${e.code}: ${e.message}`,
+      );
+    return {
+      missing: await codeOf(WGemma.load("models/missing.gguf")),
+      notGguf: await codeOf(WGemma.load("index.html")),
+    };
+  });
+  check("a missing URL is a source error", errors.missing.startsWith("WGemmaError/source"), errors.missing);
+  check("a non-GGUF file is a bad_gguf error", errors.notGguf.startsWith("WGemmaError/bad_gguf"), errors.notGguf);
+
+  // The demo page, driven like a user: load, ask, watch tokens stream, screenshot.
+  await page.goto(`${env.WGEMMA_URL}/index.html`);
+  await page.fill("#url", env.WGEMMA_MODEL);
+  await page.click("#load-url");
+  await page.waitForSelector("#prompt:not([disabled])");
+  await page.fill("#max-tokens", String(demoRequest.maxTokens));
+  await page.fill("#prompt", demoRequest.messages.at(-1).content);
+  await page.click("#send");
+  await page.waitForFunction(() => window.wgemmaDemo.lastDone !== null);
+  const demo = await page.evaluate(() => ({
+    tokens: window.wgemmaDemo.lastTokens,
+    stats: document.getElementById("stats").textContent,
+    reply: document.querySelector(".turn.model")?.textContent,
+  }));
+  check(
+    "the demo page streams the native reply",
+    JSON.stringify(demo.tokens) === JSON.stringify(demoExpected),
+    `${JSON.stringify(demo)} vs native ${JSON.stringify(demoExpected)}`,
+  );
+  check("the demo page shows tok/s", /tok\/s/.test(demo.stats), demo.stats);
+  results.screenshot = `${env.WGEMMA_OUT}/demo.png`;
+  await page.screenshot({ path: results.screenshot, fullPage: true });
+
+  if (env.WGEMMA_BENCH) {
+    results.bench = await page.evaluate(
+      async ({ model }) => {
+        const { WGemma } = await import("./wgemma.js");
+        await caches.delete("wgemma-models-v1");
+        const load = async () => {
+          const t0 = performance.now();
+          const m = await WGemma.load(model);
+          return { m, ms: performance.now() - t0 };
+        };
+        const cold = await load();
+        const s = cold.m.session({ context: 1024 });
+        let done = null;
+        const prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle.";
+        for await (const ev of s.generate(prompt, { maxTokens: 64, raw: true, stop: [] })) if (ev.type === "done") done = ev;
+        const info = cold.m.info();
+        cold.m.dispose();
+        const warm = await load();
+        warm.m.dispose();
+        return { coldLoadMs: cold.ms, cachedLoadMs: warm.ms, gpu: info.gpu, timings: done.timings, reason: done.reason };
+      },
+      { model: env.WGEMMA_BENCH },
+    );
+  }
+} catch (e) {
+  failures.push(`exception: ${e.stack ?? e}`);
+} finally {
+  await browser.close();
+}
+
+results.failures = failures;
+if (failures.length) results.log = log.slice(-40);
+console.log(JSON.stringify(results));
+process.exit(failures.length ? 1 : 0);

@@ -1,0 +1,212 @@
+// The worker that owns the model: it loads the wasm engine, reads the GGUF by byte ranges
+// (HTTP Range requests through a persistent Cache API store, or slices of a File), and runs
+// generation off the page's thread. It speaks the message protocol of wgemma.js.
+import init, { WasmModel } from "./pkg/wgemma.js";
+
+// Bytes per cached piece of a remote file: large enough that a 244 MB model takes a few dozen
+// requests, small enough that a failed request costs little to redo.
+const CHUNK = 8 << 20;
+const CACHE_NAME = "wgemma-models-v1";
+const RETRIES = 3;
+
+let model = null;
+const sessions = new Map();
+const running = new Set();
+const stats = { fetchedBytes: 0, cachedBytes: 0 };
+
+class SourceError extends Error {
+  constructor(message) {
+    super(message);
+    this.code = "source";
+  }
+}
+
+async function fetchRange(url, start, end) {
+  let last;
+  for (let attempt = 0; attempt < RETRIES; attempt++) {
+    try {
+      const res = await fetch(url, { headers: { Range: `bytes=${start}-${end - 1}` } });
+      if (res.status !== 206) {
+        await res.body?.cancel();
+        // 4xx/5xx will not get better; a 200 means the server ignores Range.
+        throw new SourceError(
+          res.status === 200
+            ? `${url}: the server does not support HTTP Range requests`
+            : `${url}: HTTP ${res.status} ${res.statusText}`.trim(),
+        );
+      }
+      const bytes = new Uint8Array(await res.arrayBuffer());
+      if (bytes.length !== end - start) {
+        throw new Error(`${url}: got ${bytes.length} bytes of ${end - start} at ${start}`);
+      }
+      return bytes;
+    } catch (e) {
+      if (e instanceof SourceError) throw e;
+      last = e;
+      await new Promise((r) => setTimeout(r, 250 * 2 ** attempt));
+    }
+  }
+  throw new SourceError(`${url}: download failed after ${RETRIES} tries: ${last?.message ?? last}`);
+}
+
+// The file's size and a validator (ETag / Last-Modified), so a changed file never reuses
+// chunks cached for the old one.
+async function probe(url) {
+  let res;
+  try {
+    res = await fetch(url, { headers: { Range: "bytes=0-0" } });
+  } catch (e) {
+    throw new SourceError(`${url}: ${e.message}`);
+  }
+  await res.body?.cancel();
+  if (res.status !== 206) {
+    throw new SourceError(
+      res.ok
+        ? `${url}: the server does not support HTTP Range requests`
+        : `${url}: HTTP ${res.status} ${res.statusText}`.trim(),
+    );
+  }
+  const size = Number((res.headers.get("Content-Range") ?? "").split("/")[1]);
+  if (!Number.isSafeInteger(size)) throw new SourceError(`${url}: no file size in Content-Range`);
+  const validator = res.headers.get("ETag") ?? res.headers.get("Last-Modified") ?? "";
+  return { size, validator };
+}
+
+async function openCache(enabled) {
+  if (!enabled || typeof caches === "undefined") return null;
+  try {
+    return await caches.open(CACHE_NAME);
+  } catch {
+    return null; // storage blocked (private mode, quota): work without a cache
+  }
+}
+
+async function httpReader(url, useCache) {
+  url = new URL(url, self.location.href).href;
+  const { size, validator } = await probe(url);
+  const cache = await openCache(useCache);
+  const key = (i) =>
+    `${url}${url.includes("?") ? "&" : "?"}wgemma-chunk=${i}&size=${size}&v=${encodeURIComponent(validator)}`;
+  // The chunk the previous read ended in: tiles rarely end on a chunk boundary.
+  let recent = { index: -1, bytes: null };
+  async function chunk(i) {
+    if (recent.index === i) return recent.bytes;
+    const start = i * CHUNK;
+    const end = Math.min(size, start + CHUNK);
+    let bytes = null;
+    const hit = cache && (await cache.match(key(i)));
+    if (hit) {
+      const b = new Uint8Array(await hit.arrayBuffer());
+      // A short entry cannot be written by us, but never trust one.
+      if (b.length === end - start) {
+        bytes = b;
+        stats.cachedBytes += b.length;
+      }
+    }
+    if (!bytes) {
+      bytes = await fetchRange(url, start, end);
+      stats.fetchedBytes += bytes.length;
+      // Only whole, verified chunks are stored, so an interrupted download leaves no corrupt
+      // entry and the next visit resumes from the chunks it has.
+      if (cache) await cache.put(key(i), new Response(bytes)).catch(() => {});
+    }
+    recent = { index: i, bytes };
+    return bytes;
+  }
+  return {
+    size,
+    async read(offset, length) {
+      const out = new Uint8Array(length);
+      let done = 0;
+      while (done < length) {
+        const pos = offset + done;
+        const i = Math.floor(pos / CHUNK);
+        const b = await chunk(i);
+        const from = pos - i * CHUNK;
+        const n = Math.min(length - done, b.length - from);
+        out.set(b.subarray(from, from + n), done);
+        done += n;
+      }
+      return out;
+    },
+  };
+}
+
+function blobReader(blob) {
+  return {
+    size: blob.size,
+    async read(offset, length) {
+      try {
+        return new Uint8Array(await blob.slice(offset, offset + length).arrayBuffer());
+      } catch (e) {
+        throw new SourceError(`reading the file: ${e.message}`);
+      }
+    },
+  };
+}
+
+// Errors cross postMessage as plain {code, message}.
+function plain(e) {
+  if (e && typeof e === "object" && typeof e.code === "string") {
+    return { code: e.code, message: String(e.message) };
+  }
+  return { code: "internal", message: String(e?.message ?? e) };
+}
+
+const wasmReady = init();
+
+const handlers = {
+  async load({ source, cache }, reply) {
+    await wasmReady;
+    if (model) throw { code: "busy", message: "this worker already holds a model" };
+    const t0 = performance.now();
+    const reader =
+      typeof source === "string" ? await httpReader(source, cache !== false) : blobReader(source);
+    model = await WasmModel.load(reader, (done, total) => reply({ progress: { loaded: done, total } }));
+    const info = model.info();
+    info.load = { ms: performance.now() - t0, ...stats };
+    return info;
+  },
+  async session({ session, options }) {
+    if (!model) throw { code: "no_model", message: "no model is loaded" };
+    sessions.set(session, model.session(options ? JSON.stringify(options) : ""));
+    return null;
+  },
+  async generate({ session, request }, reply) {
+    const s = sessions.get(session);
+    if (!s) throw { code: "no_session", message: `no session ${session}` };
+    running.add(session);
+    try {
+      await s.generate(JSON.stringify(request), (event) => reply({ event }));
+    } finally {
+      running.delete(session);
+    }
+    return null;
+  },
+  async reset({ session }) {
+    await sessions.get(session)?.reset();
+    return null;
+  },
+  async abort({ session }) {
+    // Only a running generation is stopped: a late abort must not cut the next one short.
+    if (running.has(session)) sessions.get(session)?.cancel();
+    return null;
+  },
+  async closeSession({ session }) {
+    sessions.get(session)?.free();
+    sessions.delete(session);
+    return null;
+  },
+};
+
+self.onmessage = async ({ data }) => {
+  const { id, op } = data;
+  const reply = (msg) => self.postMessage({ id, ...msg });
+  try {
+    const handler = handlers[op];
+    if (!handler) throw { code: "bad_request", message: `unknown operation ${op}` };
+    reply({ ok: await handler(data, reply) });
+  } catch (e) {
+    reply({ error: plain(e) });
+  }
+};

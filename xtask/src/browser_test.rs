@@ -1,0 +1,181 @@
+//! `cargo xtask browser-test`: builds the wasm package, serves the demo, and drives headless
+//! Chromium (WebGPU on SwiftShader) through `web/tests/browser.mjs`: greedy tokens of a tiny
+//! model must equal the native run's, a second load must come from the cache, abort and bad
+//! URLs must behave, and the demo page must stream a reply (screenshot in the output folder).
+//! `--bench-model` also times a real model there (load, prefill, decode).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use futures::StreamExt;
+use wgemma::{Event, GenerateRequest, LoadOptions, Model, session_options_from_json};
+use wgemma_gguf::GgmlType;
+use wgemma_kernels::ContextOptions;
+use wgemma_text::synth::{SynthSpec, write_synthetic};
+
+use crate::TaskError;
+use crate::serve::Server;
+use crate::wasm::{build, workspace_root};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Where the screenshot, the tiny model and the results go.
+    #[arg(long, default_value = "target/browser-test")]
+    out: PathBuf,
+    #[arg(long, default_value = "/usr/bin/chromium")]
+    chromium: PathBuf,
+    /// Also time this model in the browser (e.g. the real Gemma 3 270M).
+    #[arg(long)]
+    bench_model: Option<PathBuf>,
+    /// Use the package already in web/pkg.
+    #[arg(long)]
+    no_build: bool,
+}
+
+/// What the tiny model is asked, natively and in the browser (the JS API's request shape).
+/// Greedy; the random model's top token is always the one it just read, so a presence
+/// penalty walks it down its ranking instead: every token is still an argmax, of logits that
+/// must agree well past the first place.
+fn request() -> serde_json::Value {
+    serde_json::json!({
+        "messages": [{"role": "user", "content": "tell me a story about the sea"}],
+        "maxTokens": 24,
+        "presencePenalty": 1000.0,
+    })
+}
+
+/// What the test types into the demo page (plain greedy chat, 16 tokens at most).
+fn demo_request() -> serde_json::Value {
+    serde_json::json!({
+        "messages": [{"role": "user", "content": "hello there"}],
+        "maxTokens": 16,
+    })
+}
+
+/// The session both runs use.
+fn session_options() -> serde_json::Value {
+    serde_json::json!({ "context": 256 })
+}
+
+/// Token ids of the native run of each request, without `shader-f16` as on SwiftShader.
+fn native_tokens(model: &Path, requests: &[serde_json::Value]) -> Result<Vec<Vec<u32>>, TaskError> {
+    let opts = LoadOptions {
+        gpu: ContextOptions {
+            allow_f16: false,
+            ..ContextOptions::default().with_env()
+        },
+        ..LoadOptions::default()
+    };
+    let model = pollster::block_on(Model::load_file(model, opts))?;
+    let mut all = Vec::new();
+    for request in requests {
+        let mut session = model.session(session_options_from_json(&session_options())?)?;
+        let mut events = Box::pin(session.generate(GenerateRequest::from_json(request)?));
+        let mut ids = Vec::new();
+        while let Some(event) = pollster::block_on(events.next()) {
+            if let Event::Token { id, .. } = event? {
+                ids.push(id);
+            }
+        }
+        all.push(ids);
+    }
+    Ok(all)
+}
+
+/// Installs playwright-core (the driver only; it never downloads a browser).
+fn ensure_playwright(tests: &Path) -> Result<(), TaskError> {
+    if tests.join("node_modules/playwright-core").is_dir() {
+        return Ok(());
+    }
+    let status = Command::new("npm")
+        .current_dir(tests)
+        .args(["ci", "--no-audit", "--no-fund"])
+        .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+        .status()
+        .map_err(|e| format!("running npm (install nodejs and npm): {e}"))?;
+    if !status.success() {
+        return Err("npm ci in web/tests failed".into());
+    }
+    Ok(())
+}
+
+pub fn run(a: Args) -> Result<(), TaskError> {
+    let root = workspace_root();
+    if !a.chromium.exists() {
+        return Err(format!(
+            "{} not found: apt-get install chromium",
+            a.chromium.display()
+        )
+        .into());
+    }
+    let out = root.join(&a.out);
+    std::fs::create_dir_all(&out)?;
+    let t = std::time::Instant::now();
+    if !a.no_build {
+        let built = build(&root)?;
+        eprintln!(
+            "wasm package built in {:.0} s: {} is {:.2} MiB",
+            t.elapsed().as_secs_f64(),
+            built.wasm.display(),
+            std::fs::metadata(&built.wasm)?.len() as f64 / (1u64 << 20) as f64
+        );
+    }
+    let tiny = out.join("tiny.gguf");
+    let file = std::fs::File::create(&tiny)?;
+    write_synthetic(
+        &SynthSpec::tiny_gemma3(GgmlType::Q4K),
+        std::io::BufWriter::new(file),
+    )?;
+    let native = native_tokens(&tiny, &[request(), demo_request()])?;
+    let (expected, expected_demo) = (&native[0], &native[1]);
+    eprintln!("native (no f16): {expected:?}, demo {expected_demo:?}");
+    if expected.len() < 8 {
+        return Err("the native run stopped too early to compare anything".into());
+    }
+    let tests = root.join("web/tests");
+    ensure_playwright(&tests)?;
+    let mut models = vec![tiny.clone()];
+    models.extend(a.bench_model.iter().cloned());
+    let server = Server::start(root.join("web"), models, 0)?;
+    let name = |p: &Path| {
+        format!(
+            "models/{}",
+            p.file_name().and_then(|n| n.to_str()).unwrap_or_default()
+        )
+    };
+    let mut node = Command::new("node");
+    node.current_dir(&tests)
+        .arg("browser.mjs")
+        .env("WGEMMA_URL", format!("http://{}", server.addr))
+        .env("WGEMMA_CHROMIUM", &a.chromium)
+        .env("WGEMMA_MODEL", name(&tiny))
+        .env("WGEMMA_REQUEST", request().to_string())
+        .env("WGEMMA_EXPECTED", serde_json::to_string(expected)?)
+        .env("WGEMMA_DEMO_REQUEST", demo_request().to_string())
+        .env(
+            "WGEMMA_DEMO_EXPECTED",
+            serde_json::to_string(expected_demo)?,
+        )
+        .env("WGEMMA_OUT", &out);
+    if let Some(b) = &a.bench_model {
+        node.env("WGEMMA_BENCH", name(b));
+    }
+    let result = node
+        .output()
+        .map_err(|e| format!("running node (install nodejs): {e}"))?;
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    eprint!("{}", String::from_utf8_lossy(&result.stderr));
+    std::fs::write(out.join("results.json"), stdout.as_bytes())?;
+    let parsed: serde_json::Value = serde_json::from_str(stdout.trim())
+        .map_err(|e| format!("the browser test printed no results ({e}): {stdout}"))?;
+    println!("{}", serde_json::to_string_pretty(&parsed)?);
+    if !result.status.success() {
+        return Err("browser test failed".into());
+    }
+    eprintln!(
+        "browser test passed in {:.0} s; screenshot {}",
+        t.elapsed().as_secs_f64(),
+        out.join("demo.png").display()
+    );
+    Ok(())
+}
