@@ -65,9 +65,16 @@ export class Session {
     this.ready = channel.call({ op: "session", session: this.id, options });
     // Surfaced by the first generate(); never an unhandled rejection.
     this.ready.catch(() => {});
-    // The previous generation: a new one starts after it settles (one that was left early
-    // is still stopping in the worker).
+    // The work queued on this session: generations and resets run one after another (a
+    // generation that was left early is still stopping in the worker).
     this.previous = Promise.resolve();
+  }
+
+  // Runs `task` once everything queued before it has settled.
+  enqueue(task) {
+    const run = this.previous.then(task);
+    this.previous = run.catch(() => {});
+    return run;
   }
 
   /**
@@ -78,7 +85,6 @@ export class Session {
    */
   async *generate(messages, options = {}) {
     await this.ready;
-    await this.previous;
     const { raw, ...rest } = options;
     const request =
       typeof messages === "string"
@@ -93,9 +99,9 @@ export class Session {
       queue.push(item);
       wake?.();
     };
-    this.previous = this.channel
-      .call({ op: "generate", session: this.id, request }, ({ event }) => push({ event }))
-      .then(
+    this.enqueue(() =>
+      this.channel.call({ op: "generate", session: this.id, request }, ({ event }) => push({ event })),
+    ).then(
         () => push({ end: true }),
         (error) => push({ error }),
       );
@@ -123,7 +129,7 @@ export class Session {
   /** Forgets the conversation. */
   async reset() {
     await this.ready;
-    await this.channel.call({ op: "reset", session: this.id });
+    await this.enqueue(() => this.channel.call({ op: "reset", session: this.id }));
   }
 
   /** Frees the session's GPU memory. */

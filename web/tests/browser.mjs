@@ -2,6 +2,7 @@
 // Run by `cargo xtask browser-test`, which builds the package, serves it, and passes:
 //   WGEMMA_URL       the served site                 WGEMMA_CHROMIUM  the browser binary
 //   WGEMMA_MODEL     the tiny model's URL path       WGEMMA_REQUEST   the generation request (JSON)
+//   WGEMMA_MODEL_FILE  the same model on disk (picked through the file input)
 //   WGEMMA_EXPECTED  the native run's token ids      WGEMMA_OUT       where the screenshot goes
 //   WGEMMA_DEMO_REQUEST, WGEMMA_DEMO_EXPECTED        what is typed into the demo page, and the
 //                                                    native run's tokens for it
@@ -38,9 +39,15 @@ const browser = await chromium.launch({
 });
 const page = await browser.newPage({ viewport: { width: 1000, height: 800 } });
 const log = [];
-page.on("console", (m) => log.push(`${m.type()}: ${m.text()}`));
+const t0 = Date.now();
+page.on("console", (m) => {
+  log.push(`${m.type()}: ${m.text()}`);
+  // The benchmark's milestones, as they happen.
+  if (m.text().startsWith("[bench]")) console.error(`${((Date.now() - t0) / 1000).toFixed(1)} s ${m.text()}`);
+});
 page.on("pageerror", (e) => log.push(`pageerror: ${e.message}`));
-page.setDefaultTimeout(0);
+// SwiftShader is slow, but no step of the tiny model's checks takes minutes: fail, never hang.
+page.setDefaultTimeout(180_000);
 
 try {
   await page.goto(`${env.WGEMMA_URL}/index.html`);
@@ -172,24 +179,62 @@ try {
   results.screenshot = `${env.WGEMMA_OUT}/demo.png`;
   await page.screenshot({ path: results.screenshot, fullPage: true });
 
+  // A file the user picks loads through the same worker, read by Blob slices.
+  const urlModel = await page.evaluateHandle(() => window.wgemmaDemo.model);
+  await page.setInputFiles("#file", env.WGEMMA_MODEL_FILE);
+  await page.waitForFunction(
+    (old) => {
+      const d = window.wgemmaDemo;
+      return (d.model && d.model !== old) || /Could not load/.test(document.getElementById("model-status").textContent);
+    },
+    urlModel,
+  );
+  await page.fill("#prompt", demoRequest.messages.at(-1).content);
+  const before = await page.evaluate(() => window.wgemmaDemo.lastDone);
+  await page.click("#send");
+  await page.waitForFunction((b) => window.wgemmaDemo.lastDone !== b && !window.wgemmaDemo.busy, before);
+  const picked = await page.evaluate(() => ({
+    status: document.getElementById("model-status").textContent,
+    tokens: window.wgemmaDemo.lastTokens,
+  }));
+  check(
+    "a picked file loads and answers the same",
+    picked.status.includes("loaded in") && JSON.stringify(picked.tokens) === JSON.stringify(demoExpected),
+    JSON.stringify(picked),
+  );
+
   if (env.WGEMMA_BENCH) {
+    page.setDefaultTimeout(0);
     results.bench = await page.evaluate(
       async ({ model }) => {
         const { WGemma } = await import("./wgemma.js");
         await caches.delete("wgemma-models-v1");
-        const load = async () => {
+        const load = async (what) => {
           const t0 = performance.now();
-          const m = await WGemma.load(model);
-          return { m, ms: performance.now() - t0 };
+          let last = 0;
+          const m = await WGemma.load(model, {
+            onProgress: ({ loaded, total }) => {
+              if (loaded / total >= last + 0.25) {
+                last = loaded / total;
+                console.log(`[bench] ${what} load ${Math.round(last * 100)}%`);
+              }
+            },
+          });
+          const ms = performance.now() - t0;
+          console.log(`[bench] ${what} load done in ${ms.toFixed(0)} ms`);
+          return { m, ms };
         };
-        const cold = await load();
-        const s = cold.m.session({ context: 1024 });
+        const cold = await load("cold");
+        const s = cold.m.session({ context: 512 });
         let done = null;
         const prompt = "Write a short story about a lighthouse keeper who finds a message in a bottle.";
-        for await (const ev of s.generate(prompt, { maxTokens: 64, raw: true, stop: [] })) if (ev.type === "done") done = ev;
+        for await (const ev of s.generate(prompt, { maxTokens: 16, raw: true })) {
+          if (ev.type === "done") done = ev;
+          else console.log(`[bench] token ${ev.id}`);
+        }
         const info = cold.m.info();
         cold.m.dispose();
-        const warm = await load();
+        const warm = await load("cached");
         warm.m.dispose();
         return { coldLoadMs: cold.ms, cachedLoadMs: warm.ms, gpu: info.gpu, timings: done.timings, reason: done.reason };
       },

@@ -149,6 +149,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         .env("WGEMMA_URL", format!("http://{}", server.addr))
         .env("WGEMMA_CHROMIUM", &a.chromium)
         .env("WGEMMA_MODEL", name(&tiny))
+        .env("WGEMMA_MODEL_FILE", &tiny)
         .env("WGEMMA_REQUEST", request().to_string())
         .env("WGEMMA_EXPECTED", serde_json::to_string(expected)?)
         .env("WGEMMA_DEMO_REQUEST", demo_request().to_string())
