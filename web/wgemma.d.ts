@@ -47,6 +47,8 @@ export interface ModelInfo {
   gpu: {
     adapter: string;
     backend: string;
+    /** "Cpu" for SwiftShader and other CPU fallbacks. */
+    deviceType: string;
     shaderF16: boolean;
     subgroups: boolean;
     weightBytes: number;

@@ -155,6 +155,18 @@ function plain(e) {
 
 const wasmReady = init();
 
+// WebGPU on the CPU (SwiftShader, or a fallback adapter): the engine tunes its kernels for
+// that, but the adapter only tells the page.
+async function cpuAdapter() {
+  const adapter = await navigator.gpu?.requestAdapter();
+  const info = adapter?.info ?? {};
+  return Boolean(
+    adapter?.isFallbackAdapter ||
+      info.isFallbackAdapter ||
+      /swiftshader|llvmpipe|lavapipe/i.test(`${info.architecture} ${info.device} ${info.description}`),
+  );
+}
+
 const handlers = {
   async load({ source, cache }, reply) {
     await wasmReady;
@@ -162,7 +174,11 @@ const handlers = {
     const t0 = performance.now();
     const reader =
       typeof source === "string" ? await httpReader(source, cache !== false) : blobReader(source);
-    model = await WasmModel.load(reader, (done, total) => reply({ progress: { loaded: done, total } }));
+    model = await WasmModel.load(
+      reader,
+      (done, total) => reply({ progress: { loaded: done, total } }),
+      await cpuAdapter(),
+    );
     const info = model.info();
     info.load = { ms: performance.now() - t0, ...stats };
     return info;

@@ -3,6 +3,8 @@
 //   WGEMMA_URL       the served site                 WGEMMA_CHROMIUM  the browser binary
 //   WGEMMA_MODEL     the tiny model's URL path       WGEMMA_REQUEST   the generation request (JSON)
 //   WGEMMA_MODEL_FILE  the same model on disk (picked through the file input)
+//   WGEMMA_G4_MODEL, WGEMMA_G4_EXPECTED  a tiny Gemma 4 with per-layer embeddings, and the
+//                                        native run's tokens for WGEMMA_REQUEST
 //   WGEMMA_EXPECTED  the native run's token ids      WGEMMA_OUT       where the screenshot goes
 //   WGEMMA_DEMO_REQUEST, WGEMMA_DEMO_EXPECTED        what is typed into the demo page, and the
 //                                                    native run's tokens for it
@@ -100,6 +102,27 @@ try {
     "the cached model generates the same tokens",
     JSON.stringify(api.second.ids) === JSON.stringify(expected),
     JSON.stringify(api.second.ids),
+  );
+
+  // Gemma 4: the per-layer embedding rows come by range requests as tokens are fed.
+  const g4 = await page.evaluate(
+    async ({ model, request }) => {
+      const { WGemma } = await import("./wgemma.js");
+      const m = await WGemma.load(model, { cache: false });
+      const ids = [];
+      const { messages, ...options } = request;
+      for await (const ev of m.session({ context: 256 }).generate(messages, options))
+        if (ev.type === "token") ids.push(ev.id);
+      m.dispose();
+      return ids;
+    },
+    { model: env.WGEMMA_G4_MODEL, request },
+  );
+  const expected4 = JSON.parse(env.WGEMMA_G4_EXPECTED);
+  check(
+    "Gemma 4 with per-layer rows fetched by range equals the native run",
+    JSON.stringify(g4) === JSON.stringify(expected4),
+    `browser ${JSON.stringify(g4)} vs native ${JSON.stringify(expected4)}`,
   );
 
   // Abort within a step, then the same session still answers, identically.

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use wgemma_gguf::{Gguf, MmapSource, TensorSource};
 use wgemma_kernels::{ContextOptions, GpuContext, Profiler};
-use wgemma_text::{GpuModel, GpuSession, SamplingParams, SessionOptions, TextConfig};
+use wgemma_text::{GpuModel, GpuSession, PleRows, SamplingParams, SessionOptions, TextConfig};
 
 use crate::TaskError;
 
@@ -53,7 +53,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         &g,
         &cfg,
         &*src,
-        Some(src.clone()),
+        Some(PleRows::Mapped(src.clone())),
         |_| {},
     ))?);
     ctx.wait()?;

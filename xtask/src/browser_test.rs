@@ -120,21 +120,25 @@ pub fn run(a: Args) -> Result<(), TaskError> {
             std::fs::metadata(&built.wasm)?.len() as f64 / (1u64 << 20) as f64
         );
     }
-    let tiny = out.join("tiny.gguf");
-    let file = std::fs::File::create(&tiny)?;
-    write_synthetic(
-        &SynthSpec::tiny_gemma3(GgmlType::Q4K),
-        std::io::BufWriter::new(file),
-    )?;
+    let synth = |name: &str, spec: SynthSpec| -> Result<PathBuf, TaskError> {
+        let path = out.join(name);
+        let file = std::fs::File::create(&path)?;
+        write_synthetic(&spec, std::io::BufWriter::new(file))?;
+        Ok(path)
+    };
+    let tiny = synth("tiny.gguf", SynthSpec::tiny_gemma3(GgmlType::Q4K))?;
+    // Gemma 4 with per-layer embeddings: the browser fetches their rows by range requests.
+    let tiny4 = synth("tiny-gemma4.gguf", SynthSpec::tiny_gemma4(GgmlType::Q8_0))?;
     let native = native_tokens(&tiny, &[request(), demo_request()])?;
     let (expected, expected_demo) = (&native[0], &native[1]);
-    eprintln!("native (no f16): {expected:?}, demo {expected_demo:?}");
-    if expected.len() < 8 {
-        return Err("the native run stopped too early to compare anything".into());
+    let expected4 = native_tokens(&tiny4, &[request()])?.remove(0);
+    eprintln!("native (no f16): {expected:?}, demo {expected_demo:?}, gemma4 {expected4:?}");
+    if expected.len() < 8 || expected4.len() < 8 {
+        return Err("a native run stopped too early to compare anything".into());
     }
     let tests = root.join("web/tests");
     ensure_playwright(&tests)?;
-    let mut models = vec![tiny.clone()];
+    let mut models = vec![tiny.clone(), tiny4.clone()];
     models.extend(a.bench_model.iter().cloned());
     let server = Server::start(root.join("web"), models, 0)?;
     let name = |p: &Path| {
@@ -150,6 +154,8 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         .env("WGEMMA_CHROMIUM", &a.chromium)
         .env("WGEMMA_MODEL", name(&tiny))
         .env("WGEMMA_MODEL_FILE", &tiny)
+        .env("WGEMMA_G4_MODEL", name(&tiny4))
+        .env("WGEMMA_G4_EXPECTED", serde_json::to_string(&expected4)?)
         .env("WGEMMA_REQUEST", request().to_string())
         .env("WGEMMA_EXPECTED", serde_json::to_string(expected)?)
         .env("WGEMMA_DEMO_REQUEST", demo_request().to_string())

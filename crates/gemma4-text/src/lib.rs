@@ -12,6 +12,8 @@ pub mod tensors;
 pub mod tokenizer;
 
 pub use config::{Arch, ConfigError, LayerConfig, TextConfig};
-pub use forward::{ForwardError, GpuModel, GpuSession, LoadError, LoadProgress, SessionOptions};
+pub use forward::{
+    ForwardError, GpuModel, GpuSession, LoadError, LoadProgress, PleRows, SessionOptions,
+};
 pub use reference::CpuModel;
 pub use sampling::SamplingParams;

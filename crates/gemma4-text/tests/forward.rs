@@ -7,7 +7,7 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::{ctx, gpu_model, load, rel_err, scoring_session};
+use common::{ctx, gpu_model, gpu_model_fetching_rows, load, rel_err, scoring_session};
 use wgemma_gguf::{GgmlType, Gguf, MmapSource, TensorSource};
 use wgemma_text::sampling::sample_cpu;
 use wgemma_text::synth::{SynthMoe, SynthSpec, synthetic_bytes};
@@ -398,7 +398,9 @@ fn pipelined_generation_matches(
     depth: usize,
     ctx: Arc<wgemma_kernels::GpuContext>,
 ) {
-    let m = load(synthetic_bytes(spec).unwrap(), ctx);
+    let bytes = synthetic_bytes(spec).unwrap();
+    let m = load(bytes.clone(), ctx.clone());
+    let fetching = gpu_model_fetching_rows(ctx, bytes);
     let tokens = prompt(9, spec.n_vocab as u32);
     for p in [
         SamplingParams::default(),
@@ -427,18 +429,33 @@ fn pipelined_generation_matches(
             t = pollster::block_on(one.feed_and_sample(&[t], &p, step)).unwrap();
             want.push(t);
         }
-        let mut many = GpuSession::new(m.gpu.clone(), opts).unwrap();
-        assert_eq!(many.pipeline_depth(), depth);
-        many.begin(&tokens, &p, 0).unwrap();
-        let mut got = Vec::new();
-        let mut submitted = 1;
-        while got.len() < 10 {
-            while many.in_flight() < many.pipeline_depth() && submitted < 10 {
-                many.advance(&p, submitted).unwrap();
-                submitted += 1;
+        let pipelined = |many: &mut GpuSession| {
+            assert_eq!(many.pipeline_depth(), depth);
+            many.begin(&tokens, &p, 0).unwrap();
+            let mut got = Vec::new();
+            let mut submitted = 1;
+            while got.len() < 10 {
+                while many.in_flight() < many.pipeline_depth() && submitted < 10 {
+                    many.advance(&p, submitted).unwrap();
+                    submitted += 1;
+                }
+                got.push(pollster::block_on(many.next_token()).unwrap());
             }
-            got.push(pollster::block_on(many.next_token()).unwrap());
+            got
+        };
+        // Per-layer rows fetched asynchronously (the browser's way) give the same tokens;
+        // feeding a token whose rows were not fetched is an error.
+        let mut fetched = GpuSession::new(fetching.clone(), opts).unwrap();
+        if spec.gemma4.is_some() {
+            assert!(matches!(
+                fetched.begin(&tokens, &p, 0),
+                Err(ForwardError::RowsNotFetched(_))
+            ));
         }
+        pollster::block_on(fetched.fetch_rows(&tokens)).unwrap();
+        assert_eq!(pipelined(&mut fetched), want, "fetched rows, {p:?}");
+        let mut many = GpuSession::new(m.gpu.clone(), opts).unwrap();
+        let got = pipelined(&mut many);
         assert_eq!(got, want, "{p:?}");
         // Both caches hold the prompt and the first nine generated tokens.
         assert_eq!(many.tokens(), one.tokens());

@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{ctx, load, rel_err, scoring_session};
-use wgemma_text::CpuModel;
+use wgemma_text::{CpuModel, PleRows};
 
 struct Case {
     tokens: Vec<u32>,
@@ -145,7 +145,7 @@ fn gpu_forward_agrees_with_transformers_and_llama_cpp() {
         &g,
         &cfg,
         &*src,
-        Some(src.clone()),
+        Some(PleRows::Mapped(src.clone())),
         |_| {},
     ));
     assert!(

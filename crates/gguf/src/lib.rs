@@ -26,7 +26,10 @@ pub use dtype::{GgmlType, QK_K};
 pub use error::{GgufError, MetadataError, SourceError, TensorError};
 pub use file::{DEFAULT_ALIGNMENT, Gguf, MAX_DIMS, Metadata, TensorInfo};
 pub use quantize::quantize;
-pub use source::{BytesSource, FIRST_HEADER_READ, RangeSource, TensorSource, read_header};
+pub use source::{
+    BytesSource, FIRST_HEADER_READ, FetchedRows, MaybeSendSync, RangeSource, RowFetcher,
+    TensorSource, read_header,
+};
 #[cfg(not(target_arch = "wasm32"))]
 pub use source::{FileRangeSource, MmapSource, cache_dir};
 pub use value::{Array, Value, ValueType};

@@ -2,6 +2,7 @@
 //! or any asynchronous byte-range reader (the browser's HTTP Range fetches, a local file).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::error::{GgufError, SourceError};
@@ -117,6 +118,40 @@ impl<T: TensorSource> RangeSource for T {
         len: u64,
     ) -> impl Future<Output = Result<Vec<u8>, SourceError>> {
         std::future::ready(self.bytes(offset, len).map(<[u8]>::to_vec))
+    }
+}
+
+/// `Send + Sync` natively; no bound on wasm32, where nothing crosses threads and browser
+/// objects are neither.
+#[cfg(not(target_arch = "wasm32"))]
+pub trait MaybeSendSync: Send + Sync {}
+#[cfg(not(target_arch = "wasm32"))]
+impl<T: Send + Sync + ?Sized> MaybeSendSync for T {}
+/// `Send + Sync` natively; no bound on wasm32, where nothing crosses threads and browser
+/// objects are neither.
+#[cfg(target_arch = "wasm32")]
+pub trait MaybeSendSync {}
+#[cfg(target_arch = "wasm32")]
+impl<T: ?Sized> MaybeSendSync for T {}
+
+/// The future of [`RowFetcher::fetch`]: every range's bytes, in order.
+pub type FetchedRows<'a> = Pin<Box<dyn Future<Output = Result<Vec<Vec<u8>>, SourceError>> + 'a>>;
+
+/// Scattered reads while a model runs (Gemma 4's per-layer embedding rows: kilobytes per token
+/// at random offsets), from a source that cannot answer synchronously, such as HTTP Range
+/// requests in the browser. Object-safe; every [`RangeSource`] is one.
+pub trait RowFetcher: MaybeSendSync {
+    /// The bytes of each `(offset, len)` range; the reads may run concurrently.
+    fn fetch<'a>(&'a self, ranges: &'a [(u64, u64)]) -> FetchedRows<'a>;
+}
+
+impl<T: RangeSource + MaybeSendSync> RowFetcher for T {
+    fn fetch<'a>(&'a self, ranges: &'a [(u64, u64)]) -> FetchedRows<'a> {
+        Box::pin(futures::future::try_join_all(
+            ranges
+                .iter()
+                .map(|&(offset, len)| self.read_range(offset, len)),
+        ))
     }
 }
 

@@ -45,6 +45,10 @@ pub struct ContextOptions {
     /// are bounded by the shapes its dispatcher validates. On for debugging
     /// (`WGEMMA_SHADER_CHECKS=1`).
     pub shader_checks: bool,
+    /// Treat the adapter as a CPU rasterizer (tuning kernels for a SIMD loop per workgroup)
+    /// even when it does not say so: the browser hides that its WebGPU runs on SwiftShader,
+    /// but the page can tell from the adapter's architecture.
+    pub cpu_adapter: bool,
 }
 
 impl Default for ContextOptions {
@@ -56,6 +60,7 @@ impl Default for ContextOptions {
             allow_f16: true,
             allow_subgroups: true,
             shader_checks: false,
+            cpu_adapter: false,
         }
     }
 }
@@ -131,7 +136,10 @@ impl GpuContext {
         desc.flags = wgpu::InstanceFlags::empty();
         let instance = wgpu::Instance::new(desc);
         let adapter = Self::pick_adapter(&instance, &options).await?;
-        let info = adapter.get_info();
+        let mut info = adapter.get_info();
+        if options.cpu_adapter {
+            info.device_type = wgpu::DeviceType::Cpu;
+        }
         let available = adapter.features();
         let mut required = wgpu::Features::empty();
         let shader_f16 = options.allow_f16 && available.contains(wgpu::Features::SHADER_F16);

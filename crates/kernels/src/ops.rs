@@ -809,11 +809,11 @@ impl MatvecTuning {
         let steps = k / step;
         let cpu = ctx.info.device_type == wgpu::DeviceType::Cpu;
         // A CPU adapter runs a workgroup as one thread's SIMD loop, where a group wider than a
-        // subgroup only adds barriers.
-        let max_tpr = if cpu && ctx.features.subgroups {
-            ctx.features.subgroup_min_size.clamp(4, 256)
-        } else {
-            256
+        // subgroup only adds barriers; without subgroups every halving of a group is one.
+        let max_tpr = match (cpu, ctx.features.subgroups) {
+            (true, true) => ctx.features.subgroup_min_size.clamp(4, 256),
+            (true, false) => 4,
+            (false, _) => 256,
         };
         let mut tpr = [4u32, 8, 16, 32, 64, 128, 256]
             .into_iter()
@@ -1190,8 +1190,8 @@ pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, Gpu
     a.positions
         .expect_len32("head_post positions", u64::from(a.tokens))?;
     // Layers without their own cache still bind something in the K/V slots (never touched
-    // with n_kv = 0): read-only slots take q_norm, read-write ones qkv, so no buffer is bound
-    // with two different usages.
+    // with n_kv = 0): the read-only slot takes q_norm, the writable ones a word each of their
+    // own, since WebGPU refuses a buffer in two writable bindings.
     let (k_norm, kc, vc, capacity) = match &a.kv {
         Some(kv) => {
             kv.k_norm
@@ -1199,12 +1199,17 @@ pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, Gpu
             let row = u64::from(kv.n_kv * a.head_dim);
             (
                 kv.k_norm,
-                kv.k_cache,
-                kv.v_cache,
+                kv.k_cache.clone(),
+                kv.v_cache.clone(),
                 (kv.k_cache.len32() / row) as u32,
             )
         }
-        None => (a.q_norm, a.qkv, a.qkv, 0),
+        None => (
+            a.q_norm,
+            View::of(&ctx.storage("head_post unused k", 4)),
+            View::of(&ctx.storage("head_post unused v", 4)),
+            0,
+        ),
     };
     let source = ShaderSource::new("head_post", &[REDUCE_WGSL, HEAD_POST_WGSL])
         .flag_if(a.freq_factors.is_some(), "FREQ_FACTORS")
@@ -1225,8 +1230,8 @@ pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, Gpu
         Bind::Storage(a.qkv),
         Bind::Storage(a.q_norm),
         Bind::Storage(k_norm),
-        Bind::Storage(kc),
-        Bind::Storage(vc),
+        Bind::Storage(&kc),
+        Bind::Storage(&vc),
         Bind::Storage(a.positions),
         Bind::Params(params),
     ];

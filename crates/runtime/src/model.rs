@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use wgemma_gguf::{Gguf, RangeSource, TensorSource, read_header};
+use wgemma_gguf::{Gguf, RangeSource, read_header};
 use wgemma_kernels::{ContextOptions, GpuContext};
 use wgemma_text::chat::ChatTemplate;
 use wgemma_text::tokenizer::Tokenizer;
-use wgemma_text::{GpuModel, GpuSession, LoadProgress, SessionOptions, TextConfig};
+use wgemma_text::{GpuModel, GpuSession, LoadProgress, PleRows, SessionOptions, TextConfig};
 
 use crate::error::Error;
 use crate::info::ModelInfo;
@@ -21,9 +21,9 @@ pub struct LoadOptions {
     pub gpu: ContextOptions,
     /// A GPU context to share between models.
     pub context: Option<Arc<GpuContext>>,
-    /// Random access to the file, for what is read a row per token at run time (Gemma 4's
-    /// per-layer embedding table). [`Model::load_file`] sets it.
-    pub rows: Option<Arc<dyn TensorSource>>,
+    /// Where Gemma 4's per-layer embedding table is read a row per token at run time:
+    /// [`Model::load_file`] sets the mapped file, the browser binding its range reader.
+    pub rows: Option<PleRows>,
 }
 
 pub(crate) struct Inner {
@@ -67,7 +67,7 @@ impl Model {
         header: Gguf,
         source: &R,
         ctx: Arc<GpuContext>,
-        rows: Option<Arc<dyn TensorSource>>,
+        rows: Option<PleRows>,
         mut on_progress: Option<Box<dyn FnMut(LoadProgress)>>,
     ) -> Result<Self, Error> {
         let cfg = TextConfig::from_gguf(&header)?;
@@ -109,7 +109,7 @@ impl Model {
                 reason: e.to_string(),
             })?;
         let map = Arc::new(map);
-        opts.rows = Some(map.clone());
+        opts.rows = Some(PleRows::Mapped(map.clone()));
         Self::load(&map, opts).await
     }
 

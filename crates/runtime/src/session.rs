@@ -301,6 +301,7 @@ impl Run<'_> {
             .into());
         }
         self.prompt_len = tokens.len();
+        s.gpu.fetch_rows(&tokens[common..]).await?;
         s.gpu.begin(&tokens[common..], &self.req.sampling, 0)?;
         self.submitted = 1;
         Ok(())

@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use wgemma_gguf::{GgmlType, Gguf, RangeSource, TensorInfo, TensorSource, dequantize_to_vec};
+use wgemma_gguf::{
+    GgmlType, Gguf, RangeSource, RowFetcher, TensorInfo, TensorSource, dequantize_to_vec,
+};
 use wgemma_kernels::{GpuContext, GpuError, GpuWeight, View};
 
 use crate::config::TextConfig;
@@ -96,20 +98,26 @@ pub(super) struct PleTable {
     pub info: TensorInfo,
     /// Absolute offset of the table's data in the file.
     pub start: u64,
-    pub rows: Arc<dyn TensorSource>,
+    pub rows: PleRows,
     pub proj: GpuWeight,
     pub proj_norm: View,
 }
 
+/// Where the per-layer embedding table's rows come from while the model runs.
+#[derive(Clone)]
+pub enum PleRows {
+    /// Synchronous random access (a mapped file): rows are read as each step is staged.
+    Mapped(Arc<dyn TensorSource>),
+    /// Asynchronous reads (HTTP Range requests in the browser): a session fetches the rows
+    /// of the tokens it is about to feed first ([`crate::GpuSession::fetch_rows`]).
+    Fetched(Arc<dyn RowFetcher>),
+}
+
 impl PleTable {
-    /// The raw (quantized) rows of `tokens`, back to back.
-    pub fn read_rows(&self, tokens: &[u32]) -> Result<Vec<u8>, wgemma_gguf::SourceError> {
+    /// The file range of `token`'s row.
+    pub fn row_range(&self, token: u32) -> (u64, u64) {
         let rb = self.info.row_bytes();
-        let mut out = Vec::with_capacity(tokens.len() * rb as usize);
-        for &t in tokens {
-            out.extend_from_slice(self.rows.bytes(self.start + u64::from(t) * rb, rb)?);
-        }
-        Ok(out)
+        (self.start + u64::from(token) * rb, rb)
     }
 }
 
@@ -334,7 +342,7 @@ impl GpuModel {
         g: &Gguf,
         cfg: &TextConfig,
         src: &R,
-        rows: Option<Arc<dyn TensorSource>>,
+        rows: Option<PleRows>,
         mut progress: impl FnMut(LoadProgress),
     ) -> Result<Self, LoadError> {
         let t = ModelTensors::resolve(g, cfg)?;

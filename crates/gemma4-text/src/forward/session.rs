@@ -4,7 +4,7 @@
 //! reads the token the previous step sampled into `result`, so steps can be queued back to
 //! back while the CPU reads earlier tokens back.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use wgemma_kernels::ops::{
@@ -13,7 +13,7 @@ use wgemma_kernels::ops::{
 };
 use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Profiler, Recorder, View, WeightTile, wgpu};
 
-use super::model::{GateUp, GpuModel};
+use super::model::{GateUp, GpuModel, PleRows, PleTable};
 use crate::sampling::{SamplingParams, Strategy};
 
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +34,10 @@ pub enum ForwardError {
     Busy,
     #[error("reading per-layer embedding rows: {0}")]
     Rows(#[from] wgemma_gguf::SourceError),
+    #[error(
+        "the per-layer embedding rows of token {0} were not fetched: call fetch_rows before feeding it"
+    )]
+    RowsNotFetched(u32),
 }
 
 /// Sizes of a session.
@@ -172,7 +176,13 @@ pub struct GpuSession {
     deferred: Option<Deferred>,
     next_slot: usize,
     has_logits: bool,
+    /// Per-layer embedding rows fetched ahead of the steps that feed their tokens (models
+    /// whose rows come from an asynchronous source).
+    fetched: HashMap<u32, Vec<u8>>,
 }
+
+/// Fetched rows kept for later steps; past this, a new fetch starts from an empty store.
+const FETCHED_ROWS_KEPT: usize = 1024;
 
 impl GpuSession {
     /// Allocates the KV cache and scratch and prepares the decode step.
@@ -289,6 +299,7 @@ impl GpuSession {
             deferred: None,
             next_slot: 0,
             has_logits: false,
+            fetched: HashMap::new(),
         };
         session.decode = session.plan(1, &session.s.result, LogitsFor::Last, None)?;
         ctx.check()?;
@@ -810,7 +821,7 @@ impl GpuSession {
     }
 
     /// Writes the ids and positions of a chunk that starts at the current position.
-    fn stage(&self, chunk: &[u32]) -> Result<(), ForwardError> {
+    fn stage(&mut self, chunk: &[u32]) -> Result<(), ForwardError> {
         let ctx = &self.model.ctx;
         self.stage_ple_rows(chunk)?;
         let start = self.position() as u32;
@@ -831,10 +842,58 @@ impl GpuSession {
     /// Copies the per-layer table rows of `tokens` to the GPU (models with per-layer
     /// embeddings): a row per token from the file, never the whole table.
     fn stage_ple_rows(&self, tokens: &[u32]) -> Result<(), ForwardError> {
-        if let Some(ple) = &self.model.ple {
-            let rows = ple.read_rows(tokens)?;
-            self.model.ctx.write(&self.s.ple.rows.buffer, 0, &rows);
+        let Some(ple) = &self.model.ple else {
+            return Ok(());
+        };
+        let mut rows = Vec::with_capacity(tokens.len() * ple.info.row_bytes() as usize);
+        for &t in tokens {
+            match &ple.rows {
+                PleRows::Mapped(src) => {
+                    let (offset, len) = ple.row_range(t);
+                    rows.extend_from_slice(src.bytes(offset, len)?);
+                }
+                PleRows::Fetched(_) => {
+                    rows.extend_from_slice(
+                        self.fetched
+                            .get(&t)
+                            .ok_or(ForwardError::RowsNotFetched(t))?,
+                    );
+                }
+            }
         }
+        self.model.ctx.write(&self.s.ple.rows.buffer, 0, &rows);
+        Ok(())
+    }
+
+    /// Reads the per-layer embedding rows of `tokens` ahead of the steps that feed them, when
+    /// they come from an asynchronous source (the browser); a no-op otherwise. Generation
+    /// ([`GpuSession::next_token`], [`GpuSession::feed_and_sample`], [`GpuSession::score`])
+    /// fetches by itself; call it before [`GpuSession::begin`] and [`GpuSession::feed`].
+    pub async fn fetch_rows(&mut self, tokens: &[u32]) -> Result<(), ForwardError> {
+        let model = self.model.clone();
+        let Some(PleTable {
+            rows: PleRows::Fetched(src),
+            ..
+        }) = &model.ple
+        else {
+            return Ok(());
+        };
+        if self.fetched.len() > FETCHED_ROWS_KEPT {
+            self.fetched.clear();
+        }
+        let mut want: Vec<u32> = tokens
+            .iter()
+            .copied()
+            .filter(|t| !self.fetched.contains_key(t))
+            .collect();
+        want.sort_unstable();
+        want.dedup();
+        let ple = model.ple.as_ref().expect("matched above");
+        // Bad ids fail later with a clear error, not as an out-of-range read here.
+        want.retain(|&t| (t as usize) < model.cfg.n_vocab);
+        let ranges: Vec<(u64, u64)> = want.iter().map(|&t| ple.row_range(t)).collect();
+        let rows = src.fetch(&ranges).await?;
+        self.fetched.extend(want.into_iter().zip(rows));
         Ok(())
     }
 
@@ -1084,6 +1143,17 @@ impl GpuSession {
         } else {
             self.known_unfed = Some(token);
         }
+        if self.needs_token_on_cpu()
+            && let Err(e) = self.fetch_rows(&[token]).await
+        {
+            // The step recorded for this token cannot run: forget it, so the token is
+            // sampled but not fed, as if that step had never been queued.
+            if self.deferred.take().is_some() {
+                self.history.pop();
+                self.known_unfed = Some(token);
+            }
+            return Err(e);
+        }
         // A recorded step was waiting for exactly this token.
         if let Some(d) = self.deferred.take() {
             self.stage_ple_rows(&[token])?;
@@ -1107,6 +1177,7 @@ impl GpuSession {
         p: &SamplingParams,
         step: u32,
     ) -> Result<u32, ForwardError> {
+        self.fetch_rows(tokens).await?;
         self.begin(tokens, p, step)?;
         self.next_token().await
     }
@@ -1264,6 +1335,7 @@ impl GpuSession {
         let all = View::of(&ctx.storage("all_logits", (rows * vocab * 4) as u64));
         let mut out = Vec::with_capacity(tokens.len());
         for chunk in tokens.chunks(rows) {
+            self.fetch_rows(chunk).await?;
             let ops = self.plan(chunk.len() as u32, &self.s.ids, LogitsFor::All, Some(&all))?;
             self.stage(chunk)?;
             let mut rec = Recorder::new(&ctx, "score");

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use wgemma_gguf::{BytesSource, Gguf, TensorSource};
 use wgemma_kernels::{ContextOptions, GpuContext};
-use wgemma_text::{CpuModel, GpuModel, GpuSession, SessionOptions, TextConfig};
+use wgemma_text::{CpuModel, GpuModel, GpuSession, PleRows, SessionOptions, TextConfig};
 
 pub fn ctx() -> Option<Arc<GpuContext>> {
     static CTX: OnceLock<Option<Arc<GpuContext>>> = OnceLock::new();
@@ -59,8 +59,18 @@ pub fn gpu_model<S: TensorSource + 'static>(
     cfg: &TextConfig,
     src: &Arc<S>,
 ) -> Arc<GpuModel> {
-    let rows: Arc<dyn TensorSource> = src.clone();
+    let rows = PleRows::Mapped(src.clone());
     Arc::new(pollster::block_on(GpuModel::load(ctx, g, cfg, &**src, Some(rows), |_| {})).unwrap())
+}
+
+/// The model's weights on the GPU, with the per-layer embedding rows read as the browser
+/// reads them: fetched asynchronously ahead of the steps that feed their tokens.
+pub fn gpu_model_fetching_rows(ctx: Arc<GpuContext>, bytes: Vec<u8>) -> Arc<GpuModel> {
+    let g = Gguf::parse(&bytes).unwrap();
+    let cfg = TextConfig::from_gguf(&g).unwrap();
+    let src = Arc::new(BytesSource::new(bytes.clone()));
+    let rows = PleRows::Fetched(src.clone());
+    Arc::new(pollster::block_on(GpuModel::load(ctx, &g, &cfg, &*src, Some(rows), |_| {})).unwrap())
 }
 
 /// A small session for teacher forcing: prompts run in chunks of 8.

@@ -6,15 +6,16 @@ mod range;
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use futures::StreamExt;
 use js_sys::{Function, Promise};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
-use wgemma_text::{LoadProgress, SessionOptions};
+use wgemma_text::{LoadProgress, PleRows, SessionOptions};
 
 use crate::json::session_options_from_json;
-use crate::{CancelHandle, Error, GenerateRequest, LoadOptions, Model, Session};
+use crate::{CancelHandle, ContextOptions, Error, GenerateRequest, LoadOptions, Model, Session};
 use range::{JsRangeSource, js_message};
 
 #[wasm_bindgen]
@@ -50,12 +51,14 @@ pub struct WasmModel {
 #[wasm_bindgen]
 impl WasmModel {
     /// Loads a model through `reader` (`{size, read(offset, length) -> Promise<Uint8Array>}`),
-    /// calling `on_progress(done, total)` (bytes) as the weights upload.
+    /// calling `on_progress(done, total)` (bytes) as the weights upload. `cpu_adapter` says
+    /// the page found WebGPU running on the CPU (SwiftShader), which the engine cannot see.
     pub async fn load(
         reader: JsValue,
         on_progress: Option<Function>,
+        cpu_adapter: bool,
     ) -> Result<WasmModel, JsValue> {
-        let source = JsRangeSource::new(reader).map_err(|e| reject(&e.into()))?;
+        let source = Arc::new(JsRangeSource::new(reader).map_err(|e| reject(&e.into()))?);
         let on_progress = on_progress.map(|f| {
             Box::new(move |p: LoadProgress| {
                 // A throwing progress callback must not abort the load.
@@ -68,9 +71,15 @@ impl WasmModel {
         });
         let opts = LoadOptions {
             on_progress,
+            // Gemma 4's per-layer embedding rows come by range requests as tokens are fed.
+            rows: Some(PleRows::Fetched(source.clone())),
+            gpu: ContextOptions {
+                cpu_adapter,
+                ..ContextOptions::default()
+            },
             ..LoadOptions::default()
         };
-        let model = Model::load(&source, opts).await.map_err(|e| reject(&e))?;
+        let model = Model::load(&*source, opts).await.map_err(|e| reject(&e))?;
         Ok(WasmModel { model })
     }
 
@@ -86,6 +95,7 @@ impl WasmModel {
                 serde_json::json!({
                     "adapter": ctx.info.name,
                     "backend": ctx.info.backend.to_string(),
+                    "deviceType": format!("{:?}", ctx.info.device_type),
                     "shaderF16": ctx.features.shader_f16,
                     "subgroups": ctx.features.subgroups,
                     "weightBytes": self.model.gpu_bytes(),
