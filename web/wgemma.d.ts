@@ -107,6 +107,14 @@ export type GenerateEvent =
 export class Session {
   generate(messages: Message[] | string, options?: GenerateOptions): AsyncGenerator<GenerateEvent>;
   abort(): void;
+  /** GPU time per kernel of a prefill over `messages` and one decode step; null without timestamp queries. */
+  profile(
+    messages: Message[] | string,
+    options?: GenerateOptions,
+  ): Promise<
+    | { what: "prefill" | "decode"; tokens: number; totalUs: number; kernels: { name: string; dispatches: number; us: number }[] }[]
+    | null
+  >;
   reset(): Promise<void>;
   close(): Promise<void>;
 }

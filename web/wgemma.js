@@ -57,6 +57,12 @@ class Channel {
 
 let nextSession = 1;
 
+// The worker's request object for generate()'s arguments.
+function toRequest(messages, { raw, ...rest }) {
+  if (typeof messages !== "string") return { ...rest, messages };
+  return raw ? { ...rest, prompt: messages } : { ...rest, messages: [{ role: "user", content: messages }] };
+}
+
 /** A conversation: its KV cache stays on the GPU between turns. */
 export class Session {
   constructor(channel, options) {
@@ -85,13 +91,7 @@ export class Session {
    */
   async *generate(messages, options = {}) {
     await this.ready;
-    const { raw, ...rest } = options;
-    const request =
-      typeof messages === "string"
-        ? raw
-          ? { ...rest, prompt: messages }
-          : { ...rest, messages: [{ role: "user", content: messages }] }
-        : { ...rest, messages };
+    const request = toRequest(messages, options);
     const queue = [];
     let wake = null;
     let finished = false;
@@ -124,6 +124,17 @@ export class Session {
   /** Stops the running generation; it ends with `{type: "done", reason: "aborted"}`. */
   abort() {
     this.channel.send({ op: "abort", session: this.id });
+  }
+
+  /**
+   * GPU time per kernel of a prefill over `messages` and of one decode step (timestamp
+   * queries; null without them): `[{what, tokens, totalUs, kernels: [{name, dispatches, us}]}]`.
+   * Leaves the conversation empty.
+   */
+  async profile(messages, options = {}) {
+    await this.ready;
+    const request = toRequest(messages, options);
+    return await this.enqueue(() => this.channel.call({ op: "profile", session: this.id, request }));
   }
 
   /** Forgets the conversation. */

@@ -199,6 +199,11 @@ const handlers = {
     }
     return null;
   },
+  async profile({ session, request }) {
+    const s = sessions.get(session);
+    if (!s) throw { code: "no_session", message: `no session ${session}` };
+    return await s.profile(JSON.stringify(request));
+  },
   async reset({ session }) {
     await sessions.get(session)?.reset();
     return null;

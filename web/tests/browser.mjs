@@ -146,8 +146,9 @@ try {
       for await (const ev of s.generate(messages, { ...options, maxTokens: 200 })) break;
       const third = [];
       for await (const ev of s.generate(messages, options)) if (ev.type === "token") third.push(ev.id);
+      const profile = await s.profile(messages);
       m.dispose();
-      return { reason: done?.reason, tokensBeforeStop: ids.length, after, third };
+      return { reason: done?.reason, tokensBeforeStop: ids.length, after, third, profile };
     },
     { model: env.WGEMMA_MODEL, request },
   );
@@ -156,6 +157,15 @@ try {
     abort.reason === "aborted" && abort.tokensBeforeStop <= 3 + 2,
     JSON.stringify(abort),
   );
+  const p = abort.profile;
+  check(
+    "profile times the kernels of a prefill and a decode step",
+    p === null ||
+      (p.length === 2 && p[1].what === "decode" && p.every((s) => s.kernels.length > 0 && s.totalUs > 0)),
+    JSON.stringify(p)?.slice(0, 400),
+  );
+  results.profiled = p !== null;
+  delete abort.profile;
   check(
     "the session is usable after abort",
     JSON.stringify(abort.after) === JSON.stringify(expected) &&
@@ -255,11 +265,13 @@ try {
           if (ev.type === "done") done = ev;
           else console.log(`[bench] token ${ev.id}`);
         }
+        const profile = await s.profile(prompt, { raw: true });
+        console.log("[bench] profiled");
         const info = cold.m.info();
         cold.m.dispose();
         const warm = await load("cached");
         warm.m.dispose();
-        return { coldLoadMs: cold.ms, cachedLoadMs: warm.ms, gpu: info.gpu, timings: done.timings, reason: done.reason };
+        return { coldLoadMs: cold.ms, cachedLoadMs: warm.ms, gpu: info.gpu, timings: done.timings, reason: done.reason, profile };
       },
       { model: env.WGEMMA_BENCH },
     );

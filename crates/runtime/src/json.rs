@@ -12,7 +12,7 @@ use wgemma_text::chat::{Message, Role};
 use wgemma_text::{SamplingParams, SessionOptions};
 
 use crate::error::Error;
-use crate::session::{Event, GenerateRequest, Prompt, StopReason, Timings};
+use crate::session::{Event, GenerateRequest, Prompt, StepProfile, StopReason, Timings};
 
 fn bad(msg: impl Into<String>) -> Error {
     Error::Request(msg.into())
@@ -176,6 +176,23 @@ impl Timings {
             "decodeMs": self.decode_ms,
             "promptTokPerS": self.prompt_tok_per_s(),
             "decodeTokPerS": self.decode_tok_per_s(),
+        })
+    }
+}
+
+impl StepProfile {
+    /// `{"what", "tokens", "totalUs", "kernels": [{"name", "dispatches", "us"}]}`.
+    pub fn to_json(&self) -> Value {
+        let kernels: Vec<Value> = self
+            .kernels
+            .iter()
+            .map(|(name, n, us)| json!({ "name": name, "dispatches": n, "us": us }))
+            .collect();
+        json!({
+            "what": self.what,
+            "tokens": self.tokens,
+            "totalUs": self.kernels.iter().map(|k| k.2).sum::<f64>(),
+            "kernels": kernels,
         })
     }
 }

@@ -30,7 +30,9 @@ pub use error::Error;
 pub use info::ModelInfo;
 pub use json::session_options_from_json;
 pub use model::{LoadOptions, Model};
-pub use session::{CancelHandle, Event, GenerateRequest, Prompt, Session, StopReason, Timings};
+pub use session::{
+    CancelHandle, Event, GenerateRequest, Prompt, Session, StepProfile, StopReason, Timings,
+};
 pub use source::{ModelSource, SourceError};
 pub use wgemma_gguf as gguf;
 pub use wgemma_kernels::{ContextOptions, GpuContext};

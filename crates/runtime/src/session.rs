@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::Stream;
+use wgemma_kernels::Profiler;
 use wgemma_text::chat::Message;
 use wgemma_text::tokenizer::StreamDecoder;
 use wgemma_text::{ForwardError, GpuSession, SamplingParams};
@@ -96,6 +97,16 @@ pub enum Event {
         reason: StopReason,
         timings: Timings,
     },
+}
+
+/// Where one step's GPU time went ([`Session::profile`]).
+#[derive(Clone, Debug)]
+pub struct StepProfile {
+    /// `prefill` or `decode`.
+    pub what: &'static str,
+    pub tokens: usize,
+    /// Per kernel: its name, how many dispatches, their total microseconds; costliest first.
+    pub kernels: Vec<(&'static str, usize, f64)>,
 }
 
 /// Stops a running generation from elsewhere (another task, a UI button).
@@ -202,6 +213,35 @@ impl Session {
             self.gpu.rewind(0)?;
         }
         Ok(r?)
+    }
+
+    /// GPU time per kernel of one pass over `tokens` (a prefill) and of one decode step after
+    /// it, each dispatch timed in its own pass: `None` when the adapter has no timestamp
+    /// queries. Starts from an empty cache and leaves one.
+    pub async fn profile(&mut self, tokens: &[u32]) -> Result<Option<Vec<StepProfile>>, Error> {
+        let ctx = self.model.gpu_context().clone();
+        let Some(mut profiler) = Profiler::new(&ctx, 4096) else {
+            return Ok(None);
+        };
+        if tokens.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        self.gpu.drain().await?;
+        self.gpu.rewind(0)?;
+        let mut steps = Vec::new();
+        for (what, fed) in [("prefill", tokens), ("decode", &tokens[..1])] {
+            self.gpu.fetch_rows(fed).await?;
+            let r = self.gpu.feed_profiled(fed, Some(&mut profiler));
+            let kernels = profiler.read(&ctx).await;
+            r?;
+            steps.push(StepProfile {
+                what,
+                tokens: fed.len(),
+                kernels: kernels?,
+            });
+        }
+        self.gpu.rewind(0)?;
+        Ok(Some(steps))
     }
 
     /// Generates a reply. Dropping the stream stops generation; the session stays usable

@@ -153,6 +153,32 @@ impl WasmSession {
         self.cancel.cancel();
     }
 
+    /// GPU time per kernel of a prefill over the prompt of `request` (JSON, as for
+    /// `generate`) and of one decode step: `[{what, tokens, totalUs, kernels}]`, or null
+    /// without timestamp queries. Leaves the conversation empty.
+    pub fn profile(&self, request: &str) -> Promise {
+        let slot = self.session.clone();
+        let parsed = parse_json(request).and_then(|v| GenerateRequest::from_json(&v));
+        future_to_promise(async move {
+            let req = parsed.map_err(|e| reject(&e))?;
+            let mut session = slot
+                .borrow_mut()
+                .take()
+                .ok_or_else(|| reject(&Error::Busy))?;
+            let r = match session.prompt_tokens(&req.prompt) {
+                Ok(tokens) => session.profile(&tokens).await,
+                Err(e) => Err(e),
+            };
+            *slot.borrow_mut() = Some(session);
+            let steps = r.map_err(|e| reject(&e))?;
+            Ok(steps.map_or(JsValue::NULL, |s| {
+                js_value(&serde_json::Value::Array(
+                    s.iter().map(|p| p.to_json()).collect(),
+                ))
+            }))
+        })
+    }
+
     /// Forgets the conversation.
     pub fn reset(&self) -> Promise {
         let slot = self.session.clone();
