@@ -187,6 +187,24 @@ try {
     };
   });
   check("a missing URL is a source error", errors.missing.startsWith("WGemmaError/source"), errors.missing);
+
+  // A download cut off mid-body: retried, then a clear error, and nothing partial cached.
+  const broken = await page.evaluate(async (model) => {
+    const { WGemma } = await import("./wgemma.js");
+    const url = new URL(`broken/${model}`, location.href).href;
+    const outcome = await WGemma.load(url).then(
+      () => "loaded",
+      (e) => `${e.code}: ${e.message}`,
+    );
+    const cache = await caches.open("wgemma-models-v1");
+    const cached = (await cache.keys()).map((k) => k.url).filter((u) => u.startsWith(url));
+    return { outcome, cached };
+  }, env.WGEMMA_MODEL);
+  check(
+    "a dropped download fails clearly and caches nothing partial",
+    broken.outcome.startsWith("source: ") && broken.cached.length === 0,
+    JSON.stringify(broken),
+  );
   check("a non-GGUF file is a bad_gguf error", errors.notGguf.startsWith("WGemmaError/bad_gguf"), errors.notGguf);
 
   // The demo page, driven like a user: load, ask, watch tokens stream, screenshot.

@@ -1,6 +1,8 @@
 //! `cargo xtask serve`: the demo page and models over HTTP on 127.0.0.1, with the Range
 //! requests the browser loader reads weights by. `web/` is served at `/`, each `--model` file at
-//! `/models/<file name>`, and their names at `/models/index.json`.
+//! `/models/<file name>`, and their names at `/models/index.json`. Under `/broken/` the same
+//! files are served with every body longer than a byte cut off halfway and the connection
+//! closed, as a dropped download looks to the browser.
 
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -179,6 +181,10 @@ fn respond(
     range: Option<&str>,
     head: bool,
 ) -> io::Result<()> {
+    let (path, broken) = match path.strip_prefix("/broken") {
+        Some(rest) if rest.starts_with('/') => (rest, true),
+        _ => (path, false),
+    };
     let file = match resolve(site, path) {
         Target::File(f) => f,
         Target::Json(json) => {
@@ -232,6 +238,13 @@ fn respond(
         return Ok(());
     }
     fh.seek(SeekFrom::Start(start))?;
+    if broken && len > 1 {
+        io::copy(&mut fh.take(len / 2), out)?;
+        return Err(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "cut off on purpose",
+        ));
+    }
     io::copy(&mut fh.take(len), out)?;
     Ok(())
 }

@@ -35,7 +35,10 @@ impl Error {
     pub fn code(&self) -> &'static str {
         use wgemma_text::ForwardError as F;
         match self {
-            Error::Source(_) | Error::Read(_) => "source",
+            // Reading the header can fail at the source, which says nothing about the file.
+            Error::Source(_) | Error::Read(_) | Error::Gguf(wgemma_gguf::GgufError::Source(_)) => {
+                "source"
+            }
             Error::Gguf(_) => "bad_gguf",
             Error::Config(_) => "unsupported_model",
             Error::Load(_) => "load",
@@ -48,5 +51,22 @@ impl Error {
             Error::Request(_) => "bad_request",
             Error::Busy => "busy",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wgemma_gguf::{GgufError, SourceError};
+
+    #[test]
+    fn a_failed_read_is_a_source_error_even_inside_the_header() {
+        let read = || SourceError::Other("HTTP 503".into());
+        assert_eq!(Error::Read(read()).code(), "source");
+        assert_eq!(Error::Gguf(GgufError::Source(read())).code(), "source");
+        assert_eq!(
+            Error::Gguf(GgufError::BadMagic(*b"<!do")).code(),
+            "bad_gguf"
+        );
     }
 }
