@@ -7,16 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(rustc-web rust-web-src cargo-web chromium)
 command -v node >/dev/null && command -v npm >/dev/null || pkgs+=(nodejs npm)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  sudo=""
-  [ "$(id -u)" = 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
-fi
+scripts/apt-install-missing.sh "${pkgs[@]}"
 want=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock)
 have=$(wasm-bindgen --version 2>/dev/null | awk '{ print $2 }' || true)
 if [ "$have" != "$want" ]; then

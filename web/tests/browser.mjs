@@ -5,6 +5,8 @@
 //   WGEMMA_MODEL_FILE  the same model on disk (picked through the file input)
 //   WGEMMA_G4_MODEL, WGEMMA_G4_EXPECTED  a tiny Gemma 4 with per-layer embeddings, and the
 //                                        native run's tokens for WGEMMA_REQUEST
+//   WGEMMA_DTYPE_REQUEST, WGEMMA_DTYPE_CASES  tiny models of every weight dtype
+//                                        ([{dtype, model, expected}]) and what they are asked
 //   WGEMMA_EXPECTED  the native run's token ids      WGEMMA_OUT       where the screenshot goes
 //   WGEMMA_DEMO_REQUEST, WGEMMA_DEMO_EXPECTED        what is typed into the demo page, and the
 //                                                    native run's tokens for it
@@ -124,6 +126,33 @@ try {
     JSON.stringify(g4) === JSON.stringify(expected4),
     `browser ${JSON.stringify(g4)} vs native ${JSON.stringify(expected4)}`,
   );
+
+  // Every weight dtype compiles under Chromium's WGSL compiler and matches native.
+  const dtypeRequest = JSON.parse(env.WGEMMA_DTYPE_REQUEST);
+  for (const c of JSON.parse(env.WGEMMA_DTYPE_CASES)) {
+    const got = await page.evaluate(
+      async ({ model, request }) => {
+        const { WGemma } = await import("./wgemma.js");
+        try {
+          const m = await WGemma.load(model, { cache: false });
+          const ids = [];
+          const { prompt, ...options } = request;
+          for await (const ev of m.session({ context: 64 }).generate(prompt, { ...options, raw: true }))
+            if (ev.type === "token") ids.push(ev.id);
+          m.dispose();
+          return ids;
+        } catch (e) {
+          return `${e.code}: ${e.message}`;
+        }
+      },
+      { model: c.model, request: dtypeRequest },
+    );
+    check(
+      `${c.dtype} weights match the native run`,
+      JSON.stringify(got) === JSON.stringify(c.expected),
+      `browser ${JSON.stringify(got)} vs native ${JSON.stringify(c.expected)}`,
+    );
+  }
 
   // Abort within a step, then the same session still answers, identically.
   const abort = await page.evaluate(

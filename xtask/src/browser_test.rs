@@ -10,7 +10,7 @@ use std::process::Command;
 use futures::StreamExt;
 use wgemma::{Event, GenerateRequest, LoadOptions, Model, session_options_from_json};
 use wgemma_gguf::GgmlType;
-use wgemma_kernels::ContextOptions;
+use wgemma_kernels::{ContextOptions, GPU_DTYPES};
 use wgemma_text::synth::{SynthSpec, write_synthetic};
 
 use crate::TaskError;
@@ -50,6 +50,11 @@ fn demo_request() -> serde_json::Value {
         "messages": [{"role": "user", "content": "hello there"}],
         "maxTokens": 16,
     })
+}
+
+/// What each dtype's tiny model is asked (raw text, greedy, distinct tokens).
+fn dtype_request() -> serde_json::Value {
+    serde_json::json!({ "prompt": "the sea", "maxTokens": 4, "presencePenalty": 1000.0 })
 }
 
 /// The session both runs use.
@@ -120,6 +125,13 @@ pub fn run(a: Args) -> Result<(), TaskError> {
             std::fs::metadata(&built.wasm)?.len() as f64 / (1u64 << 20) as f64
         );
     }
+    let name = |p: &Path| {
+        format!(
+            "models/{}",
+            p.file_name().and_then(|n| n.to_str()).unwrap_or_default()
+        )
+    };
+    let mut models = Vec::new();
     let synth = |name: &str, spec: SynthSpec| -> Result<PathBuf, TaskError> {
         let path = out.join(name);
         let file = std::fs::File::create(&path)?;
@@ -129,6 +141,23 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     let tiny = synth("tiny.gguf", SynthSpec::tiny_gemma3(GgmlType::Q4K))?;
     // Gemma 4 with per-layer embeddings: the browser fetches their rows by range requests.
     let tiny4 = synth("tiny-gemma4.gguf", SynthSpec::tiny_gemma4(GgmlType::Q8_0))?;
+    // Every weight dtype the kernels read, so Chromium's WGSL compiler sees each kernel
+    // variant: a few tokens each, against the native run.
+    let mut dtype_cases = Vec::new();
+    for dtype in GPU_DTYPES {
+        let path = synth(
+            &format!("tiny-{}.gguf", dtype.name()),
+            SynthSpec::tiny_gemma3(dtype),
+        )?;
+        let ids = native_tokens(&path, &[dtype_request()])?.remove(0);
+        if ids.len() < 2 {
+            return Err(format!("the native {dtype} run stopped too early to compare").into());
+        }
+        dtype_cases.push(
+            serde_json::json!({ "dtype": dtype.name(), "model": name(&path), "expected": ids }),
+        );
+        models.push(path);
+    }
     let native = native_tokens(&tiny, &[request(), demo_request()])?;
     let (expected, expected_demo) = (&native[0], &native[1]);
     let expected4 = native_tokens(&tiny4, &[request()])?.remove(0);
@@ -138,15 +167,9 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     }
     let tests = root.join("web/tests");
     ensure_playwright(&tests)?;
-    let mut models = vec![tiny.clone(), tiny4.clone()];
+    models.extend([tiny.clone(), tiny4.clone()]);
     models.extend(a.bench_model.iter().cloned());
     let server = Server::start(root.join("web"), models, 0)?;
-    let name = |p: &Path| {
-        format!(
-            "models/{}",
-            p.file_name().and_then(|n| n.to_str()).unwrap_or_default()
-        )
-    };
     let mut node = Command::new("node");
     node.current_dir(&tests)
         .arg("browser.mjs")
@@ -156,6 +179,11 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         .env("WGEMMA_MODEL_FILE", &tiny)
         .env("WGEMMA_G4_MODEL", name(&tiny4))
         .env("WGEMMA_G4_EXPECTED", serde_json::to_string(&expected4)?)
+        .env("WGEMMA_DTYPE_REQUEST", dtype_request().to_string())
+        .env(
+            "WGEMMA_DTYPE_CASES",
+            serde_json::Value::Array(dtype_cases).to_string(),
+        )
         .env("WGEMMA_REQUEST", request().to_string())
         .env("WGEMMA_EXPECTED", serde_json::to_string(expected)?)
         .env("WGEMMA_DEMO_REQUEST", demo_request().to_string())

@@ -15,7 +15,9 @@ use wasm_bindgen_futures::future_to_promise;
 use wgemma_text::{LoadProgress, PleRows, SessionOptions};
 
 use crate::json::session_options_from_json;
-use crate::{CancelHandle, ContextOptions, Error, GenerateRequest, LoadOptions, Model, Session};
+use crate::{
+    CancelHandle, ContextOptions, Error, GenerateRequest, LoadOptions, Model, Prompt, Session,
+};
 use range::{JsRangeSource, js_message};
 
 #[wasm_bindgen]
@@ -134,17 +136,9 @@ impl WasmSession {
     /// Generates for `request` (JSON, see the runtime's `json` module), calling
     /// `on_event(event)` for each token and the final `done`; resolves when generation ends.
     pub fn generate(&self, request: &str, on_event: Function) -> Promise {
-        let slot = self.session.clone();
-        let parsed = parse_json(request).and_then(|v| GenerateRequest::from_json(&v));
-        future_to_promise(async move {
-            let req = parsed.map_err(|e| reject(&e))?;
-            let mut session = slot
-                .borrow_mut()
-                .take()
-                .ok_or_else(|| reject(&Error::Busy))?;
-            let result = emit_events(&mut session, req, &on_event).await;
-            *slot.borrow_mut() = Some(session);
-            result.map(|()| JsValue::UNDEFINED)
+        self.lend(Some(request), async move |session, req| {
+            emit_events(session, req, &on_event).await?;
+            Ok(JsValue::UNDEFINED)
         })
     }
 
@@ -157,20 +151,9 @@ impl WasmSession {
     /// `generate`) and of one decode step: `[{what, tokens, totalUs, kernels}]`, or null
     /// without timestamp queries. Leaves the conversation empty.
     pub fn profile(&self, request: &str) -> Promise {
-        let slot = self.session.clone();
-        let parsed = parse_json(request).and_then(|v| GenerateRequest::from_json(&v));
-        future_to_promise(async move {
-            let req = parsed.map_err(|e| reject(&e))?;
-            let mut session = slot
-                .borrow_mut()
-                .take()
-                .ok_or_else(|| reject(&Error::Busy))?;
-            let r = match session.prompt_tokens(&req.prompt) {
-                Ok(tokens) => session.profile(&tokens).await,
-                Err(e) => Err(e),
-            };
-            *slot.borrow_mut() = Some(session);
-            let steps = r.map_err(|e| reject(&e))?;
+        self.lend(Some(request), async |session, req| {
+            let tokens = session.prompt_tokens(&req.prompt).map_err(|e| reject(&e))?;
+            let steps = session.profile(&tokens).await.map_err(|e| reject(&e))?;
             Ok(steps.map_or(JsValue::NULL, |s| {
                 js_value(&serde_json::Value::Array(
                     s.iter().map(|p| p.to_json()).collect(),
@@ -181,15 +164,35 @@ impl WasmSession {
 
     /// Forgets the conversation.
     pub fn reset(&self) -> Promise {
+        self.lend(None, async |session, _| {
+            session.reset().await.map_err(|e| reject(&e))?;
+            Ok(JsValue::UNDEFINED)
+        })
+    }
+}
+
+impl WasmSession {
+    /// Runs `work` with the session taken out of its slot (a call meanwhile is `busy`) and
+    /// the parsed `request` (a placeholder when there is none), then puts the session back
+    /// whatever happened.
+    fn lend<W>(&self, request: Option<&str>, work: W) -> Promise
+    where
+        W: AsyncFnOnce(&mut Session, GenerateRequest) -> Result<JsValue, JsValue> + 'static,
+    {
         let slot = self.session.clone();
+        let parsed = match request {
+            Some(r) => parse_json(r).and_then(|v| GenerateRequest::from_json(&v)),
+            None => Ok(GenerateRequest::new(Prompt::Tokens(Vec::new()))),
+        };
         future_to_promise(async move {
+            let req = parsed.map_err(|e| reject(&e))?;
             let mut session = slot
                 .borrow_mut()
                 .take()
                 .ok_or_else(|| reject(&Error::Busy))?;
-            let r = session.reset().await;
+            let result = work(&mut session, req).await;
             *slot.borrow_mut() = Some(session);
-            r.map(|()| JsValue::UNDEFINED).map_err(|e| reject(&e))
+            result
         })
     }
 }
