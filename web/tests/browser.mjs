@@ -11,6 +11,7 @@
 //   WGEMMA_DEMO_REQUEST, WGEMMA_DEMO_EXPECTED        what is typed into the demo page, and the
 //                                                    native run's tokens for it
 //   WGEMMA_BENCH     optional: a bigger model's URL path to time (load, prefill, decode)
+//   WGEMMA_CHROMIUM_ARGS  optional: more browser flags, space-separated
 // Prints one JSON line of results; exits non-zero when a check fails.
 import { chromium } from "playwright-core";
 
@@ -39,6 +40,8 @@ const browser = await chromium.launch({
     "--use-webgpu-adapter=swiftshader",
     "--disable-background-networking",
     "--disable-component-update",
+    // Extra flags for experiments, e.g. --enable-dawn-features=disable_robustness.
+    ...(env.WGEMMA_CHROMIUM_ARGS ?? "").split(" ").filter(Boolean),
   ],
 });
 const page = await browser.newPage({ viewport: { width: 1000, height: 800 } });
