@@ -118,6 +118,11 @@ impl CancelHandle {
         self.0.store(true, Ordering::Relaxed);
     }
 
+    /// Withdraws a cancel no generation has acted on yet, so it cannot stop the next one.
+    pub fn withdraw(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+
     fn take(&self) -> bool {
         self.0.swap(false, Ordering::Relaxed)
     }
@@ -438,4 +443,28 @@ fn held_back(text: &str, stops: &[String]) -> usize {
         .flat_map(|s| (1..s.len()).filter(|&n| s.is_char_boundary(n) && text.ends_with(&s[..n])))
         .max()
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cancel_stops_once_unless_withdrawn() {
+        let c = CancelHandle::default();
+        c.cancel();
+        assert!(c.take(), "a cancel is seen");
+        assert!(!c.take(), "and seen once");
+        c.cancel();
+        c.withdraw();
+        assert!(!c.take(), "a withdrawn cancel is not seen");
+    }
+
+    #[test]
+    fn stop_strings_hold_back_only_what_could_start_one() {
+        let stops = ["</end>".to_string()];
+        assert_eq!(held_back("text </e", &stops), 3);
+        assert_eq!(held_back("text", &stops), 0);
+        assert_eq!(held_back("a <", &stops), 1);
+    }
 }

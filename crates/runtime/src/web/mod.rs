@@ -136,6 +136,8 @@ impl WasmSession {
     /// Generates for `request` (JSON, see the runtime's `json` module), calling
     /// `on_event(event)` for each token and the final `done`; resolves when generation ends.
     pub fn generate(&self, request: &str, on_event: Function) -> Promise {
+        // An abort that came after the previous generation had finished is stale.
+        self.cancel.withdraw();
         self.lend(Some(request), async move |session, req| {
             emit_events(session, req, &on_event).await?;
             Ok(JsValue::UNDEFINED)
