@@ -13,9 +13,9 @@ use wgemma_gguf::GgmlType;
 use wgemma_kernels::{ContextOptions, GPU_DTYPES};
 use wgemma_text::synth::{SynthSpec, write_synthetic};
 
-use crate::TaskError;
 use crate::serve::Server;
-use crate::wasm::{build, workspace_root};
+use crate::wasm::build;
+use crate::{TaskError, workspace_root};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -117,12 +117,12 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     std::fs::create_dir_all(&out)?;
     let t = std::time::Instant::now();
     if !a.no_build {
-        let built = build(&root)?;
+        let wasm = build(&root)?;
         eprintln!(
             "wasm package built in {:.0} s: {} is {:.2} MiB",
             t.elapsed().as_secs_f64(),
-            built.wasm.display(),
-            std::fs::metadata(&built.wasm)?.len() as f64 / (1u64 << 20) as f64
+            wasm.display(),
+            std::fs::metadata(&wasm)?.len() as f64 / (1u64 << 20) as f64
         );
     }
     let name = |p: &Path| {

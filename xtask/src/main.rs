@@ -33,6 +33,12 @@ enum Task {
 
 type TaskError = Box<dyn std::error::Error>;
 
+/// The repository root (xtask's parent folder).
+fn workspace_root() -> std::path::PathBuf {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.task {

@@ -10,8 +10,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
-use crate::TaskError;
-use crate::wasm::workspace_root;
+use crate::{TaskError, workspace_root};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -80,15 +79,16 @@ fn serve_connection(site: &Site, stream: TcpStream) -> io::Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut out = stream;
     loop {
+        // Lines are read at most 8 KiB at a time, so no client makes the server allocate more.
         let mut request_line = String::new();
-        if reader.read_line(&mut request_line)? == 0 {
+        if (&mut reader).take(8 << 10).read_line(&mut request_line)? == 0 {
             return Ok(());
         }
         let mut range = None;
         let mut header_bytes = 0;
         loop {
             let mut line = String::new();
-            let n = reader.read_line(&mut line)?;
+            let n = (&mut reader).take(8 << 10).read_line(&mut line)?;
             header_bytes += n;
             if n == 0 || line == "\r\n" || line == "\n" {
                 break;

@@ -8,33 +8,20 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::TaskError;
+use crate::{TaskError, workspace_root};
 
 #[derive(clap::Args)]
 pub struct Args {}
 
-/// What a build produced.
-pub struct Built {
-    /// The bound module, `web/pkg/wgemma_bg.wasm`.
-    pub wasm: PathBuf,
-}
-
 pub fn run(_: Args) -> Result<(), TaskError> {
-    let built = build(&workspace_root())?;
-    let size = std::fs::metadata(&built.wasm)?.len();
+    let wasm = build(&workspace_root())?;
+    let size = std::fs::metadata(&wasm)?.len();
     eprintln!(
         "wrote {} ({:.1} MiB)",
-        built.wasm.display(),
+        wasm.display(),
         size as f64 / (1u64 << 20) as f64
     );
     Ok(())
-}
-
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
 }
 
 fn output(cmd: &mut Command) -> Result<String, TaskError> {
@@ -63,7 +50,8 @@ fn locked_bindgen_version(root: &Path) -> Result<String, TaskError> {
     Err("Cargo.lock has no wasm-bindgen entry".into())
 }
 
-pub fn build(root: &Path) -> Result<Built, TaskError> {
+/// Builds and binds; returns the bound module, `web/pkg/wgemma_bg.wasm`.
+pub fn build(root: &Path) -> Result<PathBuf, TaskError> {
     let var = |k: &str, default: &str| std::env::var(k).unwrap_or_else(|_| default.to_string());
     let cargo = var("WGEMMA_WASM_CARGO", "/usr/bin/cargo");
     let rustc = var("WGEMMA_WASM_RUSTC", "/usr/bin/rustc");
@@ -132,7 +120,5 @@ pub fn build(root: &Path) -> Result<Built, TaskError> {
             .arg(&pkg)
             .arg(target_dir.join("wasm32-unknown-unknown/release/wgemma.wasm")),
     )?;
-    Ok(Built {
-        wasm: pkg.join("wgemma_bg.wasm"),
-    })
+    Ok(pkg.join("wgemma_bg.wasm"))
 }

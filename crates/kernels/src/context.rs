@@ -113,6 +113,8 @@ pub struct GpuContext {
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    /// See [`GpuContext::unused_storage`].
+    pub(crate) unused: std::sync::OnceLock<[wgpu::Buffer; 2]>,
     shader_checks: bool,
 }
 
@@ -209,6 +211,7 @@ impl GpuContext {
             errors,
             lost,
             pipelines: Mutex::new(HashMap::new()),
+            unused: std::sync::OnceLock::new(),
             shader_checks: options.shader_checks,
         })
     }

@@ -135,6 +135,15 @@ impl GpuContext {
     }
 
     /// A storage buffer holding `bytes` (padded with zeros to a multiple of 4).
+    /// Two distinct one-word buffers, made once, for writable binding slots a dispatch never
+    /// touches: WebGPU refuses one buffer in two writable bindings of a dispatch.
+    pub fn unused_storage(&self) -> [View; 2] {
+        let [a, b] = self
+            .unused
+            .get_or_init(|| [self.storage("unused 0", 4), self.storage("unused 1", 4)]);
+        [View::of(a), View::of(b)]
+    }
+
     pub fn storage_init(&self, label: &str, bytes: &[u8]) -> wgpu::Buffer {
         let buf = self.storage(label, bytes.len() as u64);
         self.write(&buf, 0, bytes);

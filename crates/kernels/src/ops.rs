@@ -1190,8 +1190,8 @@ pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, Gpu
     a.positions
         .expect_len32("head_post positions", u64::from(a.tokens))?;
     // Layers without their own cache still bind something in the K/V slots (never touched
-    // with n_kv = 0): the read-only slot takes q_norm, the writable ones a word each of their
-    // own, since WebGPU refuses a buffer in two writable bindings.
+    // with n_kv = 0): the read-only slot takes q_norm, the writable ones the context's unused
+    // words.
     let (k_norm, kc, vc, capacity) = match &a.kv {
         Some(kv) => {
             kv.k_norm
@@ -1204,12 +1204,10 @@ pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, Gpu
                 (kv.k_cache.len32() / row) as u32,
             )
         }
-        None => (
-            a.q_norm,
-            View::of(&ctx.storage("head_post unused k", 4)),
-            View::of(&ctx.storage("head_post unused v", 4)),
-            0,
-        ),
+        None => {
+            let [k, v] = ctx.unused_storage();
+            (a.q_norm, k, v, 0)
+        }
     };
     let source = ShaderSource::new("head_post", &[REDUCE_WGSL, HEAD_POST_WGSL])
         .flag_if(a.freq_factors.is_some(), "FREQ_FACTORS")

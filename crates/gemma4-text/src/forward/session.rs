@@ -821,7 +821,7 @@ impl GpuSession {
     }
 
     /// Writes the ids and positions of a chunk that starts at the current position.
-    fn stage(&mut self, chunk: &[u32]) -> Result<(), ForwardError> {
+    fn stage(&self, chunk: &[u32]) -> Result<(), ForwardError> {
         let ctx = &self.model.ctx;
         self.stage_ple_rows(chunk)?;
         let start = self.position() as u32;
@@ -871,10 +871,12 @@ impl GpuSession {
     /// fetches by itself; call it before [`GpuSession::begin`] and [`GpuSession::feed`].
     pub async fn fetch_rows(&mut self, tokens: &[u32]) -> Result<(), ForwardError> {
         let model = self.model.clone();
-        let Some(PleTable {
-            rows: PleRows::Fetched(src),
-            ..
-        }) = &model.ple
+        let Some(
+            ple @ PleTable {
+                rows: PleRows::Fetched(src),
+                ..
+            },
+        ) = &model.ple
         else {
             return Ok(());
         };
@@ -888,7 +890,6 @@ impl GpuSession {
             .collect();
         want.sort_unstable();
         want.dedup();
-        let ple = model.ple.as_ref().expect("matched above");
         // Bad ids fail later with a clear error, not as an out-of-range read here.
         want.retain(|&t| (t as usize) < model.cfg.n_vocab);
         let ranges: Vec<(u64, u64)> = want.iter().map(|&t| ple.row_range(t)).collect();

@@ -15,9 +15,7 @@ use wasm_bindgen_futures::future_to_promise;
 use wgemma_text::{LoadProgress, PleRows, SessionOptions};
 
 use crate::json::session_options_from_json;
-use crate::{
-    CancelHandle, ContextOptions, Error, GenerateRequest, LoadOptions, Model, Prompt, Session,
-};
+use crate::{CancelHandle, ContextOptions, Error, GenerateRequest, LoadOptions, Model, Session};
 use range::{JsRangeSource, js_message};
 
 #[wasm_bindgen]
@@ -136,9 +134,13 @@ impl WasmSession {
     /// Generates for `request` (JSON, see the runtime's `json` module), calling
     /// `on_event(event)` for each token and the final `done`; resolves when generation ends.
     pub fn generate(&self, request: &str, on_event: Function) -> Promise {
+        let req = match parse_request(request) {
+            Ok(r) => r,
+            Err(e) => return Promise::reject(&e),
+        };
         // An abort that came after the previous generation had finished is stale.
         self.cancel.withdraw();
-        self.lend(Some(request), async move |session, req| {
+        self.lend(async move |session| {
             emit_events(session, req, &on_event).await?;
             Ok(JsValue::UNDEFINED)
         })
@@ -153,7 +155,11 @@ impl WasmSession {
     /// `generate`) and of one decode step: `[{what, tokens, totalUs, kernels}]`, or null
     /// without timestamp queries. Leaves the conversation empty.
     pub fn profile(&self, request: &str) -> Promise {
-        self.lend(Some(request), async |session, req| {
+        let req = match parse_request(request) {
+            Ok(r) => r,
+            Err(e) => return Promise::reject(&e),
+        };
+        self.lend(async move |session| {
             let tokens = session.prompt_tokens(&req.prompt).map_err(|e| reject(&e))?;
             let steps = session.profile(&tokens).await.map_err(|e| reject(&e))?;
             Ok(steps.map_or(JsValue::NULL, |s| {
@@ -166,7 +172,7 @@ impl WasmSession {
 
     /// Forgets the conversation.
     pub fn reset(&self) -> Promise {
-        self.lend(None, async |session, _| {
+        self.lend(async |session| {
             session.reset().await.map_err(|e| reject(&e))?;
             Ok(JsValue::UNDEFINED)
         })
@@ -174,29 +180,29 @@ impl WasmSession {
 }
 
 impl WasmSession {
-    /// Runs `work` with the session taken out of its slot (a call meanwhile is `busy`) and
-    /// the parsed `request` (a placeholder when there is none), then puts the session back
-    /// whatever happened.
-    fn lend<W>(&self, request: Option<&str>, work: W) -> Promise
+    /// Runs `work` with the session taken out of its slot (a call meanwhile is `busy`), then
+    /// puts the session back whatever happened.
+    fn lend<W>(&self, work: W) -> Promise
     where
-        W: AsyncFnOnce(&mut Session, GenerateRequest) -> Result<JsValue, JsValue> + 'static,
+        W: AsyncFnOnce(&mut Session) -> Result<JsValue, JsValue> + 'static,
     {
         let slot = self.session.clone();
-        let parsed = match request {
-            Some(r) => parse_json(r).and_then(|v| GenerateRequest::from_json(&v)),
-            None => Ok(GenerateRequest::new(Prompt::Tokens(Vec::new()))),
-        };
         future_to_promise(async move {
-            let req = parsed.map_err(|e| reject(&e))?;
             let mut session = slot
                 .borrow_mut()
                 .take()
                 .ok_or_else(|| reject(&Error::Busy))?;
-            let result = work(&mut session, req).await;
+            let result = work(&mut session).await;
             *slot.borrow_mut() = Some(session);
             result
         })
     }
+}
+
+fn parse_request(request: &str) -> Result<GenerateRequest, JsValue> {
+    parse_json(request)
+        .and_then(|v| GenerateRequest::from_json(&v))
+        .map_err(|e| reject(&e))
 }
 
 async fn emit_events(
