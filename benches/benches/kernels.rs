@@ -132,13 +132,96 @@ fn attention(c: &mut Criterion) {
         );
     }
     group.finish();
+    attention_prefill(c);
 }
 
-/// Prefill: 512 tokens through a weight (throughput in multiply-adds, reported as elements).
-fn matmul_prefill(c: &mut Criterion) {
+/// A 512-token prompt's causal attention at E2B's shapes (8 query heads over 1 KV head);
+/// throughput in query-key pairs, reported as elements.
+fn attention_prefill(c: &mut Criterion) {
     let ctx = context();
-    let mut group = c.benchmark_group("matmul512");
-    let m = 512u64;
+    let mut group = c.benchmark_group("attention_prefill");
+    let (nh, nkv, tokens) = (8u32, 1u32, 512u32);
+    for head_dim in [256u32, 512] {
+        let kv = (tokens * nkv * head_dim) as usize;
+        let q = View::of(&ctx.storage_init(
+            "q",
+            bytemuck::cast_slice(&random((tokens * nh * head_dim) as usize, 1)),
+        ));
+        let kc = View::of(&ctx.storage_init("k", bytemuck::cast_slice(&random(kv, 2))));
+        let vc = View::of(&ctx.storage_init("v", bytemuck::cast_slice(&random(kv, 3))));
+        let pos: Vec<u32> = (0..tokens).collect();
+        let positions = View::of(&ctx.storage_init("pos", bytemuck::cast_slice(&pos)));
+        let out = View::of(&ctx.storage("out", u64::from(tokens * nh * head_dim) * 4));
+        let args = AttentionArgs {
+            q: &q,
+            k_cache: &kc,
+            v_cache: &vc,
+            positions: &positions,
+            out: &out,
+            tokens,
+            n_head: nh,
+            n_kv_head: nkv,
+            head_dim,
+            window: 0,
+            scale: 0.05,
+            softcap: 0.0,
+            q_stride: nh * head_dim,
+        };
+        let ds = [ops::attention(&ctx, &args).unwrap()];
+        group.throughput(Throughput::Elements(
+            u64::from(nh) * u64::from(tokens) * u64::from(tokens + 1) / 2,
+        ));
+        group.bench_function(BenchmarkId::new(format!("hd{head_dim}"), tokens), |b| {
+            b.iter_custom(|iters| time_in_one_pass(&ctx, &ds, iters))
+        });
+    }
+    group.finish();
+}
+
+/// The matrix-vector product at each (threads per row, rows per group) for the quantized
+/// dtypes of Gemma's large matrices: the table [`ops::MatvecTuning::choose`] is fitted to.
+fn matvec_tuning(c: &mut Criterion) {
+    let ctx = context();
+    let mut group = c.benchmark_group("matvec_tuning");
+    for dtype in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0] {
+        for (rows, cols) in [(262_144u64, 1536u64), (6144, 1536)] {
+            let block_rows = 64u64;
+            let q = quantize(dtype, &random((block_rows * cols) as usize, rows ^ cols)).unwrap();
+            let bytes = q.repeat((rows / block_rows) as usize);
+            let w = GpuWeight::upload(&ctx, "w", dtype, cols, rows, &bytes, None).unwrap();
+            let x =
+                View::of(&ctx.storage_init("x", bytemuck::cast_slice(&random(cols as usize, 7))));
+            let y = View::of(&ctx.storage("y", rows * 4));
+            for tpr in [4u32, 8, 16, 32] {
+                for rpt in [2u32, 4] {
+                    let tuning = ops::MatvecTuning { tpr, rpt };
+                    let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
+                    let ds =
+                        ops::matvec_tuned(&ctx, &w, &x, &y, 0, rows_out, Some(tuning)).unwrap();
+                    group.throughput(Throughput::Bytes(bytes.len() as u64));
+                    group.bench_with_input(
+                        BenchmarkId::new(dtype.name(), format!("{rows}x{cols}/t{tpr}r{rpt}")),
+                        &ds,
+                        |b, ds| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters)),
+                    );
+                }
+            }
+        }
+    }
+    group.finish();
+}
+
+/// Prefill: 512 tokens through a weight, and 64 (a short prompt, and the other tile size of
+/// the cooperative-matrix kernel); throughput in multiply-adds, reported as elements.
+fn matmul_prefill(c: &mut Criterion) {
+    for m in [512u64, 64] {
+        matmul_tokens(c, m);
+    }
+}
+
+fn matmul_tokens(c: &mut Criterion, m: u64) {
+    let ctx = context();
+    let mut group = c.benchmark_group(format!("matmul{m}"));
     for dtype in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0, GgmlType::F16] {
         for (rows, cols) in [(2048u64, 1536u64), (6144, 1536)] {
             let q = quantize(dtype, &random((rows * cols) as usize, 3)).unwrap();
@@ -190,5 +273,12 @@ fn dispatch_floor(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, dispatch_floor, matvec, matmul_prefill, attention);
+criterion_group!(
+    benches,
+    dispatch_floor,
+    matvec,
+    matvec_tuning,
+    matmul_prefill,
+    attention
+);
 criterion_main!(benches);

@@ -29,7 +29,7 @@ pub enum GpuError {
 
 /// Options for [`GpuContext::new`]. Environment variables override them: `WGEMMA_BACKEND`
 /// (vulkan, metal, dx12, gl, webgpu), `WGEMMA_ADAPTER` (substring of the adapter name),
-/// `WGEMMA_NO_F16=1` and `WGEMMA_NO_SUBGROUPS=1` (force the fallbacks).
+/// `WGEMMA_NO_F16=1`, `WGEMMA_NO_SUBGROUPS=1` and `WGEMMA_NO_COOP=1` (force the fallbacks).
 #[derive(Clone, Debug)]
 pub struct ContextOptions {
     pub power_preference: wgpu::PowerPreference,
@@ -40,6 +40,9 @@ pub struct ContextOptions {
     pub allow_f16: bool,
     /// Use subgroup operations when the adapter has them.
     pub allow_subgroups: bool,
+    /// Use cooperative matrices (tensor cores) for the prefill products when the adapter has
+    /// 16x16x16 f16 ones with f32 accumulators.
+    pub allow_coop: bool,
     /// Let wgpu add bounds checks, loop bounds and division guards to every shader. Off by
     /// default: they cost the kernels a large share of their speed, and every kernel's indices
     /// are bounded by the shapes its dispatcher validates. On for debugging
@@ -59,6 +62,7 @@ impl Default for ContextOptions {
             adapter_name: None,
             allow_f16: true,
             allow_subgroups: true,
+            allow_coop: true,
             shader_checks: false,
             cpu_adapter: false,
         }
@@ -85,6 +89,9 @@ impl ContextOptions {
             if on("WGEMMA_NO_SUBGROUPS") {
                 self.allow_subgroups = false;
             }
+            if on("WGEMMA_NO_COOP") {
+                self.allow_coop = false;
+            }
             if on("WGEMMA_SHADER_CHECKS") {
                 self.shader_checks = true;
             }
@@ -101,6 +108,9 @@ pub struct GpuFeatures {
     pub timestamps: bool,
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
+    /// 16x16x16 cooperative matrix products of f16 into f32, run by subgroups of exactly 32
+    /// lanes (the tiling of `matmul_coop.wgsl` assumes eight of them per workgroup).
+    pub coop_matmul: bool,
 }
 
 /// A GPU device and queue with everything the kernels need to run on it.
@@ -156,6 +166,21 @@ impl GpuContext {
         if timestamps {
             required |= wgpu::Features::TIMESTAMP_QUERY;
         }
+        let coop_matmul = options.allow_coop
+            && adapter.limits().max_compute_workgroup_storage_size >= crate::ops::COOP_MATMUL_BYTES
+            && shader_f16
+            && subgroups
+            && info.subgroup_min_size == 32
+            && info.subgroup_max_size == 32
+            && available.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+            && adapter.cooperative_matrix_properties().iter().any(|c| {
+                (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
+                    && c.ab_type == wgpu::CooperativeScalarType::F16
+                    && c.cr_type == wgpu::CooperativeScalarType::F32
+            });
+        if coop_matmul {
+            required |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         // Ask for everything the adapter offers: weight tiles and scratch are sized from these.
         let limits = adapter.limits();
         let (device, queue) = adapter
@@ -163,7 +188,16 @@ impl GpuContext {
                 label: Some("wgemma"),
                 required_features: required,
                 required_limits: limits.clone(),
-                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                // SAFETY: the one experimental feature we may ask for is cooperative matrices,
+                // used by one kernel whose loads and stores stay inside workgroup arrays at
+                // 16-byte aligned offsets, and which runs only where the adapter reports the
+                // exact configuration it uses; its output is checked against the CPU on the
+                // H100 (`benches/h100.sh tests`).
+                experimental_features: if coop_matmul {
+                    unsafe { wgpu::ExperimentalFeatures::enabled() }
+                } else {
+                    wgpu::ExperimentalFeatures::disabled()
+                },
                 memory_hints: wgpu::MemoryHints::Performance,
                 trace: wgpu::Trace::Off,
             })
@@ -192,6 +226,7 @@ impl GpuContext {
             timestamps,
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
+            coop_matmul,
         };
         tracing::info!(
             adapter = %info.name,

@@ -24,6 +24,14 @@ pub fn matmul(w: &[f32], n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32> {
     y
 }
 
+/// [`matmul`] on inputs rounded to f16 first: what the cooperative-matrix kernel computes
+/// (f16 operands, f32 accumulation).
+pub fn matmul_f16_inputs(w: &[f32], n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32> {
+    let round =
+        |v: &[f32]| -> Vec<f32> { v.iter().map(|&a| half::f16::from_f32(a).to_f32()).collect() };
+    matmul(&round(w), n, k, &round(x), m)
+}
+
 /// RMS normalisation of each `dim`-long row, times `weight` when given.
 pub fn rms_norm(x: &[f32], dim: usize, weight: Option<&[f32]>, eps: f32) -> Vec<f32> {
     let mut y = x.to_vec();

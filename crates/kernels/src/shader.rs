@@ -72,6 +72,9 @@ impl ShaderSource {
         if flags.contains("F16") {
             out.push_str("enable f16;\n");
         }
+        if flags.contains("COOP") {
+            out.push_str("enable wgpu_cooperative_matrix;\n");
+        }
         // Naga exposes subgroup built-ins when the device has the feature and rejects the
         // `enable subgroups;` directive, so SUBGROUPS only selects code paths.
         for part in &self.parts {

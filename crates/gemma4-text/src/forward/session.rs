@@ -45,7 +45,9 @@ pub enum ForwardError {
 pub struct SessionOptions {
     /// Positions the KV cache holds (prompt and generated tokens together).
     pub context: usize,
-    /// Prompt tokens per prefill pass; longer prompts run in several passes.
+    /// Prompt tokens per prefill pass; longer prompts run in several passes. Each pass pays
+    /// every layer's dispatches once, so larger is faster, at the price of activations scratch
+    /// that grows with it.
     pub max_batch: usize,
 }
 
@@ -53,7 +55,7 @@ impl Default for SessionOptions {
     fn default() -> Self {
         Self {
             context: 4096,
-            max_batch: 256,
+            max_batch: 512,
         }
     }
 }

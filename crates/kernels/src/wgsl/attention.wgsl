@@ -1,7 +1,13 @@
-// Causal attention of each query row against the KV cache, with grouped KV heads and an
+// Causal attention of many query tokens against the KV cache, with grouped KV heads and an
 // optional sliding window, by online softmax over chunks of 64 keys. One workgroup per
-// (query head, token); four threads share each key's dot product (interleaved vec4s, so a
-// key row is read in contiguous pieces), and each thread owns head dimensions of the output.
+// (KV head, token) takes the G query heads that share the KV head, so each key and value row
+// is read once for all of them rather than once per head (Gemma has 2 to 8 query heads per
+// KV head).
+//
+// Per chunk: four threads share each key (interleaved vec4s, so a warp reads key rows in
+// 64-byte pieces) and score it against all G heads; thread (head g = li / 32, lane l) then
+// takes keys l and l + 32 of head g for the softmax, reduced over the head's 32 threads;
+// every thread accumulates output dimensions li and li + 256 of all G heads.
 //
 // q: [tokens, q_stride] with head h at h * head_dim; k, v caches: [capacity, n_kv_head,
 // head_dim]; out: [tokens, n_head, head_dim]. Token m (at positions[m]) sees keys at positions
@@ -19,92 +25,144 @@ struct Params {
     q_stride: u32,
 }
 
-@group(0) @binding(0) var<storage, read> q: array<f32>;
+@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> kc: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> vc: array<f32>;
 @group(0) @binding(3) var<storage, read> positions: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<uniform> p: Params;
 
+// Query heads per KV head, at most MAX_G.
+override G: u32 = 1u;
+const MAX_G: u32 = 8u;
 const CHUNK: u32 = 64u;
 
-var<workgroup> qs: array<vec4<f32>, 128>;
-var<workgroup> partial: array<f32, 256>;
-var<workgroup> probs: array<f32, CHUNK>;
+// Partial scores [head][key][quarter], then probabilities [head][key].
+var<workgroup> part: array<f32, 2048>;
+var<workgroup> probs: array<f32, 512>;
+// Tree reductions over each head's 32 threads; per head: the factor the old sums are
+// rescaled by, then the final sum.
+var<workgroup> red: array<f32, 256>;
+var<workgroup> corr: array<f32, MAX_G>;
+
+// The max (or sum) of v over the 32 threads of li's head; every thread takes part.
+fn head_reduce(v: f32, li: u32, is_max: bool) -> f32 {
+    red[li] = v;
+    workgroupBarrier();
+    for (var s = 16u; s > 0u; s >>= 1u) {
+        if (li % 32u < s) {
+            if (is_max) {
+                red[li] = max(red[li], red[li + s]);
+            } else {
+                red[li] += red[li + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    let r = red[li - li % 32u];
+    workgroupBarrier();
+    return r;
+}
+
+fn capped(s: f32) -> f32 {
+    if (p.softcap > 0.0) {
+        return p.softcap * tanh(clamp(s / p.softcap, -9.0, 9.0));
+    }
+    return s;
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let h = wg.x;
+    let kvh = wg.x;
     let m = wg.y;
     let hd = p.head_dim;
     let pos = positions[m];
-    let kvh = h / (p.n_head / p.n_kv_head);
     let row = p.n_kv_head * hd;
     var lo = 0u;
     if (p.window > 0u && pos + 1u > p.window) {
         lo = pos + 1u - p.window;
     }
     let hi = min(pos, p.capacity - 1u);
-    let qb = m * p.q_stride + h * hd;
-    for (var d = li; d < hd / 4u; d += 256u) {
-        qs[d] = vec4<f32>(q[qb + 4u * d], q[qb + 4u * d + 1u], q[qb + 4u * d + 2u], q[qb + 4u * d + 3u]) * p.scale;
-    }
-    workgroupBarrier();
+    // Query of head kvh * G + g: vec4 index qb + g * hd / 4.
+    let qb = (m * p.q_stride + kvh * G * hd) / 4u;
+    let key = li / 4u;
+    let quarter = li % 4u;
+    let g_mine = li / 32u;
+    let lane = li % 32u;
 
-    let j = li / 4u;
-    let sub = li % 4u;
     var run_max = -3.0e38;
     var run_sum = 0.0;
-    var acc0 = 0.0;
-    var acc1 = 0.0;
+    var acc: array<vec2<f32>, MAX_G>;
     for (var first = lo; first <= hi; first += CHUNK) {
         let count = min(CHUNK, hi + 1u - first);
-        var dotv = 0.0;
-        if (j < count) {
-            let kb = ((first + j) * row + kvh * hd) / 4u;
-            for (var i = sub; i < hd / 4u; i += 4u) {
-                dotv += dot(qs[i], kc[kb + i]);
+        var dv: array<f32, MAX_G>;
+        if (key < count) {
+            let kb = ((first + key) * row + kvh * hd) / 4u;
+            for (var i = quarter; i < hd / 4u; i += 4u) {
+                let kv = kc[kb + i];
+                for (var g = 0u; g < G; g++) {
+                    dv[g] += dot(q[qb + g * (hd / 4u) + i], kv);
+                }
             }
         }
-        partial[li] = dotv;
+        for (var g = 0u; g < G; g++) {
+            part[(g * CHUNK + key) * 4u + quarter] = dv[g];
+        }
         workgroupBarrier();
-        var s = -3.0e38;
-        if (li < count) {
-            s = partial[4u * li] + partial[4u * li + 1u] + partial[4u * li + 2u] + partial[4u * li + 3u];
-            if (p.softcap > 0.0) {
-                s = p.softcap * tanh(clamp(s / p.softcap, -9.0, 9.0));
+        // Thread (g_mine, lane): keys lane and lane + 32 of head g_mine.
+        var s = vec2<f32>(-3.0e38);
+        if (g_mine < G) {
+            for (var h = 0u; h < 2u; h++) {
+                let j = lane + 32u * h;
+                if (j < count) {
+                    let b = (g_mine * CHUNK + j) * 4u;
+                    s[h] = capped((part[b] + part[b + 1u] + part[b + 2u] + part[b + 3u]) * p.scale);
+                }
             }
         }
-        let cmax = wg_max(s, li);
-        let new_max = max(run_max, cmax);
-        var e = 0.0;
-        if (li < count) {
-            e = exp(s - new_max);
-            probs[li] = e;
+        let new_max = max(run_max, head_reduce(max(s.x, s.y), li, true));
+        let e = exp(s - vec2<f32>(new_max));
+        let csum = head_reduce(e.x + e.y, li, false);
+        if (g_mine < G) {
+            probs[g_mine * CHUNK + lane] = e.x;
+            probs[g_mine * CHUNK + lane + 32u] = e.y;
+            if (lane == 0u) {
+                corr[g_mine] = exp(run_max - new_max);
+            }
         }
-        let csum = wg_sum(e, li);
-        let corr = exp(run_max - new_max);
-        run_sum = run_sum * corr + csum;
-        acc0 *= corr;
-        acc1 *= corr;
+        run_sum = run_sum * exp(run_max - new_max) + csum;
         run_max = new_max;
+        workgroupBarrier();
+        for (var g = 0u; g < G; g++) {
+            acc[g] *= corr[g];
+        }
         let vb = first * row + kvh * hd;
         for (var jj = 0u; jj < count; jj++) {
-            let pj = probs[jj];
+            var v = vec2<f32>(0.0);
             if (li < hd) {
-                acc0 += pj * vc[vb + jj * row + li];
+                v.x = vc[vb + jj * row + li];
             }
             if (li + 256u < hd) {
-                acc1 += pj * vc[vb + jj * row + li + 256u];
+                v.y = vc[vb + jj * row + li + 256u];
+            }
+            for (var g = 0u; g < G; g++) {
+                acc[g] += probs[g * CHUNK + jj] * v;
             }
         }
         workgroupBarrier();
     }
-    let ob = (m * p.n_head + h) * hd;
-    if (li < hd) {
-        out[ob + li] = acc0 / run_sum;
+    // Each head's sum reaches every thread through workgroup memory.
+    if (g_mine < G && lane == 0u) {
+        corr[g_mine] = run_sum;
     }
-    if (li + 256u < hd) {
-        out[ob + li + 256u] = acc1 / run_sum;
+    workgroupBarrier();
+    for (var g = 0u; g < G; g++) {
+        let ob = (m * p.n_head + kvh * G + g) * hd;
+        if (li < hd) {
+            out[ob + li] = acc[g].x / corr[g];
+        }
+        if (li + 256u < hd) {
+            out[ob + li + 256u] = acc[g].y / corr[g];
+        }
     }
 }

@@ -30,24 +30,45 @@ fn bytes4(v: u32) -> vec4<u32> {
     return (vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xFFu);
 }
 
+// Exact floats of small unsigned integers (below 2^23) minus `bias`, without int-to-float
+// conversions, which run at a fraction of the FMA rate: the float with exponent 2^23 and
+// mantissa v is 2^23 + v. On the H100 this made the Q5_0 and Q6_K matrix-vector products
+// 10-15% faster and Q4_K and Q8_0's 7% slower, so nibbles and signed bytes keep the plain
+// conversion.
+fn small4_minus(v: vec4<u32>, bias: f32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(v | vec4<u32>(0x4B000000u)) - vec4<f32>(8388608.0 + bias);
+}
+
+fn small4(v: vec4<u32>) -> vec4<f32> {
+    return small4_minus(v, 0.0);
+}
+
 // The four bytes of `v` as signed values.
 fn sbytes4(v: u32) -> vec4<f32> {
     let i = bitcast<i32>(v);
     return vec4<f32>(vec4<i32>(extractBits(i, 0u, 8u), extractBits(i, 8u, 8u), extractBits(i, 16u, 8u), extractBits(i, 24u, 8u)));
 }
 
-// Low and high nibbles of the four bytes of `v`.
+// Low and high nibbles of the four bytes of `v`, as integers and as floats.
+fn lo4u(v: u32) -> vec4<u32> {
+    return (vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xFu);
+}
+
+fn hi4u(v: u32) -> vec4<u32> {
+    return (vec4<u32>(v) >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(0xFu);
+}
+
 fn lo4(v: u32) -> vec4<f32> {
-    return vec4<f32>((vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xFu));
+    return vec4<f32>(lo4u(v));
 }
 
 fn hi4(v: u32) -> vec4<f32> {
-    return vec4<f32>((vec4<u32>(v) >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(0xFu));
+    return vec4<f32>(hi4u(v));
 }
 
 // Bit `b` of each byte of `v` (0 or 1).
-fn bit4(v: u32, b: u32) -> vec4<f32> {
-    return vec4<f32>((bytes4(v) >> vec4<u32>(b)) & vec4<u32>(1u));
+fn bit4u(v: u32, b: u32) -> vec4<u32> {
+    return (bytes4(v) >> vec4<u32>(b)) & vec4<u32>(1u);
 }
 
 // A byte as a signed value.

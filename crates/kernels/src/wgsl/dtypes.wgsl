@@ -4,8 +4,8 @@
 #if DT_IQ4_NL|DT_IQ4_XS
 var<private> IQ4: array<f32, 16> = array<f32, 16>(-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
 
-fn iq4(v: vec4<f32>) -> vec4<f32> {
-    return vec4<f32>(IQ4[u32(v.x)], IQ4[u32(v.y)], IQ4[u32(v.z)], IQ4[u32(v.w)]);
+fn iq4(v: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(IQ4[v.x], IQ4[v.y], IQ4[v.z], IQ4[v.w]);
 }
 #endif
 
@@ -20,6 +20,16 @@ fn k4_scale_min(sb: u32, j: u32) -> vec2<f32> {
 }
 #endif
 
+#if DT_Q5_0|DT_Q5_1
+// The fifth bits of values b..b+3 of a Q5 unit (bits b.. of its 32-bit qh), as bit 4.
+fn q5_high(qh: u32, b: u32) -> vec4<u32> {
+    return ((vec4<u32>(qh) >> (vec4<u32>(0u, 1u, 2u, 3u) + b)) & vec4<u32>(1u)) << vec4<u32>(4u);
+}
+#endif
+
+// Each value goes through one small4 after its bits are put together as an integer: two
+// small4 results added could be reassociated by the driver (2^23 + a + 2^23 + b loses a's
+// low bits), which NVIDIA's compiler does.
 fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
     var r: array<vec4<f32>, 8>;
 #if DT_F32
@@ -74,10 +84,8 @@ fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
     let qh = w32(o + 2u);
     for (var j = 0u; j < 4u; j++) {
         let q = w32(o + 6u + 4u * j);
-        let hl = vec4<f32>((vec4<u32>(qh) >> (vec4<u32>(0u, 1u, 2u, 3u) + 4u * j)) & vec4<u32>(1u));
-        let hh = vec4<f32>((vec4<u32>(qh) >> (vec4<u32>(16u, 17u, 18u, 19u) + 4u * j)) & vec4<u32>(1u));
-        r[j] = (lo4(q) + 16.0 * hl - 16.0) * d;
-        r[j + 4u] = (hi4(q) + 16.0 * hh - 16.0) * d;
+        r[j] = small4_minus(lo4u(q) | q5_high(qh, 4u * j), 16.0) * d;
+        r[j + 4u] = small4_minus(hi4u(q) | q5_high(qh, 16u + 4u * j), 16.0) * d;
     }
 #endif
 #if DT_Q5_1
@@ -87,10 +95,8 @@ fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
     let qh = w32(o + 4u);
     for (var j = 0u; j < 4u; j++) {
         let q = w32(o + 8u + 4u * j);
-        let hl = vec4<f32>((vec4<u32>(qh) >> (vec4<u32>(0u, 1u, 2u, 3u) + 4u * j)) & vec4<u32>(1u));
-        let hh = vec4<f32>((vec4<u32>(qh) >> (vec4<u32>(16u, 17u, 18u, 19u) + 4u * j)) & vec4<u32>(1u));
-        r[j] = (lo4(q) + 16.0 * hl) * d + m;
-        r[j + 4u] = (hi4(q) + 16.0 * hh) * d + m;
+        r[j] = small4(lo4u(q) | q5_high(qh, 4u * j)) * d + m;
+        r[j + 4u] = small4(hi4u(q) | q5_high(qh, 16u + 4u * j)) * d + m;
     }
 #endif
 #if DT_IQ4_NL
@@ -98,8 +104,8 @@ fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
     let d = wf16(o);
     for (var j = 0u; j < 4u; j++) {
         let q = w32(o + 2u + 4u * j);
-        r[j] = iq4(lo4(q)) * d;
-        r[j + 4u] = iq4(hi4(q)) * d;
+        r[j] = iq4(lo4u(q)) * d;
+        r[j + 4u] = iq4(hi4u(q)) * d;
     }
 #endif
 #if DT_Q4_K
@@ -129,14 +135,14 @@ fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
     let qb = ob + 48u + (s >> 1u) * 32u;
     for (var i = 0u; i < 8u; i++) {
         let q = w32(qb + 4u * i);
-        let h = bit4(w32(ob + 16u + 4u * i), s);
-        var v: vec4<f32>;
+        let h = bit4u(w32(ob + 16u + 4u * i), s) << vec4<u32>(4u);
+        var v: vec4<u32>;
         if ((s & 1u) == 0u) {
-            v = lo4(q);
+            v = lo4u(q);
         } else {
-            v = hi4(q);
+            v = hi4u(q);
         }
-        r[i] = dl * (v + 16.0 * h) - ml;
+        r[i] = dl * small4(v | h) - ml;
     }
 #endif
 #if DT_Q6_K
@@ -154,7 +160,7 @@ fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
     for (var i = 0u; i < 8u; i++) {
         let ql = (bytes4(w32(qlb + 4u * i)) >> vec4<u32>(nshift)) & vec4<u32>(0xFu);
         let qh = (bytes4(w32(qhb + 4u * i)) >> vec4<u32>(hshift)) & vec4<u32>(3u);
-        let q = vec4<f32>(ql | (qh << vec4<u32>(4u))) - 32.0;
+        let q = small4_minus(ql | (qh << vec4<u32>(4u)), 32.0);
         if (i < 4u) {
             r[i] = sc0 * q;
         } else {
@@ -172,7 +178,7 @@ fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
     let sa = wb(ob + s * 2u);
     let sb = wb(ob + s * 2u + 1u);
     for (var i = 0u; i < 8u; i++) {
-        let q = vec4<f32>((bytes4(w32(qb + 4u * i)) >> vec4<u32>(shift)) & vec4<u32>(3u));
+        let q = small4((bytes4(w32(qb + 4u * i)) >> vec4<u32>(shift)) & vec4<u32>(3u));
         var sc = sa;
         if (i >= 4u) {
             sc = sb;
@@ -200,9 +206,9 @@ fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
         scl[t] = d * (f32(low | (high << 4u)) - 32.0);
     }
     for (var i = 0u; i < 8u; i++) {
-        let low = vec4<f32>((bytes4(w32(qb + 4u * i)) >> vec4<u32>(2u * j)) & vec4<u32>(3u));
-        let h = bit4(w32(ob + 4u * i), n * 4u + j);
-        r[i] = scl[i >> 2u] * (low + 4.0 * h - 4.0);
+        let low = (bytes4(w32(qb + 4u * i)) >> vec4<u32>(2u * j)) & vec4<u32>(3u);
+        let h = bit4u(w32(ob + 4u * i), n * 4u + j) << vec4<u32>(2u);
+        r[i] = scl[i >> 2u] * small4_minus(low | h, 4.0);
     }
 #endif
 #if DT_IQ4_XS
@@ -214,8 +220,8 @@ fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
     let dl = d * (f32(ls) - 32.0);
     for (var j = 0u; j < 4u; j++) {
         let q = w32(ob + 8u + s * 16u + 4u * j);
-        r[j] = iq4(lo4(q)) * dl;
-        r[j + 4u] = iq4(hi4(q)) * dl;
+        r[j] = iq4(lo4u(q)) * dl;
+        r[j + 4u] = iq4(hi4u(q)) * dl;
     }
 #endif
     return r;

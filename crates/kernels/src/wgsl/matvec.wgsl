@@ -112,10 +112,10 @@ fn step_dot(rb: u32, c: u32, xv: ptr<function, array<vec4<f32>, 32>>, xs: vec2<f
         let l0 = bytes4(w32(lb + 4u * i));
         let l1 = bytes4(w32(lb + 32u + 4u * i));
         let h = bytes4(w32(hb + 4u * i));
-        let q0 = vec4<f32>((l0 & vec4<u32>(0xFu)) | ((h & vec4<u32>(3u)) << vec4<u32>(4u))) - 32.0;
-        let q1 = vec4<f32>((l1 & vec4<u32>(0xFu)) | (((h >> vec4<u32>(2u)) & vec4<u32>(3u)) << vec4<u32>(4u))) - 32.0;
-        let q2 = vec4<f32>((l0 >> vec4<u32>(4u)) | (((h >> vec4<u32>(4u)) & vec4<u32>(3u)) << vec4<u32>(4u))) - 32.0;
-        let q3 = vec4<f32>((l1 >> vec4<u32>(4u)) | ((h >> vec4<u32>(6u)) << vec4<u32>(4u))) - 32.0;
+        let q0 = small4_minus((l0 & vec4<u32>(0xFu)) | ((h & vec4<u32>(3u)) << vec4<u32>(4u)), 32.0);
+        let q1 = small4_minus((l1 & vec4<u32>(0xFu)) | (((h >> vec4<u32>(2u)) & vec4<u32>(3u)) << vec4<u32>(4u)), 32.0);
+        let q2 = small4_minus((l0 >> vec4<u32>(4u)) | (((h >> vec4<u32>(4u)) & vec4<u32>(3u)) << vec4<u32>(4u)), 32.0);
+        let q3 = small4_minus((l1 >> vec4<u32>(4u)) | ((h >> vec4<u32>(6u)) << vec4<u32>(4u)), 32.0);
         let d4 = vec4<f32>(dot(q0, (*xv)[i]), dot(q1, (*xv)[8u + i]), dot(q2, (*xv)[16u + i]), dot(q3, (*xv)[24u + i]));
         if (i < 4u) {
             pa += d4;
