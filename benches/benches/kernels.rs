@@ -74,7 +74,7 @@ fn matvec(c: &mut Criterion) {
                 m: 1,
                 x_stride: cols as u32,
                 y_stride: rows as u32,
-                softcap: 0.0,
+                out: ops::MatvecOut::Rows { softcap: 0.0 },
                 y_offset: 0,
             };
             let ds = ops::matmul(&ctx, &w, &args).unwrap();
@@ -236,7 +236,7 @@ fn matmul_tokens(c: &mut Criterion, m: u64) {
                 m: m as u32,
                 x_stride: cols as u32,
                 y_stride: rows as u32,
-                softcap: 0.0,
+                out: ops::MatvecOut::Rows { softcap: 0.0 },
                 y_offset: 0,
             };
             let ds = ops::matmul(&ctx, &w, &args).unwrap();

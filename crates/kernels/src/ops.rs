@@ -7,6 +7,7 @@ use crate::shader::{BYTES_WGSL, DTYPES_WGSL, ShaderSource};
 use crate::weights::{GpuWeight, dtype_flag};
 use wgemma_gguf::GgmlType;
 
+const ACTIVATIONS_WGSL: &str = include_str!("wgsl/activations.wgsl");
 const MATVEC_WGSL: &str = include_str!("wgsl/matvec.wgsl");
 const MATMUL_WGSL: &str = include_str!("wgsl/matmul.wgsl");
 const MATMUL_COOP_WGSL: &str = include_str!("wgsl/matmul_coop.wgsl");
@@ -63,11 +64,12 @@ pub struct MatmulArgs<'a> {
     pub m: u32,
     /// Elements between consecutive tokens of x (>= W's columns, a multiple of 4).
     pub x_stride: u32,
-    /// Elements between consecutive tokens of y (>= W's rows).
+    /// Elements between consecutive tokens of y (>= `y_offset` + the output's columns).
     pub y_stride: u32,
-    /// `c * tanh(y / c)` on the output when > 0 (final logit softcap).
-    pub softcap: f32,
-    /// Column of y where row 0 of W lands (weights side by side in one output).
+    /// What the rows become: themselves (with an optional softcap) or, for gate/up rows
+    /// interleaved, the gated activation (half as many columns).
+    pub out: MatvecOut,
+    /// Column of y where row 0 of W (or pair 0) lands (weights side by side in one output).
     pub y_offset: u32,
 }
 
@@ -83,10 +85,21 @@ pub fn matmul(
     if a.m == 0 {
         return Ok(Vec::new());
     }
-    if a.x_stride < k || !a.x_stride.is_multiple_of(4) || a.y_stride < n {
+    let (geglu, softcap) = match a.out {
+        MatvecOut::Rows { softcap } => (false, softcap),
+        MatvecOut::Geglu => (true, 0.0),
+    };
+    let cols = if geglu { n / 2 } else { n };
+    if a.x_stride < k || !a.x_stride.is_multiple_of(4) || a.y_stride < a.y_offset + cols {
         return Err(shape(format!(
-            "{}: strides x {} / y {} for a {n}x{k} weight",
-            w.name, a.x_stride, a.y_stride
+            "{}: strides x {} / y {} (from column {}) for a {n}x{k} weight",
+            w.name, a.x_stride, a.y_stride, a.y_offset
+        )));
+    }
+    if geglu && !whole_pairs(w) {
+        return Err(shape(format!(
+            "{}: a gated output needs whole gate/up row pairs per tile",
+            w.name
         )));
     }
     a.x.expect_len32(
@@ -95,35 +108,23 @@ pub fn matmul(
     )?;
     a.y.expect_len32(
         &w.name,
-        u64::from(a.m - 1) * u64::from(a.y_stride) + u64::from(n),
+        u64::from(a.m - 1) * u64::from(a.y_stride) + u64::from(a.y_offset + cols),
     )?;
     if a.m <= MATVEC_MAX_TOKENS {
         return matvec_dispatches(
-            ctx,
-            w,
-            a.x,
-            a.y,
-            a.m,
-            a.x_stride,
-            a.y_stride,
-            a.y_offset,
-            MatvecOut::Rows { softcap: a.softcap },
-            None,
-            None,
+            ctx, w, a.x, a.y, a.m, a.x_stride, a.y_stride, a.y_offset, a.out, None, None,
         );
     }
     // Tensor cores where the device has them (64-token x 128-row tiles); otherwise f32 FMAs
     // in 64 x 64 tiles.
-    let (pipeline, tile_rows) = if ctx.features.coop_matmul {
-        let source = ShaderSource::new("matmul_coop", &[BYTES_WGSL, DTYPES_WGSL, MATMUL_COOP_WGSL])
-            .flag(flag)
-            .flag("COOP");
-        (ctx.pipeline(&source), 128)
+    let (source, tile_rows) = if ctx.features.coop_matmul {
+        let parts = [ACTIVATIONS_WGSL, BYTES_WGSL, DTYPES_WGSL, MATMUL_COOP_WGSL];
+        (ShaderSource::new("matmul_coop", &parts).flag("COOP"), 128)
     } else {
-        let source =
-            ShaderSource::new("matmul", &[BYTES_WGSL, DTYPES_WGSL, MATMUL_WGSL]).flag(flag);
-        (ctx.pipeline(&source), 64)
+        let parts = [ACTIVATIONS_WGSL, BYTES_WGSL, DTYPES_WGSL, MATMUL_WGSL];
+        (ShaderSource::new("matmul", &parts), 64)
     };
+    let pipeline = ctx.pipeline(&source.flag(flag).flag_if(geglu, "GEGLU_OUT"));
     w.tiles
         .iter()
         .map(|tile| {
@@ -132,11 +133,11 @@ pub fn matmul(
                 .u32(k)
                 .u32(rows)
                 .u32(w.row_bytes as u32)
-                .u32(a.y_offset + tile.first_row as u32)
+                .u32(a.y_offset + (tile.first_row / if geglu { 2 } else { 1 }) as u32)
                 .u32(a.m)
                 .u32(a.x_stride)
                 .u32(a.y_stride)
-                .f32(a.softcap);
+                .f32(softcap);
             let wv = View::of(&tile.buffer);
             ctx.dispatch(
                 "matmul",
@@ -151,6 +152,14 @@ pub fn matmul(
             )
         })
         .collect()
+}
+
+/// Whether every tile of `w` holds whole gate/up row pairs.
+fn whole_pairs(w: &GpuWeight) -> bool {
+    w.rows.is_multiple_of(2)
+        && w.tiles
+            .iter()
+            .all(|t| t.first_row % 2 == 0 && t.rows % 2 == 0)
 }
 
 /// How [`rms_norm`] writes its result.
@@ -384,7 +393,7 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
         .f32(a.softcap)
         .u32(capacity as u32)
         .u32(a.q_stride);
-    let source = ShaderSource::new("attention", &[ATTENTION_WGSL])
+    let source = ShaderSource::new("attention", &[ACTIVATIONS_WGSL, ATTENTION_WGSL])
         .constant("G", f64::from(a.n_head / a.n_kv_head));
     ctx.dispatch(
         "attention",
@@ -403,15 +412,14 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
 
 /// Elementwise operations of [`elementwise`].
 pub enum Elementwise<'a> {
-    /// `y[r, c] = gelu_tanh(gate[r * gate_stride + c]) * up[r * up_stride + c]`, or with
-    /// `interleaved`, `gelu_tanh(gate[r * gate_stride + 2c]) * up[r * up_stride + 2c + 1]`.
+    /// `y[r, c] = gelu_tanh(gate[r * gate_stride + c]) * up[r * up_stride + c]` (interleaved
+    /// gate/up rows take the gated output of [`matmul`] instead).
     Geglu {
         gate: &'a View,
         up: &'a View,
         cols: u32,
         gate_stride: u32,
         up_stride: u32,
-        interleaved: bool,
         /// Floats into `up` where row 0 starts.
         up_offset: u32,
     },
@@ -431,7 +439,6 @@ pub fn elementwise(
     n: u32,
 ) -> Result<Dispatch, GpuError> {
     y.expect_len32("elementwise y", u64::from(n))?;
-    let mut interleave = false;
     let (flag, a, b, params) = match op {
         Elementwise::Geglu {
             gate,
@@ -439,22 +446,19 @@ pub fn elementwise(
             cols,
             gate_stride,
             up_stride,
-            interleaved,
             up_offset,
         } => {
-            interleave = interleaved;
-            let span = if interleaved { 2 * cols } else { cols };
             if cols == 0 || !n.is_multiple_of(cols) {
                 return Err(shape(format!("geglu: {n} values in rows of {cols}")));
             }
             let rows = u64::from(n / cols);
             gate.expect_len32(
                 "geglu gate",
-                (rows - 1) * u64::from(gate_stride) + u64::from(span),
+                (rows - 1) * u64::from(gate_stride) + u64::from(cols),
             )?;
             up.expect_len32(
                 "geglu up",
-                u64::from(up_offset) + (rows - 1) * u64::from(up_stride) + u64::from(span),
+                u64::from(up_offset) + (rows - 1) * u64::from(up_stride) + u64::from(cols),
             )?;
             let p = Params::new()
                 .u32(n)
@@ -487,9 +491,7 @@ pub fn elementwise(
             Params::new().u32(n).u32(n).u32(0).u32(0).f32(c),
         ),
     };
-    let source = ShaderSource::new("elementwise", &[ELEMENTWISE_WGSL])
-        .flag(flag)
-        .flag_if(interleave, "INTERLEAVED");
+    let source = ShaderSource::new("elementwise", &[ACTIVATIONS_WGSL, ELEMENTWISE_WGSL]).flag(flag);
     let binds = [
         a.map_or(Bind::Skip, Bind::Storage),
         b.map_or(Bind::Skip, Bind::Storage),
@@ -884,12 +886,7 @@ fn matvec_dispatches(
     let flag = dtype_flag(w.dtype)?;
     let k = w.cols as u32;
     let geglu = out == MatvecOut::Geglu;
-    if geglu
-        && (!w.rows.is_multiple_of(2)
-            || w.tiles
-                .iter()
-                .any(|t| t.first_row % 2 != 0 || t.rows % 2 != 0))
-    {
+    if geglu && !whole_pairs(w) {
         return Err(shape(format!(
             "{}: a gated output needs whole gate/up row pairs per tile",
             w.name
@@ -916,13 +913,16 @@ fn matvec_dispatches(
         }
     };
     let subgroups = ctx.features.subgroups;
-    let mut source = ShaderSource::new("matvec", &[BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL])
-        .flag(flag)
-        .flag_if(geglu, "GEGLU_OUT")
-        .flag_if(!subgroups, "NO_SUBGROUPS")
-        .flag_if(experts.is_some(), "EXPERTS")
-        .constant("TPR", f64::from(tpr))
-        .constant("RPT", f64::from(rpt));
+    let mut source = ShaderSource::new(
+        "matvec",
+        &[ACTIVATIONS_WGSL, BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL],
+    )
+    .flag(flag)
+    .flag_if(geglu, "GEGLU_OUT")
+    .flag_if(!subgroups, "NO_SUBGROUPS")
+    .flag_if(experts.is_some(), "EXPERTS")
+    .constant("TPR", f64::from(tpr))
+    .constant("RPT", f64::from(rpt));
     if subgroups {
         source = source.constant("SG", f64::from(ctx.features.subgroup_min_size.clamp(4, 64)));
     }
@@ -1347,7 +1347,7 @@ pub fn attention_decode(
         "attn_split",
         ctx.pipeline(&ShaderSource::new(
             "attn_split",
-            &[REDUCE_WGSL, ATTN_SPLIT_WGSL],
+            &[ACTIVATIONS_WGSL, REDUCE_WGSL, ATTN_SPLIT_WGSL],
         )),
         &[
             Bind::Storage(a.q),

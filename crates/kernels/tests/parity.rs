@@ -141,7 +141,7 @@ fn matmul_matches_cpu_for_every_dtype_and_shape() {
                 m: m as u32,
                 x_stride: k as u32,
                 y_stride: n as u32,
-                softcap: 0.0,
+                out: ops::MatvecOut::Rows { softcap: 0.0 },
                 y_offset: 0,
             };
             let ds = ops::matmul(ctx, &w, &args).unwrap();
@@ -188,7 +188,7 @@ fn matmul_across_tiles_with_strides_and_softcap() {
                 m,
                 x_stride: xs,
                 y_stride: ys,
-                softcap: 3.0,
+                out: ops::MatvecOut::Rows { softcap: 3.0 },
                 y_offset: 2,
             };
             let ds = ops::matmul(ctx, &w, &args).unwrap();
@@ -210,6 +210,56 @@ fn matmul_across_tiles_with_strides_and_softcap() {
 }
 
 #[test]
+fn matmul_gated_output_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(91);
+    for dtype in [GgmlType::Q4K, GgmlType::Q8_0, GgmlType::F16] {
+        let k = dtype.block_size().max(64) as u64;
+        // 70 gate/up pairs: a partial tile in both kernels' row tiles.
+        let (n, ff) = (140u64, 70u32);
+        let wf = rng.vec((k * n) as usize, 0.5);
+        let wq = quantize(dtype, &wf).unwrap();
+        let wd = dequantize_to_vec(dtype, &wq).unwrap();
+        let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, None).unwrap();
+        // Matrix-vector (3 tokens) and tiled (37, 130) paths; outputs land 5 columns into
+        // rows of ff + 9.
+        for m in [3usize, 37, 130] {
+            let x = rng.vec(m * k as usize, 1.0);
+            let (rows, tol) = matmul_reference(ctx, &wd, n as usize, k as usize, &x, m);
+            let want: Vec<f32> = rows
+                .chunks(2)
+                .map(|p| cpu::gelu_tanh(p[0]) * p[1])
+                .collect();
+            let (stride, offset) = (ff + 9, 5u32);
+            let yv = poisoned(ctx, m * stride as usize);
+            let args = MatmulArgs {
+                x: &upload(ctx, &x),
+                y: &yv,
+                m: m as u32,
+                x_stride: k as u32,
+                y_stride: stride,
+                out: ops::MatvecOut::Geglu,
+                y_offset: offset,
+            };
+            let ds = ops::matmul(ctx, &w, &args).unwrap();
+            run(ctx, &ds.iter().collect::<Vec<_>>());
+            let y = read(ctx, &yv);
+            let got: Vec<f32> = y
+                .chunks(stride as usize)
+                .flat_map(|r| r[offset as usize..][..ff as usize].to_vec())
+                .collect();
+            assert_close(&format!("{dtype} gated m={m}"), &got, &want, 3.0 * tol);
+            assert!(y.chunks(stride as usize).all(|r| {
+                r[..offset as usize]
+                    .iter()
+                    .chain(&r[(offset + ff) as usize..])
+                    .all(|v| v.is_nan())
+            }));
+        }
+    }
+}
+
+#[test]
 fn matmul_rejects_bad_shapes() {
     let Some(ctx) = ctx() else { return };
     let w =
@@ -222,10 +272,32 @@ fn matmul_rejects_bad_shapes() {
         m: 1,
         x_stride: 64,
         y_stride: 4,
-        softcap: 0.0,
+        out: ops::MatvecOut::Rows { softcap: 0.0 },
         y_offset: 0,
     };
     assert!(ops::matmul(ctx, &w, &args).is_err());
+    // Rows that land past the end of a token's output row.
+    let x = upload(ctx, &[1.0; 64 * 8]);
+    let wide = upload(ctx, &[0.0; 8 * 6]);
+    let past = MatmulArgs {
+        x: &x,
+        y: &wide,
+        m: 8,
+        x_stride: 64,
+        y_stride: 6,
+        out: ops::MatvecOut::Rows { softcap: 0.0 },
+        y_offset: 3,
+    };
+    assert!(ops::matmul(ctx, &w, &past).is_err());
+    // A gated output needs gate/up pairs.
+    let odd =
+        GpuWeight::upload(ctx, "w", GgmlType::F32, 64, 3, &vec![0u8; 64 * 3 * 4], None).unwrap();
+    let gated = MatmulArgs {
+        out: ops::MatvecOut::Geglu,
+        y_offset: 0,
+        ..past
+    };
+    assert!(ops::matmul(ctx, &odd, &gated).is_err());
     assert!(GpuWeight::upload(ctx, "w", GgmlType::F32, 64, 4, &[0u8; 12], None).is_err());
     assert!(GpuWeight::upload(ctx, "w", GgmlType::Iq2Xxs, 256, 1, &[0u8; 66], None).is_err());
     assert!(GpuWeight::upload(ctx, "w", GgmlType::F32, 48, 1, &[0u8; 192], None).is_err());
@@ -406,7 +478,8 @@ fn attention_matches_cpu_for_prefill_decode_window_and_gqa() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(17);
     // (n_head, n_kv_head, head_dim, capacity, positions, window, softcap)
-    let cases: Vec<(u32, u32, u32, u32, Vec<u32>, u32, f32)> = vec![
+    type Case = (u32, u32, u32, u32, Vec<u32>, u32, f32);
+    let cases: Vec<Case> = vec![
         (4, 1, 256, 64, (0..9).collect(), 0, 0.0),
         (4, 1, 256, 64, vec![40], 0, 0.0),
         (8, 2, 64, 700, vec![600], 0, 0.0),
@@ -507,33 +580,9 @@ fn elementwise_ops_match_cpu() {
         cols,
         gate_stride: 2 * cols,
         up_stride: cols,
-        interleaved: false,
         up_offset: 0,
     };
     run(ctx, &[&ops::elementwise(ctx, op, &y, rows * cols).unwrap()]);
-    // Interleaved: gate and up alternate in the rows of one buffer.
-    let inter = poisoned(ctx, (rows * cols) as usize);
-    let op = Elementwise::Geglu {
-        gate: &gv,
-        up: &gv,
-        cols,
-        gate_stride: 2 * cols,
-        up_stride: 2 * cols,
-        interleaved: true,
-        up_offset: 0,
-    };
-    run(
-        ctx,
-        &[&ops::elementwise(ctx, op, &inter, rows * cols).unwrap()],
-    );
-    let want_inter: Vec<f32> = (0..rows as usize)
-        .flat_map(|r| (0..cols as usize).map(move |c| (r, c)))
-        .map(|(r, c)| {
-            cpu::gelu_tanh(gate[r * 2 * cols as usize + 2 * c])
-                * gate[r * 2 * cols as usize + 2 * c + 1]
-        })
-        .collect();
-    assert_close("geglu interleaved", &read(ctx, &inter), &want_inter, 1e-5);
     let want: Vec<f32> = (0..rows as usize)
         .flat_map(|r| {
             cpu::geglu(

@@ -78,7 +78,9 @@ struct Scratch {
     attn: View,
     attn_part: View,
     o: View,
-    gate_up: View,
+    /// Gate and up products of a layer whose gate and up weights differ in dtype (same-dtype
+    /// pairs are interleaved into one weight whose product is the activation itself).
+    gate: View,
     up: View,
     act: View,
     down: View,
@@ -246,7 +248,7 @@ impl GpuSession {
                 ops::DecodeAttention::scratch_floats(cfg.n_head as u32, max_hd, capacity as u32),
             ),
             o: buf("o", b * d),
-            gate_up: buf("gate_up", b * 2 * max_ff),
+            gate: buf("gate", b * max_ff),
             up: buf("up", b * max_ff),
             act: buf("act", b * max_ff),
             down: buf("down", b * d),
@@ -338,7 +340,7 @@ impl GpuSession {
             &s.attn,
             &s.attn_part,
             &s.o,
-            &s.gate_up,
+            &s.gate,
             &s.up,
             &s.act,
             &s.down,
@@ -475,37 +477,32 @@ impl GpuSession {
         let mut ops: Vec<Op> = Vec::new();
         // y[:, y_offset..] = x W^T over m tokens.
         let product =
-            |w: &GpuWeight, x: &View, y: &View, y_stride: u32, y_offset: u32, softcap: f32| {
-                if single {
-                    ops::matvec(ctx, w, x, y, y_offset, MatvecOut::Rows { softcap })
-                } else {
-                    let args = MatmulArgs {
-                        x,
-                        y,
-                        m,
-                        x_stride: w.cols as u32,
-                        y_stride,
-                        softcap,
-                        y_offset,
-                    };
-                    ops::matmul(ctx, w, &args)
-                }
+            |w: &GpuWeight, x: &View, y: &View, y_stride: u32, y_offset: u32, out: MatvecOut| {
+                let args = MatmulArgs {
+                    x,
+                    y,
+                    m,
+                    x_stride: w.cols as u32,
+                    y_stride,
+                    out,
+                    y_offset,
+                };
+                ops::matmul(ctx, w, &args)
             };
+        let rows = MatvecOut::Rows { softcap: 0.0 };
         let geglu = |gate: &View,
                      up: &View,
                      cols: u32,
                      gate_stride: u32,
                      up_stride: u32,
                      up_offset: u32,
-                     out: &View,
-                     interleaved: bool| {
+                     out: &View| {
             let op = Elementwise::Geglu {
                 gate,
                 up,
                 cols,
                 gate_stride,
                 up_stride,
-                interleaved,
                 up_offset,
             };
             ops::elementwise(ctx, op, out, m * cols)
@@ -543,7 +540,7 @@ impl GpuSession {
                 m,
                 (n as f32).sqrt(),
             )?);
-            run(product(&ple.proj, &s.x, &s.ple.all, n * l, 0, 0.0)?);
+            run(product(&ple.proj, &s.x, &s.ple.all, n * l, 0, rows)?);
             run(vec![
                 ops::elementwise(
                     ctx,
@@ -587,7 +584,7 @@ impl GpuSession {
             let ff = cfg.layers[il].n_ff as u32;
             run(vec![into_block(pending, &l.attn_norm)?]);
             for p in &l.qkv {
-                run(product(&p.w, &s.xn, &s.qkv, l.qkv_width, p.offset, 0.0)?);
+                run(product(&p.w, &s.xn, &s.qkv, l.qkv_width, p.offset, rows)?);
             }
             run(vec![ops::head_post(ctx, &self.head_post_args(il, m))?]);
             let att = self.attention_args(il, m)?;
@@ -597,37 +594,22 @@ impl GpuSession {
             } else {
                 run(vec![ops::attention(ctx, &att)?]);
             }
-            run(product(&l.o, &s.attn, &s.o, d, 0, 0.0)?);
+            run(product(&l.o, &s.attn, &s.o, d, 0, rows)?);
             run(vec![into_block(
                 Some((&s.o, &l.post_attn_norm, 1.0)),
                 &l.ffn_norm,
             )?]);
             match &l.gate_up {
-                GateUp::Interleaved(w) if single => {
-                    run(ops::matvec(ctx, w, &s.xn, &s.act, 0, MatvecOut::Geglu)?);
-                }
                 GateUp::Interleaved(w) => {
-                    run(product(w, &s.xn, &s.gate_up, 2 * ff, 0, 0.0)?);
-                    run(vec![geglu(
-                        &s.gate_up,
-                        &s.gate_up,
-                        ff,
-                        2 * ff,
-                        2 * ff,
-                        0,
-                        &s.act,
-                        true,
-                    )?]);
+                    run(product(w, &s.xn, &s.act, ff, 0, MatvecOut::Geglu)?);
                 }
                 GateUp::Separate { gate, up } => {
-                    run(product(gate, &s.xn, &s.gate_up, ff, 0, 0.0)?);
-                    run(product(up, &s.xn, &s.up, ff, 0, 0.0)?);
-                    run(vec![geglu(
-                        &s.gate_up, &s.up, ff, ff, ff, 0, &s.act, false,
-                    )?]);
+                    run(product(gate, &s.xn, &s.gate, ff, 0, rows)?);
+                    run(product(up, &s.xn, &s.up, ff, 0, rows)?);
+                    run(vec![geglu(&s.gate, &s.up, ff, ff, ff, 0, &s.act)?]);
                 }
             }
-            run(product(&l.down, &s.act, &s.down, d, 0, 0.0)?);
+            run(product(&l.down, &s.act, &s.down, d, 0, rows)?);
             let mut ffn_out = &s.down;
             if let (Some(x), Some(mc)) = (&l.experts, cfg.moe) {
                 // The dense branch normed, plus the experts' normed mix: each token's router
@@ -656,7 +638,7 @@ impl GpuSession {
                         eps,
                     )?,
                 ]);
-                run(product(&x.router, &mo.router_in, &mo.logits, ne, 0, 0.0)?);
+                run(product(&x.router, &mo.router_in, &mo.logits, ne, 0, rows)?);
                 run(vec![
                     ops::moe_route(
                         ctx,
@@ -739,7 +721,7 @@ impl GpuSession {
                     d,
                     eps,
                 )?]);
-                run(product(&p.inp_gate, &s.x, &s.ple.gate, n, 0, 0.0)?);
+                run(product(&p.inp_gate, &s.x, &s.ple.gate, n, 0, rows)?);
                 run(vec![geglu(
                     &s.ple.gate,
                     &s.ple.all,
@@ -748,9 +730,8 @@ impl GpuSession {
                     all,
                     il as u32 * n,
                     &s.ple.act,
-                    false,
                 )?]);
-                run(product(&p.proj, &s.ple.act, &s.ple.out, d, 0, 0.0)?);
+                run(product(&p.proj, &s.ple.act, &s.ple.out, d, 0, rows)?);
                 pending = Some((&s.ple.out, &p.post_norm, l.out_scale));
             }
         }
@@ -794,7 +775,7 @@ impl GpuSession {
                     m,
                     x_stride: d,
                     y_stride: vocab,
-                    softcap,
+                    out: MatvecOut::Rows { softcap },
                     y_offset: 0,
                 };
                 let all = ops::matmul(ctx, model.output_matrix(), &args)?;

@@ -64,13 +64,6 @@ fn head_reduce(v: f32, li: u32, is_max: bool) -> f32 {
     return r;
 }
 
-fn capped(s: f32) -> f32 {
-    if (p.softcap > 0.0) {
-        return p.softcap * tanh(clamp(s / p.softcap, -9.0, 9.0));
-    }
-    return s;
-}
-
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let kvh = wg.x;
@@ -116,7 +109,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 let j = lane + 32u * h;
                 if (j < count) {
                     let b = (g_mine * CHUNK + j) * 4u;
-                    s[h] = capped((part[b] + part[b + 1u] + part[b + 2u] + part[b + 3u]) * p.scale);
+                    s[h] = softcapped((part[b] + part[b + 1u] + part[b + 2u] + part[b + 3u]) * p.scale, p.softcap);
                 }
             }
         }

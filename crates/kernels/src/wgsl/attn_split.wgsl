@@ -71,9 +71,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var s = -3.0e38;
     if (li < CHUNK && li < count) {
         s = partial[4u * li] + partial[4u * li + 1u] + partial[4u * li + 2u] + partial[4u * li + 3u];
-        if (p.softcap > 0.0) {
-            s = p.softcap * tanh(clamp(s / p.softcap, -9.0, 9.0));
-        }
+        s = softcapped(s, p.softcap);
     }
     let m = wg_max(s, li);
     var e = 0.0;

@@ -1,6 +1,5 @@
 // Elementwise kernels over n values, one flag each:
-// GEGLU:  y[i] = gelu_tanh(a[i]) * b[i]       (a = gate, b = up; rows of a/b may be strided;
-//         INTERLEAVED: gate and up alternate within a row, a[2c] and b[2c + 1])
+// GEGLU:  y[i] = gelu_tanh(a[i]) * b[i]       (a = gate, b = up; rows of a/b may be strided)
 // ADD:    y[i] += a[i]
 // SCALE:  y[i] *= s
 // SOFTCAP: y[i] = c * tanh(y[i] / c)
@@ -23,11 +22,6 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 
-fn gelu_tanh(v: f32) -> f32 {
-    let inner = 0.7978845608028654 * (v + 0.044715 * v * v * v);
-    return 0.5 * v * (1.0 + tanh(clamp(inner, -9.0, 9.0)));
-}
-
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.x + gid.y * nwg.x * 256u;
@@ -37,11 +31,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 #if GEGLU
     let r = i / p.cols;
     let c = i % p.cols;
-#if INTERLEAVED
-    y[i] = gelu_tanh(a[r * p.a_stride + 2u * c]) * b[p.b_offset + r * p.b_stride + 2u * c + 1u];
-#else
     y[i] = gelu_tanh(a[r * p.a_stride + c]) * b[p.b_offset + r * p.b_stride + c];
-#endif
 #endif
 #if ADD
     y[i] += a[i];
@@ -50,6 +40,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     y[i] *= p.s;
 #endif
 #if SOFTCAP
-    y[i] = p.s * tanh(clamp(y[i] / p.s, -9.0, 9.0));
+    y[i] = softcapped(y[i], p.s);
 #endif
 }

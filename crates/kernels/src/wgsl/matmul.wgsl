@@ -2,7 +2,8 @@
 // 64-token x 64-row tile, 4 x 4 outputs per thread. Per step of 32 values of k, 64 threads
 // dequantize one unit of a weight row each and all threads load the tokens' inputs; both
 // tiles sit in workgroup memory k-major, so the inner loop reads two vec4s per 16 FMAs and
-// each weight byte is read once per 64 tokens.
+// each weight byte is read once per 64 tokens. GEGLU_OUT: rows are gate/up pairs and the
+// output is their gated activation (one column per pair).
 
 struct Params {
     k: u32,
@@ -31,13 +32,6 @@ const TN: u32 = 64u;
 // [k][16 groups of 4]: xs[kk * 16 + g] holds tokens 4g..4g+3 at k = kk; ws likewise rows.
 var<workgroup> xs: array<vec4<f32>, 512>;
 var<workgroup> ws: array<vec4<f32>, 512>;
-
-fn finish(v: f32) -> f32 {
-    if (p.softcap > 0.0) {
-        return p.softcap * tanh(clamp(v / p.softcap, -9.0, 9.0));
-    }
-    return v;
-}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -92,11 +86,21 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     for (var i = 0u; i < 4u; i++) {
         let tok = m0 + ty * 4u + i;
+#if GEGLU_OUT
+        // Rows 2c and 2c + 1 are gate and up of activation c.
+        for (var j = 0u; j < 4u; j += 2u) {
+            let row = n0 + tx * 4u + j;
+            if (tok < p.m && row < p.n) {
+                y[tok * p.y_stride + p.out_offset + row / 2u] = gelu_tanh(acc[i][j]) * acc[i][j + 1u];
+            }
+        }
+#else
         for (var j = 0u; j < 4u; j++) {
             let row = n0 + tx * 4u + j;
             if (tok < p.m && row < p.n) {
-                y[tok * p.y_stride + p.out_offset + row] = finish(acc[i][j]);
+                y[tok * p.y_stride + p.out_offset + row] = softcapped(acc[i][j], p.softcap);
             }
         }
+#endif
     }
 }

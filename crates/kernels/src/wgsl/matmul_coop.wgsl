@@ -5,7 +5,8 @@
 // dequantizes one 32-value unit of one weight row and converts 16 inputs, all into workgroup
 // memory as f16; the next step's global loads are issued before this step's products, so
 // their latency hides behind the tensor work. (A 128-token tile, which dequantizes each
-// weight half as often, measured 10-60% slower on the H100: half the workgroups.)
+// weight half as often, measured 10-60% slower on the H100: half the workgroups.) GEGLU_OUT:
+// rows are gate/up pairs and the output is their gated activation (one column per pair).
 
 struct Params {
     k: u32,
@@ -42,13 +43,6 @@ const PITCH: u32 = 72u;
 var<workgroup> xs: array<f16, TM * PITCH>; // token-major: the A operand, row-major
 var<workgroup> ws: array<f16, TN * PITCH>; // row-major W: the B operand, column-major
 var<workgroup> stage: array<f32, 2048>; // one 16 x 16 accumulator per subgroup
-
-fn finish(v: f32) -> f32 {
-    if (p.softcap > 0.0) {
-        return p.softcap * tanh(clamp(v / p.softcap, -9.0, 9.0));
-    }
-    return v;
-}
 
 // The weights this thread converts at step `s`: unit 2s + h of row `row` (zero past the end).
 fn load_w(row: u32, s: u32, h: u32) -> array<vec4<f32>, 8> {
@@ -134,13 +128,24 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             default: { coopStoreT(c11, &stage[sg * 256u], 16u); }
         }
         workgroupBarrier();
+#if GEGLU_OUT
+        // Rows 2c and 2c + 1 (adjacent in the stage) are gate and up of activation c.
+        for (var e = 2u * lane; e < 256u; e += 64u) {
+            let tok = tok0 + 16u * (f / 2u) + e / 16u;
+            let row = row0 + 16u * (f % 2u) + e % 16u;
+            if (tok < p.m && row < p.n) {
+                y[tok * p.y_stride + p.out_offset + row / 2u] = gelu_tanh(stage[sg * 256u + e]) * stage[sg * 256u + e + 1u];
+            }
+        }
+#else
         for (var e = lane; e < 256u; e += 32u) {
             let tok = tok0 + 16u * (f / 2u) + e / 16u;
             let row = row0 + 16u * (f % 2u) + e % 16u;
             if (tok < p.m && row < p.n) {
-                y[tok * p.y_stride + p.out_offset + row] = finish(stage[sg * 256u + e]);
+                y[tok * p.y_stride + p.out_offset + row] = softcapped(stage[sg * 256u + e], p.softcap);
             }
         }
+#endif
         workgroupBarrier();
     }
 }

@@ -172,18 +172,6 @@ var<workgroup> sg_sums: array<vec4<f32>, 64>;
 @group(0) @binding(4) var<storage, read> sel: array<u32>;
 #endif
 
-fn gelu_tanh(v: f32) -> f32 {
-    let inner = 0.7978845608028654 * (v + 0.044715 * v * v * v);
-    return 0.5 * v * (1.0 + tanh(clamp(inner, -9.0, 9.0)));
-}
-
-fn finish(v: f32) -> f32 {
-    if (p.softcap > 0.0) {
-        return p.softcap * tanh(clamp(v / p.softcap, -9.0, 9.0));
-    }
-    return v;
-}
-
 @compute @workgroup_size(256)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -275,7 +263,7 @@ fn main(
 #else
     for (var r = 0u; r < RPT; r++) {
         if (row0 + r < p.n) {
-            y[ob + row0 + r] = finish(acc[r]);
+            y[ob + row0 + r] = softcapped(acc[r], p.softcap);
         }
     }
 #endif
