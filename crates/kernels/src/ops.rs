@@ -162,6 +162,19 @@ fn whole_pairs(w: &GpuWeight) -> bool {
             .all(|t| t.first_row % 2 == 0 && t.rows % 2 == 0)
 }
 
+/// Longest row the norm kernels take: each of a workgroup's 256 threads holds 24 values in
+/// registers (Gemma's widest residual stream is 5376).
+pub const MAX_NORM_DIM: u32 = 256 * 24;
+
+fn check_norm_dim(dim: u32) -> Result<(), GpuError> {
+    if dim == 0 || dim > MAX_NORM_DIM {
+        return Err(shape(format!(
+            "norm over rows of {dim} (1..={MAX_NORM_DIM})"
+        )));
+    }
+    Ok(())
+}
+
 /// How [`rms_norm`] writes its result.
 pub enum NormOut<'a> {
     /// `y = norm(x) * w`
@@ -185,6 +198,7 @@ pub fn rms_norm(
     x_stride: u32,
     eps: f32,
 ) -> Result<Dispatch, GpuError> {
+    check_norm_dim(dim)?;
     x.expect_len32(
         "rms_norm x",
         u64::from(rows.max(1) - 1) * u64::from(x_stride) + u64::from(dim),
@@ -762,6 +776,7 @@ pub fn residual_norm(
     scale: f32,
     eps: f32,
 ) -> Result<Dispatch, GpuError> {
+    check_norm_dim(dim)?;
     let n = u64::from(rows) * u64::from(dim);
     for (what, v, len) in [
         ("res", res, n),
@@ -850,9 +865,11 @@ impl MatvecTuning {
         // A matrix with rows enough to fill the GPU many times over (an output head) is
         // bandwidth-bound: there, lanes that loop over several steps of a row beat lanes that
         // start all at once. On the H100 at 262144 x 1536, 4 lanes per row took Q4_K from
-        // 862 to 1319 GiB/s and Q6_K from 846 to 1181; 16 took Q8_0 from 1870 to 1978.
+        // 862 to 1319 GiB/s and Q6_K from 846 to 1181; 16 took Q8_0 from 1870 to 1978. Float
+        // weights keep the default (16 lanes took F32 from 848 to 684).
         let wide = if step > 32 { 4 } else { 16 };
-        if !cpu && workgroups(wide, 4) >= 512 && max_tpr >= wide {
+        let quantized = dtype.block_size() > 1;
+        if quantized && !cpu && workgroups(wide, 4) >= 512 && max_tpr >= wide {
             return Self { tpr: wide, rpt: 4 };
         }
         let mut rpt = 4u32;

@@ -1,8 +1,9 @@
 //! WGSL assembly: a kernel is its own file plus the snippets it uses, specialised by
 //! `#if FLAG` / `#else` / `#endif` lines and by WGSL `override` constants.
 //!
-//! Flags `F16` and `SUBGROUPS` are set from the device's features, so one file serves with and
-//! without them; other flags come from the dispatcher (e.g. the weight dtype).
+//! Flags `F16`, `SUBGROUPS` and `SUBGROUP32` (subgroups of exactly 32 lanes) are set from the
+//! device's features, so one file serves with and without them; other flags come from the
+//! dispatcher (e.g. the weight dtype).
 
 use std::collections::BTreeSet;
 
@@ -67,6 +68,10 @@ impl ShaderSource {
         }
         if features.subgroups {
             flags.insert("SUBGROUPS".into());
+            // Subgroups of one known size let workgroup reductions skip most of their tree.
+            if features.subgroup_min_size == 32 && features.subgroup_max_size == 32 {
+                flags.insert("SUBGROUP32".into());
+            }
         }
         let mut out = String::new();
         if flags.contains("F16") {

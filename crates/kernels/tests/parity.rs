@@ -348,6 +348,7 @@ fn rms_norm_in_all_three_forms() {
         (7, 257, 300),
         (2, 1536, 1536),
         (33, 256, 256),
+        (2, ops::MAX_NORM_DIM, ops::MAX_NORM_DIM + 3),
     ] {
         let x = rng.vec((rows * stride) as usize, 2.0);
         let w = rng.vec(dim as usize, 1.0);
@@ -412,6 +413,10 @@ fn rms_norm_in_all_three_forms() {
             1e-5,
         );
     }
+    // Rows longer than the threads' registers hold are refused, not truncated.
+    let long = upload(ctx, &vec![1.0; ops::MAX_NORM_DIM as usize + 1]);
+    let d = ops::MAX_NORM_DIM + 1;
+    assert!(ops::rms_norm(ctx, &long, NormOut::InPlace, None, 1, d, d, 1e-6).is_err());
 }
 
 #[test]
@@ -852,7 +857,7 @@ fn matvec_matches_cpu_at_every_tuning() {
 fn residual_norm_matches_cpu() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(59);
-    for (rows, dim) in [(1u32, 640u32), (5, 257), (2, 1536)] {
+    for (rows, dim) in [(1u32, 640u32), (5, 257), (2, 1536), (2, 5376)] {
         let n = (rows * dim) as usize;
         let (res, delta) = (rng.vec(n, 1.0), rng.vec(n, 3.0));
         let (post, pre) = (rng.vec(dim as usize, 1.0), rng.vec(dim as usize, 1.0));

@@ -30,6 +30,10 @@ struct Params {
 @group(0) @binding(5) var<storage, read> post: array<f32>;
 #endif
 
+// Values each thread holds: rows of up to 256 * PER values stay in registers between the
+// reductions, so each is read from memory once.
+const PER: u32 = 24u;
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let row = wg.x + wg.y * nwg.x;
@@ -37,25 +41,47 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         return;
     }
     let base = row * p.x_stride;
+    var xv: array<f32, PER>;
+    var ss = 0.0;
 #if RESIDUAL_NORM
+    var dv: array<f32, PER>;
     var sd = 0.0;
-    for (var i = li; i < p.dim; i += 256u) {
-        let v = delta[row * p.dim + i];
-        sd += v * v;
+    for (var j = 0u; j < PER; j++) {
+        let i = li + 256u * j;
+        if (i >= p.dim) {
+            break;
+        }
+        dv[j] = delta[row * p.dim + i];
+        xv[j] = x[base + i];
+        sd += dv[j] * dv[j];
     }
     let inv_d = inverseSqrt(wg_sum(sd, li) / f32(p.dim) + p.eps);
-    for (var i = li; i < p.dim; i += 256u) {
-        x[base + i] = (x[base + i] + delta[row * p.dim + i] * inv_d * post[i]) * p.scale;
+    for (var j = 0u; j < PER; j++) {
+        let i = li + 256u * j;
+        if (i >= p.dim) {
+            break;
+        }
+        xv[j] = (xv[j] + dv[j] * inv_d * post[i]) * p.scale;
+        x[base + i] = xv[j];
+        ss += xv[j] * xv[j];
+    }
+#else
+    for (var j = 0u; j < PER; j++) {
+        let i = li + 256u * j;
+        if (i >= p.dim) {
+            break;
+        }
+        xv[j] = x[base + i];
+        ss += xv[j] * xv[j];
     }
 #endif
-    var ss = 0.0;
-    for (var i = li; i < p.dim; i += 256u) {
-        let v = x[base + i];
-        ss += v * v;
-    }
     let inv = inverseSqrt(wg_sum(ss, li) / f32(p.dim) + p.eps);
-    for (var i = li; i < p.dim; i += 256u) {
-        var v = x[base + i] * inv;
+    for (var j = 0u; j < PER; j++) {
+        let i = li + 256u * j;
+        if (i >= p.dim) {
+            break;
+        }
+        var v = xv[j] * inv;
 #if WEIGHT
         v *= nw[i];
 #endif
