@@ -9,7 +9,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use wgemma_benches::{context, time_in_one_pass};
 use wgemma_gguf::{GgmlType, quantize};
 use wgemma_kernels::ops::{self, AttentionArgs, MatmulArgs};
-use wgemma_kernels::{GpuWeight, View};
+use wgemma_kernels::{GpuContext, GpuWeight, View};
 
 /// (rows, cols) of E2B's matrices: attention out, FFN up/gate, FFN down, output head; then
 /// Gemma 3 270M's QKV, interleaved gate/up and down (rows of 640 take no K-quant).
@@ -46,6 +46,24 @@ fn random(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// A `rows x cols` weight of `dtype` (one quantized block of 64 random rows, repeated:
+/// realistic bytes, fast set-up), an input and an output for it, and the weight's bytes. None
+/// when the dtype cannot take the shape.
+fn matvec_operands(
+    ctx: &GpuContext,
+    dtype: GgmlType,
+    rows: u64,
+    cols: u64,
+) -> Option<(GpuWeight, View, View, u64)> {
+    let block_rows = 64u64;
+    let q = quantize(dtype, &random((block_rows * cols) as usize, rows ^ cols)).ok()?;
+    let bytes = q.repeat((rows / block_rows) as usize);
+    let w = GpuWeight::upload(ctx, "w", dtype, cols, rows, &bytes, None).ok()?;
+    let x = View::of(&ctx.storage_init("x", bytemuck::cast_slice(&random(cols as usize, 7))));
+    let y = View::of(&ctx.storage("y", rows * 4));
+    Some((w, x, y, bytes.len() as u64))
+}
+
 fn matvec(c: &mut Criterion) {
     let ctx = context();
     let quick = std::env::var_os("WGEMMA_BENCH_QUICK").is_some();
@@ -55,19 +73,9 @@ fn matvec(c: &mut Criterion) {
             if quick && rows > 6144 && dtype != GgmlType::Q4K && dtype != GgmlType::Q6K {
                 continue;
             }
-            // Quantize one row block and repeat it: realistic bytes, fast set-up.
-            let block_rows = 64u64;
-            let q = quantize(dtype, &random((block_rows * cols) as usize, rows ^ cols)).unwrap();
-            let mut bytes = Vec::with_capacity((rows / block_rows) as usize * q.len());
-            for _ in 0..rows / block_rows {
-                bytes.extend_from_slice(&q);
-            }
-            let Ok(w) = GpuWeight::upload(&ctx, "w", dtype, cols, rows, &bytes, None) else {
+            let Some((w, x, y, bytes)) = matvec_operands(&ctx, dtype, rows, cols) else {
                 continue;
             };
-            let x =
-                View::of(&ctx.storage_init("x", bytemuck::cast_slice(&random(cols as usize, 7))));
-            let y = View::of(&ctx.storage("y", rows * 4));
             let args = MatmulArgs {
                 x: &x,
                 y: &y,
@@ -78,7 +86,7 @@ fn matvec(c: &mut Criterion) {
                 y_offset: 0,
             };
             let ds = ops::matmul(&ctx, &w, &args).unwrap();
-            group.throughput(Throughput::Bytes(bytes.len() as u64));
+            group.throughput(Throughput::Bytes(bytes));
             group.bench_with_input(
                 BenchmarkId::new(dtype.name(), format!("{rows}x{cols}")),
                 &ds,
@@ -185,20 +193,14 @@ fn matvec_tuning(c: &mut Criterion) {
     let mut group = c.benchmark_group("matvec_tuning");
     for dtype in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0] {
         for (rows, cols) in [(262_144u64, 1536u64), (6144, 1536)] {
-            let block_rows = 64u64;
-            let q = quantize(dtype, &random((block_rows * cols) as usize, rows ^ cols)).unwrap();
-            let bytes = q.repeat((rows / block_rows) as usize);
-            let w = GpuWeight::upload(&ctx, "w", dtype, cols, rows, &bytes, None).unwrap();
-            let x =
-                View::of(&ctx.storage_init("x", bytemuck::cast_slice(&random(cols as usize, 7))));
-            let y = View::of(&ctx.storage("y", rows * 4));
+            let (w, x, y, bytes) = matvec_operands(&ctx, dtype, rows, cols).unwrap();
             for tpr in [4u32, 8, 16, 32] {
                 for rpt in [2u32, 4] {
                     let tuning = ops::MatvecTuning { tpr, rpt };
                     let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
                     let ds =
                         ops::matvec_tuned(&ctx, &w, &x, &y, 0, rows_out, Some(tuning)).unwrap();
-                    group.throughput(Throughput::Bytes(bytes.len() as u64));
+                    group.throughput(Throughput::Bytes(bytes));
                     group.bench_with_input(
                         BenchmarkId::new(dtype.name(), format!("{rows}x{cols}/t{tpr}r{rpt}")),
                         &ds,
@@ -211,8 +213,8 @@ fn matvec_tuning(c: &mut Criterion) {
     group.finish();
 }
 
-/// Prefill: 512 tokens through a weight, and 64 (a short prompt, and the other tile size of
-/// the cooperative-matrix kernel); throughput in multiply-adds, reported as elements.
+/// Prefill: 512 tokens through a weight, and 64 (a short prompt: one tile of tokens);
+/// throughput in multiply-adds, reported as elements.
 fn matmul_prefill(c: &mut Criterion) {
     for m in [512u64, 64] {
         matmul_tokens(c, m);

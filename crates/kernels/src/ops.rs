@@ -9,6 +9,7 @@ use wgemma_gguf::GgmlType;
 
 const ACTIVATIONS_WGSL: &str = include_str!("wgsl/activations.wgsl");
 const MATVEC_WGSL: &str = include_str!("wgsl/matvec.wgsl");
+const MATMUL_IO_WGSL: &str = include_str!("wgsl/matmul_io.wgsl");
 const MATMUL_WGSL: &str = include_str!("wgsl/matmul.wgsl");
 const MATMUL_COOP_WGSL: &str = include_str!("wgsl/matmul_coop.wgsl");
 const REDUCE_WGSL: &str = include_str!("wgsl/reduce.wgsl");
@@ -118,10 +119,22 @@ pub fn matmul(
     // Tensor cores where the device has them (64-token x 128-row tiles); otherwise f32 FMAs
     // in 64 x 64 tiles.
     let (source, tile_rows) = if ctx.features.coop_matmul {
-        let parts = [ACTIVATIONS_WGSL, BYTES_WGSL, DTYPES_WGSL, MATMUL_COOP_WGSL];
+        let parts = [
+            ACTIVATIONS_WGSL,
+            BYTES_WGSL,
+            DTYPES_WGSL,
+            MATMUL_IO_WGSL,
+            MATMUL_COOP_WGSL,
+        ];
         (ShaderSource::new("matmul_coop", &parts).flag("COOP"), 128)
     } else {
-        let parts = [ACTIVATIONS_WGSL, BYTES_WGSL, DTYPES_WGSL, MATMUL_WGSL];
+        let parts = [
+            ACTIVATIONS_WGSL,
+            BYTES_WGSL,
+            DTYPES_WGSL,
+            MATMUL_IO_WGSL,
+            MATMUL_WGSL,
+        ];
         (ShaderSource::new("matmul", &parts), 64)
     };
     let pipeline = ctx.pipeline(&source.flag(flag).flag_if(geglu, "GEGLU_OUT"));

@@ -5,26 +5,7 @@
 // each weight byte is read once per 64 tokens. GEGLU_OUT: rows are gate/up pairs and the
 // output is their gated activation (one column per pair).
 
-struct Params {
-    k: u32,
-    n: u32,
-    row_bytes: u32,
-    out_offset: u32,
-    m: u32,
-    x_stride: u32,
-    y_stride: u32,
-    softcap: f32,
-}
-
-@group(0) @binding(0) var<storage, read> w: array<u32>;
-
-fn wword(i: u32) -> u32 {
-    return w[i];
-}
-
 @group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> p: Params;
 
 const TM: u32 = 64u;
 const TN: u32 = 64u;
