@@ -241,6 +241,9 @@ try {
 
   // The demo page, driven like a user: load, ask, watch tokens stream, screenshot.
   await page.goto(`${env.WGEMMA_URL}/index.html`);
+  // The page fills the URL field from the server's model list once that arrives; typing
+  // before then races with it (the two URLs ended up concatenated).
+  await page.waitForFunction(() => document.getElementById("served").options.length > 0);
   await page.fill("#url", env.WGEMMA_MODEL);
   await page.click("#load-url");
   await page.waitForSelector("#prompt:not([disabled])");
