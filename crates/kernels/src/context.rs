@@ -166,8 +166,10 @@ impl GpuContext {
         if timestamps {
             required |= wgpu::Features::TIMESTAMP_QUERY;
         }
+        // Ask for everything the adapter offers: weight tiles and scratch are sized from these.
+        let limits = adapter.limits();
         let coop_matmul = options.allow_coop
-            && adapter.limits().max_compute_workgroup_storage_size >= crate::ops::COOP_MATMUL_BYTES
+            && limits.max_compute_workgroup_storage_size >= crate::ops::COOP_MATMUL_BYTES
             && shader_f16
             && subgroups
             && info.subgroup_min_size == 32
@@ -181,8 +183,6 @@ impl GpuContext {
         if coop_matmul {
             required |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         }
-        // Ask for everything the adapter offers: weight tiles and scratch are sized from these.
-        let limits = adapter.limits();
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("wgemma"),

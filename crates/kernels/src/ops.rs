@@ -923,9 +923,7 @@ fn matvec_dispatches(
         )));
     }
     let MatvecTuning { tpr, rpt } = match tuning {
-        Some(t)
-            if [4, 8, 16, 32, 64, 128, 256].contains(&t.tpr) && [1, 2, 4, 8].contains(&t.rpt) =>
-        {
+        Some(t) if [4, 8, 16, 32, 64, 128, 256].contains(&t.tpr) && [1, 2, 4].contains(&t.rpt) => {
             if geglu && t.rpt < 2 {
                 return Err(shape(format!(
                     "{}: a gated output needs 2 rows per group",

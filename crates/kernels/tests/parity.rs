@@ -831,6 +831,11 @@ fn matvec_matches_cpu_at_every_tuning() {
             .chunks(2)
             .map(|p| cpu::gelu_tanh(p[0]) * p[1])
             .collect();
+        // The kernel holds at most 4 rows per group.
+        let eight = Some(ops::MatvecTuning { tpr: 4, rpt: 8 });
+        let y = poisoned(ctx, n as usize);
+        let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
+        assert!(ops::matvec_tuned(ctx, &w, &xv, &y, 0, rows_out, eight).is_err());
         for tpr in [4u32, 64, 256] {
             for rpt in [1u32, 2, 4] {
                 let t = Some(ops::MatvecTuning { tpr, rpt });

@@ -489,7 +489,8 @@ impl GpuSession {
                 };
                 ops::matmul(ctx, w, &args)
             };
-        let rows = MatvecOut::Rows { softcap: 0.0 };
+        // The products whose rows are the output as they are.
+        let plain = MatvecOut::Rows { softcap: 0.0 };
         let geglu = |gate: &View,
                      up: &View,
                      cols: u32,
@@ -540,7 +541,7 @@ impl GpuSession {
                 m,
                 (n as f32).sqrt(),
             )?);
-            run(product(&ple.proj, &s.x, &s.ple.all, n * l, 0, rows)?);
+            run(product(&ple.proj, &s.x, &s.ple.all, n * l, 0, plain)?);
             run(vec![
                 ops::elementwise(
                     ctx,
@@ -584,7 +585,7 @@ impl GpuSession {
             let ff = cfg.layers[il].n_ff as u32;
             run(vec![into_block(pending, &l.attn_norm)?]);
             for p in &l.qkv {
-                run(product(&p.w, &s.xn, &s.qkv, l.qkv_width, p.offset, rows)?);
+                run(product(&p.w, &s.xn, &s.qkv, l.qkv_width, p.offset, plain)?);
             }
             run(vec![ops::head_post(ctx, &self.head_post_args(il, m))?]);
             let att = self.attention_args(il, m)?;
@@ -594,7 +595,7 @@ impl GpuSession {
             } else {
                 run(vec![ops::attention(ctx, &att)?]);
             }
-            run(product(&l.o, &s.attn, &s.o, d, 0, rows)?);
+            run(product(&l.o, &s.attn, &s.o, d, 0, plain)?);
             run(vec![into_block(
                 Some((&s.o, &l.post_attn_norm, 1.0)),
                 &l.ffn_norm,
@@ -604,12 +605,12 @@ impl GpuSession {
                     run(product(w, &s.xn, &s.act, ff, 0, MatvecOut::Geglu)?);
                 }
                 GateUp::Separate { gate, up } => {
-                    run(product(gate, &s.xn, &s.gate, ff, 0, rows)?);
-                    run(product(up, &s.xn, &s.up, ff, 0, rows)?);
+                    run(product(gate, &s.xn, &s.gate, ff, 0, plain)?);
+                    run(product(up, &s.xn, &s.up, ff, 0, plain)?);
                     run(vec![geglu(&s.gate, &s.up, ff, ff, ff, 0, &s.act)?]);
                 }
             }
-            run(product(&l.down, &s.act, &s.down, d, 0, rows)?);
+            run(product(&l.down, &s.act, &s.down, d, 0, plain)?);
             let mut ffn_out = &s.down;
             if let (Some(x), Some(mc)) = (&l.experts, cfg.moe) {
                 // The dense branch normed, plus the experts' normed mix: each token's router
@@ -638,7 +639,7 @@ impl GpuSession {
                         eps,
                     )?,
                 ]);
-                run(product(&x.router, &mo.router_in, &mo.logits, ne, 0, rows)?);
+                run(product(&x.router, &mo.router_in, &mo.logits, ne, 0, plain)?);
                 run(vec![
                     ops::moe_route(
                         ctx,
@@ -721,7 +722,7 @@ impl GpuSession {
                     d,
                     eps,
                 )?]);
-                run(product(&p.inp_gate, &s.x, &s.ple.gate, n, 0, rows)?);
+                run(product(&p.inp_gate, &s.x, &s.ple.gate, n, 0, plain)?);
                 run(vec![geglu(
                     &s.ple.gate,
                     &s.ple.all,
@@ -731,7 +732,7 @@ impl GpuSession {
                     il as u32 * n,
                     &s.ple.act,
                 )?]);
-                run(product(&p.proj, &s.ple.act, &s.ple.out, d, 0, rows)?);
+                run(product(&p.proj, &s.ple.act, &s.ple.out, d, 0, plain)?);
                 pending = Some((&s.ple.out, &p.post_norm, l.out_scale));
             }
         }
