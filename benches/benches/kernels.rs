@@ -186,28 +186,103 @@ fn attention_prefill(c: &mut Criterion) {
     group.finish();
 }
 
-/// The matrix-vector product at each (threads per row, rows per group) for the quantized
-/// dtypes of Gemma's large matrices: the table [`ops::MatvecTuning::choose`] is fitted to.
+/// The matrix-vector product at each (threads per row, rows per group, input copied to
+/// workgroup memory or not) for the quantized dtypes of Gemma's matrices: the table
+/// [`ops::MatvecTuning::choose`] is fitted to. The head shape, then E2B's decode shapes
+/// (Q, O, interleaved gate/up, down, per-layer gate and projection).
 fn matvec_tuning(c: &mut Criterion) {
     let ctx = context();
     let mut group = c.benchmark_group("matvec_tuning");
     for dtype in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0] {
-        for (rows, cols) in [(262_144u64, 1536u64), (6144, 1536)] {
+        for (rows, cols) in [
+            (262_144u64, 1536u64),
+            (2048, 1536),
+            (1536, 2048),
+            (12288, 1536),
+            (1536, 6144),
+            (256, 1536),
+            (1536, 256),
+        ] {
             let (w, x, y, bytes) = matvec_operands(&ctx, dtype, rows, cols).unwrap();
-            for tpr in [4u32, 8, 16, 32] {
-                for rpt in [2u32, 4] {
-                    let tuning = ops::MatvecTuning { tpr, rpt };
-                    let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
-                    let ds =
-                        ops::matvec_tuned(&ctx, &w, &x, &y, 0, rows_out, Some(tuning)).unwrap();
-                    group.throughput(Throughput::Bytes(bytes));
-                    group.bench_with_input(
-                        BenchmarkId::new(dtype.name(), format!("{rows}x{cols}/t{tpr}r{rpt}")),
-                        &ds,
-                        |b, ds| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters)),
-                    );
+            let head = rows > 12288;
+            if !head && dtype == GgmlType::Q8_0 {
+                continue;
+            }
+            for tpr in [4u32, 8, 16, 32, 64, 128] {
+                for rpt in [1u32, 2, 4] {
+                    for x_shared in [false, true] {
+                        if (head && (tpr > 32 || rpt < 2 || x_shared)) || (!head && tpr == 4) {
+                            continue;
+                        }
+                        let tuning = ops::MatvecTuning { tpr, rpt, x_shared };
+                        let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
+                        let ds =
+                            ops::matvec_tuned(&ctx, &w, &x, &y, 0, rows_out, Some(tuning)).unwrap();
+                        let s = if x_shared { "s" } else { "" };
+                        group.throughput(Throughput::Bytes(bytes));
+                        group.bench_with_input(
+                            BenchmarkId::new(
+                                dtype.name(),
+                                format!("{rows}x{cols}/t{tpr}r{rpt}{s}"),
+                            ),
+                            &ds,
+                            |b, ds| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters)),
+                        );
+                    }
                 }
             }
+            let chosen =
+                ops::matvec(&ctx, &w, &x, &y, 0, ops::MatvecOut::Rows { softcap: 0.0 }).unwrap();
+            group.bench_with_input(
+                BenchmarkId::new(dtype.name(), format!("{rows}x{cols}/chosen")),
+                &chosen,
+                |b, ds| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters)),
+            );
+        }
+    }
+    group.finish();
+}
+
+/// The step between two blocks and the next block's first product (E2B's Q and gate/up
+/// shapes, Q4_K): as two dispatches, and fused into one.
+fn residual_matvec(c: &mut Criterion) {
+    let ctx = context();
+    let mut group = c.benchmark_group("residual_matvec");
+    let d = 1536u64;
+    let vector =
+        |seed| View::of(&ctx.storage_init("v", bytemuck::cast_slice(&random(d as usize, seed))));
+    let (res, delta, post, pre) = (vector(1), vector(2), vector(3), vector(4));
+    let (res_out, normed) = (vector(5), vector(6));
+    for (rows, out) in [
+        (2048u64, ops::MatvecOut::Rows { softcap: 0.0 }),
+        (12288, ops::MatvecOut::Geglu),
+    ] {
+        let (w, _, y, bytes) = matvec_operands(&ctx, GgmlType::Q4K, rows, d).unwrap();
+        let mut two = vec![
+            ops::residual_norm(
+                &ctx, &res, &delta, &post, &pre, &normed, 1, d as u32, 1.0, 1e-6,
+            )
+            .unwrap(),
+        ];
+        two.extend(ops::matvec(&ctx, &w, &normed, &y, 0, out).unwrap());
+        let step = ops::ResidualStep {
+            res: &res,
+            delta: &delta,
+            post: &post,
+            scale: 1.0,
+            pre: &pre,
+            eps: 1e-6,
+            res_out: &res_out,
+            normed: &normed,
+        };
+        let one = ops::matvec_after_residual(&ctx, &w, &step, &y, 0, out).unwrap();
+        group.throughput(Throughput::Bytes(bytes));
+        for (name, ds) in [("separate", &two), ("fused", &one)] {
+            group.bench_with_input(
+                BenchmarkId::new(name, format!("{rows}x{d}")),
+                ds,
+                |b, ds| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters)),
+            );
         }
     }
     group.finish();
@@ -280,6 +355,7 @@ criterion_group!(
     dispatch_floor,
     matvec,
     matvec_tuning,
+    residual_matvec,
     matmul_prefill,
     attention
 );

@@ -112,9 +112,14 @@ pub fn matmul(
         u64::from(a.m - 1) * u64::from(a.y_stride) + u64::from(a.y_offset + cols),
     )?;
     if a.m <= MATVEC_MAX_TOKENS {
-        return matvec_dispatches(
-            ctx, w, a.x, a.y, a.m, a.x_stride, a.y_stride, a.y_offset, a.out, None, None,
-        );
+        let job = MatvecJob {
+            m: a.m,
+            x_stride: a.x_stride,
+            y_stride: a.y_stride,
+            out_offset: a.y_offset,
+            ..MatvecJob::new(a.x, a.y, a.out)
+        };
+        return matvec_dispatches(ctx, w, &job);
     }
     // Tensor cores where the device has them (64-token x 128-row tiles); otherwise f32 FMAs
     // in 64 x 64 tiles.
@@ -837,11 +842,14 @@ pub struct ExpertSlots<'a> {
 
 /// How a matrix-vector product spreads over a workgroup of 256 threads: `tpr` threads per
 /// row group (4..=256, a power of two) and `rpt` rows per group (1, 2 or 4; at least 2 for a
-/// gated output). [`MatvecTuning::choose`] picks one per shape and device.
+/// gated output); `x_shared`: the workgroup copies the input row to its memory first (where
+/// it fits) and the steps read it there. [`MatvecTuning::choose`] picks one per shape and
+/// device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatvecTuning {
     pub tpr: u32,
     pub rpt: u32,
+    pub x_shared: bool,
 }
 
 impl MatvecTuning {
@@ -883,7 +891,11 @@ impl MatvecTuning {
         let wide = if step > 32 { 4 } else { 16 };
         let quantized = dtype.block_size() > 1;
         if quantized && !cpu && workgroups(wide, 4) >= 512 && max_tpr >= wide {
-            return Self { tpr: wide, rpt: 4 };
+            return Self {
+                tpr: wide,
+                rpt: 4,
+                x_shared: false,
+            };
         }
         let mut rpt = 4u32;
         let min_rpt = if geglu { 2 } else { 1 };
@@ -893,26 +905,65 @@ impl MatvecTuning {
         while tpr < 256 && workgroups(tpr, rpt) < min_workgroups {
             tpr *= 2;
         }
-        Self { tpr, rpt }
+        Self {
+            tpr,
+            rpt,
+            x_shared: false,
+        }
     }
 }
 
-/// The one-token kernel for `w` over `m` tokens (or expert slots) writing `out`: one dispatch
-/// per tile.
-#[allow(clippy::too_many_arguments)]
-fn matvec_dispatches(
-    ctx: &GpuContext,
-    w: &GpuWeight,
-    x: &View,
-    y: &View,
+/// One use of the one-token kernel: `m` tokens (or expert slots) of `x`, `x_stride` apart,
+/// into `y` from column `out_offset`, `y_stride` apart.
+struct MatvecJob<'a> {
+    x: &'a View,
+    y: &'a View,
     m: u32,
     x_stride: u32,
     y_stride: u32,
     out_offset: u32,
     out: MatvecOut,
-    experts: Option<&ExpertSlots<'_>>,
+    experts: Option<&'a ExpertSlots<'a>>,
     tuning: Option<MatvecTuning>,
+    /// The residual step computed in front of the product (x is then the stream).
+    residual: Option<&'a ResidualStep<'a>>,
+}
+
+impl<'a> MatvecJob<'a> {
+    fn new(x: &'a View, y: &'a View, out: MatvecOut) -> Self {
+        Self {
+            x,
+            y,
+            m: 1,
+            x_stride: 0,
+            y_stride: 0,
+            out_offset: 0,
+            out,
+            experts: None,
+            tuning: None,
+            residual: None,
+        }
+    }
+}
+
+/// The one-token kernel for `w` as `job` says: one dispatch per tile.
+fn matvec_dispatches(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    job: &MatvecJob<'_>,
 ) -> Result<Vec<Dispatch>, GpuError> {
+    let MatvecJob {
+        x,
+        y,
+        m,
+        x_stride,
+        y_stride,
+        out_offset,
+        out,
+        experts,
+        tuning,
+        residual,
+    } = *job;
     let flag = dtype_flag(w.dtype)?;
     let k = w.cols as u32;
     let geglu = out == MatvecOut::Geglu;
@@ -922,7 +973,7 @@ fn matvec_dispatches(
             w.name
         )));
     }
-    let MatvecTuning { tpr, rpt } = match tuning {
+    let MatvecTuning { tpr, rpt, x_shared } = match tuning {
         Some(t) if [4, 8, 16, 32, 64, 128, 256].contains(&t.tpr) && [1, 2, 4].contains(&t.rpt) => {
             if geglu && t.rpt < 2 {
                 return Err(shape(format!(
@@ -941,16 +992,50 @@ fn matvec_dispatches(
         }
     };
     let subgroups = ctx.features.subgroups;
-    let mut source = ShaderSource::new(
-        "matvec",
-        &[ACTIVATIONS_WGSL, BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL],
-    )
-    .flag(flag)
-    .flag_if(geglu, "GEGLU_OUT")
-    .flag_if(!subgroups, "NO_SUBGROUPS")
-    .flag_if(experts.is_some(), "EXPERTS")
-    .constant("TPR", f64::from(tpr))
-    .constant("RPT", f64::from(rpt));
+    if let Some(r) = residual {
+        if experts.is_some() || x_stride != k || !matvec_input_fits(ctx, k) {
+            return Err(shape(format!(
+                "{}: the residual step runs in front of a dense product whose input row fits in workgroup memory",
+                w.name
+            )));
+        }
+        let n = u64::from(m) * u64::from(k);
+        for (what, v, len) in [
+            ("stream", r.res, n),
+            ("delta", r.delta, n),
+            ("stream out", r.res_out, n),
+            ("normed", r.normed, n),
+            ("post", r.post, u64::from(k)),
+            ("pre", r.pre, u64::from(k)),
+        ] {
+            v.expect_len32(&format!("{} residual {what}", w.name), len)?;
+        }
+    }
+    let x_shared =
+        residual.is_some() || (x_shared && experts.is_none() && matvec_input_fits(ctx, k));
+    let parts: &[&str] = if residual.is_some() {
+        &[
+            REDUCE_WGSL,
+            ACTIVATIONS_WGSL,
+            BYTES_WGSL,
+            DTYPES_WGSL,
+            MATVEC_WGSL,
+        ]
+    } else {
+        &[ACTIVATIONS_WGSL, BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL]
+    };
+    let mut source = ShaderSource::new("matvec", parts)
+        .flag(flag)
+        .flag_if(geglu, "GEGLU_OUT")
+        .flag_if(!subgroups, "NO_SUBGROUPS")
+        .flag_if(experts.is_some(), "EXPERTS")
+        .flag_if(x_shared, "X_SHARED")
+        .flag_if(residual.is_some(), "PRENORM")
+        .constant("TPR", f64::from(tpr))
+        .constant("RPT", f64::from(rpt));
+    if x_shared {
+        source = source.constant("XV", f64::from(k / 4));
+    }
     if subgroups {
         source = source.constant("SG", f64::from(ctx.features.subgroup_min_size.clamp(4, 64)));
     }
@@ -997,23 +1082,83 @@ fn matvec_dispatches(
                 .f32(softcap)
                 .u32(first_expert)
                 .u32(experts_here)
-                .u32(x_group);
+                .u32(x_group)
+                .f32(residual.map_or(0.0, |r| r.eps))
+                .f32(residual.map_or(1.0, |r| r.scale));
             let wv = View::of(&tile.buffer);
             let sel = experts.map_or(Bind::Skip, |e| Bind::Storage(e.sel));
+            let mut binds = vec![
+                Bind::Storage(&wv),
+                Bind::Storage(x),
+                Bind::Storage(y),
+                Bind::Params(params),
+                sel,
+            ];
+            if let Some(r) = residual {
+                binds.extend([r.delta, r.post, r.pre, r.res_out, r.normed].map(Bind::Storage));
+            }
             ctx.dispatch(
-                "matvec",
+                if residual.is_some() {
+                    "residual_matvec"
+                } else {
+                    "matvec"
+                },
                 pipeline.clone(),
-                &[
-                    Bind::Storage(&wv),
-                    Bind::Storage(x),
-                    Bind::Storage(y),
-                    Bind::Params(params),
-                    sel,
-                ],
+                &binds,
                 grid(ctx, rows.div_ceil(rows_per_group), m),
             )
         })
         .collect()
+}
+
+/// Whether a matrix-vector workgroup can hold an input row of `k` values in its memory, next
+/// to its reductions' (at most 5 KiB without subgroups): the condition of
+/// [`matvec_after_residual`].
+pub fn matvec_input_fits(ctx: &GpuContext, k: u32) -> bool {
+    k.is_multiple_of(4)
+        && u64::from(k) * 4 + 5 * 1024 <= u64::from(ctx.limits.max_compute_workgroup_storage_size)
+}
+
+/// The step between two blocks of a layer, for [`matvec_after_residual`]: the stream becomes
+/// `res_out = (res + norm(delta) * post) * scale`, and `normed = norm(res_out) * pre` is the
+/// next block's input.
+pub struct ResidualStep<'a> {
+    pub res: &'a View,
+    pub delta: &'a View,
+    pub post: &'a View,
+    pub scale: f32,
+    pub pre: &'a View,
+    pub eps: f32,
+    /// The updated stream: a buffer other than `res` (the product's workgroups all read `res`).
+    pub res_out: &'a View,
+    pub normed: &'a View,
+}
+
+/// The residual step and the one-token product of its result in one dispatch per weight tile:
+/// each workgroup computes the step into its own memory (the step's cost is a few vectors of
+/// reads from cache; a dispatch of its own costs a whole GPU round trip), and the first writes
+/// `res_out` and `normed`. [`residual_norm`] followed by [`matvec`], with one wait fewer.
+pub fn matvec_after_residual(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    step: &ResidualStep<'_>,
+    y: &View,
+    out_offset: u32,
+    out: MatvecOut,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let out_rows = if out == MatvecOut::Geglu {
+        w.rows / 2
+    } else {
+        w.rows
+    };
+    y.expect_len32(&w.name, u64::from(out_offset) + out_rows)?;
+    let job = MatvecJob {
+        x_stride: w.cols as u32,
+        out_offset,
+        residual: Some(step),
+        ..MatvecJob::new(step.res, y, out)
+    };
+    matvec_dispatches(ctx, w, &job)
 }
 
 /// The decode matrix-vector product of one token: `y[out_offset + r] = W[r] . x` (or the gated
@@ -1047,19 +1192,13 @@ pub fn matvec_tuned(
     };
     x.expect_len32(&w.name, w.cols)?;
     y.expect_len32(&w.name, u64::from(out_offset) + out_rows)?;
-    matvec_dispatches(
-        ctx,
-        w,
-        x,
-        y,
-        1,
-        w.cols as u32,
-        0,
+    let job = MatvecJob {
+        x_stride: w.cols as u32,
         out_offset,
-        out,
-        None,
         tuning,
-    )
+        ..MatvecJob::new(x, y, out)
+    };
+    matvec_dispatches(ctx, w, &job)
 }
 
 /// Products of the experts chosen per slot: slot s multiplies expert `sel[s]` (its
@@ -1102,19 +1241,14 @@ pub fn expert_matvec(
         &w.name,
         u64::from(slots.slots - 1) * u64::from(y_stride) + out_rows,
     )?;
-    matvec_dispatches(
-        ctx,
-        w,
-        x,
-        y,
-        slots.slots,
-        w.cols as u32,
+    let job = MatvecJob {
+        m: slots.slots,
+        x_stride: w.cols as u32,
         y_stride,
-        0,
-        out,
-        Some(slots),
-        None,
-    )
+        experts: Some(slots),
+        ..MatvecJob::new(x, y, out)
+    };
+    matvec_dispatches(ctx, w, &job)
 }
 
 /// Routes each of `tokens` tokens to its `k` experts: `sel` gets the expert ids and `weight`

@@ -811,9 +811,10 @@ fn one_token_matvec_matches_cpu() {
     }
 }
 
-/// Every thread-group shape of the matvec (threads per group 4..256, 1/2/4 rows per group),
-/// whatever the device would pick: groups wider than a subgroup and single-row groups are
-/// the paths a big GPU takes and a CPU adapter never chooses by itself.
+/// Every thread-group shape of the matvec (threads per group 4..256, 1/2/4 rows per group,
+/// input read from memory or from a workgroup copy), whatever the device would pick: groups
+/// wider than a subgroup and single-row groups are the paths a big GPU takes and a CPU
+/// adapter never chooses by itself.
 #[test]
 fn matvec_matches_cpu_at_every_tuning() {
     let Some(ctx) = ctx() else { return };
@@ -832,14 +833,18 @@ fn matvec_matches_cpu_at_every_tuning() {
             .map(|p| cpu::gelu_tanh(p[0]) * p[1])
             .collect();
         // The kernel holds at most 4 rows per group.
-        let eight = Some(ops::MatvecTuning { tpr: 4, rpt: 8 });
+        let eight = Some(ops::MatvecTuning {
+            tpr: 4,
+            rpt: 8,
+            x_shared: false,
+        });
         let y = poisoned(ctx, n as usize);
         let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
         assert!(ops::matvec_tuned(ctx, &w, &xv, &y, 0, rows_out, eight).is_err());
-        for tpr in [4u32, 64, 256] {
+        for (tpr, x_shared) in [(4u32, false), (64, true), (256, false)] {
             for rpt in [1u32, 2, 4] {
-                let t = Some(ops::MatvecTuning { tpr, rpt });
-                let what = format!("{dtype} tpr {tpr} rpt {rpt}");
+                let t = Some(ops::MatvecTuning { tpr, rpt, x_shared });
+                let what = format!("{dtype} tpr {tpr} rpt {rpt} x_shared {x_shared}");
                 let y = poisoned(ctx, n as usize);
                 let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
                 let ds = ops::matvec_tuned(ctx, &w, &xv, &y, 0, rows_out, t).unwrap();
@@ -854,6 +859,67 @@ fn matvec_matches_cpu_at_every_tuning() {
                 run(ctx, &gate.unwrap().iter().collect::<Vec<_>>());
                 assert_close(&format!("{what} gated"), &read(ctx, &y), &gated, 3e-5);
             }
+        }
+    }
+}
+
+/// The residual step fused in front of the one-token product: the product, the updated stream
+/// and the normed input all match the separate CPU steps, for plain and gated outputs.
+#[test]
+fn residual_matvec_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(71);
+    for (dtype, k, n) in [
+        (GgmlType::Q4K, 1536u32, 2050u64),
+        (GgmlType::Q6K, 512, 38),
+        (GgmlType::Q8_0, 2816, 302),
+        (GgmlType::F32, 640, 10),
+    ] {
+        let ku = k as usize;
+        let wq = quantize(dtype, &rng.vec(ku * n as usize, 0.5)).unwrap();
+        let wd = dequantize_to_vec(dtype, &wq).unwrap();
+        let w = GpuWeight::upload(ctx, "w", dtype, u64::from(k), n, &wq, None).unwrap();
+        let (res, delta) = (rng.vec(ku, 1.0), rng.vec(ku, 3.0));
+        let (post, pre) = (rng.vec(ku, 1.0), rng.vec(ku, 1.0));
+        let dn = cpu::rms_norm(&delta, ku, Some(&post), 1e-6);
+        let h: Vec<f32> = res.iter().zip(&dn).map(|(a, b)| (a + b) * 0.75).collect();
+        let xn = cpu::rms_norm(&h, ku, Some(&pre), 1e-6);
+        let rows = cpu::matmul(&wd, n as usize, ku, &xn, 1);
+        let gated: Vec<f32> = rows
+            .chunks(2)
+            .map(|p| cpu::gelu_tanh(p[0]) * p[1])
+            .collect();
+        let (rv, dv) = (upload(ctx, &res), upload(ctx, &delta));
+        let (pv, prv) = (upload(ctx, &post), upload(ctx, &pre));
+        for (out, want) in [
+            (ops::MatvecOut::Rows { softcap: 0.0 }, &rows),
+            (ops::MatvecOut::Geglu, &gated),
+        ] {
+            let what = format!("{dtype} k={k} n={n} {out:?}");
+            let (res_out, normed) = (poisoned(ctx, ku), poisoned(ctx, ku));
+            let step = ops::ResidualStep {
+                res: &rv,
+                delta: &dv,
+                post: &pv,
+                scale: 0.75,
+                pre: &prv,
+                eps: 1e-6,
+                res_out: &res_out,
+                normed: &normed,
+            };
+            let y = poisoned(ctx, want.len() + 1);
+            let ds = ops::matvec_after_residual(ctx, &w, &step, &y, 1, out).unwrap();
+            run(ctx, &ds.iter().collect::<Vec<_>>());
+            let got = read(ctx, &y);
+            assert!(got[0].is_nan(), "{what}: wrote before its offset");
+            assert_close(&what, &got[1..], want, 3e-5);
+            assert_close(&format!("{what} stream"), &read(ctx, &res_out), &h, 1e-5);
+            assert_close(&format!("{what} normed"), &read(ctx, &normed), &xn, 1e-5);
+            assert_eq!(
+                read(ctx, &rv),
+                res,
+                "{what}: the stream read is left as it was"
+            );
         }
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use wgemma_kernels::ops::{
     self, AttentionArgs, Elementwise, ExpertSlots, HeadPostArgs, HeadPostKv, MatmulArgs, MatvecOut,
-    NormOut, SampleKernel,
+    NormOut, ResidualStep, SampleKernel,
 };
 use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Profiler, Recorder, View, WeightTile, wgpu};
 
@@ -73,6 +73,9 @@ struct Scratch {
     ple: PleScratch,
     moe: MoeScratch,
     x: View,
+    /// The other home of a decode step's stream: a product fused with the residual step reads
+    /// the stream from one and writes the update to the other.
+    x_alt: View,
     xn: View,
     qkv: View,
     attn: View,
@@ -240,6 +243,7 @@ impl GpuSession {
             ple,
             moe,
             x: buf("x", b * d),
+            x_alt: buf("x_alt", d),
             xn: buf("xn", b * d),
             qkv: buf("qkv", b * max_qkv),
             attn: buf("attn", b * max_q),
@@ -335,6 +339,7 @@ impl GpuSession {
         let s = &self.s;
         let scratch: u64 = [
             &s.x,
+            &s.x_alt,
             &s.xn,
             &s.qkv,
             &s.attn,
@@ -571,20 +576,71 @@ impl GpuSession {
         // The block before the current one, whose output still has to join the residual
         // stream: (delta, post-norm weight, scale).
         let mut pending: Option<(&View, &View, f32)> = None;
-        let into_block = |pending: Option<(&View, &View, f32)>,
-                          weight: &View|
-         -> Result<Dispatch, GpuError> {
-            match pending {
-                None => ops::rms_norm(ctx, &s.x, NormOut::To(&s.xn), Some(weight), m, d, d, eps),
-                Some((delta, post, scale)) => {
-                    ops::residual_norm(ctx, &s.x, delta, post, weight, &s.xn, m, d, scale, eps)
+        // Where the stream is: `s.x`, or `s.x_alt` after an odd number of fused steps.
+        let mut alt = false;
+        let streams = [&s.x, &s.x_alt];
+        // One token's residual step joins the next block's first product where the stream
+        // fits in a workgroup's memory: one dependent dispatch fewer per block.
+        let fuse = single && ops::matvec_input_fits(ctx, d);
+        // Enters a block with norm weight `weight`: the pending residual step and the norm
+        // into `s.xn`, fused with `first` (weight, output, column, output kind) where it can.
+        // Returns the dispatches and whether they include `first`.
+        let enter = |alt: &mut bool,
+                     pending: Option<(&View, &View, f32)>,
+                     weight: &View,
+                     first: Option<(&GpuWeight, &View, u32, MatvecOut)>|
+         -> Result<(Vec<Dispatch>, bool), GpuError> {
+            let res = streams[usize::from(*alt)];
+            Ok(match (pending, first) {
+                (None, _) => (
+                    vec![ops::rms_norm(
+                        ctx,
+                        res,
+                        NormOut::To(&s.xn),
+                        Some(weight),
+                        m,
+                        d,
+                        d,
+                        eps,
+                    )?],
+                    false,
+                ),
+                (Some((delta, post, scale)), Some((w, y, col, out))) if fuse => {
+                    let step = ResidualStep {
+                        res,
+                        delta,
+                        post,
+                        scale,
+                        pre: weight,
+                        eps,
+                        res_out: streams[usize::from(!*alt)],
+                        normed: &s.xn,
+                    };
+                    *alt = !*alt;
+                    (
+                        ops::matvec_after_residual(ctx, w, &step, y, col, out)?,
+                        true,
+                    )
                 }
-            }
+                (Some((delta, post, scale)), _) => (
+                    vec![ops::residual_norm(
+                        ctx, res, delta, post, weight, &s.xn, m, d, scale, eps,
+                    )?],
+                    false,
+                ),
+            })
         };
         for (il, l) in model.layers.iter().enumerate() {
             let ff = cfg.layers[il].n_ff as u32;
-            run(vec![into_block(pending, &l.attn_norm)?]);
-            for p in &l.qkv {
+            let q = &l.qkv[0];
+            let (ds, done) = enter(
+                &mut alt,
+                pending,
+                &l.attn_norm,
+                Some((&q.w, &s.qkv, q.offset, plain)),
+            )?;
+            run(ds);
+            for p in &l.qkv[usize::from(done)..] {
                 run(product(&p.w, &s.xn, &s.qkv, l.qkv_width, p.offset, plain)?);
             }
             run(vec![ops::head_post(ctx, &self.head_post_args(il, m))?]);
@@ -596,20 +652,28 @@ impl GpuSession {
                 run(vec![ops::attention(ctx, &att)?]);
             }
             run(product(&l.o, &s.attn, &s.o, d, 0, plain)?);
-            run(vec![into_block(
-                Some((&s.o, &l.post_attn_norm, 1.0)),
-                &l.ffn_norm,
-            )?]);
+            let attn_out = Some((&s.o, &l.post_attn_norm, 1.0));
             match &l.gate_up {
                 GateUp::Interleaved(w) => {
-                    run(product(w, &s.xn, &s.act, ff, 0, MatvecOut::Geglu)?);
+                    let first = Some((w, &s.act, 0, MatvecOut::Geglu));
+                    let (ds, done) = enter(&mut alt, attn_out, &l.ffn_norm, first)?;
+                    run(ds);
+                    if !done {
+                        run(product(w, &s.xn, &s.act, ff, 0, MatvecOut::Geglu)?);
+                    }
                 }
                 GateUp::Separate { gate, up } => {
-                    run(product(gate, &s.xn, &s.gate, ff, 0, plain)?);
+                    let first = Some((gate, &s.gate, 0, plain));
+                    let (ds, done) = enter(&mut alt, attn_out, &l.ffn_norm, first)?;
+                    run(ds);
+                    if !done {
+                        run(product(gate, &s.xn, &s.gate, ff, 0, plain)?);
+                    }
                     run(product(up, &s.xn, &s.up, ff, 0, plain)?);
                     run(vec![geglu(&s.gate, &s.up, ff, ff, ff, 0, &s.act)?]);
                 }
             }
+            let stream = streams[usize::from(alt)];
             run(product(&l.down, &s.act, &s.down, d, 0, plain)?);
             let mut ffn_out = &s.down;
             if let (Some(x), Some(mc)) = (&l.experts, cfg.moe) {
@@ -630,7 +694,7 @@ impl GpuSession {
                     )?,
                     ops::rms_norm(
                         ctx,
-                        &s.x,
+                        stream,
                         NormOut::To(&mo.router_in),
                         Some(&x.router_scale),
                         m,
@@ -653,7 +717,7 @@ impl GpuSession {
                     )?,
                     ops::rms_norm(
                         ctx,
-                        &s.x,
+                        stream,
                         NormOut::To(&mo.input),
                         Some(&x.pre_norm),
                         m,
@@ -715,14 +779,14 @@ impl GpuSession {
                 run(vec![ops::rms_norm(
                     ctx,
                     ffn_out,
-                    NormOut::AddTo(&s.x),
+                    NormOut::AddTo(stream),
                     Some(&l.post_ffw_norm),
                     m,
                     d,
                     d,
                     eps,
                 )?]);
-                run(product(&p.inp_gate, &s.x, &s.ple.gate, n, 0, plain)?);
+                run(product(&p.inp_gate, stream, &s.ple.gate, n, 0, plain)?);
                 run(vec![geglu(
                     &s.ple.gate,
                     &s.ple.all,
@@ -741,7 +805,7 @@ impl GpuSession {
         // A chunk without logits leaves only its KV entries behind: its last residual add
         // has no reader.
         if logits != LogitsFor::None {
-            run(vec![into_block(pending, &model.output_norm)?]);
+            run(enter(&mut alt, pending, &model.output_norm, None)?.0);
         }
         match logits {
             LogitsFor::None => {}

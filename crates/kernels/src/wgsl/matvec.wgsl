@@ -10,6 +10,13 @@
 //
 // GEGLU_OUT: rows are gate and up rows interleaved (2i: gate_i, 2i+1: up_i); the output is
 // y[out_offset + i] = gelu_tanh(gate_i . x) * (up_i . x), a gated FFN's activation.
+//
+// X_SHARED: the input row is copied to workgroup memory once, and the steps read it there.
+// PRENORM (with X_SHARED, one token): the step between two blocks of a layer runs here
+// rather than in a dispatch of its own. Every workgroup computes the residual stream
+// h = (x + norm(delta) * post) * scale and the product's input norm(h) * pre into workgroup
+// memory; the first workgroup also writes h to res_out and the input to normed for later
+// readers (res_out is not x: other workgroups are still reading x).
 
 struct Params {
     k: u32,
@@ -25,6 +32,8 @@ struct Params {
     first_expert: u32,
     experts_here: u32,
     x_group: u32,
+    eps: f32,
+    scale: f32,
 }
 
 #if DT_Q4_K
@@ -162,7 +171,7 @@ override TPR: u32 = 32u;
 override RPT: u32 = 4u;
 
 #if NO_SUBGROUPS
-var<workgroup> red: array<f32, 1024>;
+var<workgroup> rows_red: array<f32, 1024>;
 #else
 // The smallest subgroup size the device has: shuffles stay within aligned SG-lane blocks.
 override SG: u32 = 32u;
@@ -170,6 +179,47 @@ var<workgroup> sg_sums: array<vec4<f32>, 64>;
 #endif
 #if EXPERTS
 @group(0) @binding(4) var<storage, read> sel: array<u32>;
+#endif
+#if X_SHARED
+// The input row's vec4s (k / 4).
+override XV: u32 = 1u;
+var<workgroup> xsh: array<vec4<f32>, XV>;
+#endif
+#if PRENORM
+@group(0) @binding(5) var<storage, read> delta: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read> post: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read> pre: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read_write> res_out: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read_write> normed: array<vec4<f32>>;
+
+// Fills xsh with the product's input (see PRENORM above).
+fn residual_prologue(xb: u32, li: u32, writer: bool) {
+    let n4 = p.k / 4u;
+    var sd = 0.0;
+    for (var i = li; i < n4; i += 256u) {
+        let d4 = delta[xb + i];
+        xsh[i] = d4;
+        sd += dot(d4, d4);
+    }
+    let inv_d = inverseSqrt(wg_sum(sd, li) / f32(p.k) + p.eps);
+    var ss = 0.0;
+    for (var i = li; i < n4; i += 256u) {
+        let h = (x[xb + i] + xsh[i] * inv_d * post[i]) * p.scale;
+        xsh[i] = h;
+        ss += dot(h, h);
+        if (writer) {
+            res_out[xb + i] = h;
+        }
+    }
+    let inv = inverseSqrt(wg_sum(ss, li) / f32(p.k) + p.eps);
+    for (var i = li; i < n4; i += 256u) {
+        let v = xsh[i] * inv * pre[i];
+        xsh[i] = v;
+        if (writer) {
+            normed[xb + i] = v;
+        }
+    }
+}
 #endif
 
 @compute @workgroup_size(256)
@@ -194,6 +244,17 @@ fn main(
     let xb = m * (p.x_stride / 4u);
     let rbase = 0u;
 #endif
+#if PRENORM
+    residual_prologue(xb, li, wg.x == 0u && wg.y == 0u);
+    workgroupBarrier();
+#else
+#if X_SHARED
+    for (var i = li; i < p.k / 4u; i += 256u) {
+        xsh[i] = x[xb + i];
+    }
+    workgroupBarrier();
+#endif
+#endif
     var acc = vec4<f32>(0.0);
     let steps = p.k / STEP;
     if (row0 < p.n) {
@@ -206,7 +267,11 @@ fn main(
         for (var u = lane; u < steps; u += TPR) {
             var xv: array<vec4<f32>, 32>;
             for (var i = 0u; i < STEP / 4u; i++) {
+#if X_SHARED
+                xv[i] = xsh[u * (STEP / 4u) + i];
+#else
                 xv[i] = x[xb + u * (STEP / 4u) + i];
+#endif
             }
             let xs = step_pre(&xv);
             acc.x += step_dot(rb0, u, &xv, xs);
@@ -236,19 +301,19 @@ fn main(
     }
 #else
     for (var r = 0u; r < RPT; r++) {
-        red[r * 256u + li] = acc[r];
+        rows_red[r * 256u + li] = acc[r];
     }
     workgroupBarrier();
     for (var s = TPR / 2u; s > 0u; s >>= 1u) {
         if (lane < s) {
             for (var r = 0u; r < RPT; r++) {
-                red[r * 256u + li] += red[r * 256u + li + s];
+                rows_red[r * 256u + li] += rows_red[r * 256u + li + s];
             }
         }
         workgroupBarrier();
     }
     for (var r = 0u; r < RPT; r++) {
-        acc[r] = red[r * 256u + li];
+        acc[r] = rows_red[r * 256u + li];
     }
 #endif
     if (lane != 0u || row0 >= p.n) {
