@@ -270,10 +270,9 @@ fn residual_matvec(c: &mut Criterion) {
             delta: &delta,
             post: &post,
             scale: 1.0,
-            pre: &pre,
             eps: 1e-6,
             res_out: &res_out,
-            normed: &normed,
+            next_norm: Some((&pre, &normed)),
         };
         let one = ops::matvec_after_residual(&ctx, &w, &step, &y, 0, out).unwrap();
         group.throughput(Throughput::Bytes(bytes));

@@ -69,7 +69,7 @@ pub struct MatmulArgs<'a> {
     pub y_stride: u32,
     /// What the rows become: themselves (with an optional softcap) or, for gate/up rows
     /// interleaved, the gated activation (half as many columns).
-    pub out: MatvecOut,
+    pub out: MatvecOut<'a>,
     /// Column of y where row 0 of W (or pair 0) lands (weights side by side in one output).
     pub y_offset: u32,
 }
@@ -89,6 +89,7 @@ pub fn matmul(
     let (geglu, softcap) = match a.out {
         MatvecOut::Rows { softcap } => (false, softcap),
         MatvecOut::Geglu => (true, 0.0),
+        MatvecOut::GeluTimes { .. } => (false, 0.0),
     };
     let cols = if geglu { n / 2 } else { n };
     if a.x_stride < k || !a.x_stride.is_multiple_of(4) || a.y_stride < a.y_offset + cols {
@@ -111,7 +112,7 @@ pub fn matmul(
         &w.name,
         u64::from(a.m - 1) * u64::from(a.y_stride) + u64::from(a.y_offset + cols),
     )?;
-    if a.m <= MATVEC_MAX_TOKENS {
+    if a.m <= MATVEC_MAX_TOKENS || matches!(a.out, MatvecOut::GeluTimes { .. }) {
         let job = MatvecJob {
             m: a.m,
             x_stride: a.x_stride,
@@ -769,13 +770,22 @@ pub fn penalty_params(count: u32, vocab: u32, p: PenaltyParams) -> Params {
 }
 
 /// What [`matvec`] writes.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum MatvecOut {
+#[derive(Clone, Copy, Debug)]
+pub enum MatvecOut<'a> {
     /// `y[out_offset + r] = W[r] . x`, with `c * tanh(y / c)` when `softcap` > 0.
     Rows { softcap: f32 },
     /// The weight holds gate and up rows interleaved (2i, 2i+1): `y[out_offset + i] =
     /// gelu_tanh(gate_i . x) * (up_i . x)`.
     Geglu,
+    /// `y[out_offset + r] = gelu_tanh(W[r] . x) * by[offset + r]`: a gate whose other factor
+    /// is already computed (the per-layer input). One-token products only.
+    GeluTimes { by: &'a View, offset: u32 },
+}
+
+impl MatvecOut<'_> {
+    fn is_geglu(&self) -> bool {
+        matches!(self, MatvecOut::Geglu)
+    }
 }
 
 /// The step between two blocks of a layer, for `rows` rows of `dim`: the residual stream
@@ -881,7 +891,10 @@ impl MatvecTuning {
         // pair for GEGLU_OUT), then widen the groups, until there are enough workgroups.
         // A CPU adapter (lavapipe) runs a workgroup per thread: more and smaller ones only add
         // per-workgroup overhead there.
-        let min_workgroups: u64 = if cpu { 1 } else { 256 };
+        // 96 on a GPU: on the H100 at E2B's decode shapes, fewer workgroups with more rows
+        // each beat more of them (Q4_K 1536 x 2048: 10.2 us at 384 workgroups of one row,
+        // 7.7 at 96 of two; 1536 x 256: 6.4 -> 5.2 us).
+        let min_workgroups: u64 = if cpu { 1 } else { 96 };
         let workgroups = |tpr: u32, rpt: u32| rows.div_ceil(u64::from(256 / tpr * rpt));
         // A matrix with rows enough to fill the GPU many times over (an output head) is
         // bandwidth-bound: there, lanes that loop over several steps of a row beat lanes that
@@ -922,7 +935,7 @@ struct MatvecJob<'a> {
     x_stride: u32,
     y_stride: u32,
     out_offset: u32,
-    out: MatvecOut,
+    out: MatvecOut<'a>,
     experts: Option<&'a ExpertSlots<'a>>,
     tuning: Option<MatvecTuning>,
     /// The residual step computed in front of the product (x is then the stream).
@@ -930,7 +943,7 @@ struct MatvecJob<'a> {
 }
 
 impl<'a> MatvecJob<'a> {
-    fn new(x: &'a View, y: &'a View, out: MatvecOut) -> Self {
+    fn new(x: &'a View, y: &'a View, out: MatvecOut<'a>) -> Self {
         Self {
             x,
             y,
@@ -966,7 +979,7 @@ fn matvec_dispatches(
     } = *job;
     let flag = dtype_flag(w.dtype)?;
     let k = w.cols as u32;
-    let geglu = out == MatvecOut::Geglu;
+    let geglu = out.is_geglu();
     if geglu && !whole_pairs(w) {
         return Err(shape(format!(
             "{}: a gated output needs whole gate/up row pairs per tile",
@@ -1000,16 +1013,27 @@ fn matvec_dispatches(
             )));
         }
         let n = u64::from(m) * u64::from(k);
-        for (what, v, len) in [
+        let mut views = vec![
             ("stream", r.res, n),
             ("delta", r.delta, n),
             ("stream out", r.res_out, n),
-            ("normed", r.normed, n),
             ("post", r.post, u64::from(k)),
-            ("pre", r.pre, u64::from(k)),
-        ] {
+        ];
+        if let Some((pre, normed)) = r.next_norm {
+            views.extend([("pre", pre, u64::from(k)), ("normed", normed, n)]);
+        }
+        for (what, v, len) in views {
             v.expect_len32(&format!("{} residual {what}", w.name), len)?;
         }
+    }
+    if let MatvecOut::GeluTimes { by, offset } = out {
+        if experts.is_some() || m != 1 {
+            return Err(shape(format!(
+                "{}: a GELU-times output is for one token's dense product",
+                w.name
+            )));
+        }
+        by.expect_len32(&w.name, u64::from(offset) + w.rows)?;
     }
     let x_shared =
         residual.is_some() || (x_shared && experts.is_none() && matvec_input_fits(ctx, k));
@@ -1030,7 +1054,9 @@ fn matvec_dispatches(
         .flag_if(!subgroups, "NO_SUBGROUPS")
         .flag_if(experts.is_some(), "EXPERTS")
         .flag_if(x_shared, "X_SHARED")
-        .flag_if(residual.is_some(), "PRENORM")
+        .flag_if(residual.is_some(), "RESIDUAL")
+        .flag_if(residual.is_some_and(|r| r.next_norm.is_some()), "PRENORM")
+        .flag_if(matches!(out, MatvecOut::GeluTimes { .. }), "GELU_TIMES")
         .constant("TPR", f64::from(tpr))
         .constant("RPT", f64::from(rpt));
     if x_shared {
@@ -1042,7 +1068,7 @@ fn matvec_dispatches(
     let pipeline = ctx.pipeline(&source);
     let softcap = match out {
         MatvecOut::Rows { softcap } => softcap,
-        MatvecOut::Geglu => 0.0,
+        MatvecOut::Geglu | MatvecOut::GeluTimes { .. } => 0.0,
     };
     let rows_per_group = 256 / tpr * rpt;
     w.tiles
@@ -1084,7 +1110,11 @@ fn matvec_dispatches(
                 .u32(experts_here)
                 .u32(x_group)
                 .f32(residual.map_or(0.0, |r| r.eps))
-                .f32(residual.map_or(1.0, |r| r.scale));
+                .f32(residual.map_or(1.0, |r| r.scale))
+                .u32(match out {
+                    MatvecOut::GeluTimes { offset, .. } => offset + first,
+                    _ => 0,
+                });
             let wv = View::of(&tile.buffer);
             let sel = experts.map_or(Bind::Skip, |e| Bind::Storage(e.sel));
             let mut binds = vec![
@@ -1094,8 +1124,19 @@ fn matvec_dispatches(
                 Bind::Params(params),
                 sel,
             ];
+            // Bindings 5..=10: the residual step's and the GELU factor's, where used.
+            binds.resize_with(11, || Bind::Skip);
             if let Some(r) = residual {
-                binds.extend([r.delta, r.post, r.pre, r.res_out, r.normed].map(Bind::Storage));
+                binds[5] = Bind::Storage(r.delta);
+                binds[6] = Bind::Storage(r.post);
+                binds[8] = Bind::Storage(r.res_out);
+                if let Some((pre, normed)) = r.next_norm {
+                    binds[7] = Bind::Storage(pre);
+                    binds[9] = Bind::Storage(normed);
+                }
+            }
+            if let MatvecOut::GeluTimes { by, .. } = out {
+                binds[10] = Bind::Storage(by);
             }
             ctx.dispatch(
                 if residual.is_some() {
@@ -1120,37 +1161,34 @@ pub fn matvec_input_fits(ctx: &GpuContext, k: u32) -> bool {
 }
 
 /// The step between two blocks of a layer, for [`matvec_after_residual`]: the stream becomes
-/// `res_out = (res + norm(delta) * post) * scale`, and `normed = norm(res_out) * pre` is the
-/// next block's input.
+/// `res_out = (res + norm(delta) * post) * scale`; the product's input is `res_out` itself or,
+/// with `next_norm`, the next block's input `norm(res_out) * pre`, also written to `normed`.
 pub struct ResidualStep<'a> {
     pub res: &'a View,
     pub delta: &'a View,
     pub post: &'a View,
     pub scale: f32,
-    pub pre: &'a View,
     pub eps: f32,
     /// The updated stream: a buffer other than `res` (the product's workgroups all read `res`).
     pub res_out: &'a View,
-    pub normed: &'a View,
+    /// `(pre, normed)`.
+    pub next_norm: Option<(&'a View, &'a View)>,
 }
 
 /// The residual step and the one-token product of its result in one dispatch per weight tile:
 /// each workgroup computes the step into its own memory (the step's cost is a few vectors of
 /// reads from cache; a dispatch of its own costs a whole GPU round trip), and the first writes
-/// `res_out` and `normed`. [`residual_norm`] followed by [`matvec`], with one wait fewer.
+/// `res_out` (and `normed`). [`residual_norm`] (or a norm added to the stream) followed by
+/// [`matvec`], with one wait fewer.
 pub fn matvec_after_residual(
     ctx: &GpuContext,
     w: &GpuWeight,
     step: &ResidualStep<'_>,
     y: &View,
     out_offset: u32,
-    out: MatvecOut,
+    out: MatvecOut<'_>,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    let out_rows = if out == MatvecOut::Geglu {
-        w.rows / 2
-    } else {
-        w.rows
-    };
+    let out_rows = if out.is_geglu() { w.rows / 2 } else { w.rows };
     y.expect_len32(&w.name, u64::from(out_offset) + out_rows)?;
     let job = MatvecJob {
         x_stride: w.cols as u32,
@@ -1169,7 +1207,7 @@ pub fn matvec(
     x: &View,
     y: &View,
     out_offset: u32,
-    out: MatvecOut,
+    out: MatvecOut<'_>,
 ) -> Result<Vec<Dispatch>, GpuError> {
     matvec_tuned(ctx, w, x, y, out_offset, out, None)
 }
@@ -1182,14 +1220,10 @@ pub fn matvec_tuned(
     x: &View,
     y: &View,
     out_offset: u32,
-    out: MatvecOut,
+    out: MatvecOut<'_>,
     tuning: Option<MatvecTuning>,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    let out_rows = if out == MatvecOut::Geglu {
-        w.rows / 2
-    } else {
-        w.rows
-    };
+    let out_rows = if out.is_geglu() { w.rows / 2 } else { w.rows };
     x.expect_len32(&w.name, w.cols)?;
     y.expect_len32(&w.name, u64::from(out_offset) + out_rows)?;
     let job = MatvecJob {
@@ -1211,7 +1245,7 @@ pub fn expert_matvec(
     y: &View,
     y_stride: u32,
     slots: &ExpertSlots<'_>,
-    out: MatvecOut,
+    out: MatvecOut<'_>,
 ) -> Result<Vec<Dispatch>, GpuError> {
     let per = u64::from(slots.rows_per_expert);
     if per == 0
@@ -1225,11 +1259,7 @@ pub fn expert_matvec(
             w.name
         )));
     }
-    let out_rows = if out == MatvecOut::Geglu {
-        per / 2
-    } else {
-        per
-    };
+    let out_rows = if out.is_geglu() { per / 2 } else { per };
     slots
         .sel
         .expect_len32("expert ids", u64::from(slots.slots))?;

@@ -611,10 +611,9 @@ impl GpuSession {
                         delta,
                         post,
                         scale,
-                        pre: weight,
                         eps,
                         res_out: streams[usize::from(!*alt)],
-                        normed: &s.xn,
+                        next_norm: Some((weight, &s.xn)),
                     };
                     *alt = !*alt;
                     (
@@ -776,26 +775,52 @@ impl GpuSession {
                 // x += norm(ffn) * post, then the layer's slice of the per-layer inputs gates a
                 // small projection that joins the stream (scaled with the layer's output).
                 let (n, all) = (cfg.n_ple as u32, (cfg.n_ple * cfg.n_layer) as u32);
-                run(vec![ops::rms_norm(
-                    ctx,
-                    ffn_out,
-                    NormOut::AddTo(stream),
-                    Some(&l.post_ffw_norm),
-                    m,
-                    d,
-                    d,
-                    eps,
-                )?]);
-                run(product(&p.inp_gate, stream, &s.ple.gate, n, 0, plain)?);
-                run(vec![geglu(
-                    &s.ple.gate,
-                    &s.ple.all,
-                    n,
-                    n,
-                    all,
-                    il as u32 * n,
-                    &s.ple.act,
-                )?]);
+                let offset = il as u32 * n;
+                if fuse {
+                    // One dispatch: the residual add, the gate's product and its GELU times
+                    // the per-layer input.
+                    let step = ResidualStep {
+                        res: stream,
+                        delta: ffn_out,
+                        post: &l.post_ffw_norm,
+                        scale: 1.0,
+                        eps,
+                        res_out: streams[usize::from(!alt)],
+                        next_norm: None,
+                    };
+                    alt = !alt;
+                    let by = &s.ple.all;
+                    let out = MatvecOut::GeluTimes { by, offset };
+                    run(ops::matvec_after_residual(
+                        ctx,
+                        &p.inp_gate,
+                        &step,
+                        &s.ple.act,
+                        0,
+                        out,
+                    )?);
+                } else {
+                    run(vec![ops::rms_norm(
+                        ctx,
+                        ffn_out,
+                        NormOut::AddTo(stream),
+                        Some(&l.post_ffw_norm),
+                        m,
+                        d,
+                        d,
+                        eps,
+                    )?]);
+                    run(product(&p.inp_gate, stream, &s.ple.gate, n, 0, plain)?);
+                    run(vec![geglu(
+                        &s.ple.gate,
+                        &s.ple.all,
+                        n,
+                        n,
+                        all,
+                        offset,
+                        &s.ple.act,
+                    )?]);
+                }
                 run(product(&p.proj, &s.ple.act, &s.ple.out, d, 0, plain)?);
                 pending = Some((&s.ple.out, &p.post_norm, l.out_scale));
             }

@@ -12,11 +12,12 @@
 // y[out_offset + i] = gelu_tanh(gate_i . x) * (up_i . x), a gated FFN's activation.
 //
 // X_SHARED: the input row is copied to workgroup memory once, and the steps read it there.
-// PRENORM (with X_SHARED, one token): the step between two blocks of a layer runs here
-// rather than in a dispatch of its own. Every workgroup computes the residual stream
-// h = (x + norm(delta) * post) * scale and the product's input norm(h) * pre into workgroup
-// memory; the first workgroup also writes h to res_out and the input to normed for later
-// readers (res_out is not x: other workgroups are still reading x).
+// RESIDUAL (with X_SHARED, tokens of k values): the residual step of the stream x runs here
+// rather than in a dispatch of its own. Every workgroup computes h = (x + norm(delta) * post)
+// * scale into workgroup memory, and the first also writes it to res_out for later readers
+// (res_out is not x: other workgroups are still reading x). The product's input is h, or with
+// PRENORM norm(h) * pre (the next block's norm), which the first workgroup writes to normed.
+// GELU_TIMES: y[out_offset + i] = gelu_tanh(row_i . x) * times[times_offset + i].
 
 struct Params {
     k: u32,
@@ -34,6 +35,7 @@ struct Params {
     x_group: u32,
     eps: f32,
     scale: f32,
+    times_offset: u32,
 }
 
 #if DT_Q4_K
@@ -185,14 +187,21 @@ var<workgroup> sg_sums: array<vec4<f32>, 64>;
 override XV: u32 = 1u;
 var<workgroup> xsh: array<vec4<f32>, XV>;
 #endif
-#if PRENORM
+#if RESIDUAL
 @group(0) @binding(5) var<storage, read> delta: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read> post: array<vec4<f32>>;
-@group(0) @binding(7) var<storage, read> pre: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read_write> res_out: array<vec4<f32>>;
+#endif
+#if PRENORM
+@group(0) @binding(7) var<storage, read> pre: array<vec4<f32>>;
 @group(0) @binding(9) var<storage, read_write> normed: array<vec4<f32>>;
+#endif
+#if GELU_TIMES
+@group(0) @binding(10) var<storage, read> times: array<f32>;
+#endif
 
-// Fills xsh with the product's input (see PRENORM above).
+#if RESIDUAL
+// Fills xsh with the product's input (see RESIDUAL above).
 fn residual_prologue(xb: u32, li: u32, writer: bool) {
     let n4 = p.k / 4u;
     var sd = 0.0;
@@ -211,6 +220,7 @@ fn residual_prologue(xb: u32, li: u32, writer: bool) {
             res_out[xb + i] = h;
         }
     }
+#if PRENORM
     let inv = inverseSqrt(wg_sum(ss, li) / f32(p.k) + p.eps);
     for (var i = li; i < n4; i += 256u) {
         let v = xsh[i] * inv * pre[i];
@@ -219,6 +229,7 @@ fn residual_prologue(xb: u32, li: u32, writer: bool) {
             normed[xb + i] = v;
         }
     }
+#endif
 }
 #endif
 
@@ -244,7 +255,7 @@ fn main(
     let xb = m * (p.x_stride / 4u);
     let rbase = 0u;
 #endif
-#if PRENORM
+#if RESIDUAL
     residual_prologue(xb, li, wg.x == 0u && wg.y == 0u);
     workgroupBarrier();
 #else
@@ -328,7 +339,11 @@ fn main(
 #else
     for (var r = 0u; r < RPT; r++) {
         if (row0 + r < p.n) {
+#if GELU_TIMES
+            y[ob + row0 + r] = gelu_tanh(acc[r]) * times[p.times_offset + row0 + r];
+#else
             y[ob + row0 + r] = softcapped(acc[r], p.softcap);
+#endif
         }
     }
 #endif
