@@ -131,7 +131,7 @@ fn attention(c: &mut Criterion) {
             softcap: 0.0,
             q_stride: nh * head_dim,
         };
-        let a = ops::attention_decode(&ctx, &args, 0, &scratch).unwrap();
+        let a = ops::attention_decode(&ctx, &args, 0, &scratch, None).unwrap();
         let ds = [a.split, a.combine];
         group.throughput(Throughput::Bytes(2 * kv as u64 * 4));
         group.bench_function(

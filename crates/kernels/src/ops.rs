@@ -23,6 +23,7 @@ const ARGMAX_WGSL: &str = include_str!("wgsl/argmax.wgsl");
 const TOPK_WGSL: &str = include_str!("wgsl/topk.wgsl");
 const PENALTY_WGSL: &str = include_str!("wgsl/penalty.wgsl");
 const HEAD_POST_WGSL: &str = include_str!("wgsl/head_post.wgsl");
+const HEAD_MATH_WGSL: &str = include_str!("wgsl/head_math.wgsl");
 const ATTN_SPLIT_WGSL: &str = include_str!("wgsl/attn_split.wgsl");
 const ATTN_COMBINE_WGSL: &str = include_str!("wgsl/attn_combine.wgsl");
 const SAMPLE_WGSL: &str = include_str!("wgsl/sample.wgsl");
@@ -1430,7 +1431,7 @@ pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, Gpu
             (a.q_norm, k, v, 0)
         }
     };
-    let source = ShaderSource::new("head_post", &[REDUCE_WGSL, HEAD_POST_WGSL])
+    let source = ShaderSource::new("head_post", &[REDUCE_WGSL, HEAD_MATH_WGSL, HEAD_POST_WGSL])
         .flag_if(a.freq_factors.is_some(), "FREQ_FACTORS")
         .flag_if(a.kv.as_ref().is_some_and(|kv| kv.k_is_v), "K_IS_V")
         .flag_if(a.kv.as_ref().is_some_and(|kv| kv.v_norm), "V_NORM");
@@ -1484,11 +1485,16 @@ impl DecodeAttention {
 
 /// Attention of one token's queries (at `positions[0]`) over the cache, split over chunks of
 /// keys. `q` starts `q_offset` floats into `a.q`; `a.tokens` must be 1.
+///
+/// With `post`, the split kernel also does [`head_post`]'s work for the token, one dispatch
+/// fewer: `a.q` is then the raw projection `post.qkv` (left as it is), and where `post.kv` is
+/// given its caches must be `a`'s (the token's K and V are stored there for later steps).
 pub fn attention_decode(
     ctx: &GpuContext,
     a: &AttentionArgs<'_>,
     q_offset: u32,
     scratch: &View,
+    post: Option<&HeadPostArgs<'_>>,
 ) -> Result<DecodeAttention, GpuError> {
     if a.tokens != 1
         || a.head_dim > MAX_HEAD_DIM
@@ -1528,27 +1534,51 @@ pub fn attention_decode(
         .u32(capacity)
         .f32(a.scale)
         .f32(a.softcap)
-        .u32(q_offset);
+        .u32(q_offset)
+        .u32(post.map_or(0, |h| h.n_rot))
+        .f32(post.map_or(0.0, |h| h.eps))
+        .f32(post.map_or(0.0, |h| h.base))
+        .f32(post.map_or(0.0, |h| h.freq_scale));
     // A sliding layer never sees more than its window: no need to launch past it.
     let chunks = if a.window > 0 {
         max_chunks.min(a.window.div_ceil(ATTN_CHUNK) + 1)
     } else {
         max_chunks
     };
+    let parts: &[&'static str] = if post.is_some() {
+        &[ACTIVATIONS_WGSL, REDUCE_WGSL, HEAD_MATH_WGSL, ATTN_SPLIT_WGSL]
+    } else {
+        &[ACTIVATIONS_WGSL, REDUCE_WGSL, ATTN_SPLIT_WGSL]
+    };
+    let mut source = ShaderSource::new("attn_split", parts);
+    let mut binds = vec![
+        Bind::Storage(a.q),
+        Bind::Storage(a.k_cache),
+        Bind::Storage(a.v_cache),
+        Bind::Storage(a.positions),
+        Bind::Storage(scratch),
+        Bind::Params(params.clone()),
+    ];
+    if let Some(h) = post {
+        check_head_post(a, h)?;
+        let kv = h.kv.as_ref();
+        source = source
+            .flag("HEAD_POST")
+            .flag_if(kv.is_some(), "KV_NEW")
+            .flag_if(kv.is_some_and(|kv| kv.k_is_v), "K_IS_V")
+            .flag_if(kv.is_some_and(|kv| kv.v_norm), "V_NORM")
+            .flag_if(h.freq_factors.is_some(), "FREQ_FACTORS");
+        binds.push(Bind::Storage(h.q_norm));
+        binds.push(Bind::Storage(kv.map_or(h.q_norm, |kv| kv.k_norm)));
+        if let Some(ff) = h.freq_factors {
+            ff.expect_len32("attention freq factors", u64::from(h.n_rot / 2))?;
+            binds.push(Bind::Storage(ff));
+        }
+    }
     let split = ctx.dispatch(
         "attn_split",
-        ctx.pipeline(&ShaderSource::new(
-            "attn_split",
-            &[ACTIVATIONS_WGSL, REDUCE_WGSL, ATTN_SPLIT_WGSL],
-        )),
-        &[
-            Bind::Storage(a.q),
-            Bind::Storage(a.k_cache),
-            Bind::Storage(a.v_cache),
-            Bind::Storage(a.positions),
-            Bind::Storage(scratch),
-            Bind::Params(params.clone()),
-        ],
+        ctx.pipeline(&source),
+        &binds,
         [a.n_head, chunks, 1],
     )?;
     let combine = ctx.dispatch(
@@ -1566,6 +1596,32 @@ pub fn attention_decode(
         [a.n_head, 1, 1],
     )?;
     Ok(DecodeAttention { split, combine })
+}
+
+/// That the head work fused into [`attention_decode`] describes the same token and heads.
+fn check_head_post(a: &AttentionArgs<'_>, h: &HeadPostArgs<'_>) -> Result<(), GpuError> {
+    let kv_heads = h.kv.as_ref().map_or(a.n_kv_head, |kv| kv.n_kv);
+    if h.tokens != 1
+        || h.n_head != a.n_head
+        || h.head_dim != a.head_dim
+        || kv_heads != a.n_kv_head
+        || h.n_rot > h.head_dim
+        || !h.n_rot.is_multiple_of(2)
+    {
+        return Err(shape(format!(
+            "attention_decode: head work for {} tokens, {} heads ({kv_heads} KV) of dim {} (rotating {})",
+            h.tokens, h.n_head, h.head_dim, h.n_rot
+        )));
+    }
+    h.q_norm
+        .expect_len32("attention q_norm", u64::from(h.head_dim))?;
+    if let Some(kv) = &h.kv {
+        kv.k_norm
+            .expect_len32("attention k_norm", u64::from(h.head_dim))?;
+        let width = (a.n_head + kv.n_kv * if kv.k_is_v { 1 } else { 2 }) * a.head_dim;
+        a.q.expect_len32("attention qkv", u64::from(width))?;
+    }
+    Ok(())
 }
 
 /// Capacity of the recent-token ring the penalties read (words: one count, then tokens).

@@ -1159,7 +1159,7 @@ fn split_decode_attention_matches_cpu() {
             softcap: 0.0,
             q_stride: nh * hd,
         };
-        let a = ops::attention_decode(ctx, &args, q_offset, &scratch).unwrap();
+        let a = ops::attention_decode(ctx, &args, q_offset, &scratch, None).unwrap();
         run(ctx, &[&a.split, &a.combine]);
         assert_close(
             &format!("decode attention h={nh}/{nkv} hd={hd} pos={pos} w={window}"),
@@ -1167,6 +1167,109 @@ fn split_decode_attention_matches_cpu() {
             &want,
             1e-4,
         );
+    }
+}
+
+/// The head work fused into the split kernel gives what [`ops::head_post`] then the split
+/// give: the attention output and the new K/V in the cache, for layers that own their cache
+/// (K as V, V norm, frequency factors, the token first or inside its chunk, a window) and a
+/// layer reading another's.
+#[test]
+fn decode_attention_with_head_work_matches_the_two_steps() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(53);
+    // (heads, kv heads, head_dim, n_rot, capacity, position, window, k_is_v, v_norm, factors, own cache)
+    for (nh, nkv, hd, n_rot, cap, pos, window, k_is_v, v_norm, ff, own) in [
+        (
+            8u32, 1u32, 256u32, 256u32, 300u32, 70u32, 0u32, false, true, false, true,
+        ),
+        (4, 2, 512, 128, 200, 64, 0, true, true, true, true),
+        (3, 3, 64, 32, 130, 129, 100, false, false, false, true),
+        (4, 1, 128, 128, 100, 0, 0, false, true, false, true),
+        (8, 2, 256, 256, 300, 201, 64, false, true, false, false),
+    ] {
+        let what = format!("h={nh}/{nkv} hd={hd} pos={pos} w={window} own={own}");
+        let width = (nh + nkv * if k_is_v { 1 } else { 2 }) * hd;
+        let qkv = rng.vec(width as usize, 2.0);
+        let (qn, kn) = (rng.vec(hd as usize, 1.0), rng.vec(hd as usize, 1.0));
+        let factors: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.1).collect();
+        let kv_len = (cap * nkv * hd) as usize;
+        let (kc, vc) = (rng.vec(kv_len, 1.0), rng.vec(kv_len, 1.0));
+        let (qnv, knv, ffv) = (upload(ctx, &qn), upload(ctx, &kn), upload(ctx, &factors));
+        let pos_v = upload_u32(ctx, &[pos]);
+        // Both ways from the same start: (qkv, caches, output).
+        let mut results = Vec::new();
+        for fused in [false, true] {
+            let qkv_v = upload(ctx, &qkv);
+            let (kcv, vcv) = (upload(ctx, &kc), upload(ctx, &vc));
+            let out = poisoned(ctx, (nh * hd) as usize);
+            let scratch = upload(
+                ctx,
+                &vec![0.0; ops::DecodeAttention::scratch_floats(nh, hd, cap) as usize],
+            );
+            let post = ops::HeadPostArgs {
+                qkv: &qkv_v,
+                q_norm: &qnv,
+                kv: own.then_some(ops::HeadPostKv {
+                    k_norm: &knv,
+                    k_cache: &kcv,
+                    v_cache: &vcv,
+                    n_kv: nkv,
+                    k_is_v,
+                    v_norm,
+                }),
+                positions: &pos_v,
+                tokens: 1,
+                n_head: nh,
+                head_dim: hd,
+                stride: width,
+                n_rot,
+                base: 10000.0,
+                freq_scale: 0.5,
+                freq_factors: ff.then_some(&ffv),
+                eps: 1e-6,
+            };
+            let args = AttentionArgs {
+                q: &qkv_v,
+                k_cache: &kcv,
+                v_cache: &vcv,
+                positions: &pos_v,
+                out: &out,
+                tokens: 1,
+                n_head: nh,
+                n_kv_head: nkv,
+                head_dim: hd,
+                window,
+                scale: 0.1,
+                softcap: 0.0,
+                q_stride: width,
+            };
+            if fused {
+                let a = ops::attention_decode(ctx, &args, 0, &scratch, Some(&post)).unwrap();
+                run(ctx, &[&a.split, &a.combine]);
+            } else {
+                let h = ops::head_post(ctx, &post).unwrap();
+                let a = ops::attention_decode(ctx, &args, 0, &scratch, None).unwrap();
+                run(ctx, &[&h, &a.split, &a.combine]);
+            }
+            results.push((
+                read(ctx, &qkv_v),
+                read(ctx, &kcv),
+                read(ctx, &vcv),
+                read(ctx, &out),
+            ));
+        }
+        let (two, one) = (&results[0], &results[1]);
+        assert_eq!(
+            one.0, qkv,
+            "{what}: the fused kernel leaves the projection as it is"
+        );
+        assert_close(&format!("{what} k cache"), &one.1, &two.1, 1e-5);
+        assert_close(&format!("{what} v cache"), &one.2, &two.2, 1e-5);
+        assert_close(&format!("{what} output"), &one.3, &two.3, 1e-4);
+        if !own {
+            assert_eq!(one.1, kc, "{what}: a shared layer writes no cache");
+        }
     }
 }
 

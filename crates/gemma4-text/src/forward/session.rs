@@ -642,13 +642,14 @@ impl GpuSession {
             for p in &l.qkv[usize::from(done)..] {
                 run(product(&p.w, &s.xn, &s.qkv, l.qkv_width, p.offset, plain)?);
             }
-            run(vec![ops::head_post(ctx, &self.head_post_args(il, m))?]);
             let att = self.attention_args(il, m)?;
+            let heads = self.head_post_args(il, m);
             if single {
-                let a = ops::attention_decode(ctx, &att, 0, &s.attn_part)?;
+                // The split kernel does the per-head norms, RoPE and cache store itself.
+                let a = ops::attention_decode(ctx, &att, 0, &s.attn_part, Some(&heads))?;
                 run(vec![a.split, a.combine]);
             } else {
-                run(vec![ops::attention(ctx, &att)?]);
+                run(vec![ops::head_post(ctx, &heads)?, ops::attention(ctx, &att)?]);
             }
             run(product(&l.o, &s.attn, &s.o, d, 0, plain)?);
             let attn_out = Some((&s.o, &l.post_attn_norm, 1.0));
