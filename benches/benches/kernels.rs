@@ -104,12 +104,14 @@ fn attention(c: &mut Criterion) {
     for (head_dim, context_len) in [(256u32, 512u32), (256, 4096), (512, 4096)] {
         let (nh, nkv) = (8u32, 1u32);
         let kv = (context_len * nkv * head_dim) as usize;
-        let q = View::of(&ctx.storage_init(
-            "q",
-            bytemuck::cast_slice(&random((nh * head_dim) as usize, 1)),
-        ));
+        let width = (nh + 2 * nkv) * head_dim;
+        let vector = |n: u32, seed| {
+            View::of(&ctx.storage_init("v", bytemuck::cast_slice(&random(n as usize, seed))))
+        };
+        let qkv = vector(width, 1);
         let kc = View::of(&ctx.storage_init("k", bytemuck::cast_slice(&random(kv, 2))));
         let vc = View::of(&ctx.storage_init("v", bytemuck::cast_slice(&random(kv, 3))));
+        let (q_norm, k_norm) = (vector(head_dim, 4), vector(head_dim, 5));
         let positions = View::of(&ctx.storage_init("pos", bytemuck::bytes_of(&(context_len - 1))));
         let out = View::of(&ctx.storage("out", u64::from(nh * head_dim) * 4));
         let scratch = View::of(&ctx.storage(
@@ -117,7 +119,7 @@ fn attention(c: &mut Criterion) {
             ops::DecodeAttention::scratch_floats(nh, head_dim, context_len) * 4,
         ));
         let args = AttentionArgs {
-            q: &q,
+            q: &qkv,
             k_cache: &kc,
             v_cache: &vc,
             positions: &positions,
@@ -129,15 +131,45 @@ fn attention(c: &mut Criterion) {
             window: 0,
             scale: 1.0,
             softcap: 0.0,
-            q_stride: nh * head_dim,
+            q_stride: width,
+        };
+        let heads = ops::HeadPostArgs {
+            qkv: &qkv,
+            q_norm: &q_norm,
+            kv: Some(ops::HeadPostKv {
+                k_norm: &k_norm,
+                k_cache: &kc,
+                v_cache: &vc,
+                n_kv: nkv,
+                k_is_v: false,
+                v_norm: true,
+            }),
+            positions: &positions,
+            tokens: 1,
+            n_head: nh,
+            head_dim,
+            stride: width,
+            n_rot: head_dim,
+            base: 10000.0,
+            freq_scale: 1.0,
+            freq_factors: None,
+            eps: 1e-6,
         };
         let a = ops::attention_decode(&ctx, &args, 0, &scratch, None).unwrap();
-        let ds = [a.split, a.combine];
+        let post = ops::head_post(&ctx, &heads).unwrap();
+        let f = ops::attention_decode(&ctx, &args, 0, &scratch, Some(&heads)).unwrap();
+        let variants = [
+            ("split", vec![a.split.clone(), a.combine.clone()]),
+            ("head_post+split", vec![post, a.split, a.combine]),
+            ("fused", vec![f.split, f.combine]),
+        ];
         group.throughput(Throughput::Bytes(2 * kv as u64 * 4));
-        group.bench_function(
-            BenchmarkId::new(format!("hd{head_dim}"), context_len),
-            |b| b.iter_custom(|iters| time_in_one_pass(&ctx, &ds, iters)),
-        );
+        for (name, ds) in &variants {
+            group.bench_function(
+                BenchmarkId::new(format!("hd{head_dim}/{name}"), context_len),
+                |b| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters)),
+            );
+        }
     }
     group.finish();
     attention_prefill(c);

@@ -1479,7 +1479,10 @@ pub struct DecodeAttention {
 impl DecodeAttention {
     /// Floats of scratch the partial results need.
     pub fn scratch_floats(n_head: u32, head_dim: u32, capacity: u32) -> u64 {
-        u64::from(n_head) * u64::from(capacity.div_ceil(ATTN_CHUNK)) * u64::from(head_dim + 2)
+        // Per head and chunk, the chunk's output with its max and sum; then room for the
+        // token's K and V on their way to the cache (at most one pair per query head).
+        let chunks = u64::from(n_head) * u64::from(capacity.div_ceil(ATTN_CHUNK));
+        chunks * u64::from(head_dim + 2) + 2 * u64::from(n_head) * u64::from(head_dim)
     }
 }
 
@@ -1488,7 +1491,8 @@ impl DecodeAttention {
 ///
 /// With `post`, the split kernel also does [`head_post`]'s work for the token, one dispatch
 /// fewer: `a.q` is then the raw projection `post.qkv` (left as it is), and where `post.kv` is
-/// given its caches must be `a`'s (the token's K and V are stored there for later steps).
+/// given its caches must be `a`'s (the merge stores the token's K and V there for later
+/// steps).
 pub fn attention_decode(
     ctx: &GpuContext,
     a: &AttentionArgs<'_>,
@@ -1546,11 +1550,17 @@ pub fn attention_decode(
         max_chunks
     };
     let parts: &[&'static str] = if post.is_some() {
-        &[ACTIVATIONS_WGSL, REDUCE_WGSL, HEAD_MATH_WGSL, ATTN_SPLIT_WGSL]
+        &[
+            ACTIVATIONS_WGSL,
+            REDUCE_WGSL,
+            HEAD_MATH_WGSL,
+            ATTN_SPLIT_WGSL,
+        ]
     } else {
         &[ACTIVATIONS_WGSL, REDUCE_WGSL, ATTN_SPLIT_WGSL]
     };
-    let mut source = ShaderSource::new("attn_split", parts);
+    let mut source =
+        ShaderSource::new("attn_split", parts).constant("HD", f64::from(a.head_dim));
     let mut binds = vec![
         Bind::Storage(a.q),
         Bind::Storage(a.k_cache),
@@ -1581,18 +1591,23 @@ pub fn attention_decode(
         &binds,
         [a.n_head, chunks, 1],
     )?;
+    let store = post.is_some_and(|h| h.kv.is_some());
+    let mut binds = vec![
+        Bind::Storage(scratch),
+        Bind::Storage(a.positions),
+        Bind::Storage(a.out),
+        Bind::Params(params),
+    ];
+    if store {
+        binds.extend([Bind::Storage(a.k_cache), Bind::Storage(a.v_cache)]);
+    }
     let combine = ctx.dispatch(
         "attn_combine",
-        ctx.pipeline(&ShaderSource::new(
-            "attn_combine",
-            &[REDUCE_WGSL, ATTN_COMBINE_WGSL],
-        )),
-        &[
-            Bind::Storage(scratch),
-            Bind::Storage(a.positions),
-            Bind::Storage(a.out),
-            Bind::Params(params),
-        ],
+        ctx.pipeline(
+            &ShaderSource::new("attn_combine", &[REDUCE_WGSL, ATTN_COMBINE_WGSL])
+                .flag_if(store, "KV_STORE"),
+        ),
+        &binds,
         [a.n_head, 1, 1],
     )?;
     Ok(DecodeAttention { split, combine })

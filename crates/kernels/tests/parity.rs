@@ -1121,6 +1121,7 @@ fn split_decode_attention_matches_cpu() {
         (8, 2, 512, 300, 299, 0),
         (8, 1, 256, 2000, 1500, 512),
         (2, 2, 64, 130, 129, 100),
+        (3, 1, 80, 200, 150, 0),
     ] {
         let kv = (cap * nkv * hd) as usize;
         let q_offset = 5u32;

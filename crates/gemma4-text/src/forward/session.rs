@@ -649,7 +649,10 @@ impl GpuSession {
                 let a = ops::attention_decode(ctx, &att, 0, &s.attn_part, Some(&heads))?;
                 run(vec![a.split, a.combine]);
             } else {
-                run(vec![ops::head_post(ctx, &heads)?, ops::attention(ctx, &att)?]);
+                run(vec![
+                    ops::head_post(ctx, &heads)?,
+                    ops::attention(ctx, &att)?,
+                ]);
             }
             run(product(&l.o, &s.attn, &s.o, d, 0, plain)?);
             let attn_out = Some((&s.o, &l.post_attn_norm, 1.0));

@@ -1,5 +1,7 @@
 // Merges the per-chunk results of attn_split.wgsl: one workgroup per query head rescales each
 // chunk by exp(m_c - max) and divides by the total weight.
+// KV_STORE: the split left the token's K and V after the partial results; the workgroup of
+// each KV group's first query head stores them in the cache slot of the token's position.
 
 struct Params {
     n_head: u32,
@@ -17,6 +19,10 @@ struct Params {
 @group(0) @binding(1) var<storage, read> positions: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
+#if KV_STORE
+@group(0) @binding(4) var<storage, read_write> kc: array<f32>;
+@group(0) @binding(5) var<storage, read_write> vc: array<f32>;
+#endif
 
 const CHUNK: u32 = 64u;
 
@@ -50,4 +56,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         out[h * hd + d] = acc / l;
     }
+#if KV_STORE
+    let group = p.n_head / p.n_kv_head;
+    if (h % group == 0u && pos < p.capacity) {
+        let kvh = h / group;
+        let kv_in = p.n_head * p.max_chunks * (hd + 2u) + kvh * hd;
+        let slot = (pos * p.n_kv_head + kvh) * hd;
+        for (var d = li; d < hd; d += 256u) {
+            kc[slot + d] = part[kv_in + d];
+            vc[slot + d] = part[kv_in + p.n_kv_head * hd + d];
+        }
+    }
+#endif
 }

@@ -5,10 +5,11 @@
 //
 // HEAD_POST: head_post.wgsl's work for the one token, here rather than in a dispatch of its
 // own. Each workgroup norms and ropes its query head from the raw projection; with KV_NEW (a
-// layer that owns its cache) the workgroups whose chunk holds the token's position also norm
-// and rope its K (and norm its V) in workgroup memory and use them for that key, and those of
-// the first query head of each KV group store them in the cache for later steps. No other
-// workgroup reads that slot, so nothing waits for the store.
+// layer that owns its cache) the workgroups whose chunk holds the token's position (its last
+// key) also norm and rope its K (and norm its V) in workgroup memory and use them for that
+// key; those of the first query head of each KV group leave them after the partial results,
+// where attn_combine.wgsl (KV_STORE) copies them into the cache for later steps. The caches
+// stay read-only here: no workgroup of this dispatch reads that slot.
 
 struct Params {
     n_head: u32,
@@ -27,13 +28,8 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
-#if KV_NEW
-@group(0) @binding(1) var<storage, read_write> kc: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> vc: array<f32>;
-#else
 @group(0) @binding(1) var<storage, read> kc: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> vc: array<f32>;
-#endif
+@group(0) @binding(2) var<storage, read> vc: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> positions: array<u32>;
 @group(0) @binding(4) var<storage, read_write> part: array<f32>;
 @group(0) @binding(5) var<uniform> p: Params;
@@ -47,20 +43,32 @@ struct Params {
 
 const CHUNK: u32 = 64u;
 const MAX_HD: u32 = 512u;
+// The head dimension as a pipeline constant (p.head_dim holds the same): the key and value
+// loops get fixed trip counts, so every load of a thread can be in flight at once.
+override HD: u32 = 256u;
 
-#if HEAD_POST
-// The head being normed and roped (head_math.wgsl works on it).
-var<workgroup> row: array<f32, MAX_HD>;
-#endif
 #if KV_NEW
-// The token's own K and V, used for its key in place of the cache.
-var<workgroup> k_new: array<vec4<f32>, 128>;
-var<workgroup> v_new: array<f32, MAX_HD>;
+// The query head being normed and roped, and the token's own K and V (used for its key in
+// place of the cache).
+var<workgroup> heads: array<array<f32, MAX_HD>, 3>;
+const HQ: u32 = 0u;
+const HK: u32 = 1u;
+const HV: u32 = 2u;
+
+fn new4(r: u32, i: u32) -> vec4<f32> {
+    return vec4<f32>(heads[r][4u * i], heads[r][4u * i + 1u], heads[r][4u * i + 2u], heads[r][4u * i + 3u]);
+}
+#else
+#if HEAD_POST
+var<workgroup> heads: array<array<f32, MAX_HD>, 1>;
+const HQ: u32 = 0u;
+#endif
 #endif
 
 var<workgroup> qs: array<vec4<f32>, 128>;
 var<workgroup> partial: array<f32, 256>;
 var<workgroup> probs: array<f32, CHUNK>;
+var<workgroup> vsum: array<vec4<f32>, 256>;
 
 fn visible(pos: u32) -> vec2<u32> {
     var lo = 0u;
@@ -74,7 +82,7 @@ fn visible(pos: u32) -> vec2<u32> {
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let h = wg.x;
     let c = wg.y;
-    let hd = p.head_dim;
+    let hd = HD;
     let span = visible(positions[0]);
     let first = span.x + c * CHUNK;
     if (first > span.y) {
@@ -84,62 +92,56 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let kvh = h / (p.n_head / p.n_kv_head);
     let kv_row = p.n_kv_head * hd;
     let pos = positions[0];
+#if KV_NEW
+    // The token's key is the last visible one: in this chunk or not at all.
+    let has_new = pos < p.capacity && pos < first + count;
+    let ko = p.q_offset + (p.n_head + kvh) * hd;
+#if K_IS_V
+    let vo = ko;
+#else
+    let vo = ko + p.n_kv_head * hd;
+#endif
+#else
+    let has_new = false;
+#endif
 #if HEAD_POST
+    // Every load first (Q, and the token's K and V where this chunk holds it), then the norms.
     for (var d = li; d < hd; d += 256u) {
-        row[d] = q[p.q_offset + h * hd + d];
+        heads[HQ][d] = q[p.q_offset + h * hd + d];
+#if KV_NEW
+        if (has_new) {
+            heads[HK][d] = q[ko + d];
+            heads[HV][d] = q[vo + d];
+        }
+#endif
     }
     workgroupBarrier();
-    norm_row(li, 1u);
-    rope_row(li, f32(pos));
+    norm_row(HQ, li, 1u);
+    rope_row(HQ, li, f32(pos));
     for (var d = li; d < hd / 4u; d += 256u) {
-        qs[d] = vec4<f32>(row[4u * d], row[4u * d + 1u], row[4u * d + 2u], row[4u * d + 3u]) * p.scale;
+        qs[d] = vec4<f32>(heads[HQ][4u * d], heads[HQ][4u * d + 1u], heads[HQ][4u * d + 2u], heads[HQ][4u * d + 3u]) * p.scale;
     }
+#if KV_NEW
+    if (has_new) {
+#if V_NORM
+        norm_row(HV, li, 0u);
+#endif
+        norm_row(HK, li, 2u);
+        rope_row(HK, li, f32(pos));
+        if (h % (p.n_head / p.n_kv_head) == 0u) {
+            // After every head's chunks: [k: n_kv * hd | v: n_kv * hd].
+            let kv_out = p.n_head * p.max_chunks * (hd + 2u) + kvh * hd;
+            for (var d = li; d < hd; d += 256u) {
+                part[kv_out + d] = heads[HK][d];
+                part[kv_out + kv_row + d] = heads[HV][d];
+            }
+        }
+    }
+#endif
 #else
     for (var d = li; d < hd / 4u; d += 256u) {
         let qb = p.q_offset + h * hd + 4u * d;
         qs[d] = vec4<f32>(q[qb], q[qb + 1u], q[qb + 2u], q[qb + 3u]) * p.scale;
-    }
-#endif
-#if KV_NEW
-    // The token's key is the last visible one: in this chunk or not at all.
-    let has_new = pos < p.capacity && pos < first + count;
-    if (has_new) {
-        let ko = p.q_offset + (p.n_head + kvh) * hd;
-#if K_IS_V
-        let vo = ko;
-#else
-        let vo = ko + p.n_kv_head * hd;
-#endif
-        let store = h % (p.n_head / p.n_kv_head) == 0u;
-        let slot = (pos * p.n_kv_head + kvh) * hd;
-        workgroupBarrier();
-        for (var d = li; d < hd; d += 256u) {
-            row[d] = q[vo + d];
-        }
-        workgroupBarrier();
-#if V_NORM
-        norm_row(li, 0u);
-#endif
-        for (var d = li; d < hd; d += 256u) {
-            v_new[d] = row[d];
-            if (store) {
-                vc[slot + d] = row[d];
-            }
-        }
-        workgroupBarrier();
-        for (var d = li; d < hd; d += 256u) {
-            row[d] = q[ko + d];
-        }
-        workgroupBarrier();
-        norm_row(li, 2u);
-        rope_row(li, f32(pos));
-        for (var d = li; d < hd / 4u; d += 256u) {
-            let k4 = vec4<f32>(row[4u * d], row[4u * d + 1u], row[4u * d + 2u], row[4u * d + 3u]);
-            k_new[d] = k4;
-            if (store) {
-                kc[slot / 4u + d] = k4;
-            }
-        }
     }
 #endif
     workgroupBarrier();
@@ -148,24 +150,28 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let j = li / 4u;
     let sub = li % 4u;
     var dotv = 0.0;
-    if (j < count) {
+    // The token's own key, when this chunk holds it, is the chunk's last.
+    let fresh = has_new && j + 1u == count;
+    let steps = (HD / 4u + 3u) / 4u;
+    if (j < count && !fresh) {
         let kb = ((first + j) * kv_row + kvh * hd) / 4u;
-#if KV_NEW
-        if (has_new && first + j == pos) {
-            for (var i = sub; i < hd / 4u; i += 4u) {
-                dotv += dot(qs[i], k_new[i]);
-            }
-        } else {
-            for (var i = sub; i < hd / 4u; i += 4u) {
+        for (var t = 0u; t < steps; t++) {
+            let i = sub + 4u * t;
+            if (i < HD / 4u) {
                 dotv += dot(qs[i], kc[kb + i]);
             }
         }
-#else
-        for (var i = sub; i < hd / 4u; i += 4u) {
-            dotv += dot(qs[i], kc[kb + i]);
-        }
-#endif
     }
+#if KV_NEW
+    if (fresh) {
+        for (var t = 0u; t < steps; t++) {
+            let i = sub + 4u * t;
+            if (i < HD / 4u) {
+                dotv += dot(qs[i], new4(HK, i));
+            }
+        }
+    }
+#endif
     partial[li] = dotv;
     workgroupBarrier();
     var s = -3.0e38;
@@ -181,18 +187,39 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     let l = wg_sum(e, li);
     let out = (h * p.max_chunks + c) * (hd + 2u);
-    for (var d = li; d < hd; d += 256u) {
-        var acc = 0.0;
-        for (var jj = 0u; jj < count; jj++) {
-#if KV_NEW
-            if (has_new && first + jj == pos) {
-                acc += probs[jj] * v_new[d];
-                continue;
+    // Values: each thread takes one vec4 of the head over every `groups`-th key, so its loads
+    // are 16 bytes and few (a thread per value over all 64 keys waited on 64 loads); the key
+    // groups then meet in workgroup memory.
+    let h4 = HD / 4u;
+    let d4 = li % h4;
+    let kg = li / h4;
+    let groups = 256u / h4;
+    var acc = vec4<f32>(0.0);
+    let cached = count - select(0u, 1u, has_new);
+    if (kg < groups) {
+        let vb = kvh * h4 + d4;
+        for (var t = 0u; t < (CHUNK + groups - 1u) / groups; t++) {
+            let jj = kg + t * groups;
+            if (jj < cached) {
+                acc += probs[jj] * vc[(first + jj) * (kv_row / 4u) + vb];
             }
-#endif
-            acc += probs[jj] * vc[(first + jj) * kv_row + kvh * hd + d];
         }
-        part[out + d] = acc;
+#if KV_NEW
+        if (has_new && cached % groups == kg) {
+            acc += probs[cached] * new4(HV, d4);
+        }
+#endif
+    }
+    vsum[li] = acc;
+    workgroupBarrier();
+    if (li < h4) {
+        var total = vsum[li];
+        for (var g = 1u; g < groups; g++) {
+            total += vsum[g * h4 + li];
+        }
+        for (var i = 0u; i < 4u; i++) {
+            part[out + 4u * li + i] = total[i];
+        }
     }
     if (li == 0u) {
         part[out + hd] = m;

@@ -1,28 +1,34 @@
-// Per-head work shared by head_post.wgsl and attn_split.wgsl (HEAD_POST), on a head held in
-// the including kernel's workgroup array `row`: RMS norm with q_norm / k_norm / no weight, and
-// NeoX RoPE of the first n_rot dims. The kernel's Params name head_dim, eps, n_rot, base and
-// freq_scale; FREQ_FACTORS binds `ff`.
+// Per-head work shared by head_post.wgsl and attn_split.wgsl (HEAD_POST), on heads held in the
+// kernel's workgroup array `heads` (slot `r` of MAX_HD values each): RMS norm with q_norm / k_norm / no weight, and NeoX RoPE of
+// the first n_rot dims. The kernel's Params name head_dim, eps, n_rot, base and freq_scale;
+// FREQ_FACTORS binds `ff`. Weights are loaded before the reduction so the two overlap.
 
-// RMS-normalises the head in `row` (times weight `which`: 0 none, 1 q_norm, 2 k_norm).
-fn norm_row(li: u32, which: u32) {
+// RMS-normalises head `r` (times weight `which`: 0 none, 1 q_norm, 2 k_norm).
+fn norm_row(r: u32, li: u32, which: u32) {
     var ss = 0.0;
-    for (var d = li; d < p.head_dim; d += 256u) {
-        ss += row[d] * row[d];
+    var w = array<f32, 2>(1.0, 1.0);
+    for (var j = 0u; j < MAX_HD / 256u; j++) {
+        let d = li + 256u * j;
+        if (d < p.head_dim) {
+            ss += heads[r][d] * heads[r][d];
+            if (which == 1u) {
+                w[j] = q_norm[d];
+            } else if (which == 2u) {
+                w[j] = k_norm[d];
+            }
+        }
     }
     let inv = inverseSqrt(wg_sum(ss, li) / f32(p.head_dim) + p.eps);
-    for (var d = li; d < p.head_dim; d += 256u) {
-        var v = row[d] * inv;
-        if (which == 1u) {
-            v *= q_norm[d];
-        } else if (which == 2u) {
-            v *= k_norm[d];
+    for (var j = 0u; j < MAX_HD / 256u; j++) {
+        let d = li + 256u * j;
+        if (d < p.head_dim) {
+            heads[r][d] *= inv * w[j];
         }
-        row[d] = v;
     }
     workgroupBarrier();
 }
 
-fn rope_row(li: u32, pos: f32) {
+fn rope_row(r: u32, li: u32, pos: f32) {
     let hr = p.n_rot / 2u;
     for (var i = li; i < hr; i += 256u) {
         var theta = pos * p.freq_scale * pow(p.base, -2.0 * f32(i) / f32(p.n_rot));
@@ -31,11 +37,10 @@ fn rope_row(li: u32, pos: f32) {
 #endif
         let c = cos(theta);
         let s = sin(theta);
-        let a = row[i];
-        let b = row[i + hr];
-        row[i] = a * c - b * s;
-        row[i + hr] = a * s + b * c;
+        let a = heads[r][i];
+        let b = heads[r][i + hr];
+        heads[r][i] = a * c - b * s;
+        heads[r][i + hr] = a * s + b * c;
     }
     workgroupBarrier();
 }
-

@@ -31,7 +31,7 @@ struct Params {
 #endif
 
 const MAX_HD: u32 = 512u;
-var<workgroup> row: array<f32, MAX_HD>;
+var<workgroup> heads: array<array<f32, MAX_HD>, 1>;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -43,13 +43,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if (head < p.n_head) {
         let o = base + head * hd;
         for (var d = li; d < hd; d += 256u) {
-            row[d] = qkv[o + d];
+            heads[0][d] = qkv[o + d];
         }
         workgroupBarrier();
-        norm_row(li, 1u);
-        rope_row(li, f32(pos));
+        norm_row(0u, li, 1u);
+        rope_row(0u, li, f32(pos));
         for (var d = li; d < hd; d += 256u) {
-            qkv[o + d] = row[d];
+            qkv[o + d] = heads[0][d];
         }
         return;
     }
@@ -64,27 +64,27 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let vo = base + (p.n_head + p.n_kv + kvh) * hd;
 #endif
     for (var d = li; d < hd; d += 256u) {
-        row[d] = qkv[vo + d];
+        heads[0][d] = qkv[vo + d];
     }
     workgroupBarrier();
 #if V_NORM
-    norm_row(li, 0u);
+    norm_row(0u, li, 0u);
 #endif
     if (in_cache) {
         for (var d = li; d < hd; d += 256u) {
-            v_cache[slot + d] = row[d];
+            v_cache[slot + d] = heads[0][d];
         }
     }
     workgroupBarrier();
     for (var d = li; d < hd; d += 256u) {
-        row[d] = qkv[ko + d];
+        heads[0][d] = qkv[ko + d];
     }
     workgroupBarrier();
-    norm_row(li, 2u);
-    rope_row(li, f32(pos));
+    norm_row(0u, li, 2u);
+    rope_row(0u, li, f32(pos));
     if (in_cache) {
         for (var d = li; d < hd; d += 256u) {
-            k_cache[slot + d] = row[d];
+            k_cache[slot + d] = heads[0][d];
         }
     }
 }
