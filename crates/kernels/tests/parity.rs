@@ -259,6 +259,86 @@ fn matmul_gated_output_matches_cpu() {
     }
 }
 
+/// Split-k products (the second dispatch adds the parts) give the unsplit result: rows with a
+/// softcap and gated pairs, into offset columns of a wider output, with k not a whole number
+/// of parts; a weight in several tiles is refused.
+#[test]
+fn split_k_matmul_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(97);
+    for (dtype, k, n, m, splits) in [
+        (GgmlType::Q4K, 1280u64, 140u64, 70u32, 3u32),
+        (GgmlType::Q8_0, 96, 38, 130, 2),
+        (GgmlType::F16, 640, 66, 9, 8),
+    ] {
+        let wq = quantize(dtype, &rng.vec((k * n) as usize, 0.5)).unwrap();
+        let wd = dequantize_to_vec(dtype, &wq).unwrap();
+        let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, None).unwrap();
+        let x = rng.vec(m as usize * k as usize, 1.0);
+        let (rows, tol) = matmul_reference(ctx, &wd, n as usize, k as usize, &x, m as usize);
+        let capped: Vec<f32> = rows.iter().map(|v| cpu::softcap(*v, 3.0)).collect();
+        let gated: Vec<f32> = rows
+            .chunks(2)
+            .map(|p| cpu::gelu_tanh(p[0]) * p[1])
+            .collect();
+        let xv = upload(ctx, &x);
+        let partials = poisoned(ctx, (splits as u64 * m as u64 * n) as usize);
+        for (out, want, cols) in [
+            (ops::MatvecOut::Rows { softcap: 3.0 }, &capped, n as u32),
+            (ops::MatvecOut::Geglu, &gated, n as u32 / 2),
+        ] {
+            let what = format!("{dtype} k={k} n={n} m={m} {splits} parts {out:?}");
+            let (stride, offset) = (cols + 7, 3u32);
+            let yv = poisoned(ctx, (m * stride) as usize);
+            let args = MatmulArgs {
+                x: &xv,
+                y: &yv,
+                m,
+                x_stride: k as u32,
+                y_stride: stride,
+                out,
+                y_offset: offset,
+            };
+            let ds = ops::matmul_split(ctx, &w, &args, &partials, Some(splits)).unwrap();
+            assert_eq!(ds.len(), 2, "{what}: products and their sum");
+            run(ctx, &ds.iter().collect::<Vec<_>>());
+            let y = read(ctx, &yv);
+            let got: Vec<f32> = y
+                .chunks(stride as usize)
+                .flat_map(|r| r[offset as usize..][..cols as usize].to_vec())
+                .collect();
+            assert_close(&what, &got, want, 3.0 * tol);
+            assert!(
+                y.chunks(stride as usize).all(|r| r[..offset as usize]
+                    .iter()
+                    .chain(&r[(offset + cols) as usize..])
+                    .all(|v| v.is_nan())),
+                "{what}: wrote outside its columns"
+            );
+        }
+    }
+    // Several tiles: refused rather than split.
+    let (k, n) = (256u64, 100u64);
+    let wq = quantize(GgmlType::Q8_0, &rng.vec((k * n) as usize, 0.5)).unwrap();
+    let tile = GgmlType::Q8_0.bytes_for(k).unwrap() * 50;
+    let w = GpuWeight::upload(ctx, "w", GgmlType::Q8_0, k, n, &wq, Some(tile)).unwrap();
+    let (xv, yv) = (
+        poisoned(ctx, 64 * k as usize),
+        poisoned(ctx, 64 * n as usize),
+    );
+    let partials = poisoned(ctx, 2 * 64 * n as usize);
+    let args = MatmulArgs {
+        x: &xv,
+        y: &yv,
+        m: 64,
+        x_stride: k as u32,
+        y_stride: n as u32,
+        out: ops::MatvecOut::Rows { softcap: 0.0 },
+        y_offset: 0,
+    };
+    assert!(ops::matmul_split(ctx, &w, &args, &partials, Some(2)).is_err());
+}
+
 #[test]
 fn matmul_rejects_bad_shapes() {
     let Some(ctx) = ctx() else { return };
