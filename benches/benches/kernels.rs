@@ -335,15 +335,13 @@ fn matmul_tokens(c: &mut Criterion, m: u64) {
     let ctx = context();
     let mut group = c.benchmark_group(format!("matmul{m}"));
     for dtype in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0, GgmlType::F16] {
-        // E2B's Q, gate or up, down and per-layer gate.
-        for (rows, cols) in [(2048u64, 1536u64), (6144, 1536), (1536, 6144), (256, 1536)] {
+        for (rows, cols) in [(2048u64, 1536u64), (6144, 1536)] {
             let q = quantize(dtype, &random((rows * cols) as usize, 3)).unwrap();
             let w = GpuWeight::upload(&ctx, "w", dtype, cols, rows, &q, None).unwrap();
             let x = View::of(
                 &ctx.storage_init("x", bytemuck::cast_slice(&random((m * cols) as usize, 5))),
             );
             let y = View::of(&ctx.storage("y", m * rows * 4));
-            let partials = View::of(&ctx.storage("partials", 4 * m * rows.max(cols) * 4));
             let args = MatmulArgs {
                 x: &x,
                 y: &y,
@@ -353,20 +351,13 @@ fn matmul_tokens(c: &mut Criterion, m: u64) {
                 out: ops::MatvecOut::Rows { softcap: 0.0 },
                 y_offset: 0,
             };
-            let whole = ops::matmul(&ctx, &w, &args).unwrap();
-            // Split over k where the tiles alone would leave the GPU idle (chosen per device).
-            let split = ops::matmul_split(&ctx, &w, &args, &partials, None).unwrap();
+            let ds = ops::matmul(&ctx, &w, &args).unwrap();
             group.throughput(Throughput::Elements(m * rows * cols));
-            for (name, ds) in [("", &whole), ("/split", &split)] {
-                if name == "/split" && split.len() == whole.len() {
-                    continue;
-                }
-                group.bench_with_input(
-                    BenchmarkId::new(dtype.name(), format!("{rows}x{cols}{name}")),
-                    ds,
-                    |b, ds| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters)),
-                );
-            }
+            group.bench_with_input(
+                BenchmarkId::new(dtype.name(), format!("{rows}x{cols}")),
+                &ds,
+                |b, ds| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters)),
+            );
         }
     }
     group.finish();

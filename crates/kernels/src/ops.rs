@@ -12,7 +12,6 @@ const MATVEC_WGSL: &str = include_str!("wgsl/matvec.wgsl");
 const MATMUL_IO_WGSL: &str = include_str!("wgsl/matmul_io.wgsl");
 const MATMUL_WGSL: &str = include_str!("wgsl/matmul.wgsl");
 const MATMUL_COOP_WGSL: &str = include_str!("wgsl/matmul_coop.wgsl");
-const MATMUL_REDUCE_WGSL: &str = include_str!("wgsl/matmul_reduce.wgsl");
 const REDUCE_WGSL: &str = include_str!("wgsl/reduce.wgsl");
 const NORM_WGSL: &str = include_str!("wgsl/norm.wgsl");
 const ROPE_WGSL: &str = include_str!("wgsl/rope.wgsl");
@@ -83,42 +82,6 @@ pub fn matmul(
     w: &GpuWeight,
     a: &MatmulArgs<'_>,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    matmul_parts(ctx, w, a, None)
-}
-
-/// [`matmul`] with room for split-k partial sums: a product whose tiles would leave the GPU
-/// mostly idle (few rows, long rows) splits k over several workgroups per tile, as many as
-/// `partials` holds (`m` x rows floats each), and a second dispatch adds the parts. `splits`
-/// forces the count (1 = no split); None chooses for the device.
-pub fn matmul_split(
-    ctx: &GpuContext,
-    w: &GpuWeight,
-    a: &MatmulArgs<'_>,
-    partials: &View,
-    splits: Option<u32>,
-) -> Result<Vec<Dispatch>, GpuError> {
-    matmul_parts(ctx, w, a, Some((partials, splits)))
-}
-
-/// How many parts to split k into for `a.m` tokens through `w` (tiles of `tile_rows` rows), at
-/// most `fit`: enough workgroups for about two per streaming multiprocessor of a large GPU,
-/// each part at least two steps of 64. A CPU adapter runs workgroups one per thread: no gain.
-fn choose_splits(ctx: &GpuContext, w: &GpuWeight, m: u32, tile_rows: u32, fit: u64) -> u32 {
-    if ctx.info.device_type == wgpu::DeviceType::Cpu || w.tiles.len() != 1 {
-        return 1;
-    }
-    let workgroups = (w.rows as u32).div_ceil(tile_rows) * m.div_ceil(64);
-    let steps = (w.cols as u32).div_ceil(64);
-    let want = 256u32.div_ceil(workgroups.max(1));
-    want.min(steps / 2).min(fit.min(64) as u32).max(1)
-}
-
-fn matmul_parts(
-    ctx: &GpuContext,
-    w: &GpuWeight,
-    a: &MatmulArgs<'_>,
-    partials: Option<(&View, Option<u32>)>,
-) -> Result<Vec<Dispatch>, GpuError> {
     let flag = dtype_flag(w.dtype)?;
     let (k, n) = (w.cols as u32, w.rows as u32);
     if a.m == 0 {
@@ -181,30 +144,6 @@ fn matmul_parts(
         ];
         (ShaderSource::new("matmul", &parts), 64)
     };
-    let steps = k.div_ceil(64);
-    let splits = match partials {
-        None => 1,
-        Some((_, Some(s))) => s.clamp(1, steps),
-        Some((buf, None)) => {
-            let fit = buf.len32() / (u64::from(a.m) * u64::from(n)).max(1);
-            choose_splits(ctx, w, a.m, tile_rows, fit)
-        }
-    };
-    // A whole number of 64-value steps per part; the last part may be shorter.
-    let k_split = steps.div_ceil(splits) * 64;
-    let splits = steps.div_ceil(k_split / 64);
-    if splits > 1 {
-        return split_k(
-            ctx,
-            w,
-            a,
-            partials,
-            source.flag(flag),
-            tile_rows,
-            k_split,
-            splits,
-        );
-    }
     let pipeline = ctx.pipeline(&source.flag(flag).flag_if(geglu, "GEGLU_OUT"));
     w.tiles
         .iter()
@@ -218,8 +157,7 @@ fn matmul_parts(
                 .u32(a.m)
                 .u32(a.x_stride)
                 .u32(a.y_stride)
-                .f32(softcap)
-                .u32(k_split);
+                .f32(softcap);
             let wv = View::of(&tile.buffer);
             ctx.dispatch(
                 "matmul",
@@ -234,82 +172,6 @@ fn matmul_parts(
             )
         })
         .collect()
-}
-
-/// A one-tile product in `splits` parts of `k_split` values of k into `partials`, then their
-/// sum through the output into `a.y`.
-#[allow(clippy::too_many_arguments)]
-fn split_k(
-    ctx: &GpuContext,
-    w: &GpuWeight,
-    a: &MatmulArgs<'_>,
-    partials: Option<(&View, Option<u32>)>,
-    source: ShaderSource,
-    tile_rows: u32,
-    k_split: u32,
-    splits: u32,
-) -> Result<Vec<Dispatch>, GpuError> {
-    let (Some((parts, _)), [tile]) = (partials, w.tiles.as_slice()) else {
-        return Err(shape(format!(
-            "{}: a split product needs partials and a weight in one tile",
-            w.name
-        )));
-    };
-    let (k, n) = (w.cols as u32, w.rows as u32);
-    parts.expect_len32(
-        "matmul partials",
-        u64::from(splits) * u64::from(a.m) * u64::from(n),
-    )?;
-    let (geglu, softcap) = match a.out {
-        MatvecOut::Rows { softcap } => (false, softcap),
-        MatvecOut::Geglu => (true, 0.0),
-        MatvecOut::GeluTimes { .. } => (false, 0.0),
-    };
-    let params = Params::new()
-        .u32(k)
-        .u32(n)
-        .u32(w.row_bytes as u32)
-        .u32(0)
-        .u32(a.m)
-        .u32(a.x_stride)
-        .u32(n)
-        .f32(0.0)
-        .u32(k_split);
-    let wv = View::of(&tile.buffer);
-    let products = ctx.dispatch(
-        "matmul",
-        ctx.pipeline(&source.flag("SPLIT_K")),
-        &[
-            Bind::Storage(&wv),
-            Bind::Storage(a.x),
-            Bind::Storage(parts),
-            Bind::Params(params),
-        ],
-        [n.div_ceil(tile_rows), a.m.div_ceil(64), splits],
-    )?;
-    let cols = if geglu { n / 2 } else { n };
-    let reduce = ctx.dispatch(
-        "matmul_reduce",
-        ctx.pipeline(
-            &ShaderSource::new("matmul_reduce", &[ACTIVATIONS_WGSL, MATMUL_REDUCE_WGSL])
-                .flag_if(geglu, "GEGLU_OUT"),
-        ),
-        &[
-            Bind::Storage(parts),
-            Bind::Storage(a.y),
-            Bind::Params(
-                Params::new()
-                    .u32(n)
-                    .u32(a.m)
-                    .u32(splits)
-                    .u32(a.y_stride)
-                    .u32(a.y_offset)
-                    .f32(softcap),
-            ),
-        ],
-        grid(ctx, (a.m * cols).div_ceil(256), 1),
-    )?;
-    Ok(vec![products, reduce])
 }
 
 /// Whether every tile of `w` holds whole gate/up row pairs.
@@ -1706,7 +1568,8 @@ pub fn attention_decode(
     } else {
         &[ACTIVATIONS_WGSL, REDUCE_WGSL, ATTN_SPLIT_WGSL]
     };
-    let mut source = ShaderSource::new("attn_split", parts).constant("HD", f64::from(a.head_dim));
+    let mut source =
+        ShaderSource::new("attn_split", parts).constant("HD", f64::from(a.head_dim));
     let mut binds = vec![
         Bind::Storage(a.q),
         Bind::Storage(a.k_cache),

@@ -76,8 +76,6 @@ struct Scratch {
     /// The other home of a decode step's stream: a product fused with the residual step reads
     /// the stream from one and writes the update to the other.
     x_alt: View,
-    /// Split-k partial sums of prompt products with few row tiles (four residual streams).
-    partials: View,
     xn: View,
     qkv: View,
     attn: View,
@@ -246,7 +244,6 @@ impl GpuSession {
             moe,
             x: buf("x", b * d),
             x_alt: buf("x_alt", d),
-            partials: buf("partials", 4 * b * d),
             xn: buf("xn", b * d),
             qkv: buf("qkv", b * max_qkv),
             attn: buf("attn", b * max_q),
@@ -343,7 +340,6 @@ impl GpuSession {
         let scratch: u64 = [
             &s.x,
             &s.x_alt,
-            &s.partials,
             &s.xn,
             &s.qkv,
             &s.attn,
@@ -496,7 +492,7 @@ impl GpuSession {
                     out,
                     y_offset,
                 };
-                ops::matmul_split(ctx, w, &args, &s.partials, None)
+                ops::matmul(ctx, w, &args)
             };
         // The products whose rows are the output as they are.
         let plain = MatvecOut::Rows { softcap: 0.0 };

@@ -23,10 +23,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var acc: array<vec4<f32>, 4>;
     // Scalar staging for the transposed stores: a thread owns one (row or token, k) column.
     var wcol: array<vec4<f32>, 8>;
-    // This workgroup's units of k (k_split is a whole number of units).
-    let u0 = wg.z * (p.k_split / 32u);
-    let u1 = min(p.k / 32u, u0 + p.k_split / 32u);
-    for (var u = u0; u < u1; u++) {
+    for (var u = 0u; u < p.k / 32u; u++) {
         if (li < TN) {
             let row = n0 + li;
             if (row < p.n) {
@@ -70,14 +67,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     for (var i = 0u; i < 4u; i++) {
         let tok = m0 + ty * 4u + i;
-#if SPLIT_K
-        for (var j = 0u; j < 4u; j++) {
-            let row = n0 + tx * 4u + j;
-            if (tok < p.m && row < p.n) {
-                y[(wg.z * p.m + tok) * p.n + row] = acc[i][j];
-            }
-        }
-#else
 #if GEGLU_OUT
         // Rows 2c and 2c + 1 are gate and up of activation c.
         for (var j = 0u; j < 4u; j += 2u) {
@@ -93,7 +82,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 y[tok * p.y_stride + p.out_offset + row] = softcapped(acc[i][j], p.softcap);
             }
         }
-#endif
 #endif
     }
 }

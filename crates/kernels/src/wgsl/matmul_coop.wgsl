@@ -63,12 +63,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var c01 = coop_mat16x16<f32, C>();
     var c10 = coop_mat16x16<f32, C>();
     var c11 = coop_mat16x16<f32, C>();
-    // This workgroup's steps of k (k_split is a whole number of steps).
-    let s0 = wg.z * (p.k_split / KS);
-    let s1 = min((p.k + KS - 1u) / KS, s0 + p.k_split / KS);
-    var wv = load_w(n0 + wr, s0, wh);
-    var xv = load_x(m0 + xt, s0, xq);
-    for (var s = s0; s < s1; s++) {
+    let steps = (p.k + KS - 1u) / KS;
+    var wv = load_w(n0 + wr, 0u, wh);
+    var xv = load_x(m0 + xt, 0u, xq);
+    for (var s = 0u; s < steps; s++) {
         // Everyone is done with the previous step's tiles.
         workgroupBarrier();
         let wo = wr * PITCH + 32u * wh;
@@ -84,7 +82,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
         }
         workgroupBarrier();
-        if (s + 1u < s1) {
+        if (s + 1u < steps) {
             wv = load_w(n0 + wr, s + 1u, wh);
             xv = load_x(m0 + xt, s + 1u, xq);
         }
@@ -111,15 +109,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             default: { coopStoreT(c11, &stage[sg * 256u], 16u); }
         }
         workgroupBarrier();
-#if SPLIT_K
-        for (var e = lane; e < 256u; e += 32u) {
-            let tok = tok0 + 16u * (f / 2u) + e / 16u;
-            let row = row0 + 16u * (f % 2u) + e % 16u;
-            if (tok < p.m && row < p.n) {
-                y[(wg.z * p.m + tok) * p.n + row] = stage[sg * 256u + e];
-            }
-        }
-#else
 #if GEGLU_OUT
         // Rows 2c and 2c + 1 (adjacent in the stage) are gate and up of activation c.
         for (var e = 2u * lane; e < 256u; e += 64u) {
@@ -137,7 +126,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 y[tok * p.y_stride + p.out_offset + row] = softcapped(stage[sg * 256u + e], p.softcap);
             }
         }
-#endif
 #endif
         workgroupBarrier();
     }
