@@ -336,7 +336,11 @@ fn matmul_tokens(c: &mut Criterion, m: u64) {
     let mut group = c.benchmark_group(format!("matmul{m}"));
     for dtype in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0, GgmlType::F16] {
         // E2B's Q, gate or up, down and per-layer gate.
-        for (rows, cols) in [(2048u64, 1536u64), (6144, 1536), (1536, 6144), (256, 1536)] {
+        let mut shapes = vec![(2048u64, 1536u64), (6144, 1536), (1536, 6144), (256, 1536)];
+        if std::env::var_os("WGEMMA_BENCH_SQUARE").is_some() {
+            shapes.extend([(1536, 1536), (6144, 6144), (1536, 3072), (3072, 6144)]);
+        }
+        for (rows, cols) in shapes {
             let q = quantize(dtype, &random((rows * cols) as usize, 3)).unwrap();
             let w = GpuWeight::upload(&ctx, "w", dtype, cols, rows, &q, None).unwrap();
             let x = View::of(

@@ -1568,8 +1568,7 @@ pub fn attention_decode(
     } else {
         &[ACTIVATIONS_WGSL, REDUCE_WGSL, ATTN_SPLIT_WGSL]
     };
-    let mut source =
-        ShaderSource::new("attn_split", parts).constant("HD", f64::from(a.head_dim));
+    let mut source = ShaderSource::new("attn_split", parts).constant("HD", f64::from(a.head_dim));
     let mut binds = vec![
         Bind::Storage(a.q),
         Bind::Storage(a.k_cache),
