@@ -15,6 +15,7 @@ const MATMUL_COOP_WGSL: &str = include_str!("wgsl/matmul_coop.wgsl");
 const REDUCE_WGSL: &str = include_str!("wgsl/reduce.wgsl");
 const NORM_WGSL: &str = include_str!("wgsl/norm.wgsl");
 const ROPE_WGSL: &str = include_str!("wgsl/rope.wgsl");
+const ROPE_MATH_WGSL: &str = include_str!("wgsl/rope_math.wgsl");
 const KV_STORE_WGSL: &str = include_str!("wgsl/kv_store.wgsl");
 const ATTENTION_WGSL: &str = include_str!("wgsl/attention.wgsl");
 const ELEMENTWISE_WGSL: &str = include_str!("wgsl/elementwise.wgsl");
@@ -305,8 +306,8 @@ pub fn rope(ctx: &GpuContext, a: &RopeArgs<'_>) -> Result<Dispatch, GpuError> {
     if let Some(ff) = a.freq_factors {
         ff.expect_len32("rope freq factors", u64::from(a.n_rot / 2))?;
     }
-    let source =
-        ShaderSource::new("rope", &[ROPE_WGSL]).flag_if(a.freq_factors.is_some(), "FREQ_FACTORS");
+    let source = ShaderSource::new("rope", &[ROPE_MATH_WGSL, ROPE_WGSL])
+        .flag_if(a.freq_factors.is_some(), "FREQ_FACTORS");
     let params = Params::new()
         .u32(a.heads)
         .u32(a.head_dim)
@@ -1440,10 +1441,13 @@ pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, Gpu
             (a.q_norm, k, v, 0)
         }
     };
-    let source = ShaderSource::new("head_post", &[REDUCE_WGSL, HEAD_MATH_WGSL, HEAD_POST_WGSL])
-        .flag_if(a.freq_factors.is_some(), "FREQ_FACTORS")
-        .flag_if(a.kv.as_ref().is_some_and(|kv| kv.k_is_v), "K_IS_V")
-        .flag_if(a.kv.as_ref().is_some_and(|kv| kv.v_norm), "V_NORM");
+    let source = ShaderSource::new(
+        "head_post",
+        &[REDUCE_WGSL, ROPE_MATH_WGSL, HEAD_MATH_WGSL, HEAD_POST_WGSL],
+    )
+    .flag_if(a.freq_factors.is_some(), "FREQ_FACTORS")
+    .flag_if(a.kv.as_ref().is_some_and(|kv| kv.k_is_v), "K_IS_V")
+    .flag_if(a.kv.as_ref().is_some_and(|kv| kv.v_norm), "V_NORM");
     let params = Params::new()
         .u32(a.n_head)
         .u32(n_kv)
@@ -1562,6 +1566,7 @@ pub fn attention_decode(
         &[
             ACTIVATIONS_WGSL,
             REDUCE_WGSL,
+            ROPE_MATH_WGSL,
             HEAD_MATH_WGSL,
             ATTN_SPLIT_WGSL,
         ]

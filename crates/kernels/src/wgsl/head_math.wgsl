@@ -1,7 +1,8 @@
 // Per-head work shared by head_post.wgsl and attn_split.wgsl (HEAD_POST), on heads held in the
 // kernel's workgroup array `heads` (slot `r` of MAX_HD values each): RMS norm with q_norm / k_norm / no weight, and NeoX RoPE of
 // the first n_rot dims. The kernel's Params name head_dim, eps, n_rot, base and freq_scale;
-// FREQ_FACTORS binds `ff`. Weights are loaded before the reduction so the two overlap.
+// FREQ_FACTORS binds `ff` (rope_math.wgsl). Weights are loaded before the reduction so the
+// two overlap.
 
 // RMS-normalises head `r` (times weight `which`: 0 none, 1 q_norm, 2 k_norm).
 fn norm_row(r: u32, li: u32, which: u32) {
@@ -31,16 +32,9 @@ fn norm_row(r: u32, li: u32, which: u32) {
 fn rope_row(r: u32, li: u32, pos: f32) {
     let hr = p.n_rot / 2u;
     for (var i = li; i < hr; i += 256u) {
-        var theta = pos * p.freq_scale * pow(p.base, -2.0 * f32(i) / f32(p.n_rot));
-#if FREQ_FACTORS
-        theta /= ff[i];
-#endif
-        let c = cos(theta);
-        let s = sin(theta);
-        let a = heads[r][i];
-        let b = heads[r][i + hr];
-        heads[r][i] = a * c - b * s;
-        heads[r][i + hr] = a * s + b * c;
+        let v = rotated(vec2<f32>(heads[r][i], heads[r][i + hr]), i, pos);
+        heads[r][i] = v.x;
+        heads[r][i + hr] = v.y;
     }
     workgroupBarrier();
 }

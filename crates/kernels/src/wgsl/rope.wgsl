@@ -28,15 +28,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let hr = p.n_rot / 2u;
     let ro = row * p.head_dim;
     for (var i = li; i < hr; i += 64u) {
-        var theta = pos * p.freq_scale * pow(p.base, -2.0 * f32(i) / f32(p.n_rot));
-#if FREQ_FACTORS
-        theta /= ff[i];
-#endif
-        let c = cos(theta);
-        let s = sin(theta);
-        let a = x[ro + i];
-        let b = x[ro + i + hr];
-        x[ro + i] = a * c - b * s;
-        x[ro + i + hr] = a * s + b * c;
+        let r = rotated(vec2<f32>(x[ro + i], x[ro + i + hr]), i, pos);
+        x[ro + i] = r.x;
+        x[ro + i + hr] = r.y;
     }
 }
