@@ -218,8 +218,7 @@ fn attention_prefill(c: &mut Criterion) {
     group.finish();
 }
 
-/// The matrix-vector product at each (threads per row, rows per group, input copied to
-/// workgroup memory or not) for the quantized dtypes of Gemma's matrices: the table
+/// The matrix-vector product at each (threads per row, rows per group) for the quantized dtypes of Gemma's matrices: the table
 /// [`ops::MatvecTuning::choose`] is fitted to. The head shape, then E2B's decode shapes
 /// (Q, O, interleaved gate/up, down, per-layer gate and projection); Gemma 3 270M's head.
 fn matvec_tuning(c: &mut Criterion) {
@@ -246,25 +245,19 @@ fn matvec_tuning(c: &mut Criterion) {
             }
             for tpr in [4u32, 8, 16, 32, 64, 128] {
                 for rpt in [1u32, 2, 4] {
-                    for x_shared in [false, true] {
-                        if (head && (tpr > 32 || rpt < 2)) || (!head && tpr == 4) {
-                            continue;
-                        }
-                        let tuning = ops::MatvecTuning { tpr, rpt, x_shared };
-                        let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
-                        let ds =
-                            ops::matvec_tuned(&ctx, &w, &x, &y, 0, rows_out, Some(tuning)).unwrap();
-                        let s = if x_shared { "s" } else { "" };
-                        group.throughput(Throughput::Bytes(bytes));
-                        group.bench_with_input(
-                            BenchmarkId::new(
-                                dtype.name(),
-                                format!("{rows}x{cols}/t{tpr}r{rpt}{s}"),
-                            ),
-                            &ds,
-                            |b, ds| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters)),
-                        );
+                    if (head && (tpr > 32 || rpt < 2)) || (!head && tpr == 4) {
+                        continue;
                     }
+                    let tuning = ops::MatvecTuning { tpr, rpt };
+                    let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
+                    let ds =
+                        ops::matvec_tuned(&ctx, &w, &x, &y, 0, rows_out, Some(tuning)).unwrap();
+                    group.throughput(Throughput::Bytes(bytes));
+                    group.bench_with_input(
+                        BenchmarkId::new(dtype.name(), format!("{rows}x{cols}/t{tpr}r{rpt}")),
+                        &ds,
+                        |b, ds| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters)),
+                    );
                 }
             }
             let chosen =

@@ -854,14 +854,11 @@ pub struct ExpertSlots<'a> {
 
 /// How a matrix-vector product spreads over a workgroup of 256 threads: `tpr` threads per
 /// row group (4..=256, a power of two) and `rpt` rows per group (1, 2 or 4; at least 2 for a
-/// gated output); `x_shared`: the workgroup copies the input row to its memory first (where
-/// it fits) and the steps read it there. [`MatvecTuning::choose`] picks one per shape and
-/// device.
+/// gated output). [`MatvecTuning::choose`] picks one per shape and device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatvecTuning {
     pub tpr: u32,
     pub rpt: u32,
-    pub x_shared: bool,
 }
 
 impl MatvecTuning {
@@ -915,11 +912,7 @@ impl MatvecTuning {
         };
         let quantized = dtype.block_size() > 1;
         if quantized && !cpu && workgroups(wide, 4) >= 512 && max_tpr >= wide {
-            return Self {
-                tpr: wide,
-                rpt: 4,
-                x_shared: false,
-            };
+            return Self { tpr: wide, rpt: 4 };
         }
         let mut rpt = 4u32;
         let min_rpt = if geglu { 2 } else { 1 };
@@ -929,11 +922,7 @@ impl MatvecTuning {
         while tpr < 256 && workgroups(tpr, rpt) < min_workgroups {
             tpr *= 2;
         }
-        Self {
-            tpr,
-            rpt,
-            x_shared: false,
-        }
+        Self { tpr, rpt }
     }
 }
 
@@ -997,7 +986,7 @@ fn matvec_dispatches(
             w.name
         )));
     }
-    let MatvecTuning { tpr, rpt, x_shared } = match tuning {
+    let MatvecTuning { tpr, rpt } = match tuning {
         Some(t) if [4, 8, 16, 32, 64, 128, 256].contains(&t.tpr) && [1, 2, 4].contains(&t.rpt) => {
             if geglu && t.rpt < 2 {
                 return Err(shape(format!(
@@ -1046,8 +1035,6 @@ fn matvec_dispatches(
         }
         by.expect_len32(&w.name, u64::from(offset) + w.rows)?;
     }
-    let x_shared =
-        residual.is_some() || (x_shared && experts.is_none() && matvec_input_fits(ctx, k));
     let parts: &[&str] = if residual.is_some() {
         &[
             REDUCE_WGSL,
@@ -1064,13 +1051,12 @@ fn matvec_dispatches(
         .flag_if(geglu, "GEGLU_OUT")
         .flag_if(!subgroups, "NO_SUBGROUPS")
         .flag_if(experts.is_some(), "EXPERTS")
-        .flag_if(x_shared, "X_SHARED")
         .flag_if(residual.is_some(), "RESIDUAL")
         .flag_if(residual.is_some_and(|r| r.next_norm.is_some()), "PRENORM")
         .flag_if(matches!(out, MatvecOut::GeluTimes { .. }), "GELU_TIMES")
         .constant("TPR", f64::from(tpr))
         .constant("RPT", f64::from(rpt));
-    if x_shared {
+    if residual.is_some() {
         source = source.constant("XV", f64::from(k / 4));
     }
     if subgroups {
@@ -1393,23 +1379,16 @@ pub struct HeadPostKv<'a> {
     pub v_norm: bool,
 }
 
-/// Per-head Q/K(/V) norms, RoPE and the KV-cache store in one dispatch.
-pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, GpuError> {
+/// The shapes [`head_post`] and the head work of [`attention_decode`] need: head dims, the
+/// rows' width within their stride, and every weight's length.
+fn check_head_post(a: &HeadPostArgs<'_>) -> Result<(), GpuError> {
     if a.head_dim > MAX_HEAD_DIM || a.n_rot > a.head_dim || !a.n_rot.is_multiple_of(2) {
         return Err(shape(format!(
             "head_post: head_dim {} n_rot {}",
             a.head_dim, a.n_rot
         )));
     }
-    let n_kv = a.kv.as_ref().map_or(0, |kv| kv.n_kv);
-    let width = (a.n_head
-        + n_kv
-            * if a.kv.as_ref().is_some_and(|kv| kv.k_is_v) {
-                1
-            } else {
-                2
-            })
-        * a.head_dim;
+    let width = head_post_width(a);
     if a.stride < width {
         return Err(shape(format!("head_post: stride {} < {width}", a.stride)));
     }
@@ -1421,13 +1400,33 @@ pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, Gpu
         .expect_len32("head_post q_norm", u64::from(a.head_dim))?;
     a.positions
         .expect_len32("head_post positions", u64::from(a.tokens))?;
+    if let Some(kv) = &a.kv {
+        kv.k_norm
+            .expect_len32("head_post k_norm", u64::from(a.head_dim))?;
+    }
+    if let Some(ff) = a.freq_factors {
+        ff.expect_len32("head_post freq factors", u64::from(a.n_rot / 2))?;
+    }
+    Ok(())
+}
+
+/// Floats of one token's `[q | k | v]` row (v absent when V is K, k and v without a cache).
+fn head_post_width(a: &HeadPostArgs<'_>) -> u32 {
+    let kv =
+        a.kv.as_ref()
+            .map_or(0, |kv| kv.n_kv * if kv.k_is_v { 1 } else { 2 });
+    (a.n_head + kv) * a.head_dim
+}
+
+/// Per-head Q/K(/V) norms, RoPE and the KV-cache store in one dispatch.
+pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, GpuError> {
+    check_head_post(a)?;
+    let n_kv = a.kv.as_ref().map_or(0, |kv| kv.n_kv);
     // Layers without their own cache still bind something in the K/V slots (never touched
     // with n_kv = 0): the read-only slot takes q_norm, the writable ones the context's unused
     // words.
     let (k_norm, kc, vc, capacity) = match &a.kv {
         Some(kv) => {
-            kv.k_norm
-                .expect_len32("head_post k_norm", u64::from(a.head_dim))?;
             let row = u64::from(kv.n_kv * a.head_dim);
             (
                 kv.k_norm,
@@ -1469,7 +1468,6 @@ pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, Gpu
         Bind::Params(params),
     ];
     if let Some(ff) = a.freq_factors {
-        ff.expect_len32("head_post freq factors", u64::from(a.n_rot / 2))?;
         binds.push(Bind::Storage(ff));
     }
     ctx.dispatch(
@@ -1583,7 +1581,7 @@ pub fn attention_decode(
         Bind::Params(params.clone()),
     ];
     if let Some(h) = post {
-        check_head_post(a, h)?;
+        check_fused_heads(a, q_offset, h)?;
         let kv = h.kv.as_ref();
         source = source
             .flag("HEAD_POST")
@@ -1594,7 +1592,6 @@ pub fn attention_decode(
         binds.push(Bind::Storage(h.q_norm));
         binds.push(Bind::Storage(kv.map_or(h.q_norm, |kv| kv.k_norm)));
         if let Some(ff) = h.freq_factors {
-            ff.expect_len32("attention freq factors", u64::from(h.n_rot / 2))?;
             binds.push(Bind::Storage(ff));
         }
     }
@@ -1626,30 +1623,26 @@ pub fn attention_decode(
     Ok(DecodeAttention { split, combine })
 }
 
-/// That the head work fused into [`attention_decode`] describes the same token and heads.
-fn check_head_post(a: &AttentionArgs<'_>, h: &HeadPostArgs<'_>) -> Result<(), GpuError> {
+/// That the head work fused into [`attention_decode`] is [`head_post`]'s for its one token
+/// and heads, on the projection `a` reads.
+fn check_fused_heads(
+    a: &AttentionArgs<'_>,
+    q_offset: u32,
+    h: &HeadPostArgs<'_>,
+) -> Result<(), GpuError> {
+    check_head_post(h)?;
     let kv_heads = h.kv.as_ref().map_or(a.n_kv_head, |kv| kv.n_kv);
-    if h.tokens != 1
-        || h.n_head != a.n_head
-        || h.head_dim != a.head_dim
-        || kv_heads != a.n_kv_head
-        || h.n_rot > h.head_dim
-        || !h.n_rot.is_multiple_of(2)
+    if h.tokens != 1 || h.n_head != a.n_head || h.head_dim != a.head_dim || kv_heads != a.n_kv_head
     {
         return Err(shape(format!(
-            "attention_decode: head work for {} tokens, {} heads ({kv_heads} KV) of dim {} (rotating {})",
-            h.tokens, h.n_head, h.head_dim, h.n_rot
+            "attention_decode: head work for {} tokens, {} heads ({kv_heads} KV) of dim {}",
+            h.tokens, h.n_head, h.head_dim
         )));
     }
-    h.q_norm
-        .expect_len32("attention q_norm", u64::from(h.head_dim))?;
-    if let Some(kv) = &h.kv {
-        kv.k_norm
-            .expect_len32("attention k_norm", u64::from(h.head_dim))?;
-        let width = (a.n_head + kv.n_kv * if kv.k_is_v { 1 } else { 2 }) * a.head_dim;
-        a.q.expect_len32("attention qkv", u64::from(width))?;
-    }
-    Ok(())
+    a.q.expect_len32(
+        "attention qkv",
+        u64::from(q_offset) + u64::from(head_post_width(h)),
+    )
 }
 
 /// Capacity of the recent-token ring the penalties read (words: one count, then tokens).

@@ -811,10 +811,9 @@ fn one_token_matvec_matches_cpu() {
     }
 }
 
-/// Every thread-group shape of the matvec (threads per group 4..256, 1/2/4 rows per group,
-/// input read from memory or from a workgroup copy), whatever the device would pick: groups
-/// wider than a subgroup and single-row groups are the paths a big GPU takes and a CPU
-/// adapter never chooses by itself.
+/// Every thread-group shape of the matvec (threads per group 4..256, 1/2/4 rows per group),
+/// whatever the device would pick: groups wider than a subgroup and single-row groups are
+/// the paths a big GPU takes and a CPU adapter never chooses by itself.
 #[test]
 fn matvec_matches_cpu_at_every_tuning() {
     let Some(ctx) = ctx() else { return };
@@ -833,18 +832,14 @@ fn matvec_matches_cpu_at_every_tuning() {
             .map(|p| cpu::gelu_tanh(p[0]) * p[1])
             .collect();
         // The kernel holds at most 4 rows per group.
-        let eight = Some(ops::MatvecTuning {
-            tpr: 4,
-            rpt: 8,
-            x_shared: false,
-        });
+        let eight = Some(ops::MatvecTuning { tpr: 4, rpt: 8 });
         let y = poisoned(ctx, n as usize);
         let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
         assert!(ops::matvec_tuned(ctx, &w, &xv, &y, 0, rows_out, eight).is_err());
-        for (tpr, x_shared) in [(4u32, false), (64, true), (256, false)] {
+        for tpr in [4u32, 64, 256] {
             for rpt in [1u32, 2, 4] {
-                let t = Some(ops::MatvecTuning { tpr, rpt, x_shared });
-                let what = format!("{dtype} tpr {tpr} rpt {rpt} x_shared {x_shared}");
+                let t = Some(ops::MatvecTuning { tpr, rpt });
+                let what = format!("{dtype} tpr {tpr} rpt {rpt}");
                 let y = poisoned(ctx, n as usize);
                 let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
                 let ds = ops::matvec_tuned(ctx, &w, &xv, &y, 0, rows_out, t).unwrap();
@@ -965,6 +960,49 @@ fn residual_norm_matches_cpu() {
     }
 }
 
+/// Layout and settings of one token's `[q | k | v]` row for the CPU head work.
+struct HeadShape {
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    n_rot: usize,
+    k_is_v: bool,
+    v_norm: bool,
+    freq_scale: f32,
+}
+
+/// `head_post`'s work on the CPU for one token at `pos`: Q normed and roped, and K (normed,
+/// roped) and V (raw, or normed without weight) as their cache rows.
+fn heads_on_cpu(
+    row: &[f32],
+    s: &HeadShape,
+    pos: u32,
+    qn: &[f32],
+    kn: &[f32],
+    ff: Option<&[f32]>,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let rope = |x: &mut Vec<f32>, heads| {
+        cpu::rope_neox(x, heads, s.hd, s.n_rot, &[pos], 10000.0, s.freq_scale, ff)
+    };
+    let mut q = cpu::rms_norm(&row[..s.nh * s.hd], s.hd, Some(qn), 1e-6);
+    rope(&mut q, s.nh);
+    let kv = s.nkv * s.hd;
+    let k_raw = &row[s.nh * s.hd..][..kv];
+    let mut k = cpu::rms_norm(k_raw, s.hd, Some(kn), 1e-6);
+    rope(&mut k, s.nkv);
+    let v_raw = if s.k_is_v {
+        k_raw
+    } else {
+        &row[s.nh * s.hd + kv..][..kv]
+    };
+    let v = if s.v_norm {
+        cpu::rms_norm(v_raw, s.hd, None, 1e-6)
+    } else {
+        v_raw.to_vec()
+    };
+    (q, k, v)
+}
+
 #[test]
 fn head_post_matches_norm_rope_and_store() {
     let Some(ctx) = ctx() else { return };
@@ -1019,44 +1057,20 @@ fn head_post_matches_norm_rope_and_store() {
         let got_qkv = read(ctx, &qkv_v);
         let (got_k, got_v) = (read(ctx, &kc), read(ctx, &vc));
         let ffo = ff.then_some(factors.as_slice());
-        for ti in 0..t as usize {
+        let shape = HeadShape {
+            nh: nh as usize,
+            nkv: nkv as usize,
+            hd: hd as usize,
+            n_rot: n_rot as usize,
+            k_is_v,
+            v_norm,
+            freq_scale: 1.0,
+        };
+        for (ti, &pos) in positions.iter().enumerate() {
             let base = ti * stride as usize;
-            let (hdu, nhu) = (hd as usize, nh as usize);
-            let mut q = cpu::rms_norm(&qkv[base..base + nhu * hdu], hdu, Some(&qn), 1e-6);
-            cpu::rope_neox(
-                &mut q,
-                nhu,
-                hdu,
-                n_rot as usize,
-                &positions[ti..ti + 1],
-                10000.0,
-                1.0,
-                ffo,
-            );
-            assert_close("head_post q", &got_qkv[base..base + nhu * hdu], &q, 1e-4);
-            let k_raw = &qkv[base + nhu * hdu..][..row];
-            let mut k = cpu::rms_norm(k_raw, hdu, Some(&kn), 1e-6);
-            cpu::rope_neox(
-                &mut k,
-                nkv as usize,
-                hdu,
-                n_rot as usize,
-                &positions[ti..ti + 1],
-                10000.0,
-                1.0,
-                ffo,
-            );
-            let v_raw = if k_is_v {
-                k_raw.to_vec()
-            } else {
-                qkv[base + nhu * hdu + row..][..row].to_vec()
-            };
-            let v = if v_norm {
-                cpu::rms_norm(&v_raw, hdu, None, 1e-6)
-            } else {
-                v_raw
-            };
-            let slot = positions[ti] as usize * row;
+            let (q, k, v) = heads_on_cpu(&qkv[base..], &shape, pos, &qn, &kn, ffo);
+            assert_close("head_post q", &got_qkv[base..][..q.len()], &q, 1e-4);
+            let slot = pos as usize * row;
             assert_close("head_post k", &got_k[slot..slot + row], &k, 1e-4);
             assert_close("head_post v", &got_v[slot..slot + row], &v, 1e-5);
         }
@@ -1171,12 +1185,12 @@ fn split_decode_attention_matches_cpu() {
     }
 }
 
-/// The head work fused into the split kernel gives what [`ops::head_post`] then the split
-/// give: the attention output and the new K/V in the cache, for layers that own their cache
-/// (K as V, V norm, frequency factors, the token first or inside its chunk, a window) and a
-/// layer reading another's.
+/// The head work fused into the split kernel against the CPU (head norms and RoPE, then
+/// attention over the cache with the token's K/V in its slot): the attention output and the
+/// stored K/V, for layers that own their cache (K as V, V norm, frequency factors, the token
+/// first or inside its chunk, a window) and a layer reading another's (no store).
 #[test]
-fn decode_attention_with_head_work_matches_the_two_steps() {
+fn decode_attention_with_head_work_matches_cpu() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(53);
     // (heads, kv heads, head_dim, n_rot, capacity, position, window, k_is_v, v_norm, factors, own cache)
@@ -1196,80 +1210,99 @@ fn decode_attention_with_head_work_matches_the_two_steps() {
         let factors: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.1).collect();
         let kv_len = (cap * nkv * hd) as usize;
         let (kc, vc) = (rng.vec(kv_len, 1.0), rng.vec(kv_len, 1.0));
+        let shape = HeadShape {
+            nh: nh as usize,
+            nkv: nkv as usize,
+            hd: hd as usize,
+            n_rot: n_rot as usize,
+            k_is_v,
+            v_norm,
+            freq_scale: 0.5,
+        };
+        let ffo = ff.then_some(factors.as_slice());
+        let (q, k, v) = heads_on_cpu(&qkv, &shape, pos, &qn, &kn, ffo);
+        // A layer that owns its cache sees the token's own K/V at its position; a shared
+        // layer's cache already holds that slot.
+        let (mut want_k, mut want_v) = (kc.clone(), vc.clone());
+        if own {
+            let slot = pos as usize * k.len();
+            want_k[slot..slot + k.len()].copy_from_slice(&k);
+            want_v[slot..slot + v.len()].copy_from_slice(&v);
+        }
+        let want = cpu::attention(
+            &q,
+            &want_k,
+            &want_v,
+            &[pos],
+            nh as usize,
+            nkv as usize,
+            hd as usize,
+            window as usize,
+            0.1,
+            0.0,
+        );
         let (qnv, knv, ffv) = (upload(ctx, &qn), upload(ctx, &kn), upload(ctx, &factors));
         let pos_v = upload_u32(ctx, &[pos]);
-        // Both ways from the same start: (qkv, caches, output).
-        let mut results = Vec::new();
-        for fused in [false, true] {
-            let qkv_v = upload(ctx, &qkv);
-            let (kcv, vcv) = (upload(ctx, &kc), upload(ctx, &vc));
-            let out = poisoned(ctx, (nh * hd) as usize);
-            let scratch = upload(
-                ctx,
-                &vec![0.0; ops::DecodeAttention::scratch_floats(nh, hd, cap) as usize],
-            );
-            let post = ops::HeadPostArgs {
-                qkv: &qkv_v,
-                q_norm: &qnv,
-                kv: own.then_some(ops::HeadPostKv {
-                    k_norm: &knv,
-                    k_cache: &kcv,
-                    v_cache: &vcv,
-                    n_kv: nkv,
-                    k_is_v,
-                    v_norm,
-                }),
-                positions: &pos_v,
-                tokens: 1,
-                n_head: nh,
-                head_dim: hd,
-                stride: width,
-                n_rot,
-                base: 10000.0,
-                freq_scale: 0.5,
-                freq_factors: ff.then_some(&ffv),
-                eps: 1e-6,
-            };
-            let args = AttentionArgs {
-                q: &qkv_v,
+        let qkv_v = upload(ctx, &qkv);
+        let (kcv, vcv) = (upload(ctx, &kc), upload(ctx, &vc));
+        let out = poisoned(ctx, (nh * hd) as usize);
+        let scratch = upload(
+            ctx,
+            &vec![0.0; ops::DecodeAttention::scratch_floats(nh, hd, cap) as usize],
+        );
+        let post = ops::HeadPostArgs {
+            qkv: &qkv_v,
+            q_norm: &qnv,
+            kv: own.then_some(ops::HeadPostKv {
+                k_norm: &knv,
                 k_cache: &kcv,
                 v_cache: &vcv,
-                positions: &pos_v,
-                out: &out,
-                tokens: 1,
-                n_head: nh,
-                n_kv_head: nkv,
-                head_dim: hd,
-                window,
-                scale: 0.1,
-                softcap: 0.0,
-                q_stride: width,
-            };
-            if fused {
-                let a = ops::attention_decode(ctx, &args, 0, &scratch, Some(&post)).unwrap();
-                run(ctx, &[&a.split, &a.combine]);
-            } else {
-                let h = ops::head_post(ctx, &post).unwrap();
-                let a = ops::attention_decode(ctx, &args, 0, &scratch, None).unwrap();
-                run(ctx, &[&h, &a.split, &a.combine]);
-            }
-            results.push((
-                read(ctx, &qkv_v),
-                read(ctx, &kcv),
-                read(ctx, &vcv),
-                read(ctx, &out),
-            ));
-        }
-        let (two, one) = (&results[0], &results[1]);
+                n_kv: nkv,
+                k_is_v,
+                v_norm,
+            }),
+            positions: &pos_v,
+            tokens: 1,
+            n_head: nh,
+            head_dim: hd,
+            stride: width,
+            n_rot,
+            base: 10000.0,
+            freq_scale: 0.5,
+            freq_factors: ff.then_some(&ffv),
+            eps: 1e-6,
+        };
+        let args = AttentionArgs {
+            q: &qkv_v,
+            k_cache: &kcv,
+            v_cache: &vcv,
+            positions: &pos_v,
+            out: &out,
+            tokens: 1,
+            n_head: nh,
+            n_kv_head: nkv,
+            head_dim: hd,
+            window,
+            scale: 0.1,
+            softcap: 0.0,
+            q_stride: width,
+        };
+        let a = ops::attention_decode(ctx, &args, 0, &scratch, Some(&post)).unwrap();
+        run(ctx, &[&a.split, &a.combine]);
         assert_eq!(
-            one.0, qkv,
+            read(ctx, &qkv_v),
+            qkv,
             "{what}: the fused kernel leaves the projection as it is"
         );
-        assert_close(&format!("{what} k cache"), &one.1, &two.1, 1e-5);
-        assert_close(&format!("{what} v cache"), &one.2, &two.2, 1e-5);
-        assert_close(&format!("{what} output"), &one.3, &two.3, 1e-4);
+        assert_close(&format!("{what} k cache"), &read(ctx, &kcv), &want_k, 1e-4);
+        assert_close(&format!("{what} v cache"), &read(ctx, &vcv), &want_v, 1e-5);
+        assert_close(&format!("{what} output"), &read(ctx, &out), &want, 1e-4);
         if !own {
-            assert_eq!(one.1, kc, "{what}: a shared layer writes no cache");
+            assert_eq!(
+                read(ctx, &kcv),
+                kc,
+                "{what}: a shared layer writes no cache"
+            );
         }
     }
 }

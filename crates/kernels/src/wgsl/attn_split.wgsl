@@ -47,22 +47,22 @@ const MAX_HD: u32 = 512u;
 // loops get fixed trip counts, so every load of a thread can be in flight at once.
 override HD: u32 = 256u;
 
+#if HEAD_POST
+// The query head being normed and roped and, with KV_NEW, the token's own K and V (used for
+// its key in place of the cache).
 #if KV_NEW
-// The query head being normed and roped, and the token's own K and V (used for its key in
-// place of the cache).
 var<workgroup> heads: array<array<f32, MAX_HD>, 3>;
-const HQ: u32 = 0u;
 const HK: u32 = 1u;
 const HV: u32 = 2u;
+#else
+var<workgroup> heads: array<array<f32, MAX_HD>, 1>;
+#endif
+const HQ: u32 = 0u;
 
-fn new4(r: u32, i: u32) -> vec4<f32> {
+// Values 4i..4i+3 of head r.
+fn head4(r: u32, i: u32) -> vec4<f32> {
     return vec4<f32>(heads[r][4u * i], heads[r][4u * i + 1u], heads[r][4u * i + 2u], heads[r][4u * i + 3u]);
 }
-#else
-#if HEAD_POST
-var<workgroup> heads: array<array<f32, MAX_HD>, 1>;
-const HQ: u32 = 0u;
-#endif
 #endif
 
 var<workgroup> qs: array<vec4<f32>, 128>;
@@ -119,7 +119,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     norm_row(HQ, li, 1u);
     rope_row(HQ, li, f32(pos));
     for (var d = li; d < hd / 4u; d += 256u) {
-        qs[d] = vec4<f32>(heads[HQ][4u * d], heads[HQ][4u * d + 1u], heads[HQ][4u * d + 2u], heads[HQ][4u * d + 3u]) * p.scale;
+        qs[d] = head4(HQ, d) * p.scale;
     }
 #if KV_NEW
     if (has_new) {
@@ -167,7 +167,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var t = 0u; t < steps; t++) {
             let i = sub + 4u * t;
             if (i < HD / 4u) {
-                dotv += dot(qs[i], new4(HK, i));
+                dotv += dot(qs[i], head4(HK, i));
             }
         }
     }
@@ -206,7 +206,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
 #if KV_NEW
         if (has_new && cached % groups == kg) {
-            acc += probs[cached] * new4(HV, d4);
+            acc += probs[cached] * head4(HV, d4);
         }
 #endif
     }

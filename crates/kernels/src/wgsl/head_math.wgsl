@@ -1,17 +1,18 @@
-// Per-head work shared by head_post.wgsl and attn_split.wgsl (HEAD_POST), on heads held in the
-// kernel's workgroup array `heads` (slot `r` of MAX_HD values each): RMS norm with q_norm / k_norm / no weight, and NeoX RoPE of
-// the first n_rot dims. The kernel's Params name head_dim, eps, n_rot, base and freq_scale;
-// FREQ_FACTORS binds `ff` (rope_math.wgsl). Weights are loaded before the reduction so the
-// two overlap.
+// Per-head work shared by head_post.wgsl and attn_split.wgsl (HEAD_POST), on heads held in
+// the kernel's workgroup array `heads` (slot r, MAX_HD values each): RMS norm with q_norm,
+// k_norm or no weight, and NeoX RoPE of the first n_rot dims. The kernel's Params name
+// head_dim, eps, n_rot, base and freq_scale; FREQ_FACTORS binds `ff` (rope_math.wgsl).
+// Weights are loaded before the reduction so the two overlap.
 
 // RMS-normalises head `r` (times weight `which`: 0 none, 1 q_norm, 2 k_norm).
 fn norm_row(r: u32, li: u32, which: u32) {
     var ss = 0.0;
-    var w = array<f32, 2>(1.0, 1.0);
+    var w: array<f32, MAX_HD / 256u>;
     for (var j = 0u; j < MAX_HD / 256u; j++) {
         let d = li + 256u * j;
         if (d < p.head_dim) {
             ss += heads[r][d] * heads[r][d];
+            w[j] = 1.0;
             if (which == 1u) {
                 w[j] = q_norm[d];
             } else if (which == 2u) {

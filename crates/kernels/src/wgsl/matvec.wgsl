@@ -11,12 +11,12 @@
 // GEGLU_OUT: rows are gate and up rows interleaved (2i: gate_i, 2i+1: up_i); the output is
 // y[out_offset + i] = gelu_tanh(gate_i . x) * (up_i . x), a gated FFN's activation.
 //
-// X_SHARED: the input row is copied to workgroup memory once, and the steps read it there.
-// RESIDUAL (with X_SHARED, tokens of k values): the residual step of the stream x runs here
+// RESIDUAL (tokens of k values): the residual step of the stream x runs here
 // rather than in a dispatch of its own. Every workgroup computes h = (x + norm(delta) * post)
 // * scale into workgroup memory, and the first also writes it to res_out for later readers
 // (res_out is not x: other workgroups are still reading x). The product's input is h, or with
-// PRENORM norm(h) * pre (the next block's norm), which the first workgroup writes to normed.
+// PRENORM norm(h) * pre (the next block's norm), which the first workgroup writes to normed;
+// the steps read it from workgroup memory.
 // GELU_TIMES: y[out_offset + i] = gelu_tanh(row_i . x) * times[times_offset + i].
 
 struct Params {
@@ -182,12 +182,10 @@ var<workgroup> sg_sums: array<vec4<f32>, 64>;
 #if EXPERTS
 @group(0) @binding(4) var<storage, read> sel: array<u32>;
 #endif
-#if X_SHARED
-// The input row's vec4s (k / 4).
+#if RESIDUAL
+// The product's input row: k / 4 vec4s.
 override XV: u32 = 1u;
 var<workgroup> xsh: array<vec4<f32>, XV>;
-#endif
-#if RESIDUAL
 @group(0) @binding(5) var<storage, read> delta: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read> post: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read_write> res_out: array<vec4<f32>>;
@@ -258,13 +256,6 @@ fn main(
 #if RESIDUAL
     residual_prologue(xb, li, wg.x == 0u && wg.y == 0u);
     workgroupBarrier();
-#else
-#if X_SHARED
-    for (var i = li; i < p.k / 4u; i += 256u) {
-        xsh[i] = x[xb + i];
-    }
-    workgroupBarrier();
-#endif
 #endif
     var acc = vec4<f32>(0.0);
     let steps = p.k / STEP;
@@ -278,7 +269,7 @@ fn main(
         for (var u = lane; u < steps; u += TPR) {
             var xv: array<vec4<f32>, 32>;
             for (var i = 0u; i < STEP / 4u; i++) {
-#if X_SHARED
+#if RESIDUAL
                 xv[i] = xsh[u * (STEP / 4u) + i];
 #else
                 xv[i] = x[xb + u * (STEP / 4u) + i];
