@@ -248,7 +248,11 @@ fn matvec_tuning(c: &mut Criterion) {
                     if (head && (tpr > 32 || rpt < 2)) || (!head && tpr == 4) {
                         continue;
                     }
-                    let tuning = ops::MatvecTuning { tpr, rpt };
+                    let tuning = ops::MatvecTuning {
+                        tpr,
+                        rpt,
+                        prefetch: head && dtype == GgmlType::Q4K,
+                    };
                     let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
                     let ds =
                         ops::matvec_tuned(&ctx, &w, &x, &y, 0, rows_out, Some(tuning)).unwrap();

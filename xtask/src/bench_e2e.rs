@@ -196,5 +196,20 @@ fn profile(ctx: &GpuContext, session: &mut GpuSession, prompt: &[u32]) -> Result
             );
         }
     }
+    // The same decode step fed back to back with no token read in between: GPU time per step
+    // (the CPU's recording overlaps it), against which the pipelined decode's time per token
+    // shows what reading each token back costs.
+    let steps = 32;
+    session.feed(&prompt[..1])?;
+    ctx.wait()?;
+    let t = Instant::now();
+    for _ in 0..steps {
+        session.feed(&prompt[..1])?;
+    }
+    ctx.wait()?;
+    eprintln!(
+        "decode steps back to back, no readback: {:.3} ms a step",
+        t.elapsed().as_secs_f64() * 1e3 / f64::from(steps)
+    );
     Ok(())
 }

@@ -854,11 +854,14 @@ pub struct ExpertSlots<'a> {
 
 /// How a matrix-vector product spreads over a workgroup of 256 threads: `tpr` threads per
 /// row group (4..=256, a power of two) and `rpt` rows per group (1, 2 or 4; at least 2 for a
-/// gated output). [`MatvecTuning::choose`] picks one per shape and device.
+/// gated output); with `prefetch`, each lane loads a step's weights while it sums the step
+/// before (worth it where lanes take many steps). [`MatvecTuning::choose`] picks one per
+/// shape and device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatvecTuning {
     pub tpr: u32,
     pub rpt: u32,
+    pub prefetch: bool,
 }
 
 impl MatvecTuning {
@@ -868,8 +871,7 @@ impl MatvecTuning {
         // lane idle, and the rows' loads all start at once). A step is the values the shader
         // takes at a time for the dtype.
         let step = match dtype {
-            GgmlType::Q4K => 64,
-            GgmlType::Q6K => 128,
+            GgmlType::Q6K => 64,
             _ => 32,
         };
         let steps = k / step;
@@ -898,11 +900,12 @@ impl MatvecTuning {
         // A matrix with rows enough to fill the GPU many times over (an output head) is
         // bandwidth-bound: there, lanes that loop over several steps of a row beat lanes that
         // start all at once. On the H100 at 262144 x 1536, 4 lanes per row took Q4_K from
-        // 862 to 1319 GiB/s and Q6_K from 846 to 1181; 16 took Q8_0 from 1870 to 1978. Float
-        // weights keep the default (16 lanes took F32 from 848 to 684). Lanes share a row's
-        // steps evenly: Gemma 3 270M's Q8_0 head (20 steps a row) took 117 us with 16 lanes
-        // and 93 with 4.
-        let wide = if step > 32 {
+        // 1297 to 1400 GiB/s (against 16) and Q6_K from 1126 to 1339; 16 took Q8_0 from 1870 to
+        // 1978 (against 4). Loading a step ahead then took Q4_K to 1620 GiB/s; the same on
+        // E2B's small matrices, where a lane takes one or two steps, cost 4% of a decode step. Float weights keep the default (16 lanes took F32 from 848 to 684).
+        // Other dtypes' lanes share a row's steps evenly: Gemma 3 270M's Q8_0 head (20 steps a
+        // row) took 117 us with 16 lanes and 93 with 4.
+        let wide = if matches!(dtype, GgmlType::Q4K | GgmlType::Q6K) {
             4
         } else {
             [16, 8, 4]
@@ -912,7 +915,11 @@ impl MatvecTuning {
         };
         let quantized = dtype.block_size() > 1;
         if quantized && !cpu && workgroups(wide, 4) >= 512 && max_tpr >= wide {
-            return Self { tpr: wide, rpt: 4 };
+            return Self {
+                tpr: wide,
+                rpt: 4,
+                prefetch: dtype == GgmlType::Q4K,
+            };
         }
         let mut rpt = 4u32;
         let min_rpt = if geglu { 2 } else { 1 };
@@ -922,7 +929,11 @@ impl MatvecTuning {
         while tpr < 256 && workgroups(tpr, rpt) < min_workgroups {
             tpr *= 2;
         }
-        Self { tpr, rpt }
+        Self {
+            tpr,
+            rpt,
+            prefetch: false,
+        }
     }
 }
 
@@ -986,7 +997,7 @@ fn matvec_dispatches(
             w.name
         )));
     }
-    let MatvecTuning { tpr, rpt } = match tuning {
+    let MatvecTuning { tpr, rpt, prefetch } = match tuning {
         Some(t) if [4, 8, 16, 32, 64, 128, 256].contains(&t.tpr) && [1, 2, 4].contains(&t.rpt) => {
             if geglu && t.rpt < 2 {
                 return Err(shape(format!(
@@ -1055,7 +1066,8 @@ fn matvec_dispatches(
         .flag_if(residual.is_some_and(|r| r.next_norm.is_some()), "PRENORM")
         .flag_if(matches!(out, MatvecOut::GeluTimes { .. }), "GELU_TIMES")
         .constant("TPR", f64::from(tpr))
-        .constant("RPT", f64::from(rpt));
+        .constant("RPT", f64::from(rpt))
+        .constant("PREFETCH", f64::from(u8::from(prefetch)));
     if residual.is_some() {
         source = source.constant("XV", f64::from(k / 4));
     }

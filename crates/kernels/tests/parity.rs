@@ -818,7 +818,7 @@ fn one_token_matvec_matches_cpu() {
 fn matvec_matches_cpu_at_every_tuning() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(67);
-    // One dtype of each step size (32, 64, 128 values); each tuning is a pipeline to compile.
+    // One dtype of each step size (32 and 64 values) and both K-quant kernels; each tuning is a pipeline to compile.
     for dtype in [GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K] {
         let (k, n) = (1024u64, 38u64);
         let wq = quantize(dtype, &rng.vec((k * n) as usize, 0.5)).unwrap();
@@ -832,14 +832,18 @@ fn matvec_matches_cpu_at_every_tuning() {
             .map(|p| cpu::gelu_tanh(p[0]) * p[1])
             .collect();
         // The kernel holds at most 4 rows per group.
-        let eight = Some(ops::MatvecTuning { tpr: 4, rpt: 8 });
+        let eight = Some(ops::MatvecTuning {
+            tpr: 4,
+            rpt: 8,
+            prefetch: false,
+        });
         let y = poisoned(ctx, n as usize);
         let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
         assert!(ops::matvec_tuned(ctx, &w, &xv, &y, 0, rows_out, eight).is_err());
-        for tpr in [4u32, 64, 256] {
+        for (tpr, prefetch) in [(4u32, true), (4, false), (64, true), (256, false)] {
             for rpt in [1u32, 2, 4] {
-                let t = Some(ops::MatvecTuning { tpr, rpt });
-                let what = format!("{dtype} tpr {tpr} rpt {rpt}");
+                let t = Some(ops::MatvecTuning { tpr, rpt, prefetch });
+                let what = format!("{dtype} tpr {tpr} rpt {rpt} prefetch {prefetch}");
                 let y = poisoned(ctx, n as usize);
                 let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
                 let ds = ops::matvec_tuned(ctx, &w, &xv, &y, 0, rows_out, t).unwrap();

@@ -53,27 +53,42 @@ fn wword(i: u32) -> u32 {
 }
 #endif
 
+// A step is the STEP values of a row one lane takes at a time; xv holds their XN vec4s of the
+// input, which x_vec places in the row. Steps are small so that a lane holds few inputs in
+// registers: more lanes fit on a core, and more loads are in flight.
 #if DT_Q4_K
-// Q4_K, 64 values a step: one 32-byte group of nibbles (low: sub-block 2j, high: 2j+1) and
-// its block's 16-byte header, as three 16-byte loads.
-const STEP: u32 = 64u;
+// Q4_K, 32 values a step: half of one 32-byte group of nibbles (its 16 low nibbles are values
+// of sub-block 2j, its 16 high nibbles of sub-block 2j + 1) and its block's 16-byte header, as
+// two 16-byte loads. Step u is block u / 8, group j = (u / 2) % 4, half u % 2.
+const STEP: u32 = 32u;
+const XN: u32 = 8u;
 
-// The sums of the step's two 32-value halves of x, which the mins multiply: the same for
-// every row, so computed once per step.
-fn step_pre(xv: ptr<function, array<vec4<f32>, 32>>) -> vec2<f32> {
-    var xlo = vec4<f32>(0.0);
-    var xhi = vec4<f32>(0.0);
-    for (var i = 0u; i < 8u; i++) {
-        xlo += (*xv)[i];
-        xhi += (*xv)[8u + i];
-    }
-    return vec2<f32>(dot(xlo, vec4<f32>(1.0)), dot(xhi, vec4<f32>(1.0)));
+fn x_vec(u: u32, i: u32) -> u32 {
+    return 8u * u - 4u * (u & 1u) + i + 4u * (i / 4u);
 }
 
-fn step_dot(rb: u32, c: u32, xv: ptr<function, array<vec4<f32>, 32>>, xs: vec2<f32>) -> f32 {
-    let o16 = (rb + (c >> 2u) * 144u) >> 4u;
-    let j = c & 3u;
-    let hdr = w4[o16];
+// The sums of the step's low- and high-nibble inputs, which the mins multiply: the same for
+// every row, so computed once per step.
+fn step_pre(xv: ptr<function, array<vec4<f32>, XN>>) -> vec2<f32> {
+    let lo = (*xv)[0] + (*xv)[1] + (*xv)[2] + (*xv)[3];
+    let hi = (*xv)[4] + (*xv)[5] + (*xv)[6] + (*xv)[7];
+    return vec2<f32>(dot(lo, vec4<f32>(1.0)), dot(hi, vec4<f32>(1.0)));
+}
+
+struct Raw {
+    hdr: vec4<u32>,
+    q: vec4<u32>,
+}
+
+fn step_load(rb: u32, u: u32) -> Raw {
+    let o16 = (rb + (u >> 3u) * 144u) >> 4u;
+    return Raw(w4[o16], w4[o16 + 1u + 2u * ((u >> 1u) & 3u) + (u & 1u)]);
+}
+
+fn step_dot(r: Raw, u: u32, xv: ptr<function, array<vec4<f32>, XN>>, xs: vec2<f32>) -> f32 {
+    let j = (u >> 1u) & 3u;
+    let hdr = r.hdr;
+    let q = r.q;
     let dm = unpack2x16float(hdr.x);
     // k4_scale_min on the 12 scale bytes hdr.y (0..3), hdr.z (4..7), hdr.w (8..11).
     var scs: vec2<f32>;
@@ -90,56 +105,81 @@ fn step_dot(rb: u32, c: u32, xv: ptr<function, array<vec4<f32>, 32>>, xs: vec2<f
             mns[t] = f32((a >> 4u) | ((((hdr.z >> sh) >> 6u) & 3u) << 4u));
         }
     }
-    let qa = w4[o16 + 1u + 2u * j];
-    let qb = w4[o16 + 2u + 2u * j];
     var lo = 0.0;
     var hi = 0.0;
     for (var i = 0u; i < 4u; i++) {
-        lo += dot(lo4(qa[i]), (*xv)[i]) + dot(lo4(qb[i]), (*xv)[4u + i]);
-        hi += dot(hi4(qa[i]), (*xv)[8u + i]) + dot(hi4(qb[i]), (*xv)[12u + i]);
+        lo += dot(lo4(q[i]), (*xv)[i]);
+        hi += dot(hi4(q[i]), (*xv)[4u + i]);
     }
     return dm.x * (scs.x * lo + scs.y * hi) - dm.y * (mns.x * xs.x + mns.y * xs.y);
 }
 #endif
 
 #if DT_Q6_K
-// Q6_K, 128 values a step (half a block): each word of its low nibbles and high bits is read
-// once and serves the quarters it holds bits of.
-const STEP: u32 = 128u;
+// Q6_K, 64 values a step: one 16-value sub-block (s = u % 2: a or b) of each quarter of half
+// a block (hf = (u / 2) % 2); each word of low nibbles and high bits is read once and serves
+// the quarters it holds bits of. xv[4q + i] are quarter q's inputs.
+const STEP: u32 = 64u;
+const XN: u32 = 16u;
 
-fn step_pre(xv: ptr<function, array<vec4<f32>, 32>>) -> vec2<f32> {
+fn x_vec(u: u32, i: u32) -> u32 {
+    return 16u * u - 12u * (u & 1u) + 8u * (i / 4u) + (i & 3u);
+}
+
+fn step_pre(xv: ptr<function, array<vec4<f32>, XN>>) -> vec2<f32> {
     return vec2<f32>(0.0);
 }
 
-fn step_dot(rb: u32, c: u32, xv: ptr<function, array<vec4<f32>, 32>>, xs: vec2<f32>) -> f32 {
-    let ob = rb + (c >> 1u) * 210u;
-    let hf = c & 1u;
-    let lb = ob + 64u * hf;
-    let hb = ob + 128u + 32u * hf;
-    // Per quarter (columns) and sub-block of 16 (a: values 0..15, b: 16..31).
-    var pa = vec4<f32>(0.0);
-    var pb = vec4<f32>(0.0);
-    for (var i = 0u; i < 8u; i++) {
-        let l0 = bytes4(w32(lb + 4u * i));
-        let l1 = bytes4(w32(lb + 32u + 4u * i));
-        let h = bytes4(w32(hb + 4u * i));
+// The 16 bytes at an even offset, from the five words that hold them.
+fn words16(o: u32) -> vec4<u32> {
+    let i = o >> 2u;
+    let a = vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]);
+    if ((o & 2u) == 0u) {
+        return a;
+    }
+    let b = vec4<u32>(a.yzw, w[i + 4u]);
+    return (a >> vec4<u32>(16u)) | (b << vec4<u32>(16u));
+}
+
+fn step_dot(r: Raw, u: u32, xv: ptr<function, array<vec4<f32>, XN>>, xs: vec2<f32>) -> f32 {
+    let ob = r.rb + (u >> 2u) * 210u;
+    let hf = (u >> 1u) & 1u;
+    let lb = ob + 64u * hf + 16u * (u & 1u);
+    let hb = ob + 128u + 32u * hf + 16u * (u & 1u);
+    let wl0 = words16(lb);
+    let wl1 = words16(lb + 32u);
+    let wh = words16(hb);
+    // Per quarter.
+    var pq = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        let l0 = bytes4(wl0[i]);
+        let l1 = bytes4(wl1[i]);
+        let h = bytes4(wh[i]);
         let q0 = small4_minus((l0 & vec4<u32>(0xFu)) | ((h & vec4<u32>(3u)) << vec4<u32>(4u)), 32.0);
         let q1 = small4_minus((l1 & vec4<u32>(0xFu)) | (((h >> vec4<u32>(2u)) & vec4<u32>(3u)) << vec4<u32>(4u)), 32.0);
         let q2 = small4_minus((l0 >> vec4<u32>(4u)) | (((h >> vec4<u32>(4u)) & vec4<u32>(3u)) << vec4<u32>(4u)), 32.0);
         let q3 = small4_minus((l1 >> vec4<u32>(4u)) | ((h >> vec4<u32>(6u)) << vec4<u32>(4u)), 32.0);
-        let d4 = vec4<f32>(dot(q0, (*xv)[i]), dot(q1, (*xv)[8u + i]), dot(q2, (*xv)[16u + i]), dot(q3, (*xv)[24u + i]));
-        if (i < 4u) {
-            pa += d4;
-        } else {
-            pb += d4;
-        }
+        pq += vec4<f32>(dot(q0, (*xv)[i]), dot(q1, (*xv)[4u + i]), dot(q2, (*xv)[8u + i]), dot(q3, (*xv)[12u + i]));
     }
-    // Scales: sub-block 2 * quarter + (0: a, 1: b), bytes 192 + 8 * hf of the block.
+    // Quarter q's scale is sub-block 2q + s (s = u % 2): byte 2q + s of the half's scales.
+    let sh = 8u * (u & 1u);
     let s_lo = w32(ob + 192u + 8u * hf);
     let s_hi = w32(ob + 196u + 8u * hf);
-    let sa = vec4<f32>(sbyte(s_lo & 0xFFu), sbyte((s_lo >> 16u) & 0xFFu), sbyte(s_hi & 0xFFu), sbyte((s_hi >> 16u) & 0xFFu));
-    let sbv = vec4<f32>(sbyte((s_lo >> 8u) & 0xFFu), sbyte(s_lo >> 24u), sbyte((s_hi >> 8u) & 0xFFu), sbyte(s_hi >> 24u));
-    return wf16(ob + 208u) * (dot(sa, pa) + dot(sbv, pb));
+    let sc = vec4<f32>(sbyte((s_lo >> sh) & 0xFFu), sbyte((s_lo >> (16u + sh)) & 0xFFu), sbyte((s_hi >> sh) & 0xFFu), sbyte((s_hi >> (16u + sh)) & 0xFFu));
+    return wf16(ob + 208u) * dot(sc, pq);
+}
+#endif
+
+#if !DT_Q4_K
+// Other dtypes load where the values are used: Q6_K holding a step's 60 bytes a row for the
+// next step made its products 30% slower on the H100, and the shared dequantizer loads as it
+// converts.
+struct Raw {
+    rb: u32,
+}
+
+fn step_load(rb: u32, u: u32) -> Raw {
+    return Raw(rb);
 }
 #endif
 
@@ -147,13 +187,18 @@ fn step_dot(rb: u32, c: u32, xv: ptr<function, array<vec4<f32>, 32>>, xs: vec2<f
 #if !DT_Q6_K
 // Every other dtype: 32 values a step through the shared dequantizer.
 const STEP: u32 = 32u;
+const XN: u32 = 8u;
 
-fn step_pre(xv: ptr<function, array<vec4<f32>, 32>>) -> vec2<f32> {
+fn x_vec(u: u32, i: u32) -> u32 {
+    return 8u * u + i;
+}
+
+fn step_pre(xv: ptr<function, array<vec4<f32>, XN>>) -> vec2<f32> {
     return vec2<f32>(0.0);
 }
 
-fn step_dot(rb: u32, u: u32, xv: ptr<function, array<vec4<f32>, 32>>, xs: vec2<f32>) -> f32 {
-    let q = load_unit(rb, u);
+fn step_dot(r: Raw, u: u32, xv: ptr<function, array<vec4<f32>, XN>>, xs: vec2<f32>) -> f32 {
+    let q = load_unit(r.rb, u);
     var s = 0.0;
     for (var i = 0u; i < 8u; i++) {
         s += dot(q[i], (*xv)[i]);
@@ -171,6 +216,24 @@ override TPR: u32 = 32u;
 // Rows per group: 4, or 2 and 1 for matrices with few rows (more workgroups, fewer rows
 // each). GEGLU_OUT needs at least a gate/up pair.
 override RPT: u32 = 4u;
+// PREFETCH: each step's weights are loaded while the step before it is summed, so that two
+// steps' loads are in flight; for rows long enough that a lane takes many steps (output
+// heads). Otherwise a step's loads are issued at its start.
+override PREFETCH: bool = false;
+
+// A step's weights for the group's rows.
+fn group_load(rb: vec4<u32>, u: u32) -> array<Raw, 4> {
+    var r: array<Raw, 4>;
+    r[0] = step_load(rb.x, u);
+    if (RPT > 1u) {
+        r[1] = step_load(rb.y, u);
+    }
+    if (RPT > 2u) {
+        r[2] = step_load(rb.z, u);
+        r[3] = step_load(rb.w, u);
+    }
+    return r;
+}
 
 #if NO_SUBGROUPS
 var<workgroup> rows_red: array<f32, 1024>;
@@ -262,27 +325,37 @@ fn main(
     if (row0 < p.n) {
         // Rows past the end repeat the last row: same loads, results dropped.
         let last = p.n - 1u;
-        let rb0 = (rbase + row0) * p.row_bytes;
-        let rb1 = (rbase + min(row0 + 1u, last)) * p.row_bytes;
-        let rb2 = (rbase + min(row0 + 2u, last)) * p.row_bytes;
-        let rb3 = (rbase + min(row0 + 3u, last)) * p.row_bytes;
+        let rb = (rbase + min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last))) * p.row_bytes;
+        var cur: array<Raw, 4>;
+        if (PREFETCH && lane < steps) {
+            cur = group_load(rb, lane);
+        }
         for (var u = lane; u < steps; u += TPR) {
-            var xv: array<vec4<f32>, 32>;
-            for (var i = 0u; i < STEP / 4u; i++) {
+            var next: array<Raw, 4>;
+            if (!PREFETCH) {
+                cur = group_load(rb, u);
+            } else if (u + TPR < steps) {
+                next = group_load(rb, u + TPR);
+            }
+            var xv: array<vec4<f32>, XN>;
+            for (var i = 0u; i < XN; i++) {
 #if RESIDUAL
-                xv[i] = xsh[u * (STEP / 4u) + i];
+                xv[i] = xsh[x_vec(u, i)];
 #else
-                xv[i] = x[xb + u * (STEP / 4u) + i];
+                xv[i] = x[xb + x_vec(u, i)];
 #endif
             }
             let xs = step_pre(&xv);
-            acc.x += step_dot(rb0, u, &xv, xs);
+            acc.x += step_dot(cur[0], u, &xv, xs);
             if (RPT > 1u) {
-                acc.y += step_dot(rb1, u, &xv, xs);
+                acc.y += step_dot(cur[1], u, &xv, xs);
             }
             if (RPT > 2u) {
-                acc.z += step_dot(rb2, u, &xv, xs);
-                acc.w += step_dot(rb3, u, &xv, xs);
+                acc.z += step_dot(cur[2], u, &xv, xs);
+                acc.w += step_dot(cur[3], u, &xv, xs);
+            }
+            if (PREFETCH) {
+                cur = next;
             }
         }
     }
