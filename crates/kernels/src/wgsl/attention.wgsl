@@ -45,8 +45,15 @@ var<workgroup> probs: array<f32, 512>;
 var<workgroup> red: array<f32, 256>;
 var<workgroup> corr: array<f32, MAX_G>;
 
-// The max (or sum) of v over the 32 threads of li's head; every thread takes part.
+// The max (or sum) of v over the 32 threads of li's head; every thread takes part. With
+// subgroups of exactly 32 lanes a head's threads are one subgroup: no barriers.
 fn head_reduce(v: f32, li: u32, is_max: bool) -> f32 {
+#if SUBGROUP32
+    if (is_max) {
+        return subgroupMax(v);
+    }
+    return subgroupAdd(v);
+#else
     red[li] = v;
     workgroupBarrier();
     for (var s = 16u; s > 0u; s >>= 1u) {
@@ -62,12 +69,14 @@ fn head_reduce(v: f32, li: u32, is_max: bool) -> f32 {
     let r = red[li - li % 32u];
     workgroupBarrier();
     return r;
+#endif
 }
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let kvh = wg.x;
-    let m = wg.y;
+    // Later tokens (more keys) first: the longest workgroups start before the short ones.
+    let m = p.m - 1u - wg.y;
     let hd = p.head_dim;
     let pos = positions[m];
     let row = p.n_kv_head * hd;
