@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{ctx, load, rel_err, scoring_session};
-use wgemma_text::{CpuModel, PleRows};
+use wgemma_text::CpuModel;
 
 struct Case {
     tokens: Vec<u32>,
@@ -130,30 +130,12 @@ fn cpu_reference_agrees_with_transformers_and_llama_cpp() {
     }
 }
 
-/// The GPU kernels take rows of whole 32-value units, so the E2B fixture (per-layer width 8)
-/// loads with a clear error; its GPU path is covered by `tiny_gemma4` (width 32) against the
-/// CPU reference in `forward.rs`, and the CPU reference against both goldens above.
+/// The GPU forward of every tiny model, the E2B fixture's per-layer width of 8 included,
+/// against the transformers and llama.cpp goldens.
 #[test]
 fn gpu_forward_agrees_with_transformers_and_llama_cpp() {
     let Some(ctx) = ctx() else { return };
-    let (_, e2b, _) = MODELS[0];
-    let g = wgemma_gguf::Gguf::parse(e2b).unwrap();
-    let cfg = wgemma_text::TextConfig::from_gguf(&g).unwrap();
-    let src = Arc::new(wgemma_gguf::BytesSource::new(e2b.to_vec()));
-    let err = pollster::block_on(wgemma_text::GpuModel::load(
-        ctx.clone(),
-        &g,
-        &cfg,
-        &*src,
-        Some(PleRows::Mapped(src.clone())),
-        |_| {},
-    ));
-    assert!(
-        matches!(&err, Err(wgemma_text::forward::LoadError::Unsupported { name, .. }) if name == "blk.0.proj.weight"),
-        "{:?}",
-        err.err().map(|e| e.to_string())
-    );
-    for (name, bytes, json) in &MODELS[1..] {
+    for (name, bytes, json) in MODELS {
         let m = load(bytes.to_vec(), ctx.clone());
         for (ci, case) in golden(json).iter().enumerate() {
             // Teacher forcing through the batched kernels, in chunks smaller than the prompt.

@@ -874,7 +874,7 @@ impl MatvecTuning {
             GgmlType::Q6K => 64,
             _ => 32,
         };
-        let steps = k / step;
+        let steps = k.div_ceil(step);
         let cpu = ctx.info.device_type == wgpu::DeviceType::Cpu;
         // A CPU adapter runs a workgroup as one thread's SIMD loop, where a group wider than a
         // subgroup only adds barriers; without subgroups every halving of a group is one.

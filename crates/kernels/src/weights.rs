@@ -100,9 +100,10 @@ impl GpuWeight {
         max_tile_bytes: Option<u64>,
     ) -> Result<Self, GpuError> {
         dtype_flag(dtype)?;
-        if !cols.is_multiple_of(32) {
+        // Inputs are read as vec4s; quantized rows are whole blocks (checked below).
+        if !cols.is_multiple_of(4) {
             return Err(GpuError::Shape(format!(
-                "{name}: row length {cols} is not a multiple of 32"
+                "{name}: row length {cols} is not a multiple of 4"
             )));
         }
         let row_bytes = dtype.bytes_for(cols).ok_or_else(|| {

@@ -31,10 +31,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     let rb = (id - p.first_row) * p.row_bytes;
     let ob = m * (p.k / 4u);
-    for (var u = li; u < p.k / 32u; u += 64u) {
+    // Float rows may end inside their last unit (a multiple of 4 values).
+    for (var u = li; u < (p.k + 31u) / 32u; u += 64u) {
         let q = load_unit(rb, u);
         for (var i = 0u; i < 8u; i++) {
-            out[ob + u * 8u + i] = q[i] * p.scale;
+            if (u * 8u + i < p.k / 4u) {
+                out[ob + u * 8u + i] = q[i] * p.scale;
+            }
         }
     }
 }

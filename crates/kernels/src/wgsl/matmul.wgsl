@@ -23,7 +23,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var acc: array<vec4<f32>, 4>;
     // Scalar staging for the transposed stores: a thread owns one (row or token, k) column.
     var wcol: array<vec4<f32>, 8>;
-    for (var u = 0u; u < p.k / 32u; u++) {
+    // Float rows may end inside their last unit: inputs past the end are zero, so the
+    // weights read there (the next row's, finite) add nothing.
+    for (var u = 0u; u < (p.k + 31u) / 32u; u++) {
         if (li < TN) {
             let row = n0 + li;
             if (row < p.n) {
@@ -50,7 +52,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let tok = e / 32u;
             let kk = e % 32u;
             var v = 0.0;
-            if (m0 + tok < p.m) {
+            if (m0 + tok < p.m && u * 32u + kk < p.k) {
                 v = x[(m0 + tok) * p.x_stride + u * 32u + kk];
             }
             xs[kk * 16u + tok / 4u][tok % 4u] = v;

@@ -38,10 +38,14 @@ fn load_w(row: u32, s: u32, h: u32) -> array<vec4<f32>, 8> {
 fn load_x(tok: u32, s: u32, q: u32) -> array<vec4<f32>, XV / 4u> {
     var r: array<vec4<f32>, XV / 4u>;
     let c = s * KS + XV * q;
-    if (tok < p.m && c < p.k) {
+    if (tok < p.m) {
         let b = (tok * p.x_stride + c) / 4u;
         for (var i = 0u; i < XV / 4u; i++) {
-            r[i] = x[b + i];
+            // Past the row's end (float rows end at a multiple of 4): zero, so the weights
+            // read there add nothing.
+            if (c + 4u * i < p.k) {
+                r[i] = x[b + i];
+            }
         }
     }
     return r;

@@ -321,7 +321,9 @@ fn main(
     workgroupBarrier();
 #endif
     var acc = vec4<f32>(0.0);
-    let steps = p.k / STEP;
+    // Float rows may end inside their last step (at a multiple of 4 values): its inputs past
+    // the end are zero, so the weights read there (the next row's, finite) add nothing.
+    let steps = (p.k + STEP - 1u) / STEP;
     if (row0 < p.n) {
         // Rows past the end repeat the last row: same loads, results dropped.
         let last = p.n - 1u;
@@ -339,11 +341,14 @@ fn main(
             }
             var xv: array<vec4<f32>, XN>;
             for (var i = 0u; i < XN; i++) {
+                let c = x_vec(u, i);
+                if (4u * c < p.k) {
 #if RESIDUAL
-                xv[i] = xsh[x_vec(u, i)];
+                    xv[i] = xsh[c];
 #else
-                xv[i] = x[xb + x_vec(u, i)];
+                    xv[i] = x[xb + c];
 #endif
+                }
             }
             let xs = step_pre(&xv);
             acc.x += step_dot(cur[0], u, &xv, xs);
