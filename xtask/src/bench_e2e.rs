@@ -7,7 +7,10 @@ use std::time::Instant;
 
 use wgemma_gguf::{Gguf, MmapSource, TensorSource};
 use wgemma_kernels::{ContextOptions, GpuContext, Profiler};
-use wgemma_text::{GpuModel, GpuSession, PleRows, SamplingParams, SessionOptions, TextConfig};
+use wgemma_text::{
+    ExpertPlacement, GpuModel, GpuSession, LoadOptions, PleRows, SamplingParams, SessionOptions,
+    TextConfig,
+};
 
 use crate::TaskError;
 
@@ -33,6 +36,9 @@ pub struct Args {
     /// Also time every kernel of one prefill and one decode step (GPU timestamps).
     #[arg(long)]
     profile: bool,
+    /// Stream a mixture-of-experts model's experts from host memory layer by layer.
+    #[arg(long)]
+    stream_experts: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -48,12 +54,18 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     let g = Gguf::parse(src.bytes(0, TensorSource::len(&*src))?)?;
     let cfg = TextConfig::from_gguf(&g)?;
     let t = Instant::now();
-    let model = Arc::new(pollster::block_on(GpuModel::load(
+    let experts = if a.stream_experts {
+        ExpertPlacement::Streamed
+    } else {
+        ExpertPlacement::Auto
+    };
+    let model = Arc::new(pollster::block_on(GpuModel::load_with(
         ctx.clone(),
         &g,
         &cfg,
         &*src,
         Some(PleRows::Mapped(src.clone())),
+        LoadOptions { experts },
         |_| {},
     ))?);
     ctx.wait()?;

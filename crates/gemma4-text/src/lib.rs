@@ -13,7 +13,8 @@ pub mod tokenizer;
 
 pub use config::{Arch, ConfigError, LayerConfig, TextConfig};
 pub use forward::{
-    ForwardError, GpuModel, GpuSession, LoadError, LoadProgress, PleRows, SessionOptions,
+    ExpertPlacement, ForwardError, GpuModel, GpuSession, LoadError, LoadOptions, LoadProgress,
+    PleRows, SessionOptions,
 };
 pub use reference::CpuModel;
 pub use sampling::SamplingParams;

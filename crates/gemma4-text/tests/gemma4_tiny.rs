@@ -269,3 +269,79 @@ fn ollama_blob_layout_gives_the_same_model() {
         check_position("ollama layout gpu", case, t, p);
     }
 }
+
+/// The MoE fixture with its experts streamed from host memory (one layer's worth of expert
+/// weights on the GPU, rewritten before each expert layer) computes what the resident model
+/// computes: the same logits through prefill and decode, the same tokens with steps queued
+/// ahead, and the goldens' tokens.
+#[test]
+fn streamed_experts_match_resident_experts() {
+    use wgemma_text::{ExpertPlacement, GpuModel, GpuSession, LoadOptions, SamplingParams};
+    let Some(ctx) = ctx() else { return };
+    let (_, bytes, json) = MODELS[1];
+    let g = wgemma_gguf::Gguf::parse(bytes).unwrap();
+    let cfg = wgemma_text::TextConfig::from_gguf(&g).unwrap();
+    let src = wgemma_gguf::BytesSource::new(bytes.to_vec());
+    let placed = |experts| {
+        let opts = LoadOptions { experts };
+        let m = GpuModel::load_with(ctx.clone(), &g, &cfg, &src, None, opts, |_| {});
+        Arc::new(pollster::block_on(m).unwrap())
+    };
+    let (resident, streamed) = (
+        placed(ExpertPlacement::Resident),
+        placed(ExpertPlacement::Streamed),
+    );
+    assert!(!resident.streams_experts() && streamed.streams_experts());
+    // The fixture fits, so the default keeps the experts on the GPU.
+    assert!(!placed(ExpertPlacement::Auto).streams_experts());
+    assert!(
+        streamed.gpu_bytes() < resident.gpu_bytes(),
+        "streamed layers share one set of expert weights ({} vs {} bytes)",
+        streamed.gpu_bytes(),
+        resident.gpu_bytes()
+    );
+    for case in golden(json) {
+        let (mut a, mut b) = (scoring_session(&resident), scoring_session(&streamed));
+        let first = 4;
+        for t in first..case.tokens.len() {
+            let fed = if t == first {
+                &case.tokens[..=t]
+            } else {
+                &case.tokens[t..=t]
+            };
+            a.feed(fed).unwrap();
+            b.feed(fed).unwrap();
+            let (want, got) = (
+                pollster::block_on(a.logits()).unwrap(),
+                pollster::block_on(b.logits()).unwrap(),
+            );
+            assert!(
+                rel_err(&got, &want) < 1e-6,
+                "position {t}: {}",
+                rel_err(&got, &want)
+            );
+            let best = got
+                .iter()
+                .enumerate()
+                .max_by(|x, y| x.1.total_cmp(y.1))
+                .unwrap();
+            check_position("streamed experts", &case, t, (best.0 as u32, *best.1));
+        }
+        // Steps queued ahead: each one's expert copies land between its own layers.
+        let p = SamplingParams::default();
+        let generate = |m: &Arc<GpuModel>| {
+            let mut s: GpuSession = scoring_session(m);
+            s.begin(&case.tokens[..6], &p, 0).unwrap();
+            let (mut got, mut submitted) = (Vec::new(), 1);
+            while got.len() < 8 {
+                while s.in_flight() < s.pipeline_depth() && submitted < 8 {
+                    s.advance(&p, submitted).unwrap();
+                    submitted += 1;
+                }
+                got.push(pollster::block_on(s.next_token()).unwrap());
+            }
+            got
+        };
+        assert_eq!(generate(&streamed), generate(&resident));
+    }
+}

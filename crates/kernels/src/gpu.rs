@@ -424,6 +424,25 @@ impl<'a> Recorder<'a> {
         encoder.finish()
     }
 
+    /// Submits everything recorded so far and goes on in a new encoder: writes queued after
+    /// this land between the two (before the rest of the recording runs).
+    pub fn flush(&mut self) {
+        self.pass = None;
+        let label = Some("wgemma");
+        let next = self
+            .ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label });
+        if let Some(encoder) = self.encoder.replace(next) {
+            self.ctx.queue.submit([encoder.finish()]);
+        }
+    }
+
+    /// The context recorded for.
+    pub fn ctx(&self) -> &'a GpuContext {
+        self.ctx
+    }
+
     /// Ends the pass and submits everything recorded.
     pub fn submit(self) -> wgpu::SubmissionIndex {
         let ctx = self.ctx;

@@ -36,6 +36,7 @@ pub use session::{
 pub use source::{ModelSource, SourceError};
 pub use wgemma_gguf as gguf;
 pub use wgemma_kernels::{ContextOptions, GpuContext};
+pub use wgemma_text::ExpertPlacement;
 pub use wgemma_text::chat::{Message, Role};
 pub use wgemma_text::tokenizer::Tokenizer;
 pub use wgemma_text::{LoadProgress, SamplingParams, SessionOptions};

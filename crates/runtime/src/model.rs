@@ -6,7 +6,9 @@ use wgemma_gguf::{Gguf, RangeSource, read_header};
 use wgemma_kernels::{ContextOptions, GpuContext};
 use wgemma_text::chat::ChatTemplate;
 use wgemma_text::tokenizer::Tokenizer;
-use wgemma_text::{GpuModel, GpuSession, LoadProgress, PleRows, SessionOptions, TextConfig};
+use wgemma_text::{
+    ExpertPlacement, GpuModel, GpuSession, LoadProgress, PleRows, SessionOptions, TextConfig,
+};
 
 use crate::error::Error;
 use crate::info::ModelInfo;
@@ -24,6 +26,9 @@ pub struct LoadOptions {
     /// Where Gemma 4's per-layer embedding table is read a row per token at run time:
     /// [`Model::load_file`] sets the mapped file, the browser binding its range reader.
     pub rows: Option<PleRows>,
+    /// Where a mixture-of-experts model's experts live: by default on the GPU when they fit
+    /// there, else streamed in from host memory layer by layer.
+    pub experts: ExpertPlacement,
 }
 
 pub(crate) struct Inner {
@@ -58,6 +63,7 @@ impl Model {
             source,
             ctx,
             opts.rows.take(),
+            opts.experts,
             opts.on_progress.take(),
         )
         .await
@@ -68,13 +74,15 @@ impl Model {
         source: &R,
         ctx: Arc<GpuContext>,
         rows: Option<PleRows>,
+        experts: ExpertPlacement,
         mut on_progress: Option<Box<dyn FnMut(LoadProgress)>>,
     ) -> Result<Self, Error> {
         let cfg = TextConfig::from_gguf(&header)?;
         let tokenizer = Tokenizer::from_metadata(&header.metadata, cfg.arch.name())?;
         let template = ChatTemplate::for_architecture(cfg.arch.name());
         let info = ModelInfo::new(&header);
-        let gpu = GpuModel::load(ctx, &header, &cfg, source, rows, |p| {
+        let placement = wgemma_text::LoadOptions { experts };
+        let gpu = GpuModel::load_with(ctx, &header, &cfg, source, rows, placement, |p| {
             if let Some(f) = on_progress.as_mut() {
                 f(p);
             }
@@ -84,6 +92,7 @@ impl Model {
             architecture = cfg.arch.name(),
             layers = cfg.n_layer,
             gpu_bytes = gpu.gpu_bytes(),
+            streamed_experts = gpu.streams_experts(),
             "model loaded"
         );
         Ok(Self {

@@ -4,5 +4,5 @@
 mod model;
 mod session;
 
-pub use model::{GpuModel, LoadError, LoadProgress, PleRows};
+pub use model::{ExpertPlacement, GpuModel, LoadError, LoadOptions, LoadProgress, PleRows};
 pub use session::{ForwardError, GpuSession, MAX_IN_FLIGHT, SessionOptions};

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use wgemma_gguf::{
     GgmlType, Gguf, RangeSource, RowFetcher, TensorInfo, TensorSource, dequantize_to_vec,
 };
-use wgemma_kernels::{GpuContext, GpuError, GpuWeight, View};
+use wgemma_kernels::{GpuContext, GpuError, GpuWeight, View, wgpu};
 
 use crate::config::TextConfig;
 use crate::tensors::{ExpertGateUp, ModelTensors, ple_table};
@@ -28,6 +28,28 @@ pub enum LoadError {
         "this model's per-layer embeddings are read by rows at run time: give the loader random access to the file"
     )]
     NoRowSource,
+    #[error("streamed experts need a model without per-layer embeddings")]
+    StreamedExpertsWithPle,
+}
+
+/// Where a mixture-of-experts model's experts live while it runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExpertPlacement {
+    /// On the GPU when every layer's experts fit there, else streamed.
+    #[default]
+    Auto,
+    /// On the GPU.
+    Resident,
+    /// In host memory: before each expert layer runs, its experts are copied into GPU
+    /// buffers that every such layer shares. GPU memory holds one layer's experts, at the
+    /// cost of copying every layer's experts each step.
+    Streamed,
+}
+
+/// How [`GpuModel::load_with`] places the model.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions {
+    pub experts: ExpertPlacement,
 }
 
 /// Bytes of weights uploaded so far, of the total.
@@ -71,6 +93,48 @@ pub(super) struct Experts {
     pub gate_up: GpuWeight,
     pub down: GpuWeight,
     pub down_scale: Option<View>,
+    /// Streamed experts: this layer's bytes for `gate_up` and `down` (shared by layers).
+    pub host: Option<Arc<HostExperts>>,
+}
+
+/// One layer's streamed experts in host memory, tile by tile in the layout of the GPU
+/// weights they are copied into before the layer runs.
+pub(super) struct HostExperts {
+    gate_up: GpuWeight,
+    down: GpuWeight,
+    gate_up_tiles: Vec<Vec<u8>>,
+    down_tiles: Vec<Vec<u8>>,
+}
+
+impl std::fmt::Debug for HostExperts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let bytes: usize = self
+            .gate_up_tiles
+            .iter()
+            .chain(&self.down_tiles)
+            .map(Vec::len)
+            .sum();
+        write!(
+            f,
+            "HostExperts({} + {}, {bytes} bytes)",
+            self.gate_up.name, self.down.name
+        )
+    }
+}
+
+impl HostExperts {
+    /// Queues the copy of the layer's experts into the shared weights; it lands before the
+    /// next submission's commands (so after everything submitted before it).
+    pub fn write(&self, ctx: &GpuContext) {
+        for (w, tiles) in [
+            (&self.gate_up, &self.gate_up_tiles),
+            (&self.down, &self.down_tiles),
+        ] {
+            for (tile, bytes) in w.tiles.iter().zip(tiles) {
+                ctx.write(&tile.buffer, 0, bytes);
+            }
+        }
+    }
 }
 
 /// One decoder layer on the GPU.
@@ -185,6 +249,8 @@ fn runs<'a>(tensors: &[&'a TensorInfo]) -> Vec<Vec<&'a TensorInfo>> {
 struct Loader<'a, 'c> {
     ctx: &'c GpuContext,
     jobs: Vec<Job<'a>>,
+    /// The expert weights streamed layers share, one per (dtype, rows, cols).
+    shared: Vec<GpuWeight>,
 }
 
 impl<'a> Loader<'a, '_> {
@@ -252,6 +318,19 @@ impl<'a> Loader<'a, '_> {
             gate.n_rows(),
             1,
         )?))
+    }
+
+    /// A weight shaped like `t`'s `rows` rows (in groups of `group`) that streamed layers
+    /// share, allocated by the first layer that needs its shape.
+    fn shared(&mut self, t: &TensorInfo, rows: u64, group: u64) -> Result<GpuWeight, LoadError> {
+        let same = |w: &&GpuWeight| w.dtype == t.dtype && w.rows == rows && w.cols == t.row_len();
+        if let Some(w) = self.shared.iter().find(same) {
+            return Ok(w.clone());
+        }
+        let name = format!("streamed experts {} {rows}x{}", t.dtype, t.row_len());
+        let w = self.allocate(&name, t, rows, group)?;
+        self.shared.push(w.clone());
+        Ok(w)
     }
 
     fn vector_scaled(&mut self, tensor: &'a TensorInfo, scale: f32) -> View {
@@ -333,6 +412,36 @@ async fn interleaved_rows<R: RangeSource + ?Sized>(
     Ok(out)
 }
 
+/// Whether every layer's experts fit in GPU memory next to the rest: allocates them all
+/// (empty) and frees them again, reporting an out-of-memory error as `false`.
+async fn experts_fit(ctx: &GpuContext, t: &ModelTensors<'_>, cfg: &TextConfig) -> bool {
+    let Some(mc) = cfg.moe else {
+        return true;
+    };
+    let (ff, n) = (mc.n_ff as u64, mc.n_expert as u64);
+    let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let mut probe = Vec::new();
+    for m in t.layers.iter().filter_map(|l| l.moe.as_ref()) {
+        let gate: &TensorInfo = match &m.gate_up {
+            ExpertGateUp::Fused(t) | ExpertGateUp::Split { gate: t, .. } => t,
+        };
+        for (t, rows, group) in [
+            (gate, 2 * ff * n, 2 * ff),
+            (m.down, m.down.n_rows(), cfg.n_embd as u64),
+        ] {
+            // Shapes the GPU cannot take at all fail later, with their own error.
+            if let Ok(w) =
+                GpuWeight::allocate_in_groups(ctx, "probe", t.dtype, t.row_len(), rows, group, None)
+            {
+                probe.push(w);
+            }
+        }
+    }
+    let oom = scope.pop().await;
+    drop(probe);
+    oom.is_none()
+}
+
 impl GpuModel {
     /// Uploads the model's tensors, reading them through `src` one weight tile at a time, so
     /// memory on the CPU side peaks at one tile. Models with per-layer embeddings also need
@@ -343,12 +452,36 @@ impl GpuModel {
         cfg: &TextConfig,
         src: &R,
         rows: Option<PleRows>,
+        progress: impl FnMut(LoadProgress),
+    ) -> Result<Self, LoadError> {
+        let opts = LoadOptions::default();
+        Self::load_with(ctx, g, cfg, src, rows, opts, progress).await
+    }
+
+    /// [`GpuModel::load`] with `opts`.
+    pub async fn load_with<R: RangeSource + ?Sized>(
+        ctx: Arc<GpuContext>,
+        g: &Gguf,
+        cfg: &TextConfig,
+        src: &R,
+        rows: Option<PleRows>,
+        opts: LoadOptions,
         mut progress: impl FnMut(LoadProgress),
     ) -> Result<Self, LoadError> {
         let t = ModelTensors::resolve(g, cfg)?;
+        let streamed = cfg.moe.is_some()
+            && match opts.experts {
+                ExpertPlacement::Resident => false,
+                ExpertPlacement::Streamed => true,
+                ExpertPlacement::Auto => !experts_fit(&ctx, &t, cfg).await,
+            };
+        if streamed && t.ple.is_some() {
+            return Err(LoadError::StreamedExpertsWithPle);
+        }
         let mut ld = Loader {
             ctx: &ctx,
             jobs: Vec::new(),
+            shared: Vec::new(),
         };
         let token_embd = ld.matrix(vec![t.token_embd], 1)?;
         let output = t.output.map(|o| ld.matrix(vec![o], 1)).transpose()?;
@@ -410,15 +543,42 @@ impl GpuModel {
                             },
                         ),
                     };
+                    let d = cfg.n_embd as u64;
+                    let (gate_up, down, host) = if streamed {
+                        let gate_up = ld.shared(gate.tensor, 2 * ff * n, 2 * ff)?;
+                        let down = ld.shared(m.down, m.down.n_rows(), d)?;
+                        let mut gate_up_tiles = Vec::with_capacity(gate_up.tiles.len());
+                        for tile in &gate_up.tiles {
+                            let range = tile.first_row..tile.first_row + tile.rows;
+                            gate_up_tiles
+                                .push(interleaved_rows(g, src, gate, up, ff, range).await?);
+                        }
+                        let mut down_tiles = Vec::with_capacity(down.tiles.len());
+                        for tile in &down.tiles {
+                            let range = tile.first_row..tile.first_row + tile.rows;
+                            down_tiles.push(stacked_rows(g, src, &[m.down], range).await?);
+                        }
+                        let host = HostExperts {
+                            gate_up: gate_up.clone(),
+                            down: down.clone(),
+                            gate_up_tiles,
+                            down_tiles,
+                        };
+                        (gate_up, down, Some(Arc::new(host)))
+                    } else {
+                        let gate_up = ld.interleaved(gate, up, ff, n)?;
+                        (gate_up, ld.matrix(vec![m.down], d)?, None)
+                    };
                     Some(Experts {
                         router: ld.matrix(vec![m.router], 1)?,
                         router_scale: ld.vector_scaled(m.router_scale, inv_sqrt_d),
                         pre_norm: ld.vector(m.pre_norm),
                         post_norm_dense: ld.vector(m.post_norm_dense),
                         post_norm_experts: ld.vector(m.post_norm_experts),
-                        gate_up: ld.interleaved(gate, up, ff, n)?,
-                        down: ld.matrix(vec![m.down], cfg.n_embd as u64)?,
+                        gate_up,
+                        down,
                         down_scale: m.down_scale.map(|s| ld.vector(s)),
+                        host,
                     })
                 }
                 _ => None,
@@ -549,7 +709,14 @@ impl GpuModel {
         matrices as u64 + ple_row
     }
 
-    /// Bytes the weights hold on the GPU.
+    /// Whether the experts are streamed from host memory ([`ExpertPlacement::Streamed`]).
+    pub fn streams_experts(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| l.experts.as_ref().is_some_and(|x| x.host.is_some()))
+    }
+
+    /// Bytes the weights hold on the GPU (streamed layers share their expert weights).
     pub fn gpu_bytes(&self) -> u64 {
         let vectors: u64 = self
             .layers
@@ -570,11 +737,10 @@ impl GpuModel {
             .chain(&self.rope_freqs)
             .map(|v| v.size)
             .sum();
-        self.matrices()
-            .iter()
-            .map(|(w, _)| w.gpu_bytes())
-            .sum::<u64>()
-            + vectors
+        let mut matrices: Vec<&GpuWeight> = self.matrices().into_iter().map(|(w, _)| w).collect();
+        matrices.sort_by(|a, b| a.name.cmp(&b.name));
+        matrices.dedup_by(|a, b| a.name == b.name);
+        matrices.iter().map(|w| w.gpu_bytes()).sum::<u64>() + vectors
     }
 
     pub(super) fn output_matrix(&self) -> &GpuWeight {

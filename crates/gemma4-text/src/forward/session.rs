@@ -4,6 +4,7 @@
 //! reads the token the previous step sampled into `result`, so steps can be queued back to
 //! back while the CPU reads earlier tokens back.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use wgemma_kernels::ops::{
 };
 use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Profiler, Recorder, View, WeightTile, wgpu};
 
-use super::model::{GateUp, GpuModel, PleRows, PleTable};
+use super::model::{GateUp, GpuModel, HostExperts, PleRows, PleTable};
 use crate::sampling::{SamplingParams, Strategy};
 
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +65,14 @@ impl Default for SessionOptions {
 #[derive(Clone, Debug)]
 enum Op {
     Run(Dispatch),
-    Copy { from: View, to: View, bytes: u64 },
+    Copy {
+        from: View,
+        to: View,
+        bytes: u64,
+    },
+    /// A streamed layer's experts into the weights expert layers share: what is recorded
+    /// before is submitted first.
+    Upload(Arc<HostExperts>),
 }
 
 /// Activations, allocated once at the largest batch. `x` is the residual stream, `xn` the
@@ -479,7 +487,8 @@ impl GpuSession {
         let d = cfg.n_embd as u32;
         let eps = cfg.eps;
         let single = m == 1;
-        let mut ops: Vec<Op> = Vec::new();
+        // A cell: the dispatches and the expert uploads between them are pushed from two places.
+        let ops: RefCell<Vec<Op>> = RefCell::new(Vec::new());
         // y[:, y_offset..] = x W^T over m tokens.
         let product =
             |w: &GpuWeight, x: &View, y: &View, y_stride: u32, y_offset: u32, out: MatvecOut| {
@@ -513,7 +522,7 @@ impl GpuSession {
             };
             ops::elementwise(ctx, op, out, m * cols)
         };
-        let mut run = |ds: Vec<Dispatch>| ops.extend(ds.into_iter().map(Op::Run));
+        let run = |ds: Vec<Dispatch>| ops.borrow_mut().extend(ds.into_iter().map(Op::Run));
         run(ops::embed(
             ctx,
             &model.token_embd,
@@ -729,6 +738,9 @@ impl GpuSession {
                         eps,
                     )?,
                 ]);
+                if let Some(host) = &x.host {
+                    ops.borrow_mut().push(Op::Upload(host.clone()));
+                }
                 let gate_up_slots = ExpertSlots {
                     sel: &mo.sel,
                     slots: m * k,
@@ -843,7 +855,7 @@ impl GpuSession {
                     &s.xn
                 } else {
                     let bytes = u64::from(d) * 4;
-                    ops.push(Op::Copy {
+                    ops.borrow_mut().push(Op::Copy {
                         from: s.xn.slice(u64::from(m - 1) * bytes, bytes)?,
                         to: s.last_n.clone(),
                         bytes,
@@ -858,7 +870,7 @@ impl GpuSession {
                     0,
                     MatvecOut::Rows { softcap },
                 )?;
-                ops.extend(head.into_iter().map(Op::Run));
+                ops.borrow_mut().extend(head.into_iter().map(Op::Run));
             }
             LogitsFor::All => {
                 let out =
@@ -873,10 +885,10 @@ impl GpuSession {
                     y_offset: 0,
                 };
                 let all = ops::matmul(ctx, model.output_matrix(), &args)?;
-                ops.extend(all.into_iter().map(Op::Run));
+                ops.borrow_mut().extend(all.into_iter().map(Op::Run));
             }
         }
-        Ok(ops)
+        Ok(ops.into_inner())
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<(), ForwardError> {
@@ -997,6 +1009,10 @@ impl GpuSession {
             match op {
                 Op::Run(d) => rec.run(d),
                 Op::Copy { from, to, bytes } => rec.copy(from, to, *bytes),
+                Op::Upload(host) => {
+                    rec.flush();
+                    host.write(rec.ctx());
+                }
             }
         }
     }

@@ -13,6 +13,10 @@ pub struct ModelArg {
     /// fetched on first use.
     #[arg(long, short)]
     pub model: Option<String>,
+    /// Keep a mixture-of-experts model's experts in host memory and copy each layer's in as
+    /// it runs: less GPU memory, slower steps. By default they stay on the GPU when they fit.
+    #[arg(long)]
+    pub stream_experts: bool,
 }
 
 /// Loads the model, showing upload progress on stderr unless `quiet`.
@@ -37,6 +41,11 @@ pub fn load(arg: &ModelArg, quiet: bool) -> Result<Model, CliError> {
             progress_bar.set_position(p.done);
         })),
         gpu: wgemma::ContextOptions::default().with_env(),
+        experts: if arg.stream_experts {
+            wgemma::ExpertPlacement::Streamed
+        } else {
+            wgemma::ExpertPlacement::Auto
+        },
         ..LoadOptions::default()
     };
     let model = pollster::block_on(Model::load_file(&path, opts))
