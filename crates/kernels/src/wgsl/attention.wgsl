@@ -100,10 +100,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         var dv: array<f32, MAX_G>;
         if (key < count) {
             let kb = ((first + key) * row + kvh * hd) / 4u;
-            for (var i = quarter; i < hd / 4u; i += 4u) {
-                let kv = kc[kb + i];
-                for (var g = 0u; g < G; g++) {
-                    dv[g] += dot(q[qb + g * (hd / 4u) + i], kv);
+            // Four of the key's vec4s loaded before they are used: loads in flight together
+            // rather than one after another (this loop waits on memory, not arithmetic).
+            for (var i0 = quarter; i0 < hd / 4u; i0 += 16u) {
+                var ks: array<vec4<f32>, 4>;
+                for (var t = 0u; t < 4u; t++) {
+                    if (i0 + 4u * t < hd / 4u) {
+                        ks[t] = kc[kb + i0 + 4u * t];
+                    }
+                }
+                for (var t = 0u; t < 4u; t++) {
+                    let i = i0 + 4u * t;
+                    if (i < hd / 4u) {
+                        for (var g = 0u; g < G; g++) {
+                            dv[g] += dot(q[qb + g * (hd / 4u) + i], ks[t]);
+                        }
+                    }
                 }
             }
         }
@@ -139,16 +151,23 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             acc[g] *= corr[g];
         }
         let vb = first * row + kvh * hd;
-        for (var jj = 0u; jj < count; jj++) {
-            var v = vec2<f32>(0.0);
-            if (li < hd) {
-                v.x = vc[vb + jj * row + li];
+        // Keys in batches of 8 whose values are loaded before they are summed, as above. Keys
+        // past `count` have zero values (their stale probabilities add nothing).
+        for (var j0 = 0u; j0 < count; j0 += 8u) {
+            var vs: array<vec2<f32>, 8>;
+            for (var t = 0u; t < 8u; t++) {
+                let vr = vb + (j0 + t) * row;
+                if (j0 + t < count && li < hd) {
+                    vs[t].x = vc[vr + li];
+                }
+                if (j0 + t < count && li + 256u < hd) {
+                    vs[t].y = vc[vr + li + 256u];
+                }
             }
-            if (li + 256u < hd) {
-                v.y = vc[vb + jj * row + li + 256u];
-            }
-            for (var g = 0u; g < G; g++) {
-                acc[g] += probs[g * CHUNK + jj] * v;
+            for (var t = 0u; t < 8u; t++) {
+                for (var g = 0u; g < G; g++) {
+                    acc[g] += probs[g * CHUNK + j0 + t] * vs[t];
+                }
             }
         }
         workgroupBarrier();
