@@ -4,6 +4,7 @@ import re
 import sys
 
 text = open(sys.argv[1]).read()
-pat = r'^(\S+)\s*\n?\s*time:\s+\[\S+ \S+ (\S+ \S+) \S+ \S+\]\s*\n\s*thrpt:\s+\[\S+ \S+ (\S+ \S+)'
+# Criterion pads numbers inside the brackets ("[ 29348 Gelem/s ...").
+pat = r'^(\S+)\s*\n?\s*time:\s+\[\s*\S+ \S+\s+(\S+ \S+)\s+\S+ \S+\]\s*\n\s*thrpt:\s+\[\s*\S+ \S+\s+(\S+ \S+)'
 for m in re.finditer(pat, text, re.M):
     print(f"{m.group(1):34} {m.group(2):>12} {m.group(3):>14}")
