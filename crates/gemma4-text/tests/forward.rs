@@ -7,7 +7,9 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::{ctx, gpu_model, gpu_model_fetching_rows, load, rel_err, scoring_session};
+use common::{
+    ctx, generate_pipelined, gpu_model, gpu_model_fetching_rows, load, rel_err, scoring_session,
+};
 use wgemma_gguf::{GgmlType, Gguf, MmapSource, TensorSource};
 use wgemma_text::sampling::sample_cpu;
 use wgemma_text::synth::{SynthMoe, SynthSpec, synthetic_bytes};
@@ -431,17 +433,7 @@ fn pipelined_generation_matches(
         }
         let pipelined = |many: &mut GpuSession| {
             assert_eq!(many.pipeline_depth(), depth);
-            many.begin(&tokens, &p, 0).unwrap();
-            let mut got = Vec::new();
-            let mut submitted = 1;
-            while got.len() < 10 {
-                while many.in_flight() < many.pipeline_depth() && submitted < 10 {
-                    many.advance(&p, submitted).unwrap();
-                    submitted += 1;
-                }
-                got.push(pollster::block_on(many.next_token()).unwrap());
-            }
-            got
+            generate_pipelined(many, &tokens, &p, 10)
         };
         // Per-layer rows fetched asynchronously (the browser's way) give the same tokens;
         // feeding a token whose rows were not fetched is an error.

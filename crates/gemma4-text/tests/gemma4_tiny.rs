@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{ctx, load, rel_err, scoring_session};
+use common::{ctx, generate_pipelined, load, rel_err, scoring_session};
 use wgemma_text::CpuModel;
 
 struct Case {
@@ -276,7 +276,7 @@ fn ollama_blob_layout_gives_the_same_model() {
 /// ahead, and the goldens' tokens.
 #[test]
 fn streamed_experts_match_resident_experts() {
-    use wgemma_text::{ExpertPlacement, GpuModel, GpuSession, LoadOptions, SamplingParams};
+    use wgemma_text::{ExpertPlacement, GpuModel, LoadOptions, SamplingParams};
     let Some(ctx) = ctx() else { return };
     let (_, bytes, json) = MODELS[1];
     let g = wgemma_gguf::Gguf::parse(bytes).unwrap();
@@ -330,17 +330,7 @@ fn streamed_experts_match_resident_experts() {
         // Steps queued ahead: each one's expert copies land between its own layers.
         let p = SamplingParams::default();
         let generate = |m: &Arc<GpuModel>| {
-            let mut s: GpuSession = scoring_session(m);
-            s.begin(&case.tokens[..6], &p, 0).unwrap();
-            let (mut got, mut submitted) = (Vec::new(), 1);
-            while got.len() < 8 {
-                while s.in_flight() < s.pipeline_depth() && submitted < 8 {
-                    s.advance(&p, submitted).unwrap();
-                    submitted += 1;
-                }
-                got.push(pollster::block_on(s.next_token()).unwrap());
-            }
-            got
+            generate_pipelined(&mut scoring_session(m), &case.tokens[..6], &p, 8)
         };
         assert_eq!(generate(&streamed), generate(&resident));
     }

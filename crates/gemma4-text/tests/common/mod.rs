@@ -7,7 +7,29 @@ use std::sync::{Arc, OnceLock};
 
 use wgemma_gguf::{BytesSource, Gguf, TensorSource};
 use wgemma_kernels::{ContextOptions, GpuContext};
-use wgemma_text::{CpuModel, GpuModel, GpuSession, PleRows, SessionOptions, TextConfig};
+use wgemma_text::{
+    CpuModel, GpuModel, GpuSession, PleRows, SamplingParams, SessionOptions, TextConfig,
+};
+
+/// Samples `n` tokens after `prompt`, keeping as many steps queued as the session allows
+/// (a server's loop).
+pub fn generate_pipelined(
+    s: &mut GpuSession,
+    prompt: &[u32],
+    p: &SamplingParams,
+    n: u32,
+) -> Vec<u32> {
+    s.begin(prompt, p, 0).unwrap();
+    let (mut got, mut submitted) = (Vec::new(), 1);
+    while got.len() < n as usize {
+        while s.in_flight() < s.pipeline_depth() && submitted < n {
+            s.advance(p, submitted).unwrap();
+            submitted += 1;
+        }
+        got.push(pollster::block_on(s.next_token()).unwrap());
+    }
+    got
+}
 
 pub fn ctx() -> Option<Arc<GpuContext>> {
     static CTX: OnceLock<Option<Arc<GpuContext>>> = OnceLock::new();
