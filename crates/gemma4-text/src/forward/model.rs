@@ -412,19 +412,24 @@ async fn interleaved_rows<R: RangeSource + ?Sized>(
     Ok(out)
 }
 
-/// Whether every layer's experts fit in GPU memory next to the rest: allocates them all
-/// (empty) and frees them again, reporting an out-of-memory error as `false`.
-async fn experts_fit(ctx: &GpuContext, t: &ModelTensors<'_>, cfg: &TextConfig) -> bool {
+/// Whether every layer's experts fit in GPU memory next to the rest of the weights:
+/// allocates them all (empty), plus as many bytes as the file's other tensors, and frees them
+/// again; an out-of-memory error means no. (The KV cache and scratch come later; they are
+/// small next to the experts of a model that needs this.)
+async fn experts_fit(ctx: &GpuContext, g: &Gguf, t: &ModelTensors<'_>, cfg: &TextConfig) -> bool {
     let Some(mc) = cfg.moe else {
         return true;
     };
     let (ff, n) = (mc.n_ff as u64, mc.n_expert as u64);
     let scope = ctx.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
     let mut probe = Vec::new();
+    let mut expert_bytes = 0;
     for m in t.layers.iter().filter_map(|l| l.moe.as_ref()) {
-        let gate: &TensorInfo = match &m.gate_up {
-            ExpertGateUp::Fused(t) | ExpertGateUp::Split { gate: t, .. } => t,
+        let (gate, up): (&TensorInfo, Option<&TensorInfo>) = match &m.gate_up {
+            ExpertGateUp::Fused(t) => (t, None),
+            ExpertGateUp::Split { gate, up } => (gate, Some(up)),
         };
+        expert_bytes += gate.n_bytes + up.map_or(0, |u| u.n_bytes) + m.down.n_bytes;
         for (t, rows, group) in [
             (gate, 2 * ff * n, 2 * ff),
             (m.down, m.down.n_rows(), cfg.n_embd as u64),
@@ -437,8 +442,16 @@ async fn experts_fit(ctx: &GpuContext, t: &ModelTensors<'_>, cfg: &TextConfig) -
             }
         }
     }
+    let all: u64 = g.tensors().iter().map(|t| t.n_bytes).sum();
+    let mut rest = all.saturating_sub(expert_bytes);
+    let mut filler = Vec::new();
+    while rest > 0 {
+        let chunk = rest.min(ctx.max_binding_size());
+        filler.push(ctx.storage("probe", chunk));
+        rest -= chunk;
+    }
     let oom = scope.pop().await;
-    drop(probe);
+    drop((probe, filler));
     oom.is_none()
 }
 
@@ -473,7 +486,7 @@ impl GpuModel {
             && match opts.experts {
                 ExpertPlacement::Resident => false,
                 ExpertPlacement::Streamed => true,
-                ExpertPlacement::Auto => !experts_fit(&ctx, &t, cfg).await,
+                ExpertPlacement::Auto => !experts_fit(&ctx, g, &t, cfg).await,
             };
         if streamed && t.ple.is_some() {
             return Err(LoadError::StreamedExpertsWithPle);
