@@ -2,9 +2,9 @@
 // the weights straight from memory.
 //
 // A workgroup of 256 threads takes 256 / TPR groups of RPT consecutive rows. The TPR threads of
-// a group stride over the rows' 32-element units; each thread dequantizes the unit of each of
-// its RPT rows against one load of the input, so the input is read once per RPT rows rather
-// than once per row. Lanes of a group are summed with subgroup shuffles (and, for groups wider
+// a group stride over the rows' steps (STEP values, per dtype below); each thread dequantizes
+// the step of each of its RPT rows against one load of the input, so the input is read once
+// per RPT rows rather than once per row. Lanes of a group are summed with subgroup shuffles (and, for groups wider
 // than the SG-lane subgroups, their subgroups' sums through workgroup memory), or without
 // subgroups through workgroup memory alone. Tokens (few) are grid.z.
 //
