@@ -218,7 +218,8 @@ fn attention_prefill(c: &mut Criterion) {
     group.finish();
 }
 
-/// The matrix-vector product at each (threads per row, rows per group) for the quantized dtypes of Gemma's matrices: the table
+/// The matrix-vector product at each (threads per row, rows per group) for the quantized
+/// dtypes of Gemma's matrices (Q4_K heads loading a step ahead, as chosen): the table
 /// [`ops::MatvecTuning::choose`] is fitted to. The head shape, then E2B's decode shapes
 /// (Q, O, interleaved gate/up, down, per-layer gate and projection); Gemma 3 270M's head.
 fn matvec_tuning(c: &mut Criterion) {

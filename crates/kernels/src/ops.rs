@@ -900,11 +900,12 @@ impl MatvecTuning {
         // A matrix with rows enough to fill the GPU many times over (an output head) is
         // bandwidth-bound: there, lanes that loop over several steps of a row beat lanes that
         // start all at once. On the H100 at 262144 x 1536, 4 lanes per row took Q4_K from
-        // 1297 to 1400 GiB/s (against 16) and Q6_K from 1126 to 1339; 16 took Q8_0 from 1870 to
-        // 1978 (against 4). Loading a step ahead then took Q4_K to 1620 GiB/s; the same on
-        // E2B's small matrices, where a lane takes one or two steps, cost 4% of a decode step. Float weights keep the default (16 lanes took F32 from 848 to 684).
-        // Other dtypes' lanes share a row's steps evenly: Gemma 3 270M's Q8_0 head (20 steps a
-        // row) took 117 us with 16 lanes and 93 with 4.
+        // 1297 to 1400 GiB/s (against 16) and Q6_K from 1126 to 1339; 16 took Q8_0 from 1870
+        // to 1978 (against 4). Loading a step ahead then took Q4_K to 1620 GiB/s (Q6_K, holding
+        // 60 bytes a row ahead, fell to 959); on E2B's small matrices, where a lane takes one
+        // or two steps, it cost 4% of a decode step. Float weights keep the default (16 lanes
+        // took F32 from 848 to 684). Other dtypes' lanes share a row's steps evenly: Gemma 3
+        // 270M's Q8_0 head (20 steps a row) took 117 us with 16 lanes and 93 with 4.
         let wide = if matches!(dtype, GgmlType::Q4K | GgmlType::Q6K) {
             4
         } else {

@@ -986,10 +986,10 @@ fn residual_norm_matches_cpu() {
 
 /// Layout and settings of one token's `[q | k | v]` row for the CPU head work.
 struct HeadShape {
-    nh: usize,
-    nkv: usize,
-    hd: usize,
-    n_rot: usize,
+    nh: u32,
+    nkv: u32,
+    hd: u32,
+    n_rot: u32,
     k_is_v: bool,
     v_norm: bool,
     freq_scale: f32,
@@ -1005,22 +1005,32 @@ fn heads_on_cpu(
     kn: &[f32],
     ff: Option<&[f32]>,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (nh, nkv, hd) = (s.nh as usize, s.nkv as usize, s.hd as usize);
     let rope = |x: &mut Vec<f32>, heads| {
-        cpu::rope_neox(x, heads, s.hd, s.n_rot, &[pos], 10000.0, s.freq_scale, ff)
+        cpu::rope_neox(
+            x,
+            heads,
+            hd,
+            s.n_rot as usize,
+            &[pos],
+            10000.0,
+            s.freq_scale,
+            ff,
+        )
     };
-    let mut q = cpu::rms_norm(&row[..s.nh * s.hd], s.hd, Some(qn), 1e-6);
-    rope(&mut q, s.nh);
-    let kv = s.nkv * s.hd;
-    let k_raw = &row[s.nh * s.hd..][..kv];
-    let mut k = cpu::rms_norm(k_raw, s.hd, Some(kn), 1e-6);
-    rope(&mut k, s.nkv);
+    let mut q = cpu::rms_norm(&row[..nh * hd], hd, Some(qn), 1e-6);
+    rope(&mut q, nh);
+    let kv = nkv * hd;
+    let k_raw = &row[nh * hd..][..kv];
+    let mut k = cpu::rms_norm(k_raw, hd, Some(kn), 1e-6);
+    rope(&mut k, nkv);
     let v_raw = if s.k_is_v {
         k_raw
     } else {
-        &row[s.nh * s.hd + kv..][..kv]
+        &row[nh * hd + kv..][..kv]
     };
     let v = if s.v_norm {
-        cpu::rms_norm(v_raw, s.hd, None, 1e-6)
+        cpu::rms_norm(v_raw, hd, None, 1e-6)
     } else {
         v_raw.to_vec()
     };
@@ -1082,10 +1092,10 @@ fn head_post_matches_norm_rope_and_store() {
         let (got_k, got_v) = (read(ctx, &kc), read(ctx, &vc));
         let ffo = ff.then_some(factors.as_slice());
         let shape = HeadShape {
-            nh: nh as usize,
-            nkv: nkv as usize,
-            hd: hd as usize,
-            n_rot: n_rot as usize,
+            nh,
+            nkv,
+            hd,
+            n_rot,
             k_is_v,
             v_norm,
             freq_scale: 1.0,
@@ -1235,10 +1245,10 @@ fn decode_attention_with_head_work_matches_cpu() {
         let kv_len = (cap * nkv * hd) as usize;
         let (kc, vc) = (rng.vec(kv_len, 1.0), rng.vec(kv_len, 1.0));
         let shape = HeadShape {
-            nh: nh as usize,
-            nkv: nkv as usize,
-            hd: hd as usize,
-            n_rot: n_rot as usize,
+            nh,
+            nkv,
+            hd,
+            n_rot,
             k_is_v,
             v_norm,
             freq_scale: 0.5,
