@@ -249,20 +249,33 @@ fn matvec_tuning(c: &mut Criterion) {
                     if (head && (tpr > 32 || rpt < 2)) || (!head && tpr == 4) {
                         continue;
                     }
-                    let tuning = ops::MatvecTuning {
-                        tpr,
-                        rpt,
-                        prefetch: head && dtype == GgmlType::Q4K,
+                    // Heads of K-quants also with 8-bit inputs.
+                    let int8 = if head && ops::int8_input_fits(&ctx, dtype, cols as u32) {
+                        &[false, true][..]
+                    } else {
+                        &[false][..]
                     };
-                    let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
-                    let ds =
-                        ops::matvec_tuned(&ctx, &w, &x, &y, 0, rows_out, Some(tuning)).unwrap();
-                    group.throughput(Throughput::Bytes(bytes));
-                    group.bench_with_input(
-                        BenchmarkId::new(dtype.name(), format!("{rows}x{cols}/t{tpr}r{rpt}")),
-                        &ds,
-                        |b, ds| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters)),
-                    );
+                    for &int8_input in int8 {
+                        let tuning = ops::MatvecTuning {
+                            tpr,
+                            rpt,
+                            prefetch: head && dtype == GgmlType::Q4K,
+                            int8_input,
+                        };
+                        let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
+                        let ds =
+                            ops::matvec_tuned(&ctx, &w, &x, &y, 1, rows_out, Some(tuning)).unwrap();
+                        let name = if int8_input { "i8" } else { "" };
+                        group.throughput(Throughput::Bytes(bytes));
+                        group.bench_with_input(
+                            BenchmarkId::new(
+                                dtype.name(),
+                                format!("{rows}x{cols}/t{tpr}r{rpt}{name}"),
+                            ),
+                            &ds,
+                            |b, ds| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters)),
+                        );
+                    }
                 }
             }
             let chosen =

@@ -24,6 +24,24 @@ pub fn matmul(w: &[f32], n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32> {
     y
 }
 
+/// The input as a matrix-vector product with [`MatvecTuning::int8_input`] sees it: per 32
+/// values, integers in -127..127 times max|x| / 127 (rounded half to even, as WGSL's `round`).
+///
+/// [`MatvecTuning::int8_input`]: crate::ops::MatvecTuning::int8_input
+pub fn round_to_int8(x: &[f32]) -> Vec<f32> {
+    x.chunks(32)
+        .flat_map(|b| {
+            let a = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let (d, inv) = if a > 0.0 {
+                (a / 127.0, 127.0 / a)
+            } else {
+                (0.0, 0.0)
+            };
+            b.iter().map(move |v| (v * inv).round_ties_even() * d)
+        })
+        .collect()
+}
+
 /// [`matmul`] on inputs rounded to f16 first: what the cooperative-matrix kernel computes
 /// (f16 operands, f32 accumulation).
 pub fn matmul_f16_inputs(w: &[f32], n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32> {

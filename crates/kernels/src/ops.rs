@@ -855,13 +855,16 @@ pub struct ExpertSlots<'a> {
 /// How a matrix-vector product spreads over a workgroup of 256 threads: `tpr` threads per
 /// row group (4..=256, a power of two) and `rpt` rows per group (1, 2 or 4; at least 2 for a
 /// gated output); with `prefetch`, each lane loads a step's weights while it sums the step
-/// before (worth it where lanes take many steps). [`MatvecTuning::choose`] picks one per
-/// shape and device.
+/// before (worth it where lanes take many steps); with `int8_input` (Q4_K and Q6_K), the
+/// input is rounded to 8-bit integers per 32 values and multiplied in integer dot products,
+/// as ggml's quantized dot products do. [`MatvecTuning::choose`] picks one per shape and
+/// device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatvecTuning {
     pub tpr: u32,
     pub rpt: u32,
     pub prefetch: bool,
+    pub int8_input: bool,
 }
 
 impl MatvecTuning {
@@ -915,11 +918,16 @@ impl MatvecTuning {
                 .unwrap_or(4)
         };
         let quantized = dtype.block_size() > 1;
+        // 8-bit inputs then took the K-quant heads past the conversion rate that bounded them,
+        // best at 8 lanes per row: Q4_K 1,582 -> 2,103 GiB/s, Q6_K 1,580 -> 2,158.
+        let int8_input = int8_input_fits(ctx, dtype, k);
+        let wide = if int8_input { 8 } else { wide };
         if quantized && !cpu && workgroups(wide, 4) >= 512 && max_tpr >= wide {
             return Self {
                 tpr: wide,
                 rpt: 4,
                 prefetch: dtype == GgmlType::Q4K,
+                int8_input,
             };
         }
         let mut rpt = 4u32;
@@ -934,8 +942,19 @@ impl MatvecTuning {
             tpr,
             rpt,
             prefetch: false,
+            int8_input: false,
         }
     }
+}
+
+/// Whether [`MatvecTuning::int8_input`] serves `dtype` at rows of `k`: a K-quant whose input,
+/// as integers (k bytes) and per-16-value scales and sums (k / 2 bytes), fits in a
+/// workgroup's memory next to its reductions.
+pub fn int8_input_fits(ctx: &GpuContext, dtype: GgmlType, k: u32) -> bool {
+    matches!(dtype, GgmlType::Q4K | GgmlType::Q6K)
+        && k.is_multiple_of(32)
+        && u64::from(k) * 3 / 2 + 5 * 1024
+            <= u64::from(ctx.limits.max_compute_workgroup_storage_size)
 }
 
 /// One use of the one-token kernel: `m` tokens (or expert slots) of `x`, `x_stride` apart,
@@ -998,7 +1017,12 @@ fn matvec_dispatches(
             w.name
         )));
     }
-    let MatvecTuning { tpr, rpt, prefetch } = match tuning {
+    let MatvecTuning {
+        tpr,
+        rpt,
+        prefetch,
+        int8_input,
+    } = match tuning {
         Some(t) if [4, 8, 16, 32, 64, 128, 256].contains(&t.tpr) && [1, 2, 4].contains(&t.rpt) => {
             if geglu && t.rpt < 2 {
                 return Err(shape(format!(
@@ -1016,6 +1040,12 @@ fn matvec_dispatches(
             MatvecTuning::choose(ctx, w.dtype, k, rows, geglu)
         }
     };
+    if int8_input && (residual.is_some() || !int8_input_fits(ctx, w.dtype, k)) {
+        return Err(shape(format!(
+            "{}: 8-bit inputs are for a Q4_K or Q6_K product without a residual step, of rows that fit in workgroup memory",
+            w.name
+        )));
+    }
     let subgroups = ctx.features.subgroups;
     if let Some(r) = residual {
         if experts.is_some() || x_stride != k || !matvec_input_fits(ctx, k) {
@@ -1066,11 +1096,17 @@ fn matvec_dispatches(
         .flag_if(residual.is_some(), "RESIDUAL")
         .flag_if(residual.is_some_and(|r| r.next_norm.is_some()), "PRENORM")
         .flag_if(matches!(out, MatvecOut::GeluTimes { .. }), "GELU_TIMES")
+        .flag_if(int8_input, "INT8_X")
         .constant("TPR", f64::from(tpr))
         .constant("RPT", f64::from(rpt))
         .constant("PREFETCH", f64::from(u8::from(prefetch)));
     if residual.is_some() {
         source = source.constant("XV", f64::from(k / 4));
+    }
+    if int8_input {
+        source = source
+            .constant("XQ", f64::from(k / 4))
+            .constant("XC", f64::from(k / 16));
     }
     if subgroups {
         source = source.constant("SG", f64::from(ctx.features.subgroup_min_size.clamp(4, 64)));
@@ -1219,26 +1255,35 @@ pub fn matvec(
     out_offset: u32,
     out: MatvecOut<'_>,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    matvec_tuned(ctx, w, x, y, out_offset, out, None)
-}
-
-/// [`matvec`] with a given tuning (`None`: the one [`MatvecTuning::choose`] picks), for tests
-/// and kernel tuning.
-pub fn matvec_tuned(
-    ctx: &GpuContext,
-    w: &GpuWeight,
-    x: &View,
-    y: &View,
-    out_offset: u32,
-    out: MatvecOut<'_>,
-    tuning: Option<MatvecTuning>,
-) -> Result<Vec<Dispatch>, GpuError> {
     let out_rows = if out.is_geglu() { w.rows / 2 } else { w.rows };
     x.expect_len32(&w.name, w.cols)?;
     y.expect_len32(&w.name, u64::from(out_offset) + out_rows)?;
     let job = MatvecJob {
         x_stride: w.cols as u32,
         out_offset,
+        ..MatvecJob::new(x, y, out)
+    };
+    matvec_dispatches(ctx, w, &job)
+}
+
+/// The one-token kernel over `tokens` rows of `x`, into consecutive rows of `y`, with a given
+/// tuning (`None`: the one [`MatvecTuning::choose`] picks), for tests and kernel tuning.
+pub fn matvec_tuned(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    x: &View,
+    y: &View,
+    tokens: u32,
+    out: MatvecOut<'_>,
+    tuning: Option<MatvecTuning>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let out_rows = if out.is_geglu() { w.rows / 2 } else { w.rows };
+    x.expect_len32(&w.name, w.cols * u64::from(tokens))?;
+    y.expect_len32(&w.name, out_rows * u64::from(tokens))?;
+    let job = MatvecJob {
+        m: tokens,
+        x_stride: w.cols as u32,
+        y_stride: out_rows as u32,
         tuning,
         ..MatvecJob::new(x, y, out)
     };

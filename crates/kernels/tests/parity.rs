@@ -856,21 +856,27 @@ fn matvec_matches_cpu_at_every_tuning() {
             tpr: 4,
             rpt: 8,
             prefetch: false,
+            int8_input: false,
         });
         let y = poisoned(ctx, n as usize);
         let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
-        assert!(ops::matvec_tuned(ctx, &w, &xv, &y, 0, rows_out, eight).is_err());
+        assert!(ops::matvec_tuned(ctx, &w, &xv, &y, 1, rows_out, eight).is_err());
         for (tpr, prefetch) in [(4u32, true), (4, false), (64, true), (256, false)] {
             for rpt in [1u32, 2, 4] {
-                let t = Some(ops::MatvecTuning { tpr, rpt, prefetch });
+                let t = Some(ops::MatvecTuning {
+                    tpr,
+                    rpt,
+                    prefetch,
+                    int8_input: false,
+                });
                 let what = format!("{dtype} tpr {tpr} rpt {rpt} prefetch {prefetch}");
                 let y = poisoned(ctx, n as usize);
                 let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
-                let ds = ops::matvec_tuned(ctx, &w, &xv, &y, 0, rows_out, t).unwrap();
+                let ds = ops::matvec_tuned(ctx, &w, &xv, &y, 1, rows_out, t).unwrap();
                 run(ctx, &ds.iter().collect::<Vec<_>>());
                 assert_close(&what, &read(ctx, &y), &rows, 3e-5);
                 let y = poisoned(ctx, gated.len());
-                let gate = ops::matvec_tuned(ctx, &w, &xv, &y, 0, ops::MatvecOut::Geglu, t);
+                let gate = ops::matvec_tuned(ctx, &w, &xv, &y, 1, ops::MatvecOut::Geglu, t);
                 if rpt == 1 {
                     assert!(gate.is_err(), "{what}: a gated output needs row pairs");
                     continue;
@@ -880,6 +886,101 @@ fn matvec_matches_cpu_at_every_tuning() {
             }
         }
     }
+}
+
+/// Q4_K and Q6_K products of an input rounded to 8-bit integers per 32 values: equal to the
+/// float product of the input as rounded (`cpu::round_to_int8`), close to the exact one, at
+/// every group shape, rows of odd counts and several lengths, and for several tokens; other
+/// dtypes and the fused residual step refuse the tuning.
+#[test]
+fn int8_input_matvec_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(71);
+    let int8 = |tpr, rpt, prefetch| {
+        Some(ops::MatvecTuning {
+            tpr,
+            rpt,
+            prefetch,
+            int8_input: true,
+        })
+    };
+    let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
+    for dtype in [GgmlType::Q4K, GgmlType::Q6K] {
+        for (k, n) in [(256u64, 37u64), (1536, 301), (2560, 8)] {
+            let ku = k as usize;
+            let wq = quantize(dtype, &rng.vec((k * n) as usize, 0.5)).unwrap();
+            let wd = dequantize_to_vec(dtype, &wq).unwrap();
+            // Blocks of very different magnitudes, one all zero: each has its own scale.
+            let mut x = rng.vec(ku, 1.0);
+            for (b, chunk) in x.chunks_mut(32).enumerate() {
+                let scale = [1.0, 0.01, 30.0, 0.0][b % 4];
+                chunk.iter_mut().for_each(|v| *v *= scale);
+            }
+            let xv = upload(ctx, &x);
+            let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, None).unwrap();
+            let want = cpu::matmul(&wd, n as usize, ku, &cpu::round_to_int8(&x), 1);
+            let exact = cpu::matmul(&wd, n as usize, ku, &x, 1);
+            for (tpr, rpt, prefetch) in [
+                (4u32, 4u32, true),
+                (4, 1, false),
+                (64, 2, false),
+                (256, 4, true),
+            ] {
+                let what = format!("{dtype} k={k} n={n} tpr {tpr} rpt {rpt} prefetch {prefetch}");
+                let y = poisoned(ctx, n as usize);
+                let t = int8(tpr, rpt, prefetch);
+                let ds = ops::matvec_tuned(ctx, &w, &xv, &y, 1, rows_out, t).unwrap();
+                run(ctx, &ds.iter().collect::<Vec<_>>());
+                let got = read(ctx, &y);
+                assert_close(&what, &got, &want, 3e-5);
+                let e = rel_err(&got, &exact);
+                assert!(e < 2e-2, "{what}: {e} from the exact product");
+            }
+        }
+        // Several tokens, each rounded on its own, through the gated output.
+        let (k, n, m) = (512u64, 64u64, 3u32);
+        let wq = quantize(dtype, &rng.vec((k * n) as usize, 0.5)).unwrap();
+        let wd = dequantize_to_vec(dtype, &wq).unwrap();
+        let x = rng.vec(k as usize * m as usize, 2.0);
+        let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, None).unwrap();
+        let rows = cpu::matmul(
+            &wd,
+            n as usize,
+            k as usize,
+            &cpu::round_to_int8(&x),
+            m as usize,
+        );
+        let want: Vec<f32> = rows
+            .chunks(2)
+            .map(|p| cpu::gelu_tanh(p[0]) * p[1])
+            .collect();
+        let y = poisoned(ctx, want.len());
+        let ds = ops::matvec_tuned(
+            ctx,
+            &w,
+            &upload(ctx, &x),
+            &y,
+            m,
+            ops::MatvecOut::Geglu,
+            int8(8, 2, false),
+        )
+        .unwrap();
+        run(ctx, &ds.iter().collect::<Vec<_>>());
+        assert_close(
+            &format!("{dtype} gated, {m} tokens"),
+            &read(ctx, &y),
+            &want,
+            3e-5,
+        );
+    }
+    let (k, n) = (256u64, 8u64);
+    let wq = quantize(GgmlType::Q8_0, &rng.vec((k * n) as usize, 0.5)).unwrap();
+    let w = GpuWeight::upload(ctx, "w", GgmlType::Q8_0, k, n, &wq, None).unwrap();
+    let (xv, y) = (
+        upload(ctx, &rng.vec(k as usize, 1.0)),
+        poisoned(ctx, n as usize),
+    );
+    assert!(ops::matvec_tuned(ctx, &w, &xv, &y, 1, rows_out, int8(4, 4, false)).is_err());
 }
 
 /// The residual step fused in front of the one-token product: the product, the updated stream

@@ -18,6 +18,11 @@
 // PRENORM norm(h) * pre (the next block's norm), which the first workgroup writes to normed;
 // the steps read it from workgroup memory.
 // GELU_TIMES: y[out_offset + i] = gelu_tanh(row_i . x) * times[times_offset + i].
+//
+// INT8_X (Q4_K and Q6_K): every workgroup first rounds the input to 8-bit integers, with one
+// scale per 32 values, into workgroup memory; the steps then multiply 4 weight values by 4
+// inputs in one integer dot product instead of converting each weight to a float (the
+// conversions bound a float head's speed). As ggml's quantized dot products do.
 
 struct Params {
     k: u32,
@@ -36,6 +41,19 @@ struct Params {
     eps: f32,
     scale: f32,
     times_offset: u32,
+}
+
+// A step's inputs: XN vec4s of floats, or with INT8_X XN words of four 8-bit integers; and
+// what every row's step shares (XS: per-part input scales d and sums s, by dtype).
+#if INT8_X
+alias XIn = array<u32, XN>;
+#else
+alias XIn = array<vec4<f32>, XN>;
+#endif
+
+struct XS {
+    d: vec4<f32>,
+    s: vec4<f32>,
 }
 
 #if DT_Q4_K
@@ -67,14 +85,6 @@ fn x_vec(u: u32, i: u32) -> u32 {
     return 8u * u - 4u * (u & 1u) + i + 4u * (i / 4u);
 }
 
-// The sums of the step's low- and high-nibble inputs, which the mins multiply: the same for
-// every row, so computed once per step.
-fn step_pre(xv: ptr<function, array<vec4<f32>, XN>>) -> vec2<f32> {
-    let lo = (*xv)[0] + (*xv)[1] + (*xv)[2] + (*xv)[3];
-    let hi = (*xv)[4] + (*xv)[5] + (*xv)[6] + (*xv)[7];
-    return vec2<f32>(dot(lo, vec4<f32>(1.0)), dot(hi, vec4<f32>(1.0)));
-}
-
 struct Raw {
     hdr: vec4<u32>,
     q: vec4<u32>,
@@ -85,34 +95,68 @@ fn step_load(rb: u32, u: u32) -> Raw {
     return Raw(w4[o16], w4[o16 + 1u + 2u * ((u >> 1u) & 3u) + (u & 1u)]);
 }
 
-fn step_dot(r: Raw, u: u32, xv: ptr<function, array<vec4<f32>, XN>>, xs: vec2<f32>) -> f32 {
-    let j = (u >> 1u) & 3u;
-    let hdr = r.hdr;
-    let q = r.q;
-    let dm = unpack2x16float(hdr.x);
-    // k4_scale_min on the 12 scale bytes hdr.y (0..3), hdr.z (4..7), hdr.w (8..11).
-    var scs: vec2<f32>;
-    var mns: vec2<f32>;
+// The scales (x, y) and mins (z, w) of sub-blocks 2j and 2j + 1 from a block's header
+// (k4_scale_min on the 12 scale bytes hdr.y (0..3), hdr.z (4..7), hdr.w (8..11)).
+fn k4_pair(hdr: vec4<u32>, j: u32) -> vec4<f32> {
+    var sm: vec4<f32>;
     for (var t = 0u; t < 2u; t++) {
         let sb = 2u * j + t;
         if (sb < 4u) {
-            scs[t] = f32((hdr.y >> (8u * sb)) & 63u);
-            mns[t] = f32((hdr.z >> (8u * sb)) & 63u);
+            sm[t] = f32((hdr.y >> (8u * sb)) & 63u);
+            sm[2u + t] = f32((hdr.z >> (8u * sb)) & 63u);
         } else {
             let sh = 8u * (sb - 4u);
             let a = (hdr.w >> sh) & 0xFFu;
-            scs[t] = f32((a & 0xFu) | ((((hdr.y >> sh) >> 6u) & 3u) << 4u));
-            mns[t] = f32((a >> 4u) | ((((hdr.z >> sh) >> 6u) & 3u) << 4u));
+            sm[t] = f32((a & 0xFu) | ((((hdr.y >> sh) >> 6u) & 3u) << 4u));
+            sm[2u + t] = f32((a >> 4u) | ((((hdr.z >> sh) >> 6u) & 3u) << 4u));
         }
     }
+    return sm;
+}
+
+fn step_dot(r: Raw, u: u32, xv: ptr<function, XIn>, xs: XS) -> f32 {
+    let dm = unpack2x16float(r.hdr.x);
+    let sm = k4_pair(r.hdr, (u >> 1u) & 3u);
+    let lh = nibble_dots(r.q, xv) * xs.d.xy;
+    return dm.x * dot(sm.xy, lh) - dm.y * dot(sm.zw, xs.s.xy);
+}
+
+#if INT8_X
+// xs.d: the scales of the low- and high-nibble inputs; xs.s: their sums, which the mins
+// multiply (the same for every row, so read once per step).
+fn step_pre(u: u32, xv: ptr<function, XIn>) -> XS {
+    let lo = xqs[2u * u - (u & 1u)];
+    let hi = xqs[2u * u - (u & 1u) + 2u];
+    return XS(vec4<f32>(lo.x, hi.x, 0.0, 0.0), vec4<f32>(lo.y, hi.y, 0.0, 0.0));
+}
+
+// The integer dot products of the step's low and high nibbles with their inputs.
+fn nibble_dots(q: vec4<u32>, xv: ptr<function, XIn>) -> vec2<f32> {
+    var lo = 0i;
+    var hi = 0i;
+    for (var i = 0u; i < 4u; i++) {
+        lo += dot4I8Packed(q[i] & 0x0F0F0F0Fu, (*xv)[i]);
+        hi += dot4I8Packed((q[i] >> 4u) & 0x0F0F0F0Fu, (*xv)[4u + i]);
+    }
+    return vec2<f32>(f32(lo), f32(hi));
+}
+#else
+fn step_pre(u: u32, xv: ptr<function, XIn>) -> XS {
+    let lo = (*xv)[0] + (*xv)[1] + (*xv)[2] + (*xv)[3];
+    let hi = (*xv)[4] + (*xv)[5] + (*xv)[6] + (*xv)[7];
+    return XS(vec4<f32>(1.0), vec4<f32>(dot(lo, vec4<f32>(1.0)), dot(hi, vec4<f32>(1.0)), 0.0, 0.0));
+}
+
+fn nibble_dots(q: vec4<u32>, xv: ptr<function, XIn>) -> vec2<f32> {
     var lo = 0.0;
     var hi = 0.0;
     for (var i = 0u; i < 4u; i++) {
         lo += dot(lo4(q[i]), (*xv)[i]);
         hi += dot(hi4(q[i]), (*xv)[4u + i]);
     }
-    return dm.x * (scs.x * lo + scs.y * hi) - dm.y * (mns.x * xs.x + mns.y * xs.y);
+    return vec2<f32>(lo, hi);
 }
+#endif
 #endif
 
 #if DT_Q6_K
@@ -126,10 +170,6 @@ fn x_vec(u: u32, i: u32) -> u32 {
     return 16u * u - 12u * (u & 1u) + 8u * (i / 4u) + (i & 3u);
 }
 
-fn step_pre(xv: ptr<function, array<vec4<f32>, XN>>) -> vec2<f32> {
-    return vec2<f32>(0.0);
-}
-
 // The 16 bytes at an even offset, from the five words that hold them.
 fn words16(o: u32) -> vec4<u32> {
     let i = o >> 2u;
@@ -141,15 +181,52 @@ fn words16(o: u32) -> vec4<u32> {
     return (a >> vec4<u32>(16u)) | (b << vec4<u32>(16u));
 }
 
-fn step_dot(r: Raw, u: u32, xv: ptr<function, array<vec4<f32>, XN>>, xs: vec2<f32>) -> f32 {
+fn step_dot(r: Raw, u: u32, xv: ptr<function, XIn>, xs: XS) -> f32 {
     let ob = r.rb + (u >> 2u) * 210u;
     let hf = (u >> 1u) & 1u;
     let lb = ob + 64u * hf + 16u * (u & 1u);
     let hb = ob + 128u + 32u * hf + 16u * (u & 1u);
-    let wl0 = words16(lb);
-    let wl1 = words16(lb + 32u);
-    let wh = words16(hb);
-    // Per quarter.
+    let pq = quarter_dots(words16(lb), words16(lb + 32u), words16(hb), xv, xs);
+    // Quarter q's scale is sub-block 2q + s (s = u % 2): byte 2q + s of the half's scales.
+    let sh = 8u * (u & 1u);
+    let s_lo = w32(ob + 192u + 8u * hf);
+    let s_hi = w32(ob + 196u + 8u * hf);
+    let sc = vec4<f32>(sbyte((s_lo >> sh) & 0xFFu), sbyte((s_lo >> (16u + sh)) & 0xFFu), sbyte((s_hi >> sh) & 0xFFu), sbyte((s_hi >> (16u + sh)) & 0xFFu));
+    return wf16(ob + 208u) * dot(sc, pq);
+}
+
+#if INT8_X
+// xs.d, xs.s: each quarter's input scale and input sum.
+fn step_pre(u: u32, xv: ptr<function, XIn>) -> XS {
+    let c = 4u * u - 3u * (u & 1u);
+    let a = xqs[c];
+    let b = xqs[c + 2u];
+    let e = xqs[c + 4u];
+    let f = xqs[c + 6u];
+    return XS(vec4<f32>(a.x, b.x, e.x, f.x), vec4<f32>(a.y, b.y, e.y, f.y));
+}
+
+// Per quarter, the 6-bit values (0..63, from the low nibbles wl0/wl1 and the high bits wh)
+// as bytes dotted with the integer inputs; minus 32 times the input sum.
+fn quarter_dots(wl0: vec4<u32>, wl1: vec4<u32>, wh: vec4<u32>, xv: ptr<function, XIn>, xs: XS) -> vec4<f32> {
+    let m4 = 0x0F0F0F0Fu;
+    let m2 = 0x03030303u;
+    var iq = vec4<i32>(0);
+    for (var i = 0u; i < 4u; i++) {
+        let h = wh[i];
+        iq.x += dot4I8Packed((wl0[i] & m4) | ((h & m2) << 4u), (*xv)[i]);
+        iq.y += dot4I8Packed((wl1[i] & m4) | (((h >> 2u) & m2) << 4u), (*xv)[4u + i]);
+        iq.z += dot4I8Packed(((wl0[i] >> 4u) & m4) | (((h >> 4u) & m2) << 4u), (*xv)[8u + i]);
+        iq.w += dot4I8Packed(((wl1[i] >> 4u) & m4) | (((h >> 6u) & m2) << 4u), (*xv)[12u + i]);
+    }
+    return xs.d * vec4<f32>(iq) - 32.0 * xs.s;
+}
+#else
+fn step_pre(u: u32, xv: ptr<function, XIn>) -> XS {
+    return XS(vec4<f32>(1.0), vec4<f32>(0.0));
+}
+
+fn quarter_dots(wl0: vec4<u32>, wl1: vec4<u32>, wh: vec4<u32>, xv: ptr<function, XIn>, xs: XS) -> vec4<f32> {
     var pq = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i++) {
         let l0 = bytes4(wl0[i]);
@@ -161,13 +238,9 @@ fn step_dot(r: Raw, u: u32, xv: ptr<function, array<vec4<f32>, XN>>, xs: vec2<f3
         let q3 = small4_minus((l1 >> vec4<u32>(4u)) | ((h >> vec4<u32>(6u)) << vec4<u32>(4u)), 32.0);
         pq += vec4<f32>(dot(q0, (*xv)[i]), dot(q1, (*xv)[4u + i]), dot(q2, (*xv)[8u + i]), dot(q3, (*xv)[12u + i]));
     }
-    // Quarter q's scale is sub-block 2q + s (s = u % 2): byte 2q + s of the half's scales.
-    let sh = 8u * (u & 1u);
-    let s_lo = w32(ob + 192u + 8u * hf);
-    let s_hi = w32(ob + 196u + 8u * hf);
-    let sc = vec4<f32>(sbyte((s_lo >> sh) & 0xFFu), sbyte((s_lo >> (16u + sh)) & 0xFFu), sbyte((s_hi >> sh) & 0xFFu), sbyte((s_hi >> (16u + sh)) & 0xFFu));
-    return wf16(ob + 208u) * dot(sc, pq);
+    return pq;
 }
+#endif
 #endif
 
 #if !DT_Q4_K
@@ -193,11 +266,11 @@ fn x_vec(u: u32, i: u32) -> u32 {
     return 8u * u + i;
 }
 
-fn step_pre(xv: ptr<function, array<vec4<f32>, XN>>) -> vec2<f32> {
-    return vec2<f32>(0.0);
+fn step_pre(u: u32, xv: ptr<function, XIn>) -> XS {
+    return XS(vec4<f32>(1.0), vec4<f32>(0.0));
 }
 
-fn step_dot(r: Raw, u: u32, xv: ptr<function, array<vec4<f32>, XN>>, xs: vec2<f32>) -> f32 {
+fn step_dot(r: Raw, u: u32, xv: ptr<function, XIn>, xs: XS) -> f32 {
     let q = load_unit(r.rb, u);
     var s = 0.0;
     for (var i = 0u; i < 8u; i++) {
@@ -294,6 +367,38 @@ fn residual_prologue(xb: u32, li: u32, writer: bool) {
 }
 #endif
 
+#if INT8_X
+override XQ: u32 = 1u;
+override XC: u32 = 1u;
+// The input's k / 4 words of four 8-bit integers, and per 16 values (XC = k / 16) its
+// 32 values' scale and the sum of its 16 values as rounded.
+var<workgroup> xq: array<u32, XQ>;
+var<workgroup> xqs: array<vec2<f32>, XC>;
+
+// One thread per 32 inputs: rounded to integers in -127..127 with the scale max|x| / 127.
+fn quantize_input(xb: u32, li: u32) {
+    for (var b = li; b < p.k / 32u; b += 256u) {
+        var v: array<vec4<f32>, 8>;
+        var amax = vec4<f32>(0.0);
+        for (var i = 0u; i < 8u; i++) {
+            v[i] = x[xb + 8u * b + i];
+            amax = max(amax, abs(v[i]));
+        }
+        let a = max(max(amax.x, amax.y), max(amax.z, amax.w));
+        let inv = select(0.0, 127.0 / a, a > 0.0);
+        let d = a / 127.0;
+        var sums = vec2<i32>(0);
+        for (var i = 0u; i < 8u; i++) {
+            let q = vec4<i32>(round(v[i] * inv));
+            xq[8u * b + i] = pack4xI8(q);
+            sums[i / 4u] += q.x + q.y + q.z + q.w;
+        }
+        xqs[2u * b] = vec2<f32>(d, d * f32(sums.x));
+        xqs[2u * b + 1u] = vec2<f32>(d, d * f32(sums.y));
+    }
+}
+#endif
+
 @compute @workgroup_size(256)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -320,6 +425,10 @@ fn main(
     residual_prologue(xb, li, wg.x == 0u && wg.y == 0u);
     workgroupBarrier();
 #endif
+#if INT8_X
+    quantize_input(xb, li);
+    workgroupBarrier();
+#endif
     var acc = vec4<f32>(0.0);
     // Float rows may end inside their last step (at a multiple of 4 values): its inputs past
     // the end are zero, so the weights read there (the next row's, finite) add nothing.
@@ -339,18 +448,22 @@ fn main(
             } else if (u + TPR < steps) {
                 next = group_load(rb, u + TPR);
             }
-            var xv: array<vec4<f32>, XN>;
+            var xv: XIn;
             for (var i = 0u; i < XN; i++) {
                 let c = x_vec(u, i);
                 if (4u * c < p.k) {
 #if RESIDUAL
                     xv[i] = xsh[c];
 #else
+#if INT8_X
+                    xv[i] = xq[c];
+#else
                     xv[i] = x[xb + c];
+#endif
 #endif
                 }
             }
-            let xs = step_pre(&xv);
+            let xs = step_pre(u, &xv);
             acc.x += step_dot(cur[0], u, &xv, xs);
             if (RPT > 1u) {
                 acc.y += step_dot(cur[1], u, &xv, xs);
