@@ -971,6 +971,8 @@ struct MatvecJob<'a> {
     tuning: Option<MatvecTuning>,
     /// The residual step computed in front of the product (x is then the stream).
     residual: Option<&'a ResidualStep<'a>>,
+    /// The attention merge computed in front of the product (x is then the split's scratch).
+    merge: Option<&'a AttentionMerge<'a>>,
 }
 
 impl<'a> MatvecJob<'a> {
@@ -986,6 +988,7 @@ impl<'a> MatvecJob<'a> {
             experts: None,
             tuning: None,
             residual: None,
+            merge: None,
         }
     }
 }
@@ -1007,6 +1010,7 @@ fn matvec_dispatches(
         experts,
         tuning,
         residual,
+        merge,
     } = *job;
     let flag = dtype_flag(w.dtype)?;
     let k = w.cols as u32;
@@ -1040,11 +1044,27 @@ fn matvec_dispatches(
             MatvecTuning::choose(ctx, w.dtype, k, rows, geglu)
         }
     };
-    if int8_input && (residual.is_some() || !int8_input_fits(ctx, w.dtype, k)) {
+    let prologue = residual.is_some() || merge.is_some();
+    if int8_input && (prologue || !int8_input_fits(ctx, w.dtype, k)) {
         return Err(shape(format!(
-            "{}: 8-bit inputs are for a Q4_K or Q6_K product without a residual step, of rows that fit in workgroup memory",
+            "{}: 8-bit inputs are for a Q4_K or Q6_K product without a residual step or merge, of rows that fit in workgroup memory",
             w.name
         )));
+    }
+    if let Some(mg) = merge {
+        let a = mg.attention;
+        if residual.is_some()
+            || experts.is_some()
+            || m != 1
+            || k != a.n_head * a.head_dim
+            || a.n_head > 64
+            || !matvec_input_fits(ctx, k)
+        {
+            return Err(shape(format!(
+                "{}: an attention merge runs in front of a one-token dense product whose input row (the {} heads' output) fits in workgroup memory",
+                w.name, a.n_head
+            )));
+        }
     }
     let subgroups = ctx.features.subgroups;
     if let Some(r) = residual {
@@ -1077,7 +1097,7 @@ fn matvec_dispatches(
         }
         by.expect_len32(&w.name, u64::from(offset) + w.rows)?;
     }
-    let parts: &[&str] = if residual.is_some() {
+    let parts: &[&str] = if prologue {
         &[
             REDUCE_WGSL,
             ACTIVATIONS_WGSL,
@@ -1097,11 +1117,15 @@ fn matvec_dispatches(
         .flag_if(residual.is_some_and(|r| r.next_norm.is_some()), "PRENORM")
         .flag_if(matches!(out, MatvecOut::GeluTimes { .. }), "GELU_TIMES")
         .flag_if(int8_input, "INT8_X")
+        .flag_if(merge.is_some(), "MERGE")
+        .flag_if(merge.is_some_and(|mg| mg.store_kv), "KV_STORE")
         .constant("TPR", f64::from(tpr))
         .constant("RPT", f64::from(rpt))
         .constant("PREFETCH", f64::from(u8::from(prefetch)));
-    if residual.is_some() {
-        source = source.constant("XV", f64::from(k / 4));
+    if prologue {
+        source = source
+            .constant("XV", f64::from(k / 4))
+            .constant("RV", f64::from(k.div_ceil(1024)));
     }
     if int8_input {
         source = source
@@ -1161,6 +1185,19 @@ fn matvec_dispatches(
                     MatvecOut::GeluTimes { offset, .. } => offset + first,
                     _ => 0,
                 });
+            let params = match merge {
+                Some(mg) => {
+                    let (a, capacity) = (mg.attention, mg.capacity);
+                    params
+                        .u32(a.n_head)
+                        .u32(a.n_kv_head)
+                        .u32(a.head_dim)
+                        .u32(a.window)
+                        .u32(capacity.div_ceil(ATTN_CHUNK))
+                        .u32(capacity)
+                }
+                None => params.u32(0).u32(0).u32(0).u32(0).u32(0).u32(0),
+            };
             let wv = View::of(&tile.buffer);
             let sel = experts.map_or(Bind::Skip, |e| Bind::Storage(e.sel));
             let mut binds = vec![
@@ -1170,8 +1207,17 @@ fn matvec_dispatches(
                 Bind::Params(params),
                 sel,
             ];
-            // Bindings 5..=10: the residual step's and the GELU factor's, where used.
-            binds.resize_with(11, || Bind::Skip);
+            // Bindings 5..=13: the residual step's, the GELU factor's and the merge's, where
+            // used.
+            binds.resize_with(14, || Bind::Skip);
+            if let Some(mg) = merge {
+                binds[1] = Bind::Storage(mg.scratch);
+                binds[11] = Bind::Storage(mg.attention.positions);
+                if mg.store_kv {
+                    binds[12] = Bind::Storage(mg.attention.k_cache);
+                    binds[13] = Bind::Storage(mg.attention.v_cache);
+                }
+            }
             if let Some(r) = residual {
                 binds[5] = Bind::Storage(r.delta);
                 binds[6] = Bind::Storage(r.post);
@@ -1185,10 +1231,10 @@ fn matvec_dispatches(
                 binds[10] = Bind::Storage(by);
             }
             ctx.dispatch(
-                if residual.is_some() {
-                    "residual_matvec"
-                } else {
-                    "matvec"
+                match (residual, merge) {
+                    (Some(_), _) => "residual_matvec",
+                    (_, Some(_)) => "merge_matvec",
+                    _ => "matvec",
                 },
                 pipeline.clone(),
                 &binds,
@@ -1199,10 +1245,11 @@ fn matvec_dispatches(
 }
 
 /// Whether a matrix-vector workgroup can hold an input row of `k` values in its memory, next
-/// to its reductions' (at most 5 KiB without subgroups): the condition of
-/// [`matvec_after_residual`].
+/// to its reductions' (at most 5 KiB without subgroups), and its threads the row's vec4s in
+/// registers (k at most 8192): the condition of [`matvec_after_residual`].
 pub fn matvec_input_fits(ctx: &GpuContext, k: u32) -> bool {
     k.is_multiple_of(4)
+        && k <= 8192
         && u64::from(k) * 4 + 5 * 1024 <= u64::from(ctx.limits.max_compute_workgroup_storage_size)
 }
 
@@ -1569,6 +1616,30 @@ pub fn attention_decode(
     scratch: &View,
     post: Option<&HeadPostArgs<'_>>,
 ) -> Result<DecodeAttention, GpuError> {
+    let (split, merge) = attention_split(ctx, a, q_offset, scratch, post)?;
+    let combine = attention_combine(ctx, &merge)?;
+    Ok(DecodeAttention { split, combine })
+}
+
+/// What merges a split decode attention's partial results: [`attention_combine`], or the
+/// product that reads them ([`matvec_after_attention`]).
+pub struct AttentionMerge<'a> {
+    attention: &'a AttentionArgs<'a>,
+    scratch: &'a View,
+    /// The split left the token's K and V in the scratch for the merge to store.
+    store_kv: bool,
+    capacity: u32,
+}
+
+/// The first half of [`attention_decode`]: the chunks' partial results in `scratch`, and
+/// the merge that has to follow.
+pub fn attention_split<'a>(
+    ctx: &GpuContext,
+    a: &'a AttentionArgs<'a>,
+    q_offset: u32,
+    scratch: &'a View,
+    post: Option<&HeadPostArgs<'_>>,
+) -> Result<(Dispatch, AttentionMerge<'a>), GpuError> {
     if a.tokens != 1
         || a.head_dim > MAX_HEAD_DIM
         || !a.head_dim.is_multiple_of(4)
@@ -1636,7 +1707,7 @@ pub fn attention_decode(
         Bind::Storage(a.v_cache),
         Bind::Storage(a.positions),
         Bind::Storage(scratch),
-        Bind::Params(params.clone()),
+        Bind::Params(params),
     ];
     if let Some(h) = post {
         check_fused_heads(a, q_offset, h)?;
@@ -1659,26 +1730,71 @@ pub fn attention_decode(
         &binds,
         [a.n_head, chunks, 1],
     )?;
-    let store = post.is_some_and(|h| h.kv.is_some());
+    let merge = AttentionMerge {
+        attention: a,
+        scratch,
+        store_kv: post.is_some_and(|h| h.kv.is_some()),
+        capacity,
+    };
+    Ok((split, merge))
+}
+
+/// The merge of [`attention_split`]'s partial results into `a.out` (and the token's K and V
+/// into the caches), one workgroup per query head.
+pub fn attention_combine(
+    ctx: &GpuContext,
+    merge: &AttentionMerge<'_>,
+) -> Result<Dispatch, GpuError> {
+    let a = merge.attention;
+    let params = Params::new()
+        .u32(a.n_head)
+        .u32(a.n_kv_head)
+        .u32(a.head_dim)
+        .u32(a.window)
+        .u32(merge.capacity.div_ceil(ATTN_CHUNK))
+        .u32(merge.capacity);
     let mut binds = vec![
-        Bind::Storage(scratch),
+        Bind::Storage(merge.scratch),
         Bind::Storage(a.positions),
         Bind::Storage(a.out),
         Bind::Params(params),
     ];
-    if store {
+    if merge.store_kv {
         binds.extend([Bind::Storage(a.k_cache), Bind::Storage(a.v_cache)]);
     }
-    let combine = ctx.dispatch(
+    ctx.dispatch(
         "attn_combine",
         ctx.pipeline(
             &ShaderSource::new("attn_combine", &[REDUCE_WGSL, ATTN_COMBINE_WGSL])
-                .flag_if(store, "KV_STORE"),
+                .flag_if(merge.store_kv, "KV_STORE"),
         ),
         &binds,
         [a.n_head, 1, 1],
-    )?;
-    Ok(DecodeAttention { split, combine })
+    )
+}
+
+/// [`attention_combine`] and the one-token product of its output in one dispatch per weight
+/// tile: each workgroup merges the partial results into its own memory (a few reads from
+/// cache; a dispatch of its own costs a whole GPU round trip), and the first stores the
+/// token's K and V. `w` takes the heads' output (`n_head * head_dim` values), which must fit
+/// in a workgroup's memory ([`matvec_input_fits`]); `a.out` is not written.
+pub fn matvec_after_attention(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    merge: &AttentionMerge<'_>,
+    y: &View,
+    out_offset: u32,
+    out: MatvecOut<'_>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let out_rows = if out.is_geglu() { w.rows / 2 } else { w.rows };
+    y.expect_len32(&w.name, u64::from(out_offset) + out_rows)?;
+    let job = MatvecJob {
+        x_stride: w.cols as u32,
+        out_offset,
+        merge: Some(merge),
+        ..MatvecJob::new(merge.scratch, y, out)
+    };
+    matvec_dispatches(ctx, w, &job)
 }
 
 /// That the head work fused into [`attention_decode`] is [`head_post`]'s for its one token

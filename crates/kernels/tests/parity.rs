@@ -995,6 +995,7 @@ fn residual_matvec_matches_cpu() {
         (GgmlType::Q6K, 512, 38),
         (GgmlType::Q8_0, 2816, 302),
         (GgmlType::F32, 640, 10),
+        (GgmlType::Q4K, 5376, 10),
     ] {
         let ku = k as usize;
         let wq = quantize(dtype, &rng.vec(ku * n as usize, 0.5)).unwrap();
@@ -1052,6 +1053,8 @@ fn residual_matvec_matches_cpu() {
             );
         }
     }
+    // A thread holds at most 8 of the row's vec4s.
+    assert!(!ops::matvec_input_fits(ctx, 8196));
 }
 
 #[test]
@@ -1337,6 +1340,7 @@ fn decode_attention_with_head_work_matches_cpu() {
         (3, 3, 64, 32, 130, 129, 100, false, false, false, true),
         (4, 1, 128, 128, 100, 0, 0, false, true, false, true),
         (8, 2, 256, 256, 300, 201, 64, false, true, false, false),
+        (4, 2, 64, 64, 2500, 2400, 0, false, true, false, true),
     ] {
         let what = format!("h={nh}/{nkv} hd={hd} pos={pos} w={window} own={own}");
         let width = (nh + nkv * if k_is_v { 1 } else { 2 }) * hd;
@@ -1376,70 +1380,121 @@ fn decode_attention_with_head_work_matches_cpu() {
             0.1,
             0.0,
         );
+        // The merge in its own dispatch, and in front of the output product (Q8_0, 37 rows).
+        let (k_in, n) = (u64::from(nh * hd), 37u64);
+        let wq = quantize(GgmlType::Q8_0, &rng.vec((k_in * n) as usize, 0.5)).unwrap();
+        let wd = dequantize_to_vec(GgmlType::Q8_0, &wq).unwrap();
+        let w = GpuWeight::upload(ctx, "o", GgmlType::Q8_0, k_in, n, &wq, None).unwrap();
+        let want_y = cpu::matmul(&wd, n as usize, k_in as usize, &want, 1);
         let (qnv, knv, ffv) = (upload(ctx, &qn), upload(ctx, &kn), upload(ctx, &factors));
         let pos_v = upload_u32(ctx, &[pos]);
         let qkv_v = upload(ctx, &qkv);
-        let (kcv, vcv) = (upload(ctx, &kc), upload(ctx, &vc));
-        let out = poisoned(ctx, (nh * hd) as usize);
-        let scratch = upload(
-            ctx,
-            &vec![0.0; ops::DecodeAttention::scratch_floats(nh, hd, cap) as usize],
-        );
-        let post = ops::HeadPostArgs {
-            qkv: &qkv_v,
-            q_norm: &qnv,
-            kv: own.then_some(ops::HeadPostKv {
-                k_norm: &knv,
+        for fused in [false, true] {
+            let what = format!("{what} fused product {fused}");
+            let (kcv, vcv) = (upload(ctx, &kc), upload(ctx, &vc));
+            let out = poisoned(ctx, (nh * hd) as usize);
+            let scratch = upload(
+                ctx,
+                &vec![0.0; ops::DecodeAttention::scratch_floats(nh, hd, cap) as usize],
+            );
+            let post = ops::HeadPostArgs {
+                qkv: &qkv_v,
+                q_norm: &qnv,
+                kv: own.then_some(ops::HeadPostKv {
+                    k_norm: &knv,
+                    k_cache: &kcv,
+                    v_cache: &vcv,
+                    n_kv: nkv,
+                    k_is_v,
+                    v_norm,
+                }),
+                positions: &pos_v,
+                tokens: 1,
+                n_head: nh,
+                head_dim: hd,
+                stride: width,
+                n_rot,
+                base: 10000.0,
+                freq_scale: 0.5,
+                freq_factors: ff.then_some(&ffv),
+                eps: 1e-6,
+            };
+            let args = AttentionArgs {
+                q: &qkv_v,
                 k_cache: &kcv,
                 v_cache: &vcv,
-                n_kv: nkv,
-                k_is_v,
-                v_norm,
-            }),
-            positions: &pos_v,
-            tokens: 1,
-            n_head: nh,
-            head_dim: hd,
-            stride: width,
-            n_rot,
-            base: 10000.0,
-            freq_scale: 0.5,
-            freq_factors: ff.then_some(&ffv),
-            eps: 1e-6,
-        };
-        let args = AttentionArgs {
-            q: &qkv_v,
-            k_cache: &kcv,
-            v_cache: &vcv,
-            positions: &pos_v,
-            out: &out,
-            tokens: 1,
-            n_head: nh,
-            n_kv_head: nkv,
-            head_dim: hd,
-            window,
-            scale: 0.1,
-            softcap: 0.0,
-            q_stride: width,
-        };
-        let a = ops::attention_decode(ctx, &args, 0, &scratch, Some(&post)).unwrap();
-        run(ctx, &[&a.split, &a.combine]);
-        assert_eq!(
-            read(ctx, &qkv_v),
-            qkv,
-            "{what}: the fused kernel leaves the projection as it is"
-        );
-        assert_close(&format!("{what} k cache"), &read(ctx, &kcv), &want_k, 1e-4);
-        assert_close(&format!("{what} v cache"), &read(ctx, &vcv), &want_v, 1e-5);
-        assert_close(&format!("{what} output"), &read(ctx, &out), &want, 1e-4);
-        if !own {
+                positions: &pos_v,
+                out: &out,
+                tokens: 1,
+                n_head: nh,
+                n_kv_head: nkv,
+                head_dim: hd,
+                window,
+                scale: 0.1,
+                softcap: 0.0,
+                q_stride: width,
+            };
+            if fused {
+                let (split, merge) =
+                    ops::attention_split(ctx, &args, 0, &scratch, Some(&post)).unwrap();
+                let y = poisoned(ctx, n as usize);
+                let plain = ops::MatvecOut::Rows { softcap: 0.0 };
+                let product = ops::matvec_after_attention(ctx, &w, &merge, &y, 0, plain).unwrap();
+                run(ctx, &[&split, &product[0]]);
+                assert_close(&format!("{what} product"), &read(ctx, &y), &want_y, 1e-4);
+                assert!(
+                    read(ctx, &out).iter().all(|v| v.is_nan()),
+                    "{what}: the heads' output stays in the product's workgroups"
+                );
+            } else {
+                let a = ops::attention_decode(ctx, &args, 0, &scratch, Some(&post)).unwrap();
+                run(ctx, &[&a.split, &a.combine]);
+                assert_close(&format!("{what} output"), &read(ctx, &out), &want, 1e-4);
+            }
             assert_eq!(
-                read(ctx, &kcv),
-                kc,
-                "{what}: a shared layer writes no cache"
+                read(ctx, &qkv_v),
+                qkv,
+                "{what}: the fused kernel leaves the projection as it is"
             );
+            assert_close(&format!("{what} k cache"), &read(ctx, &kcv), &want_k, 1e-4);
+            assert_close(&format!("{what} v cache"), &read(ctx, &vcv), &want_v, 1e-5);
+            if !own {
+                assert_eq!(
+                    read(ctx, &kcv),
+                    kc,
+                    "{what}: a shared layer writes no cache"
+                );
+            }
         }
     }
+    // The product's input is the heads' output.
+    let (nh, hd, cap) = (2u32, 64u32, 64u32);
+    let v = |n: u32| upload(ctx, &vec![0.5; n as usize]);
+    let (q, kc, vc, out) = (v(nh * hd), v(cap * hd), v(cap * hd), v(nh * hd));
+    let (pos_v, scratch) = (
+        upload_u32(ctx, &[3]),
+        v(ops::DecodeAttention::scratch_floats(nh, hd, cap) as u32),
+    );
+    let args = AttentionArgs {
+        q: &q,
+        k_cache: &kc,
+        v_cache: &vc,
+        positions: &pos_v,
+        out: &out,
+        tokens: 1,
+        n_head: nh,
+        n_kv_head: 1,
+        head_dim: hd,
+        window: 0,
+        scale: 1.0,
+        softcap: 0.0,
+        q_stride: nh * hd,
+    };
+    let (_, merge) = ops::attention_split(ctx, &args, 0, &scratch, None).unwrap();
+    let wq = quantize(GgmlType::Q8_0, &vec![0.25; 96 * 4]).unwrap();
+    let w = GpuWeight::upload(ctx, "o", GgmlType::Q8_0, 96, 4, &wq, None).unwrap();
+    let plain = ops::MatvecOut::Rows { softcap: 0.0 };
+    assert!(ops::matvec_after_attention(ctx, &w, &merge, &v(4), 0, plain).is_err());
 }
 
 #[test]

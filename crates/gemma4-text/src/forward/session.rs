@@ -73,6 +73,9 @@ enum Op {
     /// A streamed layer's experts into the weights expert layers share: what is recorded
     /// before is submitted first.
     Upload(Arc<HostExperts>),
+    /// Where a step starts to read the per-layer table rows of its tokens: a decode step
+    /// whose token is still on its way to the CPU submits what comes before right away.
+    TokenRows,
 }
 
 /// Activations, allocated once at the largest batch. `x` is the residual stream, `xn` the
@@ -532,29 +535,9 @@ impl GpuSession {
             cfg.embed_scale,
         )?);
         if let Some(ple) = &model.ple {
-            // Every layer's per-layer input: (norm(proj x / sqrt(d)) + table row * sqrt(n)) / sqrt(2),
-            // from the table rows staged for this step's tokens.
+            // Every layer's per-layer input: (norm(proj x / sqrt(d)) + table row * sqrt(n)) / sqrt(2).
+            // The projection's part here; the table rows' where the first layer needs them.
             let (n, l) = (cfg.n_ple as u32, cfg.n_layer as u32);
-            let staged = GpuWeight {
-                name: "per_layer_token_embd rows".into(),
-                dtype: ple.info.dtype,
-                cols: ple.info.row_len(),
-                rows: u64::from(m),
-                row_bytes: ple.info.row_bytes(),
-                tiles: vec![WeightTile {
-                    buffer: s.ple.rows.buffer.clone(),
-                    first_row: 0,
-                    rows: u64::from(m),
-                }],
-            };
-            run(ops::embed(
-                ctx,
-                &staged,
-                &s.ple.iota,
-                &s.ple.tok,
-                m,
-                (n as f32).sqrt(),
-            )?);
             run(product(&ple.proj, &s.x, &s.ple.all, n * l, 0, plain)?);
             run(vec![
                 ops::elementwise(
@@ -573,6 +556,37 @@ impl GpuSession {
                     n,
                     eps,
                 )?,
+            ]);
+        }
+        // The table rows staged for this step's tokens join the per-layer inputs: after
+        // `Op::TokenRows`, so that a decode step can start before its token is on the CPU.
+        let add_table_rows = || -> Result<(), GpuError> {
+            let Some(ple) = &model.ple else {
+                return Ok(());
+            };
+            let (n, l) = (cfg.n_ple as u32, cfg.n_layer as u32);
+            let staged = GpuWeight {
+                name: "per_layer_token_embd rows".into(),
+                dtype: ple.info.dtype,
+                cols: ple.info.row_len(),
+                rows: u64::from(m),
+                row_bytes: ple.info.row_bytes(),
+                tiles: vec![WeightTile {
+                    buffer: s.ple.rows.buffer.clone(),
+                    first_row: 0,
+                    rows: u64::from(m),
+                }],
+            };
+            ops.borrow_mut().push(Op::TokenRows);
+            run(ops::embed(
+                ctx,
+                &staged,
+                &s.ple.iota,
+                &s.ple.tok,
+                m,
+                (n as f32).sqrt(),
+            )?);
+            run(vec![
                 ops::elementwise(ctx, Elementwise::Add(&s.ple.tok), &s.ple.all, m * n * l)?,
                 ops::elementwise(
                     ctx,
@@ -581,7 +595,9 @@ impl GpuSession {
                     m * n * l,
                 )?,
             ]);
-        }
+            Ok(())
+        };
+        let mut table_rows_added = false;
         // The block before the current one, whose output still has to join the residual
         // stream: (delta, post-norm weight, scale).
         let mut pending: Option<(&View, &View, f32)> = None;
@@ -654,16 +670,27 @@ impl GpuSession {
             let att = self.attention_args(il, m)?;
             let heads = self.head_post_args(il, m);
             if single {
-                // The split kernel does the per-head norms, RoPE and cache store itself.
-                let a = ops::attention_decode(ctx, &att, 0, &s.attn_part, Some(&heads))?;
-                run(vec![a.split, a.combine]);
+                // The split kernel does the per-head norms and RoPE itself; the merge of its
+                // chunks and the cache store run in front of the output product where its
+                // input fits in a workgroup's memory.
+                let (split, merge) =
+                    ops::attention_split(ctx, &att, 0, &s.attn_part, Some(&heads))?;
+                run(vec![split]);
+                if ops::matvec_input_fits(ctx, l.o.cols as u32) {
+                    run(ops::matvec_after_attention(
+                        ctx, &l.o, &merge, &s.o, 0, plain,
+                    )?);
+                } else {
+                    run(vec![ops::attention_combine(ctx, &merge)?]);
+                    run(product(&l.o, &s.attn, &s.o, d, 0, plain)?);
+                }
             } else {
                 run(vec![
                     ops::head_post(ctx, &heads)?,
                     ops::attention(ctx, &att)?,
                 ]);
+                run(product(&l.o, &s.attn, &s.o, d, 0, plain)?);
             }
-            run(product(&l.o, &s.attn, &s.o, d, 0, plain)?);
             let attn_out = Some((&s.o, &l.post_attn_norm, 1.0));
             match &l.gate_up {
                 GateUp::Interleaved(w) => {
@@ -788,6 +815,10 @@ impl GpuSession {
             }
             pending = Some((ffn_out, &l.post_ffw_norm, l.out_scale));
             if let Some(p) = &l.ple {
+                if !table_rows_added {
+                    add_table_rows()?;
+                    table_rows_added = true;
+                }
                 // x += norm(ffn) * post, then the layer's slice of the per-layer inputs gates a
                 // small projection that joins the stream (scaled with the layer's output).
                 let (n, all) = (cfg.n_ple as u32, (cfg.n_ple * cfg.n_layer) as u32);
@@ -1013,6 +1044,7 @@ impl GpuSession {
                     rec.flush();
                     host.write(rec.ctx());
                 }
+                Op::TokenRows => {}
             }
         }
     }
@@ -1148,7 +1180,20 @@ impl GpuSession {
             bytemuck::bytes_of(&pos),
         );
         let mut rec = Recorder::new(&ctx, "decode");
-        Self::record(&mut rec, &self.decode);
+        if defer {
+            // What comes before the token's table rows runs while the token is read back.
+            let at = self
+                .decode
+                .iter()
+                .position(|op| matches!(op, Op::TokenRows))
+                .unwrap_or(0);
+            let mut head = Recorder::new(&ctx, "decode head");
+            Self::record(&mut head, &self.decode[..at]);
+            head.submit();
+            Self::record(&mut rec, &self.decode[at..]);
+        } else {
+            Self::record(&mut rec, &self.decode);
+        }
         self.record_sampling(&mut rec, p, step, true)?;
         // The token fed here joins the history when its id is known.
         match self.known_unfed.take() {

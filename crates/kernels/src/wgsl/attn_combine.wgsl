@@ -10,9 +10,6 @@ struct Params {
     window: u32,
     max_chunks: u32,
     capacity: u32,
-    scale: f32,
-    softcap: f32,
-    q_offset: u32,
 }
 
 @group(0) @binding(0) var<storage, read> part: array<f32>;

@@ -19,6 +19,11 @@
 // the steps read it from workgroup memory.
 // GELU_TIMES: y[out_offset + i] = gelu_tanh(row_i . x) * times[times_offset + i].
 //
+// MERGE (one token): the input is a split decode attention's output (attn_split.wgsl), merged
+// here rather than by attn_combine.wgsl in a dispatch of its own: every workgroup merges the
+// chunks' partial results into workgroup memory, and with KV_STORE the first also stores the
+// token's K and V, which the split left after them, in the caches.
+//
 // INT8_X (Q4_K and Q6_K): every workgroup first rounds the input to 8-bit integers, with one
 // scale per 32 values, into workgroup memory; the steps then multiply 4 weight values by 4
 // inputs in one integer dot product instead of converting each weight to a float (the
@@ -41,6 +46,13 @@ struct Params {
     eps: f32,
     scale: f32,
     times_offset: u32,
+    // MERGE: the attention's shape (attn_combine.wgsl's parameters).
+    n_head: u32,
+    n_kv_head: u32,
+    head_dim: u32,
+    window: u32,
+    max_chunks: u32,
+    capacity: u32,
 }
 
 // A step's inputs: XN vec4s of floats, or with INT8_X XN words of four 8-bit integers; and
@@ -281,7 +293,11 @@ fn step_dot(r: Raw, u: u32, xv: ptr<function, XIn>, xs: XS) -> f32 {
 #endif
 #endif
 
+#if MERGE
+@group(0) @binding(1) var<storage, read> part: array<f32>;
+#else
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+#endif
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 
@@ -318,10 +334,15 @@ var<workgroup> sg_sums: array<vec4<f32>, 64>;
 #if EXPERTS
 @group(0) @binding(4) var<storage, read> sel: array<u32>;
 #endif
-#if RESIDUAL
+#if RESIDUAL|MERGE
 // The product's input row: k / 4 vec4s.
 override XV: u32 = 1u;
 var<workgroup> xsh: array<vec4<f32>, XV>;
+// Vec4s of the row per thread: RV = ceil(k / 1024) <= RV_MAX (k <= 8192).
+const RV_MAX: u32 = 8u;
+override RV: u32 = 1u;
+#endif
+#if RESIDUAL
 @group(0) @binding(5) var<storage, read> delta: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read> post: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read_write> res_out: array<vec4<f32>>;
@@ -335,32 +356,136 @@ var<workgroup> xsh: array<vec4<f32>, XV>;
 #endif
 
 #if RESIDUAL
-// Fills xsh with the product's input (see RESIDUAL above).
+// Fills xsh with the product's input (see RESIDUAL above). Every input a thread needs is
+// loaded at the start, so the step waits for one round of loads rather than one per pass.
 fn residual_prologue(xb: u32, li: u32, writer: bool) {
     let n4 = p.k / 4u;
+    var dv: array<vec4<f32>, RV_MAX>;
+    var hv: array<vec4<f32>, RV_MAX>;
+    var pv: array<vec4<f32>, RV_MAX>;
+    var nv: array<vec4<f32>, RV_MAX>;
     var sd = 0.0;
-    for (var i = li; i < n4; i += 256u) {
-        let d4 = delta[xb + i];
-        xsh[i] = d4;
-        sd += dot(d4, d4);
+    for (var j = 0u; j < RV; j++) {
+        let i = li + 256u * j;
+        if (i < n4) {
+            dv[j] = delta[xb + i];
+            hv[j] = x[xb + i];
+            pv[j] = post[i];
+#if PRENORM
+            nv[j] = pre[i];
+#endif
+            sd += dot(dv[j], dv[j]);
+        }
     }
     let inv_d = inverseSqrt(wg_sum(sd, li) / f32(p.k) + p.eps);
     var ss = 0.0;
-    for (var i = li; i < n4; i += 256u) {
-        let h = (x[xb + i] + xsh[i] * inv_d * post[i]) * p.scale;
-        xsh[i] = h;
-        ss += dot(h, h);
-        if (writer) {
-            res_out[xb + i] = h;
+    for (var j = 0u; j < RV; j++) {
+        let i = li + 256u * j;
+        if (i < n4) {
+            let h = (hv[j] + dv[j] * inv_d * pv[j]) * p.scale;
+            hv[j] = h;
+            ss += dot(h, h);
+            xsh[i] = h;
+            if (writer) {
+                res_out[xb + i] = h;
+            }
         }
     }
 #if PRENORM
     let inv = inverseSqrt(wg_sum(ss, li) / f32(p.k) + p.eps);
-    for (var i = li; i < n4; i += 256u) {
-        let v = xsh[i] * inv * pre[i];
-        xsh[i] = v;
-        if (writer) {
-            normed[xb + i] = v;
+    for (var j = 0u; j < RV; j++) {
+        let i = li + 256u * j;
+        if (i < n4) {
+            let v = hv[j] * inv * nv[j];
+            xsh[i] = v;
+            if (writer) {
+                normed[xb + i] = v;
+            }
+        }
+    }
+#endif
+}
+#endif
+
+#if MERGE
+@group(0) @binding(11) var<storage, read> positions: array<u32>;
+#if KV_STORE
+@group(0) @binding(12) var<storage, read_write> kc: array<f32>;
+@group(0) @binding(13) var<storage, read_write> vc: array<f32>;
+#endif
+const CHUNK: u32 = 64u;
+// Per query head: the largest chunk max, and the inverse of the chunks' total weight.
+var<workgroup> head_ml: array<vec2<f32>, 64>;
+
+// Fills xsh with the attention output (see MERGE above): attn_combine.wgsl's sums, with
+// each head's reductions in one subgroup where subgroups have 32 lanes.
+fn merge_prologue(li: u32, writer: bool) {
+    let hd = p.head_dim;
+    let pos = positions[0];
+    var lo = 0u;
+    if (p.window > 0u && pos + 1u > p.window) {
+        lo = pos + 1u - p.window;
+    }
+    let chunks = (min(pos, p.capacity - 1u) - lo) / CHUNK + 1u;
+    let stride = hd + 2u;
+#if SUBGROUP32
+    for (var h = li / 32u; h < p.n_head; h += 8u) {
+        let b = h * p.max_chunks * stride + hd;
+        var m = -3.0e38;
+        for (var c = li % 32u; c < chunks; c += 32u) {
+            m = max(m, part[b + c * stride]);
+        }
+        m = subgroupMax(m);
+        var l = 0.0;
+        for (var c = li % 32u; c < chunks; c += 32u) {
+            l += exp(part[b + c * stride] - m) * part[b + c * stride + 1u];
+        }
+        l = subgroupAdd(l);
+        if (li % 32u == 0u) {
+            head_ml[h] = vec2<f32>(m, 1.0 / l);
+        }
+    }
+#else
+    for (var h = 0u; h < p.n_head; h++) {
+        let b = h * p.max_chunks * stride + hd;
+        var m = -3.0e38;
+        for (var c = li; c < chunks; c += 256u) {
+            m = max(m, part[b + c * stride]);
+        }
+        m = wg_max(m, li);
+        var l = 0.0;
+        for (var c = li; c < chunks; c += 256u) {
+            l += exp(part[b + c * stride] - m) * part[b + c * stride + 1u];
+        }
+        l = wg_sum(l, li);
+        if (li == 0u) {
+            head_ml[h] = vec2<f32>(m, 1.0 / l);
+        }
+    }
+#endif
+    workgroupBarrier();
+    for (var j = 0u; j < RV; j++) {
+        let i = li + 256u * j;
+        if (i < p.k / 4u) {
+            let h = 4u * i / hd;
+            let d = 4u * i % hd;
+            let ml = head_ml[h];
+            var acc = vec4<f32>(0.0);
+            for (var c = 0u; c < chunks; c++) {
+                let o = (h * p.max_chunks + c) * stride;
+                let v = vec4<f32>(part[o + d], part[o + d + 1u], part[o + d + 2u], part[o + d + 3u]);
+                acc += exp(part[o + hd] - ml.x) * v;
+            }
+            xsh[i] = acc * ml.y;
+        }
+    }
+#if KV_STORE
+    if (writer && pos < p.capacity) {
+        let row = p.n_kv_head * hd;
+        let kv_in = p.n_head * p.max_chunks * stride;
+        for (var e = li; e < row; e += 256u) {
+            kc[pos * row + e] = part[kv_in + e];
+            vc[pos * row + e] = part[kv_in + row + e];
         }
     }
 #endif
@@ -425,6 +550,10 @@ fn main(
     residual_prologue(xb, li, wg.x == 0u && wg.y == 0u);
     workgroupBarrier();
 #endif
+#if MERGE
+    merge_prologue(li, wg.x == 0u && wg.y == 0u);
+    workgroupBarrier();
+#endif
 #if INT8_X
     quantize_input(xb, li);
     workgroupBarrier();
@@ -452,7 +581,7 @@ fn main(
             for (var i = 0u; i < XN; i++) {
                 let c = x_vec(u, i);
                 if (4u * c < p.k) {
-#if RESIDUAL
+#if RESIDUAL|MERGE
                     xv[i] = xsh[c];
 #else
 #if INT8_X
