@@ -1389,6 +1389,9 @@ fn decode_attention_with_head_work_matches_cpu() {
         let (qnv, knv, ffv) = (upload(ctx, &qn), upload(ctx, &kn), upload(ctx, &factors));
         let pos_v = upload_u32(ctx, &[pos]);
         let qkv_v = upload(ctx, &qkv);
+        // RoPE angles grow with the position: an f32 angle near 2400 is only good to 2.4e-4
+        // rad, and GPUs' sin/cos add their own error there.
+        let tol = 1e-4f32.max(pos as f32 * 2.5e-7);
         for fused in [false, true] {
             let what = format!("{what} fused product {fused}");
             let (kcv, vcv) = (upload(ctx, &kc), upload(ctx, &vc));
@@ -1441,7 +1444,7 @@ fn decode_attention_with_head_work_matches_cpu() {
                 let plain = ops::MatvecOut::Rows { softcap: 0.0 };
                 let product = ops::matvec_after_attention(ctx, &w, &merge, &y, 0, plain).unwrap();
                 run(ctx, &[&split, &product[0]]);
-                assert_close(&format!("{what} product"), &read(ctx, &y), &want_y, 1e-4);
+                assert_close(&format!("{what} product"), &read(ctx, &y), &want_y, tol);
                 assert!(
                     read(ctx, &out).iter().all(|v| v.is_nan()),
                     "{what}: the heads' output stays in the product's workgroups"
@@ -1449,14 +1452,14 @@ fn decode_attention_with_head_work_matches_cpu() {
             } else {
                 let a = ops::attention_decode(ctx, &args, 0, &scratch, Some(&post)).unwrap();
                 run(ctx, &[&a.split, &a.combine]);
-                assert_close(&format!("{what} output"), &read(ctx, &out), &want, 1e-4);
+                assert_close(&format!("{what} output"), &read(ctx, &out), &want, tol);
             }
             assert_eq!(
                 read(ctx, &qkv_v),
                 qkv,
                 "{what}: the fused kernel leaves the projection as it is"
             );
-            assert_close(&format!("{what} k cache"), &read(ctx, &kcv), &want_k, 1e-4);
+            assert_close(&format!("{what} k cache"), &read(ctx, &kcv), &want_k, tol);
             assert_close(&format!("{what} v cache"), &read(ctx, &vcv), &want_v, 1e-5);
             if !own {
                 assert_eq!(
