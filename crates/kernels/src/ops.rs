@@ -991,6 +991,23 @@ impl<'a> MatvecJob<'a> {
             merge: None,
         }
     }
+
+    /// One token of `w`'s rows into `y` from `out_offset`, whose length is checked.
+    fn one_token(
+        w: &GpuWeight,
+        x: &'a View,
+        y: &'a View,
+        out_offset: u32,
+        out: MatvecOut<'a>,
+    ) -> Result<Self, GpuError> {
+        let out_rows = if out.is_geglu() { w.rows / 2 } else { w.rows };
+        y.expect_len32(&w.name, u64::from(out_offset) + out_rows)?;
+        Ok(Self {
+            x_stride: w.cols as u32,
+            out_offset,
+            ..Self::new(x, y, out)
+        })
+    }
 }
 
 /// The one-token kernel for `w` as `job` says: one dispatch per tile.
@@ -1281,13 +1298,9 @@ pub fn matvec_after_residual(
     out_offset: u32,
     out: MatvecOut<'_>,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    let out_rows = if out.is_geglu() { w.rows / 2 } else { w.rows };
-    y.expect_len32(&w.name, u64::from(out_offset) + out_rows)?;
     let job = MatvecJob {
-        x_stride: w.cols as u32,
-        out_offset,
         residual: Some(step),
-        ..MatvecJob::new(step.res, y, out)
+        ..MatvecJob::one_token(w, step.res, y, out_offset, out)?
     };
     matvec_dispatches(ctx, w, &job)
 }
@@ -1302,14 +1315,8 @@ pub fn matvec(
     out_offset: u32,
     out: MatvecOut<'_>,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    let out_rows = if out.is_geglu() { w.rows / 2 } else { w.rows };
     x.expect_len32(&w.name, w.cols)?;
-    y.expect_len32(&w.name, u64::from(out_offset) + out_rows)?;
-    let job = MatvecJob {
-        x_stride: w.cols as u32,
-        out_offset,
-        ..MatvecJob::new(x, y, out)
-    };
+    let job = MatvecJob::one_token(w, x, y, out_offset, out)?;
     matvec_dispatches(ctx, w, &job)
 }
 
@@ -1786,13 +1793,9 @@ pub fn matvec_after_attention(
     out_offset: u32,
     out: MatvecOut<'_>,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    let out_rows = if out.is_geglu() { w.rows / 2 } else { w.rows };
-    y.expect_len32(&w.name, u64::from(out_offset) + out_rows)?;
     let job = MatvecJob {
-        x_stride: w.cols as u32,
-        out_offset,
         merge: Some(merge),
-        ..MatvecJob::new(merge.scratch, y, out)
+        ..MatvecJob::one_token(w, merge.scratch, y, out_offset, out)?
     };
     matvec_dispatches(ctx, w, &job)
 }

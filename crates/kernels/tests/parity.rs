@@ -105,6 +105,13 @@ fn matmul_reference(
     }
 }
 
+/// Interleaved gate/up rows' gated activation: gelu(gate) * up per pair.
+fn gated(rows: &[f32]) -> Vec<f32> {
+    rows.chunks(2)
+        .map(|p| cpu::gelu_tanh(p[0]) * p[1])
+        .collect()
+}
+
 fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     let e = rel_err(got, want);
     assert!(e <= tol, "{what}: relative error {e} > {tol}");
@@ -232,10 +239,7 @@ fn matmul_gated_output_matches_cpu() {
         for m in [3usize, 37, 130] {
             let x = rng.vec(m * k as usize, 1.0);
             let (rows, tol) = matmul_reference(ctx, &wd, n as usize, k as usize, &x, m);
-            let want: Vec<f32> = rows
-                .chunks(2)
-                .map(|p| cpu::gelu_tanh(p[0]) * p[1])
-                .collect();
+            let want = gated(&rows);
             let (stride, offset) = (ff + 9, 5u32);
             let yv = poisoned(ctx, m * stride as usize);
             let args = MatmulArgs {
@@ -813,10 +817,7 @@ fn one_token_matvec_matches_cpu() {
             // The same rows read as interleaved gate/up pairs.
             {
                 let rows: Vec<f32> = cpu::matmul(&wd, n as usize, ku, &x, 1);
-                let want: Vec<f32> = rows
-                    .chunks(2)
-                    .map(|p| cpu::gelu_tanh(p[0]) * p[1])
-                    .collect();
+                let want = gated(&rows);
                 let y = poisoned(ctx, want.len());
                 let ds = ops::matvec(ctx, &w, &xv, &y, 0, ops::MatvecOut::Geglu).unwrap();
                 run(ctx, &ds.iter().collect::<Vec<_>>());
@@ -847,10 +848,7 @@ fn matvec_matches_cpu_at_every_tuning() {
         let xv = upload(ctx, &x);
         let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, None).unwrap();
         let rows = cpu::matmul(&wd, n as usize, k as usize, &x, 1);
-        let gated: Vec<f32> = rows
-            .chunks(2)
-            .map(|p| cpu::gelu_tanh(p[0]) * p[1])
-            .collect();
+        let gated = gated(&rows);
         // The kernel holds at most 4 rows per group.
         let eight = Some(ops::MatvecTuning {
             tpr: 4,
@@ -950,10 +948,7 @@ fn int8_input_matvec_matches_cpu() {
             &cpu::round_to_int8(&x),
             m as usize,
         );
-        let want: Vec<f32> = rows
-            .chunks(2)
-            .map(|p| cpu::gelu_tanh(p[0]) * p[1])
-            .collect();
+        let want = gated(&rows);
         let y = poisoned(ctx, want.len());
         let ds = ops::matvec_tuned(
             ctx,
@@ -1008,10 +1003,7 @@ fn residual_matvec_matches_cpu() {
         let h: Vec<f32> = res.iter().zip(&dn).map(|(a, b)| (a + b) * 0.75).collect();
         let xn = cpu::rms_norm(&h, ku, Some(&pre), 1e-6);
         let rows = cpu::matmul(&wd, n as usize, ku, &xn, 1);
-        let gated: Vec<f32> = rows
-            .chunks(2)
-            .map(|p| cpu::gelu_tanh(p[0]) * p[1])
-            .collect();
+        let gated = gated(&rows);
         let times_h: Vec<f32> = cpu::matmul(&wd, n as usize, ku, &h, 1)
             .iter()
             .zip(&times[5..])
@@ -1654,7 +1646,7 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
             let rows = &wd[e * 2 * ff as usize * d as usize..][..2 * ff as usize * d as usize];
             let xr = &x[(s / k as usize) * d as usize..][..d as usize];
             let y = cpu::matmul(rows, 2 * ff as usize, d as usize, xr, 1);
-            want.extend(y.chunks(2).map(|p| cpu::gelu_tanh(p[0]) * p[1]));
+            want.extend(gated(&y));
         }
         assert_close(
             &format!("expert gate/up {dtype}"),
