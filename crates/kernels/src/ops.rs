@@ -27,6 +27,7 @@ const HEAD_POST_WGSL: &str = include_str!("wgsl/head_post.wgsl");
 const HEAD_MATH_WGSL: &str = include_str!("wgsl/head_math.wgsl");
 const ATTN_SPLIT_WGSL: &str = include_str!("wgsl/attn_split.wgsl");
 const ATTN_COMBINE_WGSL: &str = include_str!("wgsl/attn_combine.wgsl");
+const ATTN_MERGE_WGSL: &str = include_str!("wgsl/attn_merge.wgsl");
 const SAMPLE_WGSL: &str = include_str!("wgsl/sample.wgsl");
 const MOE_WGSL: &str = include_str!("wgsl/moe.wgsl");
 
@@ -1114,18 +1115,14 @@ fn matvec_dispatches(
         }
         by.expect_len32(&w.name, u64::from(offset) + w.rows)?;
     }
-    let parts: &[&str] = if prologue {
-        &[
-            REDUCE_WGSL,
-            ACTIVATIONS_WGSL,
-            BYTES_WGSL,
-            DTYPES_WGSL,
-            MATVEC_WGSL,
-        ]
-    } else {
-        &[ACTIVATIONS_WGSL, BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL]
-    };
-    let mut source = ShaderSource::new("matvec", parts)
+    let mut parts = vec![ACTIVATIONS_WGSL, BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL];
+    if prologue {
+        parts.push(REDUCE_WGSL);
+    }
+    if merge.is_some() {
+        parts.push(ATTN_MERGE_WGSL);
+    }
+    let mut source = ShaderSource::new("matvec", &parts)
         .flag(flag)
         .flag_if(geglu, "GEGLU_OUT")
         .flag_if(!subgroups, "NO_SUBGROUPS")
@@ -1772,8 +1769,11 @@ pub fn attention_combine(
     ctx.dispatch(
         "attn_combine",
         ctx.pipeline(
-            &ShaderSource::new("attn_combine", &[REDUCE_WGSL, ATTN_COMBINE_WGSL])
-                .flag_if(merge.store_kv, "KV_STORE"),
+            &ShaderSource::new(
+                "attn_combine",
+                &[REDUCE_WGSL, ATTN_MERGE_WGSL, ATTN_COMBINE_WGSL],
+            )
+            .flag_if(merge.store_kv, "KV_STORE"),
         ),
         &binds,
         [a.n_head, 1, 1],

@@ -21,48 +21,26 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> vc: array<f32>;
 #endif
 
-const CHUNK: u32 = 64u;
-
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let h = wg.x;
     let hd = p.head_dim;
     let pos = positions[0];
-    var lo = 0u;
-    if (p.window > 0u && pos + 1u > p.window) {
-        lo = pos + 1u - p.window;
-    }
-    let hi = min(pos, p.capacity - 1u);
-    let chunks = (hi - lo) / CHUNK + 1u;
-    let stride = hd + 2u;
-    let b = h * p.max_chunks * stride;
-    var m = -3.0e38;
-    for (var c = li; c < chunks; c += 256u) {
-        m = max(m, part[b + c * stride + hd]);
-    }
-    m = wg_max(m, li);
-    var l = 0.0;
-    for (var c = li; c < chunks; c += 256u) {
-        l += exp(part[b + c * stride + hd] - m) * part[b + c * stride + hd + 1u];
-    }
-    l = wg_sum(l, li);
+    let chunks = visible_chunks(pos);
+    let m = wg_max(chunk_max(h, chunks, li, 256u), li);
+    let l = wg_sum(chunk_weight(h, chunks, m, li, 256u), li);
     for (var d = li; d < hd; d += 256u) {
         var acc = 0.0;
         for (var c = 0u; c < chunks; c++) {
-            acc += exp(part[b + c * stride + hd] - m) * part[b + c * stride + d];
+            let o = chunk_at(h, c);
+            acc += exp(part[o + hd] - m) * part[o + d];
         }
         out[h * hd + d] = acc / l;
     }
 #if KV_STORE
     let group = p.n_head / p.n_kv_head;
     if (h % group == 0u && pos < p.capacity) {
-        let kvh = h / group;
-        let kv_in = p.n_head * p.max_chunks * (hd + 2u) + kvh * hd;
-        let slot = (pos * p.n_kv_head + kvh) * hd;
-        for (var d = li; d < hd; d += 256u) {
-            kc[slot + d] = part[kv_in + d];
-            vc[slot + d] = part[kv_in + p.n_kv_head * hd + d];
-        }
+        store_kv(pos, (h / group) * hd, hd, li);
     }
 #endif
 }

@@ -413,51 +413,27 @@ fn residual_prologue(xb: u32, li: u32, writer: bool) {
 @group(0) @binding(12) var<storage, read_write> kc: array<f32>;
 @group(0) @binding(13) var<storage, read_write> vc: array<f32>;
 #endif
-const CHUNK: u32 = 64u;
 // Per query head: the largest chunk max, and the inverse of the chunks' total weight.
 var<workgroup> head_ml: array<vec2<f32>, 64>;
 
-// Fills xsh with the attention output (see MERGE above): attn_combine.wgsl's sums, with
-// each head's reductions in one subgroup where subgroups have 32 lanes.
+// Fills xsh with the attention output (see MERGE above), each head's reductions in one
+// subgroup where subgroups have 32 lanes.
 fn merge_prologue(li: u32, writer: bool) {
     let hd = p.head_dim;
     let pos = positions[0];
-    var lo = 0u;
-    if (p.window > 0u && pos + 1u > p.window) {
-        lo = pos + 1u - p.window;
-    }
-    let chunks = (min(pos, p.capacity - 1u) - lo) / CHUNK + 1u;
-    let stride = hd + 2u;
+    let chunks = visible_chunks(pos);
 #if SUBGROUP32
     for (var h = li / 32u; h < p.n_head; h += 8u) {
-        let b = h * p.max_chunks * stride + hd;
-        var m = -3.0e38;
-        for (var c = li % 32u; c < chunks; c += 32u) {
-            m = max(m, part[b + c * stride]);
-        }
-        m = subgroupMax(m);
-        var l = 0.0;
-        for (var c = li % 32u; c < chunks; c += 32u) {
-            l += exp(part[b + c * stride] - m) * part[b + c * stride + 1u];
-        }
-        l = subgroupAdd(l);
+        let m = subgroupMax(chunk_max(h, chunks, li % 32u, 32u));
+        let l = subgroupAdd(chunk_weight(h, chunks, m, li % 32u, 32u));
         if (li % 32u == 0u) {
             head_ml[h] = vec2<f32>(m, 1.0 / l);
         }
     }
 #else
     for (var h = 0u; h < p.n_head; h++) {
-        let b = h * p.max_chunks * stride + hd;
-        var m = -3.0e38;
-        for (var c = li; c < chunks; c += 256u) {
-            m = max(m, part[b + c * stride]);
-        }
-        m = wg_max(m, li);
-        var l = 0.0;
-        for (var c = li; c < chunks; c += 256u) {
-            l += exp(part[b + c * stride] - m) * part[b + c * stride + 1u];
-        }
-        l = wg_sum(l, li);
+        let m = wg_max(chunk_max(h, chunks, li, 256u), li);
+        let l = wg_sum(chunk_weight(h, chunks, m, li, 256u), li);
         if (li == 0u) {
             head_ml[h] = vec2<f32>(m, 1.0 / l);
         }
@@ -472,7 +448,7 @@ fn merge_prologue(li: u32, writer: bool) {
             let ml = head_ml[h];
             var acc = vec4<f32>(0.0);
             for (var c = 0u; c < chunks; c++) {
-                let o = (h * p.max_chunks + c) * stride;
+                let o = chunk_at(h, c);
                 let v = vec4<f32>(part[o + d], part[o + d + 1u], part[o + d + 2u], part[o + d + 3u]);
                 acc += exp(part[o + hd] - ml.x) * v;
             }
@@ -481,12 +457,7 @@ fn merge_prologue(li: u32, writer: bool) {
     }
 #if KV_STORE
     if (writer && pos < p.capacity) {
-        let row = p.n_kv_head * hd;
-        let kv_in = p.n_head * p.max_chunks * stride;
-        for (var e = li; e < row; e += 256u) {
-            kc[pos * row + e] = part[kv_in + e];
-            vc[pos * row + e] = part[kv_in + row + e];
-        }
+        store_kv(pos, 0u, p.n_kv_head * hd, li);
     }
 #endif
 }
