@@ -261,6 +261,7 @@ fn matvec_tuning(c: &mut Criterion) {
                             rpt,
                             prefetch: head && dtype == GgmlType::Q4K,
                             int8_input,
+                            max_workgroups: None,
                         };
                         let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
                         let ds =
@@ -329,6 +330,112 @@ fn residual_matvec(c: &mut Criterion) {
                 ds,
                 |b, ds| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters)),
             );
+        }
+    }
+    group.finish();
+}
+
+/// The layers' matrices of E2B and E4B at the tuning chosen for them and at others: plain
+/// products (O and down) and products behind the residual step (Q|K and gate/up), whose
+/// per-workgroup prologue a cap on workgroups shares among blocks of rows. Each round runs
+/// over copies of the weight that together overflow the GPU's cache many times, as a decode
+/// step's layers do (one matrix read over and over would be served from the cache); times
+/// are per product. Names: `chosen`, or `t{lanes}r4[i8]/w{cap or all}`.
+fn layer_tuning(c: &mut Criterion) {
+    let ctx = context();
+    let mut group = c.benchmark_group("layer_tuning");
+    let caps = [None, Some(264u32)];
+    let name = |t: &ops::MatvecTuning| {
+        let i8 = if t.int8_input { "i8" } else { "" };
+        let cap = t.max_workgroups.map_or("all".into(), |c| c.to_string());
+        format!("t{}r{}{i8}/w{cap}", t.tpr, t.rpt)
+    };
+    let tuning = |tpr, int8_input, max_workgroups| {
+        Some(ops::MatvecTuning {
+            tpr,
+            rpt: 4,
+            prefetch: false,
+            int8_input,
+            max_workgroups,
+        })
+    };
+    let copies_of = |dtype, rows, cols| {
+        let (w, x, y, bytes) = matvec_operands(&ctx, dtype, rows, cols).unwrap();
+        let mut ws = vec![w];
+        while (ws.len() as u64) * bytes < 512 << 20 {
+            ws.push(matvec_operands(&ctx, dtype, rows, cols).unwrap().0);
+        }
+        (ws, x, y, bytes)
+    };
+    let mut bench =
+        |what: &str, shape: String, bytes, t: Option<ops::MatvecTuning>, ds: Vec<Vec<_>>| {
+            let id = format!("{shape}/{}", t.as_ref().map_or("chosen".into(), name));
+            let copies = ds.len() as u32;
+            let ds: Vec<_> = ds.into_iter().flatten().collect();
+            group.throughput(Throughput::Bytes(bytes));
+            group.bench_with_input(BenchmarkId::new(what, id), &ds, |b, ds| {
+                b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters) / copies)
+            });
+        };
+    for dtype in [GgmlType::Q4K, GgmlType::Q6K] {
+        for (rows, cols) in [
+            (1536u64, 2048u64),
+            (1536, 6144),
+            (1536, 12288),
+            (2560, 10240),
+        ] {
+            let (ws, x, y, bytes) = copies_of(dtype, rows, cols);
+            let mut tunings = vec![None, tuning(64, true, None)];
+            for tpr in [32u32, 64, 128, 256] {
+                tunings.extend(caps.map(|cap| tuning(tpr, false, cap)));
+            }
+            for t in tunings {
+                let out = ops::MatvecOut::Rows { softcap: 0.0 };
+                let ds = ws
+                    .iter()
+                    .map(|w| ops::matvec_tuned(&ctx, w, &x, &y, 1, out, t).unwrap())
+                    .collect();
+                bench(dtype.name(), format!("{rows}x{cols}"), bytes, t, ds);
+            }
+        }
+    }
+    for (rows, d, geglu) in [
+        (2304u64, 1536u64, false),
+        (12288, 1536, true),
+        (24576, 1536, true),
+        (2560, 2560, false),
+        (20480, 2560, true),
+    ] {
+        let vector = |seed| {
+            View::of(&ctx.storage_init("v", bytemuck::cast_slice(&random(d as usize, seed))))
+        };
+        let (res, delta, post, pre) = (vector(1), vector(2), vector(3), vector(4));
+        let (res_out, normed) = (vector(5), vector(6));
+        let step = ops::ResidualStep {
+            res: &res,
+            delta: &delta,
+            post: &post,
+            scale: 1.0,
+            eps: 1e-6,
+            res_out: &res_out,
+            next_norm: Some((&pre, &normed)),
+        };
+        let (ws, _, y, bytes) = copies_of(GgmlType::Q4K, rows, d);
+        let out = if geglu {
+            ops::MatvecOut::Geglu
+        } else {
+            ops::MatvecOut::Rows { softcap: 0.0 }
+        };
+        let mut tunings = vec![None];
+        for tpr in [16u32, 32, 64, 128] {
+            tunings.extend(caps.map(|cap| tuning(tpr, false, cap)));
+        }
+        for t in tunings {
+            let ds = ws
+                .iter()
+                .map(|w| ops::matvec_after_residual_tuned(&ctx, w, &step, &y, 0, out, t).unwrap())
+                .collect();
+            bench("residual", format!("{rows}x{d}"), bytes, t, ds);
         }
     }
     group.finish();
@@ -407,6 +514,7 @@ criterion_group!(
     matvec,
     matvec_tuning,
     residual_matvec,
+    layer_tuning,
     matmul_prefill,
     attention
 );

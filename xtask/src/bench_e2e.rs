@@ -36,6 +36,10 @@ pub struct Args {
     /// Also time every kernel of one prefill and one decode step (GPU timestamps).
     #[arg(long)]
     profile: bool,
+    /// With --profile, also list the decode step's dispatches in order (label, workgroups,
+    /// microseconds).
+    #[arg(long)]
+    profile_each: bool,
     /// Stream a mixture-of-experts model's experts from host memory layer by layer.
     #[arg(long)]
     stream_experts: bool,
@@ -126,7 +130,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         median(cpu_step),
     );
     if a.profile {
-        profile(&ctx, &mut session, &prompt)?;
+        profile(&ctx, &mut session, &prompt, a.profile_each)?;
     }
     let bytes_per_token = model.bytes_per_token();
     let floor_ms = bytes_per_token as f64 / (a.floor_tbps * 1e12) * 1e3;
@@ -185,7 +189,12 @@ pub fn run(a: Args) -> Result<(), TaskError> {
 }
 
 /// Prints the GPU time of every kernel in one prefill and one decode step, to stderr.
-fn profile(ctx: &GpuContext, session: &mut GpuSession, prompt: &[u32]) -> Result<(), TaskError> {
+fn profile(
+    ctx: &GpuContext,
+    session: &mut GpuSession,
+    prompt: &[u32],
+    each: bool,
+) -> Result<(), TaskError> {
     let Some(mut profiler) = Profiler::new(ctx, 4096) else {
         eprintln!("profile: the adapter has no timestamp queries");
         return Ok(());
@@ -195,7 +204,13 @@ fn profile(ctx: &GpuContext, session: &mut GpuSession, prompt: &[u32]) -> Result
             session.rewind(0)?;
         }
         session.feed_profiled(tokens, Some(&mut profiler))?;
-        let rows = pollster::block_on(profiler.read(ctx))?;
+        let each_row = pollster::block_on(profiler.read_each(ctx))?;
+        if each && what == "decode" {
+            for (i, (label, workgroups, us)) in each_row.iter().enumerate() {
+                eprintln!("  {i:4} {label:16} {workgroups:7} workgroups {us:8.1} us");
+            }
+        }
+        let rows = Profiler::totals(&each_row);
         let total: f64 = rows.iter().map(|r| r.2).sum();
         eprintln!(
             "{what} ({} tokens): {total:.0} us of kernels, each in its own pass",

@@ -345,7 +345,7 @@ impl<'a> Recorder<'a> {
             return;
         }
         if let Some(p) = self.profiler.as_mut() {
-            if let Some(index) = p.claim(d.label) {
+            if let Some(index) = p.claim(d.label, workgroups) {
                 let queries = p.queries.clone();
                 let d = Dispatch {
                     workgroups,
@@ -455,7 +455,8 @@ pub struct Profiler {
     queries: wgpu::QuerySet,
     resolve: wgpu::Buffer,
     capacity: u32,
-    labels: Vec<&'static str>,
+    /// Per timed dispatch: its label and workgroups.
+    labels: Vec<(&'static str, u32)>,
     period_ns: f64,
 }
 
@@ -486,10 +487,10 @@ impl Profiler {
         })
     }
 
-    fn claim(&mut self, label: &'static str) -> Option<u32> {
+    fn claim(&mut self, label: &'static str, workgroups: [u32; 3]) -> Option<u32> {
         let i = self.labels.len() as u32;
         (i < self.capacity).then(|| {
-            self.labels.push(label);
+            self.labels.push((label, workgroups.iter().product()));
             2 * i
         })
     }
@@ -501,21 +502,42 @@ impl Profiler {
         }
     }
 
-    /// Reads the timings of the last profiled submission: per label, (dispatches, total
-    /// microseconds), most expensive first. Clears the labels for the next submission.
-    pub async fn read(
+    /// Reads the timings of the last profiled submission: per dispatch in recording order, its
+    /// label, workgroups and microseconds. Clears them for the next submission.
+    pub async fn read_each(
         &mut self,
         ctx: &GpuContext,
-    ) -> Result<Vec<(&'static str, usize, f64)>, GpuError> {
+    ) -> Result<Vec<(&'static str, u32, f64)>, GpuError> {
         let n = self.labels.len() as u64 * 2;
         if n == 0 {
             return Ok(Vec::new());
         }
         let bytes = ctx.read(&self.resolve, 0, n * 8).await?;
         let stamps: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes[..(n * 8) as usize]);
+        Ok(self
+            .labels
+            .drain(..)
+            .enumerate()
+            .map(|(i, (label, workgroups))| {
+                let ticks = stamps[2 * i + 1].saturating_sub(stamps[2 * i]);
+                (label, workgroups, ticks as f64 * self.period_ns / 1e3)
+            })
+            .collect())
+    }
+
+    /// [`Profiler::read_each`] summed per label ([`Profiler::totals`]).
+    pub async fn read(
+        &mut self,
+        ctx: &GpuContext,
+    ) -> Result<Vec<(&'static str, usize, f64)>, GpuError> {
+        Ok(Self::totals(&self.read_each(ctx).await?))
+    }
+
+    /// Per label of `each` ([`Profiler::read_each`]'s rows): (dispatches, total microseconds),
+    /// most expensive first.
+    pub fn totals(each: &[(&'static str, u32, f64)]) -> Vec<(&'static str, usize, f64)> {
         let mut totals: Vec<(&'static str, usize, f64)> = Vec::new();
-        for (i, label) in self.labels.drain(..).enumerate() {
-            let us = stamps[2 * i + 1].saturating_sub(stamps[2 * i]) as f64 * self.period_ns / 1e3;
+        for &(label, _, us) in each {
             match totals.iter_mut().find(|t| t.0 == label) {
                 Some(t) => {
                     t.1 += 1;
@@ -525,6 +547,6 @@ impl Profiler {
             }
         }
         totals.sort_by(|a, b| b.2.total_cmp(&a.2));
-        Ok(totals)
+        totals
     }
 }

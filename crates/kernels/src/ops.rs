@@ -866,11 +866,22 @@ pub struct MatvecTuning {
     pub rpt: u32,
     pub prefetch: bool,
     pub int8_input: bool,
+    /// At most this many workgroups, each then taking several blocks of rows (None: one
+    /// block each).
+    pub max_workgroups: Option<u32>,
 }
 
 impl MatvecTuning {
-    /// The tuning for `rows` rows of `k` values of `dtype`.
-    pub fn choose(ctx: &GpuContext, dtype: GgmlType, k: u32, rows: u64, geglu: bool) -> Self {
+    /// The tuning for `rows` rows of `k` values of `dtype`; `prologue`: every workgroup first
+    /// computes the input (the residual step or the attention merge in front of the product).
+    pub fn choose(
+        ctx: &GpuContext,
+        dtype: GgmlType,
+        k: u32,
+        rows: u64,
+        geglu: bool,
+        prologue: bool,
+    ) -> Self {
         // Threads per row group: one per step of the row where possible (short rows leave no
         // lane idle, and the rows' loads all start at once). A step is the values the shader
         // takes at a time for the dtype.
@@ -929,6 +940,7 @@ impl MatvecTuning {
                 rpt: 4,
                 prefetch: dtype == GgmlType::Q4K,
                 int8_input,
+                max_workgroups: None,
             };
         }
         let mut rpt = 4u32;
@@ -939,11 +951,27 @@ impl MatvecTuning {
         while tpr < 256 && workgroups(tpr, rpt) < min_workgroups {
             tpr *= 2;
         }
+        // A prologue is paid once per workgroup, and many workgroups' worth of it costs more
+        // than the product's own reads: where there would be 512 or more, lanes take several
+        // steps each and at most 264 workgroups each take several blocks of rows. On the H100
+        // (`layer_tuning/residual`), gate/up behind the residual step: E2B's 24576 x 1536
+        // 34.1 -> 26.4 us, E4B's 20480 x 2560 51.9 -> 32.1 us. (8-bit inputs, as heads take
+        // them, made the long-row products slower: E2B's 1536 x 12288 13.9 -> 20.7 us.)
+        if prologue && !cpu && workgroups(tpr, rpt) >= 512 {
+            return Self {
+                tpr: 16,
+                rpt,
+                prefetch: false,
+                int8_input: false,
+                max_workgroups: Some(264),
+            };
+        }
         Self {
             tpr,
             rpt,
             prefetch: false,
             int8_input: false,
+            max_workgroups: None,
         }
     }
 }
@@ -1039,11 +1067,13 @@ fn matvec_dispatches(
             w.name
         )));
     }
+    let prologue = residual.is_some() || merge.is_some();
     let MatvecTuning {
         tpr,
         rpt,
         prefetch,
         int8_input,
+        max_workgroups,
     } = match tuning {
         Some(t) if [4, 8, 16, 32, 64, 128, 256].contains(&t.tpr) && [1, 2, 4].contains(&t.rpt) => {
             if geglu && t.rpt < 2 {
@@ -1059,10 +1089,9 @@ fn matvec_dispatches(
             let rows = experts.map_or(w.rows, |e| {
                 u64::from(e.rows_per_expert) * u64::from(e.slots)
             });
-            MatvecTuning::choose(ctx, w.dtype, k, rows, geglu)
+            MatvecTuning::choose(ctx, w.dtype, k, rows, geglu, prologue)
         }
     };
-    let prologue = residual.is_some() || merge.is_some();
     if int8_input && (prologue || !int8_input_fits(ctx, w.dtype, k)) {
         return Err(shape(format!(
             "{}: 8-bit inputs are for a Q4_K or Q6_K product without a residual step or merge, of rows that fit in workgroup memory",
@@ -1135,7 +1164,8 @@ fn matvec_dispatches(
         .flag_if(merge.is_some_and(|mg| mg.store_kv), "KV_STORE")
         .constant("TPR", f64::from(tpr))
         .constant("RPT", f64::from(rpt))
-        .constant("PREFETCH", f64::from(u8::from(prefetch)));
+        .constant("PREFETCH", f64::from(u8::from(prefetch)))
+        .constant("LOOP", f64::from(u8::from(max_workgroups.is_some())));
     if prologue {
         source = source
             .constant("XV", f64::from(k / 4))
@@ -1212,6 +1242,8 @@ fn matvec_dispatches(
                 }
                 None => params.u32(0).u32(0).u32(0).u32(0).u32(0).u32(0),
             };
+            let blocks = rows.div_ceil(rows_per_group);
+            let params = params.u32(blocks);
             let wv = View::of(&tile.buffer);
             let sel = experts.map_or(Bind::Skip, |e| Bind::Storage(e.sel));
             let mut binds = vec![
@@ -1252,7 +1284,11 @@ fn matvec_dispatches(
                 },
                 pipeline.clone(),
                 &binds,
-                grid(ctx, rows.div_ceil(rows_per_group), m),
+                grid(
+                    ctx,
+                    max_workgroups.map_or(blocks, |c| blocks.min(c.max(1))),
+                    m,
+                ),
             )
         })
         .collect()
@@ -1295,8 +1331,23 @@ pub fn matvec_after_residual(
     out_offset: u32,
     out: MatvecOut<'_>,
 ) -> Result<Vec<Dispatch>, GpuError> {
+    matvec_after_residual_tuned(ctx, w, step, y, out_offset, out, None)
+}
+
+/// [`matvec_after_residual`] with a given tuning (`None`: the one [`MatvecTuning::choose`]
+/// picks), for tests and kernel tuning.
+pub fn matvec_after_residual_tuned(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    step: &ResidualStep<'_>,
+    y: &View,
+    out_offset: u32,
+    out: MatvecOut<'_>,
+    tuning: Option<MatvecTuning>,
+) -> Result<Vec<Dispatch>, GpuError> {
     let job = MatvecJob {
         residual: Some(step),
+        tuning,
         ..MatvecJob::one_token(w, step.res, y, out_offset, out)?
     };
     matvec_dispatches(ctx, w, &job)

@@ -855,19 +855,29 @@ fn matvec_matches_cpu_at_every_tuning() {
             rpt: 8,
             prefetch: false,
             int8_input: false,
+            max_workgroups: None,
         });
         let y = poisoned(ctx, n as usize);
         let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
         assert!(ops::matvec_tuned(ctx, &w, &xv, &y, 1, rows_out, eight).is_err());
-        for (tpr, prefetch) in [(4u32, true), (4, false), (64, true), (256, false)] {
+        // Capped workgroups take several blocks of rows each (at most 1 or 2 here).
+        for (tpr, prefetch, max_workgroups) in [
+            (4u32, true, None),
+            (4, false, Some(2)),
+            (64, true, Some(1)),
+            (256, false, None),
+        ] {
             for rpt in [1u32, 2, 4] {
                 let t = Some(ops::MatvecTuning {
                     tpr,
                     rpt,
                     prefetch,
                     int8_input: false,
+                    max_workgroups,
                 });
-                let what = format!("{dtype} tpr {tpr} rpt {rpt} prefetch {prefetch}");
+                let what = format!(
+                    "{dtype} tpr {tpr} rpt {rpt} prefetch {prefetch} workgroups {max_workgroups:?}"
+                );
                 let y = poisoned(ctx, n as usize);
                 let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
                 let ds = ops::matvec_tuned(ctx, &w, &xv, &y, 1, rows_out, t).unwrap();
@@ -894,12 +904,13 @@ fn matvec_matches_cpu_at_every_tuning() {
 fn int8_input_matvec_matches_cpu() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(71);
-    let int8 = |tpr, rpt, prefetch| {
+    let int8 = |tpr, rpt, prefetch, max_workgroups| {
         Some(ops::MatvecTuning {
             tpr,
             rpt,
             prefetch,
             int8_input: true,
+            max_workgroups,
         })
     };
     let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
@@ -918,15 +929,17 @@ fn int8_input_matvec_matches_cpu() {
             let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, None).unwrap();
             let want = cpu::matmul(&wd, n as usize, ku, &cpu::round_to_int8(&x), 1);
             let exact = cpu::matmul(&wd, n as usize, ku, &x, 1);
-            for (tpr, rpt, prefetch) in [
-                (4u32, 4u32, true),
-                (4, 1, false),
-                (64, 2, false),
-                (256, 4, true),
+            for (tpr, rpt, prefetch, cap) in [
+                (4u32, 4u32, true, None),
+                (4, 1, false, Some(3)),
+                (64, 2, false, Some(1)),
+                (256, 4, true, None),
             ] {
-                let what = format!("{dtype} k={k} n={n} tpr {tpr} rpt {rpt} prefetch {prefetch}");
+                let what = format!(
+                    "{dtype} k={k} n={n} tpr {tpr} rpt {rpt} prefetch {prefetch} workgroups {cap:?}"
+                );
                 let y = poisoned(ctx, n as usize);
-                let t = int8(tpr, rpt, prefetch);
+                let t = int8(tpr, rpt, prefetch, cap);
                 let ds = ops::matvec_tuned(ctx, &w, &xv, &y, 1, rows_out, t).unwrap();
                 run(ctx, &ds.iter().collect::<Vec<_>>());
                 let got = read(ctx, &y);
@@ -957,7 +970,7 @@ fn int8_input_matvec_matches_cpu() {
             &y,
             m,
             ops::MatvecOut::Geglu,
-            int8(8, 2, false),
+            int8(8, 2, false, None),
         )
         .unwrap();
         run(ctx, &ds.iter().collect::<Vec<_>>());
@@ -975,12 +988,13 @@ fn int8_input_matvec_matches_cpu() {
         upload(ctx, &rng.vec(k as usize, 1.0)),
         poisoned(ctx, n as usize),
     );
-    assert!(ops::matvec_tuned(ctx, &w, &xv, &y, 1, rows_out, int8(4, 4, false)).is_err());
+    assert!(ops::matvec_tuned(ctx, &w, &xv, &y, 1, rows_out, int8(4, 4, false, None)).is_err());
 }
 
 /// The residual step fused in front of the one-token product: the product, the updated stream
-/// and the normed input all match the separate CPU steps, for plain and gated outputs; and
-/// without the next norm, the product of the stream itself through GELU times a given vector.
+/// and the normed input all match the separate CPU steps, for plain and gated outputs, at the
+/// chosen tuning and with workgroups taking several blocks of rows; and without the next norm,
+/// the product of the stream itself through GELU times a given vector.
 #[test]
 fn residual_matvec_matches_cpu() {
     let Some(ctx) = ctx() else { return };
@@ -1012,12 +1026,24 @@ fn residual_matvec_matches_cpu() {
         let (rv, dv) = (upload(ctx, &res), upload(ctx, &delta));
         let (pv, prv, tv) = (upload(ctx, &post), upload(ctx, &pre), upload(ctx, &times));
         let times_out = ops::MatvecOut::GeluTimes { by: &tv, offset: 5 };
-        for (out, want, norm) in [
+        // The chosen tuning, and 3 workgroups taking every third block of 16-row blocks (each
+        // prologue serving several).
+        let looping = Some(ops::MatvecTuning {
+            tpr: 16,
+            rpt: 4,
+            prefetch: false,
+            int8_input: false,
+            max_workgroups: Some(3),
+        });
+        for ((out, want, norm), tuning) in [
             (ops::MatvecOut::Rows { softcap: 0.0 }, &rows, true),
             (ops::MatvecOut::Geglu, &gated, true),
             (times_out, &times_h, false),
-        ] {
-            let what = format!("{dtype} k={k} n={n} {out:?}");
+        ]
+        .into_iter()
+        .flat_map(|case| [(case, None), (case, looping)])
+        {
+            let what = format!("{dtype} k={k} n={n} {out:?} {tuning:?}");
             let (res_out, normed) = (poisoned(ctx, ku), poisoned(ctx, ku));
             let step = ops::ResidualStep {
                 res: &rv,
@@ -1029,7 +1055,7 @@ fn residual_matvec_matches_cpu() {
                 next_norm: norm.then_some((&prv, &normed)),
             };
             let y = poisoned(ctx, want.len() + 1);
-            let ds = ops::matvec_after_residual(ctx, &w, &step, &y, 1, out).unwrap();
+            let ds = ops::matvec_after_residual_tuned(ctx, &w, &step, &y, 1, out, tuning).unwrap();
             run(ctx, &ds.iter().collect::<Vec<_>>());
             let got = read(ctx, &y);
             assert!(got[0].is_nan(), "{what}: wrote before its offset");
