@@ -261,7 +261,6 @@ fn matvec_tuning(c: &mut Criterion) {
                             rpt,
                             prefetch: head && dtype == GgmlType::Q4K,
                             int8_input,
-                            max_workgroups: None,
                         };
                         let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
                         let ds =
@@ -337,26 +336,19 @@ fn residual_matvec(c: &mut Criterion) {
 
 /// The layers' matrices of E2B and E4B at the tuning chosen for them and at others: plain
 /// products (O and down) and products behind the residual step (Q|K and gate/up), whose
-/// per-workgroup prologue a cap on workgroups shares among blocks of rows. Each round runs
-/// over copies of the weight that together overflow the GPU's cache many times, as a decode
-/// step's layers do (one matrix read over and over would be served from the cache); times
-/// are per product. Names: `chosen`, or `t{lanes}r4[i8]/w{cap or all}`.
+/// prologue every workgroup pays. Each round runs over copies of the weight that together
+/// overflow the GPU's cache many times, as a decode step's layers do (one matrix read over
+/// and over would be served from the cache); times are per product. Names: `chosen`, or
+/// `t{lanes}r{rows}`.
 fn layer_tuning(c: &mut Criterion) {
     let ctx = context();
     let mut group = c.benchmark_group("layer_tuning");
-    let caps = [None, Some(264u32)];
-    let name = |t: &ops::MatvecTuning| {
-        let i8 = if t.int8_input { "i8" } else { "" };
-        let cap = t.max_workgroups.map_or("all".into(), |c| c.to_string());
-        format!("t{}r{}{i8}/w{cap}", t.tpr, t.rpt)
-    };
-    let tuning = |tpr, int8_input, max_workgroups| {
+    let tuning = |tpr, rpt| {
         Some(ops::MatvecTuning {
             tpr,
-            rpt: 4,
+            rpt,
             prefetch: false,
-            int8_input,
-            max_workgroups,
+            int8_input: false,
         })
     };
     let copies_of = |dtype, rows, cols| {
@@ -369,13 +361,15 @@ fn layer_tuning(c: &mut Criterion) {
     };
     let mut bench =
         |what: &str, shape: String, bytes, t: Option<ops::MatvecTuning>, ds: Vec<Vec<_>>| {
-            let id = format!("{shape}/{}", t.as_ref().map_or("chosen".into(), name));
+            let name = t.map_or("chosen".into(), |t| format!("t{}r{}", t.tpr, t.rpt));
             let copies = ds.len() as u32;
             let ds: Vec<_> = ds.into_iter().flatten().collect();
             group.throughput(Throughput::Bytes(bytes));
-            group.bench_with_input(BenchmarkId::new(what, id), &ds, |b, ds| {
-                b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters) / copies)
-            });
+            group.bench_with_input(
+                BenchmarkId::new(what, format!("{shape}/{name}")),
+                &ds,
+                |b, ds| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters) / copies),
+            );
         };
     for dtype in [GgmlType::Q4K, GgmlType::Q6K] {
         for (rows, cols) in [
@@ -385,9 +379,9 @@ fn layer_tuning(c: &mut Criterion) {
             (2560, 10240),
         ] {
             let (ws, x, y, bytes) = copies_of(dtype, rows, cols);
-            let mut tunings = vec![None, tuning(64, true, None)];
-            for tpr in [32u32, 64, 128, 256] {
-                tunings.extend(caps.map(|cap| tuning(tpr, false, cap)));
+            let mut tunings = vec![None];
+            for tpr in [64u32, 128, 256] {
+                tunings.extend([1, 2, 4].map(|rpt| tuning(tpr, rpt)));
             }
             for t in tunings {
                 let out = ops::MatvecOut::Rows { softcap: 0.0 };
@@ -427,9 +421,7 @@ fn layer_tuning(c: &mut Criterion) {
             ops::MatvecOut::Rows { softcap: 0.0 }
         };
         let mut tunings = vec![None];
-        for tpr in [16u32, 32, 64, 128] {
-            tunings.extend(caps.map(|cap| tuning(tpr, false, cap)));
-        }
+        tunings.extend([16u32, 32, 64, 128].map(|tpr| tuning(tpr, 4)));
         for t in tunings {
             let ds = ws
                 .iter()

@@ -866,9 +866,6 @@ pub struct MatvecTuning {
     pub rpt: u32,
     pub prefetch: bool,
     pub int8_input: bool,
-    /// At most this many workgroups, each then taking several blocks of rows (None: one
-    /// block each).
-    pub max_workgroups: Option<u32>,
 }
 
 impl MatvecTuning {
@@ -940,7 +937,6 @@ impl MatvecTuning {
                 rpt: 4,
                 prefetch: dtype == GgmlType::Q4K,
                 int8_input,
-                max_workgroups: None,
             };
         }
         let mut rpt = 4u32;
@@ -952,26 +948,23 @@ impl MatvecTuning {
             tpr *= 2;
         }
         // A prologue is paid once per workgroup, and many workgroups' worth of it costs more
-        // than the product's own reads: where there would be 512 or more, lanes take several
-        // steps each and at most 264 workgroups each take several blocks of rows. On the H100
-        // (`layer_tuning/residual`), gate/up behind the residual step: E2B's 24576 x 1536
-        // 34.1 -> 26.4 us, E4B's 20480 x 2560 51.9 -> 32.1 us. (8-bit inputs, as heads take
-        // them, made the long-row products slower: E2B's 1536 x 12288 13.9 -> 20.7 us.)
+        // than the product's own reads: where there would be 512 or more (the FFN's gate/up
+        // behind the residual step), 16 lanes a group, each taking several steps of its rows.
+        // Rows of 4096 values or more (the FFN's down product) are spread over more
+        // workgroups instead, one row (or gate/up pair) a group. On the H100 (`bench-e2e`,
+        // both together): E2B decode 295-297 -> 332-336 tok/s, E4B 172-174 -> 204-205.
+        // (Workgroups that each took several blocks of rows, to share a prologue further,
+        // measured no better.)
         if prologue && !cpu && workgroups(tpr, rpt) >= 512 {
-            return Self {
-                tpr: 16,
-                rpt,
-                prefetch: false,
-                int8_input: false,
-                max_workgroups: Some(264),
-            };
+            tpr = 16;
+        } else if !prologue && !cpu && k >= 4096 {
+            rpt = min_rpt;
         }
         Self {
             tpr,
             rpt,
             prefetch: false,
             int8_input: false,
-            max_workgroups: None,
         }
     }
 }
@@ -1073,7 +1066,6 @@ fn matvec_dispatches(
         rpt,
         prefetch,
         int8_input,
-        max_workgroups,
     } = match tuning {
         Some(t) if [4, 8, 16, 32, 64, 128, 256].contains(&t.tpr) && [1, 2, 4].contains(&t.rpt) => {
             if geglu && t.rpt < 2 {
@@ -1164,8 +1156,7 @@ fn matvec_dispatches(
         .flag_if(merge.is_some_and(|mg| mg.store_kv), "KV_STORE")
         .constant("TPR", f64::from(tpr))
         .constant("RPT", f64::from(rpt))
-        .constant("PREFETCH", f64::from(u8::from(prefetch)))
-        .constant("LOOP", f64::from(u8::from(max_workgroups.is_some())));
+        .constant("PREFETCH", f64::from(u8::from(prefetch)));
     if prologue {
         source = source
             .constant("XV", f64::from(k / 4))
@@ -1242,8 +1233,6 @@ fn matvec_dispatches(
                 }
                 None => params.u32(0).u32(0).u32(0).u32(0).u32(0).u32(0),
             };
-            let blocks = rows.div_ceil(rows_per_group);
-            let params = params.u32(blocks);
             let wv = View::of(&tile.buffer);
             let sel = experts.map_or(Bind::Skip, |e| Bind::Storage(e.sel));
             let mut binds = vec![
@@ -1284,11 +1273,7 @@ fn matvec_dispatches(
                 },
                 pipeline.clone(),
                 &binds,
-                grid(
-                    ctx,
-                    max_workgroups.map_or(blocks, |c| blocks.min(c.max(1))),
-                    m,
-                ),
+                grid(ctx, rows.div_ceil(rows_per_group), m),
             )
         })
         .collect()

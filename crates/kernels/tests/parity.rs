@@ -855,29 +855,19 @@ fn matvec_matches_cpu_at_every_tuning() {
             rpt: 8,
             prefetch: false,
             int8_input: false,
-            max_workgroups: None,
         });
         let y = poisoned(ctx, n as usize);
         let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
         assert!(ops::matvec_tuned(ctx, &w, &xv, &y, 1, rows_out, eight).is_err());
-        // Capped workgroups take several blocks of rows each (at most 1 or 2 here).
-        for (tpr, prefetch, max_workgroups) in [
-            (4u32, true, None),
-            (4, false, Some(2)),
-            (64, true, Some(1)),
-            (256, false, None),
-        ] {
+        for (tpr, prefetch) in [(4u32, true), (4, false), (64, true), (256, false)] {
             for rpt in [1u32, 2, 4] {
                 let t = Some(ops::MatvecTuning {
                     tpr,
                     rpt,
                     prefetch,
                     int8_input: false,
-                    max_workgroups,
                 });
-                let what = format!(
-                    "{dtype} tpr {tpr} rpt {rpt} prefetch {prefetch} workgroups {max_workgroups:?}"
-                );
+                let what = format!("{dtype} tpr {tpr} rpt {rpt} prefetch {prefetch}");
                 let y = poisoned(ctx, n as usize);
                 let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
                 let ds = ops::matvec_tuned(ctx, &w, &xv, &y, 1, rows_out, t).unwrap();
@@ -904,13 +894,12 @@ fn matvec_matches_cpu_at_every_tuning() {
 fn int8_input_matvec_matches_cpu() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(71);
-    let int8 = |tpr, rpt, prefetch, max_workgroups| {
+    let int8 = |tpr, rpt, prefetch| {
         Some(ops::MatvecTuning {
             tpr,
             rpt,
             prefetch,
             int8_input: true,
-            max_workgroups,
         })
     };
     let rows_out = ops::MatvecOut::Rows { softcap: 0.0 };
@@ -929,17 +918,15 @@ fn int8_input_matvec_matches_cpu() {
             let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, None).unwrap();
             let want = cpu::matmul(&wd, n as usize, ku, &cpu::round_to_int8(&x), 1);
             let exact = cpu::matmul(&wd, n as usize, ku, &x, 1);
-            for (tpr, rpt, prefetch, cap) in [
-                (4u32, 4u32, true, None),
-                (4, 1, false, Some(3)),
-                (64, 2, false, Some(1)),
-                (256, 4, true, None),
+            for (tpr, rpt, prefetch) in [
+                (4u32, 4u32, true),
+                (4, 1, false),
+                (64, 2, false),
+                (256, 4, true),
             ] {
-                let what = format!(
-                    "{dtype} k={k} n={n} tpr {tpr} rpt {rpt} prefetch {prefetch} workgroups {cap:?}"
-                );
+                let what = format!("{dtype} k={k} n={n} tpr {tpr} rpt {rpt} prefetch {prefetch}");
                 let y = poisoned(ctx, n as usize);
-                let t = int8(tpr, rpt, prefetch, cap);
+                let t = int8(tpr, rpt, prefetch);
                 let ds = ops::matvec_tuned(ctx, &w, &xv, &y, 1, rows_out, t).unwrap();
                 run(ctx, &ds.iter().collect::<Vec<_>>());
                 let got = read(ctx, &y);
@@ -970,7 +957,7 @@ fn int8_input_matvec_matches_cpu() {
             &y,
             m,
             ops::MatvecOut::Geglu,
-            int8(8, 2, false, None),
+            int8(8, 2, false),
         )
         .unwrap();
         run(ctx, &ds.iter().collect::<Vec<_>>());
@@ -988,13 +975,13 @@ fn int8_input_matvec_matches_cpu() {
         upload(ctx, &rng.vec(k as usize, 1.0)),
         poisoned(ctx, n as usize),
     );
-    assert!(ops::matvec_tuned(ctx, &w, &xv, &y, 1, rows_out, int8(4, 4, false, None)).is_err());
+    assert!(ops::matvec_tuned(ctx, &w, &xv, &y, 1, rows_out, int8(4, 4, false)).is_err());
 }
 
 /// The residual step fused in front of the one-token product: the product, the updated stream
 /// and the normed input all match the separate CPU steps, for plain and gated outputs, at the
-/// chosen tuning and with workgroups taking several blocks of rows; and without the next norm,
-/// the product of the stream itself through GELU times a given vector.
+/// chosen tuning and at 16 lanes a group; and without the next norm, the product of the stream
+/// itself through GELU times a given vector.
 #[test]
 fn residual_matvec_matches_cpu() {
     let Some(ctx) = ctx() else { return };
@@ -1026,14 +1013,12 @@ fn residual_matvec_matches_cpu() {
         let (rv, dv) = (upload(ctx, &res), upload(ctx, &delta));
         let (pv, prv, tv) = (upload(ctx, &post), upload(ctx, &pre), upload(ctx, &times));
         let times_out = ops::MatvecOut::GeluTimes { by: &tv, offset: 5 };
-        // The chosen tuning, and 3 workgroups taking every third block of 16-row blocks (each
-        // prologue serving several).
-        let looping = Some(ops::MatvecTuning {
+        // The chosen tuning, and the one chosen on GPUs for many rows (16 lanes a group).
+        let narrow = Some(ops::MatvecTuning {
             tpr: 16,
             rpt: 4,
             prefetch: false,
             int8_input: false,
-            max_workgroups: Some(3),
         });
         for ((out, want, norm), tuning) in [
             (ops::MatvecOut::Rows { softcap: 0.0 }, &rows, true),
@@ -1041,7 +1026,7 @@ fn residual_matvec_matches_cpu() {
             (times_out, &times_h, false),
         ]
         .into_iter()
-        .flat_map(|case| [(case, None), (case, looping)])
+        .flat_map(|case| [(case, None), (case, narrow)])
         {
             let what = format!("{dtype} k={k} n={n} {out:?} {tuning:?}");
             let (res_out, normed) = (poisoned(ctx, ku), poisoned(ctx, ku));

@@ -53,8 +53,6 @@ struct Params {
     window: u32,
     max_chunks: u32,
     capacity: u32,
-    // Blocks of 256 / TPR * RPT rows.
-    blocks: u32,
 }
 
 // A step's inputs: XN vec4s of floats, or with INT8_X XN words of four 8-bit integers; and
@@ -311,9 +309,6 @@ override RPT: u32 = 4u;
 // steps' loads are in flight; for rows long enough that a lane takes many steps (output
 // heads). Otherwise a step's loads are issued at its start.
 override PREFETCH: bool = false;
-// LOOP: fewer workgroups than blocks of rows (MatvecTuning::max_workgroups), each taking every
-// nwg-th block, so that a prologue serves several. Otherwise one block each.
-override LOOP: bool = false;
 
 // A step's weights for the group's rows.
 fn group_load(rb: vec4<u32>, u: u32) -> array<Raw, 4> {
@@ -500,11 +495,40 @@ fn quantize_input(xb: u32, li: u32) {
 }
 #endif
 
-// Block t of the rows, one row group per TPR threads.
-fn row_block(t: u32, li: u32, m: u32, xb: u32, rbase: u32) {
-    let group = t * (256u / TPR) + li / TPR;
+@compute @workgroup_size(256)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let group = (wg.x + wg.y * nwg.x) * (256u / TPR) + li / TPR;
     let lane = li % TPR;
     let row0 = group * RPT;
+    let m = wg.z;
+#if EXPERTS
+    // A slot whose expert lives in another tile has nothing to do here.
+    let expert = sel[m] - p.first_expert;
+    if (sel[m] < p.first_expert || expert >= p.experts_here) {
+        return;
+    }
+    let xb = (m / p.x_group) * (p.x_stride / 4u);
+    let rbase = expert * p.n;
+#else
+    let xb = m * (p.x_stride / 4u);
+    let rbase = 0u;
+#endif
+#if RESIDUAL
+    residual_prologue(xb, li, wg.x == 0u && wg.y == 0u);
+    workgroupBarrier();
+#endif
+#if MERGE
+    merge_prologue(li, wg.x == 0u && wg.y == 0u);
+    workgroupBarrier();
+#endif
+#if INT8_X
+    quantize_input(xb, li);
+    workgroupBarrier();
+#endif
     var acc = vec4<f32>(0.0);
     // Float rows may end inside their last step (at a multiple of 4 values): its inputs past
     // the end are zero, so the weights read there (the next row's, finite) add nothing.
@@ -567,10 +591,6 @@ fn row_block(t: u32, li: u32, m: u32, xb: u32, rbase: u32) {
                 acc += sg_sums[li / SG + i];
             }
         }
-        // The next block writes sg_sums again.
-        if (LOOP) {
-            workgroupBarrier();
-        }
     }
 #else
     for (var r = 0u; r < RPT; r++) {
@@ -609,45 +629,4 @@ fn row_block(t: u32, li: u32, m: u32, xb: u32, rbase: u32) {
         }
     }
 #endif
-}
-
-@compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) li: u32,
-) {
-    let m = wg.z;
-#if EXPERTS
-    // A slot whose expert lives in another tile has nothing to do here.
-    let expert = sel[m] - p.first_expert;
-    if (sel[m] < p.first_expert || expert >= p.experts_here) {
-        return;
-    }
-    let xb = (m / p.x_group) * (p.x_stride / 4u);
-    let rbase = expert * p.n;
-#else
-    let xb = m * (p.x_stride / 4u);
-    let rbase = 0u;
-#endif
-    let first = wg.x + wg.y * nwg.x;
-#if RESIDUAL
-    residual_prologue(xb, li, first == 0u);
-    workgroupBarrier();
-#endif
-#if MERGE
-    merge_prologue(li, first == 0u);
-    workgroupBarrier();
-#endif
-#if INT8_X
-    quantize_input(xb, li);
-    workgroupBarrier();
-#endif
-    if (!LOOP) {
-        row_block(first, li, m, xb, rbase);
-        return;
-    }
-    for (var t = first; t < p.blocks; t += nwg.x * nwg.y) {
-        row_block(t, li, m, xb, rbase);
-    }
 }
