@@ -904,10 +904,11 @@ impl MatvecTuning {
         // pair for GEGLU_OUT), then widen the groups, until there are enough workgroups.
         // A CPU adapter (lavapipe) runs a workgroup per thread: more and smaller ones only add
         // per-workgroup overhead there.
-        // 96 on a GPU: on the H100 at E2B's decode shapes, fewer workgroups with more rows
-        // each beat more of them (Q4_K 1536 x 2048: 10.2 us at 384 workgroups of one row,
-        // 7.7 at 96 of two; 1536 x 256: 6.4 -> 5.2 us).
-        let min_workgroups: u64 = if cpu { 1 } else { 96 };
+        // 192 on a GPU: in whole decode steps on the H100 (`bench-e2e`, 128-token prompt),
+        // 192 against 96: Gemma 3 270M 1,251 -> 1,289 tok/s, E4B 208-209 -> 212-213, E2B
+        // unchanged; 384 was slower on all three. (A product timed alone, each matrix over
+        // and over, had favoured fewer workgroups.)
+        let min_workgroups: u64 = if cpu { 1 } else { 192 };
         let workgroups = |tpr: u32, rpt: u32| rows.div_ceil(u64::from(256 / tpr * rpt));
         // A matrix with rows enough to fill the GPU many times over (an output head) is
         // bandwidth-bound: there, lanes that loop over several steps of a row beat lanes that
