@@ -62,7 +62,7 @@ ours() {
   for m in $MODELS; do
     .dev/xtask bench-e2e --model "$W/models/$m.gguf" | tee "$OUT/e2e-$m.txt"
   done
-  .dev/xtask bench-e2e --model "$W/models/e2b.gguf" --reps 1 --profile 2> "$OUT/e2e-e2b-profile.txt" > /dev/null
+  .dev/xtask bench-e2e --model "$W/models/e2b.gguf" --reps 1 --profile --profile-each 2> "$OUT/e2e-e2b-profile.txt" > /dev/null
   .dev/kernels --bench --warm-up-time 0.3 --measurement-time 1 ${BENCH_FILTER:-} > "$OUT/kernels.txt" 2>&1
   python3 benches/summarize.py "$OUT/kernels.txt" | tee "$OUT/kernels-summary.txt"
 }
