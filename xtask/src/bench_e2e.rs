@@ -86,6 +86,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     let greedy = SamplingParams::default();
     let (mut prefill, mut ttft, mut decode, mut cpu_step) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut streamed = Vec::new();
     for rep in 0..a.reps + 1 {
         // Prefill alone: every prompt position through the batched kernels.
         session.rewind(0)?;
@@ -101,6 +102,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         pollster::block_on(session.next_token())?;
         let first_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
+        let streamed_before = session.experts_streamed_bytes();
         let (mut submitted, mut read) = (1u32, 1usize);
         let mut record_s = 0.0;
         while read < a.decode {
@@ -121,8 +123,11 @@ pub fn run(a: Args) -> Result<(), TaskError> {
             prefill.push(a.prompt as f64 / prefill_s);
             ttft.push(first_s * 1e3);
             decode.push((a.decode - 1) as f64 / decode_s);
+            let bytes = session.experts_streamed_bytes() - streamed_before;
+            streamed.push(bytes as f64 / f64::from(submitted - 1).max(1.0));
         }
     }
+    let streamed_mib = median(streamed) / f64::from(1 << 20);
     let (prefill, ttft, decode, cpu_step) = (
         median(prefill),
         median(ttft),
@@ -160,6 +165,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
                 "cpu_record_ms": cpu_step,
                 "floor_fraction": floor_ms / step_ms,
                 "load_s": load_s,
+                "experts_streamed_mib_per_token": streamed_mib,
             })
         );
     } else {
@@ -172,6 +178,9 @@ pub fn run(a: Args) -> Result<(), TaskError> {
             "decode           {decode:.1} tok/s ({step_ms:.3} ms/token, {cpu_step:.3} ms of it recording on the CPU)"
         );
         println!("time to first    {ttft:.1} ms");
+        if model.streams_experts() {
+            println!("experts streamed {streamed_mib:.1} MiB per decoded token");
+        }
         println!(
             "gpu memory       {:.1} MiB",
             memory as f64 / (1 << 20) as f64

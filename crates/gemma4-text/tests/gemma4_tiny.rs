@@ -273,7 +273,7 @@ fn ollama_blob_layout_gives_the_same_model() {
 /// The MoE fixture with its experts streamed from host memory (one layer's worth of expert
 /// weights on the GPU, rewritten before each expert layer) computes what the resident model
 /// computes: the same logits through prefill and decode, the same tokens with steps queued
-/// ahead, and the goldens' tokens.
+/// ahead, and the goldens' tokens; one-token steps copy only the experts their router chose.
 #[test]
 fn streamed_experts_match_resident_experts() {
     use wgemma_text::{ExpertPlacement, GpuModel, LoadOptions, SamplingParams};
@@ -300,9 +300,17 @@ fn streamed_experts_match_resident_experts() {
         streamed.gpu_bytes(),
         resident.gpu_bytes()
     );
+    let moe = cfg.moe.unwrap();
+    assert!(
+        moe.n_used < moe.n_expert,
+        "a one-token step copies only its chosen experts"
+    );
     for case in golden(json) {
         let (mut a, mut b) = (scoring_session(&resident), scoring_session(&streamed));
         let first = 4;
+        // Bytes copied by the prompt's step (every expert of every layer) and by a one-token
+        // step (at most n_used of the n_expert experts of each layer).
+        let mut all_layers = 0;
         for t in first..case.tokens.len() {
             let fed = if t == first {
                 &case.tokens[..=t]
@@ -310,7 +318,21 @@ fn streamed_experts_match_resident_experts() {
                 &case.tokens[t..=t]
             };
             a.feed(fed).unwrap();
+            let before = b.experts_streamed_bytes();
             b.feed(fed).unwrap();
+            let copied = b.experts_streamed_bytes() - before;
+            if t == first {
+                all_layers = copied;
+                assert!(copied > 0, "the prompt's step copies experts");
+            } else {
+                // Copies widened to 4-byte boundaries add at most 6 bytes per expert weight.
+                let slack = (12 * moe.n_used * cfg.n_layer * moe.n_expert) as u64;
+                assert!(
+                    copied > 0
+                        && copied * moe.n_expert as u64 <= all_layers * moe.n_used as u64 + slack,
+                    "a one-token step copied {copied} bytes of {all_layers}"
+                );
+            }
             let (want, got) = (
                 pollster::block_on(a.logits()).unwrap(),
                 pollster::block_on(b.logits()).unwrap(),

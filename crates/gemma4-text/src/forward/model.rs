@@ -41,8 +41,9 @@ pub enum ExpertPlacement {
     /// On the GPU.
     Resident,
     /// In host memory: before each expert layer runs, its experts are copied into GPU
-    /// buffers that every such layer shares. GPU memory holds one layer's experts, at the
-    /// cost of copying every layer's experts each step.
+    /// buffers that every such layer shares. GPU memory holds one layer's experts. Natively,
+    /// steps of fewer tokens than the layer has experts read the router's choice back and
+    /// copy only the experts it chose (one wait for the GPU per layer); longer ones copy all.
     Streamed,
 }
 
@@ -124,16 +125,61 @@ impl std::fmt::Debug for HostExperts {
 
 impl HostExperts {
     /// Queues the copy of the layer's experts into the shared weights; it lands before the
-    /// next submission's commands (so after everything submitted before it).
-    pub fn write(&self, ctx: &GpuContext) {
+    /// next submission's commands (so after everything submitted before it). Returns the
+    /// bytes copied.
+    pub fn write(&self, ctx: &GpuContext) -> u64 {
+        let mut bytes = 0;
         for (w, tiles) in [
             (&self.gate_up, &self.gate_up_tiles),
             (&self.down, &self.down_tiles),
         ] {
-            for (tile, bytes) in w.tiles.iter().zip(tiles) {
-                ctx.write(&tile.buffer, 0, bytes);
+            for (tile, host) in w.tiles.iter().zip(tiles) {
+                ctx.write(&tile.buffer, 0, host);
+                bytes += host.len() as u64;
             }
         }
+        bytes
+    }
+
+    /// [`HostExperts::write`] of only the experts in `chosen` (ids of `n_expert`; others are
+    /// ignored, repeats copied once), each to its own place in the shared weights: the
+    /// expert products index them there by id. Returns the bytes copied.
+    pub fn write_chosen(&self, ctx: &GpuContext, n_expert: u32, chosen: &[u32]) -> u64 {
+        let mut ids: Vec<u64> = chosen
+            .iter()
+            .filter(|&&e| e < n_expert)
+            .map(|&e| u64::from(e))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut bytes = 0;
+        for (w, tiles) in [
+            (&self.gate_up, &self.gate_up_tiles),
+            (&self.down, &self.down_tiles),
+        ] {
+            let per_expert = w.rows / u64::from(n_expert);
+            for &e in &ids {
+                let first = e * per_expert;
+                // Tiles hold whole experts.
+                let found = w
+                    .tiles
+                    .iter()
+                    .zip(tiles)
+                    .find(|(t, _)| (t.first_row..t.first_row + t.rows).contains(&first));
+                if let Some((tile, host)) = found {
+                    // Copies start at 4-byte boundaries: widened to them, a copy rewrites a
+                    // few bytes of the neighbouring experts with what they hold already.
+                    let start = (first - tile.first_row) * w.row_bytes / 4 * 4;
+                    let end = ((first + per_expert - tile.first_row) * w.row_bytes)
+                        .div_ceil(4)
+                        .saturating_mul(4)
+                        .min(host.len() as u64);
+                    ctx.write(&tile.buffer, start, &host[start as usize..end as usize]);
+                    bytes += end - start;
+                }
+            }
+        }
+        bytes
     }
 }
 

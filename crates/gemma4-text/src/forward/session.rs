@@ -7,6 +7,7 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use wgemma_kernels::ops::{
     self, AttentionArgs, Elementwise, ExpertSlots, HeadPostArgs, HeadPostKv, MatmulArgs, MatvecOut,
@@ -71,8 +72,12 @@ enum Op {
         bytes: u64,
     },
     /// A streamed layer's experts into the weights expert layers share: what is recorded
-    /// before is submitted first.
-    Upload(Arc<HostExperts>),
+    /// before is submitted first. With `routed` (the router's choice and its slots), natively
+    /// only the chosen experts, read back once that is done.
+    Upload {
+        host: Arc<HostExperts>,
+        routed: Option<(View, u32)>,
+    },
     /// Where a step starts to read the per-layer table rows of its tokens: a decode step
     /// whose token is still on its way to the CPU submits what comes before right away.
     TokenRows,
@@ -197,6 +202,8 @@ pub struct GpuSession {
     /// Per-layer embedding rows fetched ahead of the steps that feed their tokens (models
     /// whose rows come from an asynchronous source).
     fetched: HashMap<u32, Vec<u8>>,
+    /// Bytes of streamed experts copied to the GPU so far.
+    streamed: AtomicU64,
 }
 
 /// Fetched rows kept for later steps; past this, a new fetch starts from an empty store.
@@ -319,6 +326,7 @@ impl GpuSession {
             next_slot: 0,
             has_logits: false,
             fetched: HashMap::new(),
+            streamed: AtomicU64::new(0),
         };
         session.decode = session.plan(1, &session.s.result, LogitsFor::Last, None)?;
         ctx.check()?;
@@ -766,7 +774,14 @@ impl GpuSession {
                     )?,
                 ]);
                 if let Some(host) = &x.host {
-                    ops.borrow_mut().push(Op::Upload(host.clone()));
+                    // Fewer slots than experts: copying the chosen ones is cheaper than all,
+                    // even with the wait for the router.
+                    let slots = m * k;
+                    let routed = (slots < ne).then(|| (mo.sel.clone(), slots));
+                    ops.borrow_mut().push(Op::Upload {
+                        host: host.clone(),
+                        routed,
+                    });
                 }
                 let gate_up_slots = ExpertSlots {
                     sel: &mo.sel,
@@ -1024,6 +1039,13 @@ impl GpuSession {
         self.model.ple.is_some()
     }
 
+    /// Bytes of streamed experts ([`crate::ExpertPlacement::Streamed`]) copied to the GPU
+    /// since the session began: every expert layer's experts for long steps, the chosen ones
+    /// for short steps.
+    pub fn experts_streamed_bytes(&self) -> u64 {
+        self.streamed.load(Ordering::Relaxed)
+    }
+
     /// How many decode steps may be queued ahead of the readback: [`MAX_IN_FLIGHT`], or for
     /// models whose step needs the previous token on the CPU, 2: one running and the next
     /// recorded, submitted as soon as its token is read (the CPU's recording overlaps the GPU).
@@ -1035,18 +1057,30 @@ impl GpuSession {
         }
     }
 
-    fn record(rec: &mut Recorder<'_>, ops: &[Op]) {
+    fn record(&self, rec: &mut Recorder<'_>, ops: &[Op]) -> Result<(), ForwardError> {
         for op in ops {
             match op {
                 Op::Run(d) => rec.run(d),
                 Op::Copy { from, to, bytes } => rec.copy(from, to, *bytes),
-                Op::Upload(host) => {
+                Op::Upload { host, routed } => {
                     rec.flush();
-                    host.write(rec.ctx());
+                    let ctx = rec.ctx();
+                    let n_expert = self.model.cfg.moe.map_or(0, |mc| mc.n_expert as u32);
+                    let bytes = match routed {
+                        // The browser cannot wait for the GPU mid-step.
+                        Some((sel, slots)) if cfg!(not(target_arch = "wasm32")) => {
+                            let sel = sel.slice(0, u64::from(*slots) * 4)?;
+                            let chosen = futures::executor::block_on(ctx.read_u32(&sel))?;
+                            host.write_chosen(ctx, n_expert, &chosen)
+                        }
+                        _ => host.write(ctx),
+                    };
+                    self.streamed.fetch_add(bytes, Ordering::Relaxed);
                 }
                 Op::TokenRows => {}
             }
         }
+        Ok(())
     }
 
     /// Records `tokens` through the model, leaving the last one's logits; chunks before the
@@ -1065,7 +1099,7 @@ impl GpuSession {
                 let ctx = &self.model.ctx;
                 ctx.write(&self.s.result.buffer, 0, bytemuck::bytes_of(&chunk[0]));
                 self.stage(chunk)?;
-                Self::record(rec, &self.decode);
+                self.record(rec, &self.decode)?;
             } else {
                 let logits = if last {
                     LogitsFor::Last
@@ -1075,10 +1109,10 @@ impl GpuSession {
                 let ops = self.plan(chunk.len() as u32, &self.s.ids, logits, None)?;
                 self.stage(chunk)?;
                 if last {
-                    Self::record(rec, &ops);
+                    self.record(rec, &ops)?;
                 } else {
                     let mut r = Recorder::new(&self.model.ctx, "prefill");
-                    Self::record(&mut r, &ops);
+                    self.record(&mut r, &ops)?;
                     r.submit();
                 }
             }
@@ -1188,11 +1222,11 @@ impl GpuSession {
                 .position(|op| matches!(op, Op::TokenRows))
                 .unwrap_or(0);
             let mut head = Recorder::new(&ctx, "decode head");
-            Self::record(&mut head, &self.decode[..at]);
+            self.record(&mut head, &self.decode[..at])?;
             head.submit();
-            Self::record(&mut rec, &self.decode[at..]);
+            self.record(&mut rec, &self.decode[at..])?;
         } else {
-            Self::record(&mut rec, &self.decode);
+            self.record(&mut rec, &self.decode)?;
         }
         self.record_sampling(&mut rec, p, step, true)?;
         // The token fed here joins the history when its id is known.
@@ -1478,7 +1512,7 @@ impl GpuSession {
             let ops = self.plan(chunk.len() as u32, &self.s.ids, LogitsFor::All, Some(&all))?;
             self.stage(chunk)?;
             let mut rec = Recorder::new(&ctx, "score");
-            Self::record(&mut rec, &ops);
+            self.record(&mut rec, &ops)?;
             rec.submit();
             self.history.extend_from_slice(chunk);
             let logits = ctx
