@@ -290,38 +290,65 @@ fn matvec_tuning(c: &mut Criterion) {
     group.finish();
 }
 
+/// The vectors of a residual step between blocks of width d (random stream, delta and norm
+/// weights; the outputs), for [`ResidualVectors::step`].
+struct ResidualVectors {
+    res: View,
+    delta: View,
+    post: View,
+    pre: View,
+    res_out: View,
+    normed: View,
+}
+
+impl ResidualVectors {
+    fn new(ctx: &GpuContext, d: u64) -> Self {
+        let vector = |seed| {
+            View::of(&ctx.storage_init("v", bytemuck::cast_slice(&random(d as usize, seed))))
+        };
+        Self {
+            res: vector(1),
+            delta: vector(2),
+            post: vector(3),
+            pre: vector(4),
+            res_out: vector(5),
+            normed: vector(6),
+        }
+    }
+
+    /// The step with the next block's norm, at scale 1.
+    fn step(&self) -> ops::ResidualStep<'_> {
+        ops::ResidualStep {
+            res: &self.res,
+            delta: &self.delta,
+            post: &self.post,
+            scale: 1.0,
+            eps: 1e-6,
+            res_out: &self.res_out,
+            next_norm: Some((&self.pre, &self.normed)),
+        }
+    }
+}
+
 /// The step between two blocks and the next block's first product (E2B's Q and gate/up
 /// shapes, Q4_K): as two dispatches, and fused into one.
 fn residual_matvec(c: &mut Criterion) {
     let ctx = context();
     let mut group = c.benchmark_group("residual_matvec");
     let d = 1536u64;
-    let vector =
-        |seed| View::of(&ctx.storage_init("v", bytemuck::cast_slice(&random(d as usize, seed))));
-    let (res, delta, post, pre) = (vector(1), vector(2), vector(3), vector(4));
-    let (res_out, normed) = (vector(5), vector(6));
+    let v = ResidualVectors::new(&ctx, d);
+    let (res, delta, post, pre, normed) = (&v.res, &v.delta, &v.post, &v.pre, &v.normed);
     for (rows, out) in [
         (2048u64, ops::MatvecOut::Rows { softcap: 0.0 }),
         (12288, ops::MatvecOut::Geglu),
     ] {
         let (w, _, y, bytes) = matvec_operands(&ctx, GgmlType::Q4K, rows, d).unwrap();
         let mut two = vec![
-            ops::residual_norm(
-                &ctx, &res, &delta, &post, &pre, &normed, 1, d as u32, 1.0, 1e-6,
-            )
-            .unwrap(),
+            ops::residual_norm(&ctx, res, delta, post, pre, normed, 1, d as u32, 1.0, 1e-6)
+                .unwrap(),
         ];
-        two.extend(ops::matvec(&ctx, &w, &normed, &y, 0, out).unwrap());
-        let step = ops::ResidualStep {
-            res: &res,
-            delta: &delta,
-            post: &post,
-            scale: 1.0,
-            eps: 1e-6,
-            res_out: &res_out,
-            next_norm: Some((&pre, &normed)),
-        };
-        let one = ops::matvec_after_residual(&ctx, &w, &step, &y, 0, out).unwrap();
+        two.extend(ops::matvec(&ctx, &w, normed, &y, 0, out).unwrap());
+        let one = ops::matvec_after_residual(&ctx, &w, &v.step(), &y, 0, out).unwrap();
         group.throughput(Throughput::Bytes(bytes));
         for (name, ds) in [("separate", &two), ("fused", &one)] {
             group.bench_with_input(
@@ -400,20 +427,8 @@ fn layer_tuning(c: &mut Criterion) {
         (2560, 2560, false),
         (20480, 2560, true),
     ] {
-        let vector = |seed| {
-            View::of(&ctx.storage_init("v", bytemuck::cast_slice(&random(d as usize, seed))))
-        };
-        let (res, delta, post, pre) = (vector(1), vector(2), vector(3), vector(4));
-        let (res_out, normed) = (vector(5), vector(6));
-        let step = ops::ResidualStep {
-            res: &res,
-            delta: &delta,
-            post: &post,
-            scale: 1.0,
-            eps: 1e-6,
-            res_out: &res_out,
-            next_norm: Some((&pre, &normed)),
-        };
+        let v = ResidualVectors::new(&ctx, d);
+        let step = v.step();
         let (ws, _, y, bytes) = copies_of(GgmlType::Q4K, rows, d);
         let out = if geglu {
             ops::MatvecOut::Geglu
