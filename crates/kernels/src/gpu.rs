@@ -243,8 +243,9 @@ impl GpuContext {
         self.map_and_copy(&staging, size).await
     }
 
-    /// Maps a `MAP_READ` buffer and copies its first `size` bytes out.
-    pub(crate) async fn map_and_copy(
+    /// Maps a `MAP_READ` buffer and copies its first `size` bytes out (a multiple of 4), for
+    /// a staging buffer kept across steps, into which a recorder copied them.
+    pub async fn map_and_copy(
         &self,
         staging: &wgpu::Buffer,
         size: u64,

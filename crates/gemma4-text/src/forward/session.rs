@@ -204,6 +204,9 @@ pub struct GpuSession {
     fetched: HashMap<u32, Vec<u8>>,
     /// Bytes of streamed experts copied to the GPU so far.
     streamed: AtomicU64,
+    /// Natively, for models that stream their experts: where a short step's router choice
+    /// (fewer slots than experts) is copied to be read back.
+    router_readback: Option<wgpu::Buffer>,
 }
 
 /// Fetched rows kept for later steps; past this, a new fetch starts from an empty store.
@@ -308,6 +311,16 @@ impl GpuSession {
                 })
             })
             .collect();
+        let router_readback =
+            (model.streams_experts() && cfg!(not(target_arch = "wasm32"))).then(|| {
+                let n_expert = cfg.moe.map_or(1, |mc| mc.n_expert) as u64;
+                ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("router readback"),
+                    size: n_expert * 4,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            });
         let mut session = Self {
             model: model.clone(),
             capacity,
@@ -327,6 +340,7 @@ impl GpuSession {
             has_logits: false,
             fetched: HashMap::new(),
             streamed: AtomicU64::new(0),
+            router_readback,
         };
         session.decode = session.plan(1, &session.s.result, LogitsFor::Last, None)?;
         ctx.check()?;
@@ -1063,17 +1077,27 @@ impl GpuSession {
                 Op::Run(d) => rec.run(d),
                 Op::Copy { from, to, bytes } => rec.copy(from, to, *bytes),
                 Op::Upload { host, routed } => {
+                    // The router's choice goes to the session's staging buffer with the rest
+                    // of the step so far (the browser, which cannot wait for the GPU mid-step,
+                    // has none and copies every expert).
+                    let staged = match (routed, &self.router_readback) {
+                        (Some((sel, slots)), Some(staging)) => {
+                            let size = u64::from(*slots) * 4;
+                            rec.copy(&sel.slice(0, size)?, &View::of(staging), size);
+                            Some((staging, size))
+                        }
+                        _ => None,
+                    };
                     rec.flush();
                     let ctx = rec.ctx();
                     let n_expert = self.model.cfg.moe.map_or(0, |mc| mc.n_expert as u32);
-                    let bytes = match routed {
-                        // The browser cannot wait for the GPU mid-step.
-                        Some((sel, slots)) if cfg!(not(target_arch = "wasm32")) => {
-                            let sel = sel.slice(0, u64::from(*slots) * 4)?;
-                            let chosen = futures::executor::block_on(ctx.read_u32(&sel))?;
+                    let bytes = match staged {
+                        Some((staging, size)) => {
+                            let raw = futures::executor::block_on(ctx.map_and_copy(staging, size))?;
+                            let chosen: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
                             host.write_chosen(ctx, n_expert, &chosen)
                         }
-                        _ => host.write(ctx),
+                        None => host.write(ctx),
                     };
                     self.streamed.fetch_add(bytes, Ordering::Relaxed);
                 }
