@@ -250,7 +250,7 @@ fn matvec_tuning(c: &mut Criterion) {
                         continue;
                     }
                     // Heads of K-quants also with 8-bit inputs.
-                    let int8 = if head && ops::int8_input_fits(&ctx, dtype, cols as u32) {
+                    let int8 = if head && ops::int8_input_fits(&ctx, dtype, cols as u32, false) {
                         &[false, true][..]
                     } else {
                         &[false][..]

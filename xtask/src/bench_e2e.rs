@@ -36,7 +36,7 @@ pub struct Args {
     /// Also time every kernel of one prefill and one decode step (GPU timestamps).
     #[arg(long)]
     profile: bool,
-    /// With --profile, also list the decode step's dispatches in order (label, workgroups,
+    /// With --profile, also list the prefill's and the decode step's dispatches in order (label, workgroups,
     /// microseconds).
     #[arg(long)]
     profile_each: bool,
@@ -214,17 +214,19 @@ fn profile(
         }
         session.feed_profiled(tokens, Some(&mut profiler))?;
         let each_row = pollster::block_on(profiler.read_each(ctx))?;
-        if each && what == "decode" {
+        if each {
             for (i, (label, workgroups, us)) in each_row.iter().enumerate() {
                 eprintln!("  {i:4} {label:16} {workgroups:7} workgroups {us:8.1} us");
             }
         }
         let rows = Profiler::totals(&each_row);
         let total: f64 = rows.iter().map(|r| r.2).sum();
-        eprintln!(
-            "{what} ({} tokens): {total:.0} us of kernels, each in its own pass",
-            tokens.len()
-        );
+        let how = if profiler.in_pass() {
+            "timed inside the step's pass"
+        } else {
+            "each in its own pass"
+        };
+        eprintln!("{what} ({} tokens): {total:.0} us of kernels, {how}", tokens.len());
         for (label, count, us) in rows {
             eprintln!(
                 "  {label:16} {count:5} x {:9.1} us = {us:10.1} us",
@@ -235,7 +237,10 @@ fn profile(
     // The same decode step fed back to back with no token read in between: GPU time per step
     // (the CPU's recording overlaps it), against which the pipelined decode's time per token
     // shows what reading each token back costs.
-    let steps = 32;
+    let steps = 32.min(session.capacity().saturating_sub(session.position() + 1)) as u32;
+    if steps == 0 {
+        return Ok(());
+    }
     session.feed(&prompt[..1])?;
     ctx.wait()?;
     let t = Instant::now();

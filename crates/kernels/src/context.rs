@@ -106,6 +106,9 @@ pub struct GpuFeatures {
     pub shader_f16: bool,
     pub subgroups: bool,
     pub timestamps: bool,
+    /// Timestamps between the dispatches of one compute pass, so that a profile times the
+    /// step as it runs rather than each dispatch in a pass of its own.
+    pub timestamps_in_passes: bool,
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
     /// 16x16x16 cooperative matrix products of f16 into f32, run by subgroups of exactly 32
@@ -166,6 +169,11 @@ impl GpuContext {
         if timestamps {
             required |= wgpu::Features::TIMESTAMP_QUERY;
         }
+        let timestamps_in_passes =
+            timestamps && available.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
+        if timestamps_in_passes {
+            required |= wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        }
         // Ask for everything the adapter offers: weight tiles and scratch are sized from these.
         let limits = adapter.limits();
         let coop_matmul = options.allow_coop
@@ -224,6 +232,7 @@ impl GpuContext {
             shader_f16,
             subgroups,
             timestamps,
+            timestamps_in_passes,
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
             coop_matmul,

@@ -320,8 +320,10 @@ impl<'a> Recorder<'a> {
         }
     }
 
-    /// A recorder that times every dispatch with `profiler` (each in a pass of its own, so
-    /// the totals include per-pass overhead; for finding the expensive kernels).
+    /// A recorder that times every dispatch with `profiler`: between the dispatches of the one
+    /// pass where the adapter can (each then costs what it adds to the step: its wait for the
+    /// one before, its launch and its run), else each in a pass of its own (whose overhead
+    /// the times then include).
     pub fn profiled(ctx: &'a GpuContext, label: &str, profiler: &'a mut Profiler) -> Self {
         let mut r = Self::new(ctx, label);
         r.profiler = Some(profiler);
@@ -348,14 +350,25 @@ impl<'a> Recorder<'a> {
         if let Some(p) = self.profiler.as_mut() {
             if let Some(index) = p.claim(d.label, workgroups) {
                 let queries = p.queries.clone();
-                let d = Dispatch {
-                    workgroups,
-                    ..d.clone()
-                };
-                self.run_timed(&d, &queries, index);
+                if !p.in_pass {
+                    let d = Dispatch {
+                        workgroups,
+                        ..d.clone()
+                    };
+                    self.run_timed(&d, &queries, index);
+                    return;
+                }
+                self.pass().write_timestamp(&queries, index);
+                self.dispatch_in_pass(d, workgroups);
+                self.pass().write_timestamp(&queries, index + 1);
                 return;
             }
         }
+        self.dispatch_in_pass(d, workgroups);
+    }
+
+    /// The current compute pass, opened if needed.
+    fn pass(&mut self) -> &mut wgpu::ComputePass<'static> {
         if self.pass.is_none() {
             let encoder = self
                 .encoder
@@ -369,7 +382,11 @@ impl<'a> Recorder<'a> {
                 .forget_lifetime();
             self.pass = Some(pass);
         }
-        let pass = self.pass.as_mut().expect("just opened");
+        self.pass.as_mut().expect("just opened")
+    }
+
+    fn dispatch_in_pass(&mut self, d: &Dispatch, workgroups: [u32; 3]) {
+        let pass = self.pass();
         pass.set_pipeline(&d.pipeline);
         pass.set_bind_group(0, &d.bind_group, &[]);
         pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
@@ -459,6 +476,8 @@ pub struct Profiler {
     /// Per timed dispatch: its label and workgroups.
     labels: Vec<(&'static str, u32)>,
     period_ns: f64,
+    /// Dispatches are timed inside the step's one pass ([`crate::GpuFeatures::timestamps_in_passes`]).
+    in_pass: bool,
 }
 
 impl Profiler {
@@ -485,7 +504,13 @@ impl Profiler {
             capacity: count / 2,
             labels: Vec::new(),
             period_ns: f64::from(ctx.queue.get_timestamp_period()),
+            in_pass: ctx.features.timestamps_in_passes,
         })
+    }
+
+    /// Whether dispatches are timed inside one pass (else each in a pass of its own).
+    pub fn in_pass(&self) -> bool {
+        self.in_pass
     }
 
     fn claim(&mut self, label: &'static str, workgroups: [u32; 3]) -> Option<u32> {

@@ -930,7 +930,7 @@ impl MatvecTuning {
         let quantized = dtype.block_size() > 1;
         // 8-bit inputs then took the K-quant heads past the conversion rate that bounded them,
         // best at 8 lanes per row: Q4_K 1,582 -> 2,103 GiB/s, Q6_K 1,580 -> 2,158.
-        let int8_input = int8_input_fits(ctx, dtype, k);
+        let int8_input = int8_input_fits(ctx, dtype, k, prologue);
         let wide = if int8_input { 8 } else { wide };
         if quantized && !cpu && workgroups(wide, 4) >= 512 && max_tpr >= wide {
             return Self {
@@ -961,11 +961,18 @@ impl MatvecTuning {
         } else if !prologue && !cpu && k >= 4096 {
             rpt = min_rpt;
         }
+        // The gate/up product behind the residual step on 8-bit inputs, as the heads: its
+        // conversions, not its reads, bounded it. On the H100 (`bench-e2e`, 128-token prompt,
+        // alternating runs): E4B 211 -> 235 tok/s, E2B 325-341 -> 350-351. The other products
+        // measured no better (behind the residual step or the merge: E2B 339-355, E4B 233)
+        // or worse (down products, which would round their long rows in every workgroup:
+        // E2B 292-303, E4B 186).
+        let int8_input = prologue && geglu && !cpu && int8_input_fits(ctx, dtype, k, true);
         Self {
             tpr,
             rpt,
             prefetch: false,
-            int8_input: false,
+            int8_input,
         }
     }
 }
@@ -973,10 +980,13 @@ impl MatvecTuning {
 /// Whether [`MatvecTuning::int8_input`] serves `dtype` at rows of `k`: a K-quant whose input,
 /// as integers (k bytes) and per-16-value scales and sums (k / 2 bytes), fits in a
 /// workgroup's memory next to its reductions.
-pub fn int8_input_fits(ctx: &GpuContext, dtype: GgmlType, k: u32) -> bool {
+/// With `prologue`, the float input row computed in front of the product (k * 4 bytes) is
+/// held there too.
+pub fn int8_input_fits(ctx: &GpuContext, dtype: GgmlType, k: u32, prologue: bool) -> bool {
+    let row = if prologue { u64::from(k) * 4 } else { 0 };
     matches!(dtype, GgmlType::Q4K | GgmlType::Q6K)
         && k.is_multiple_of(32)
-        && u64::from(k) * 3 / 2 + 5 * 1024
+        && u64::from(k) * 3 / 2 + row + 5 * 1024
             <= u64::from(ctx.limits.max_compute_workgroup_storage_size)
 }
 
@@ -1085,9 +1095,9 @@ fn matvec_dispatches(
             MatvecTuning::choose(ctx, w.dtype, k, rows, geglu, prologue)
         }
     };
-    if int8_input && (prologue || !int8_input_fits(ctx, w.dtype, k)) {
+    if int8_input && !int8_input_fits(ctx, w.dtype, k, prologue) {
         return Err(shape(format!(
-            "{}: 8-bit inputs are for a Q4_K or Q6_K product without a residual step or merge, of rows that fit in workgroup memory",
+            "{}: 8-bit inputs are for a Q4_K or Q6_K product whose rows fit in workgroup memory",
             w.name
         )));
     }

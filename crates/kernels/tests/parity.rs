@@ -889,7 +889,8 @@ fn matvec_matches_cpu_at_every_tuning() {
 /// Q4_K and Q6_K products of an input rounded to 8-bit integers per 32 values: equal to the
 /// float product of the input as rounded (`cpu::round_to_int8`), close to the exact one, at
 /// every group shape, rows of odd counts and several lengths, and for several tokens; other
-/// dtypes and the fused residual step refuse the tuning.
+/// dtypes refuse the tuning (`residual_matvec_matches_cpu` covers it behind the residual
+/// step).
 #[test]
 fn int8_input_matvec_matches_cpu() {
     let Some(ctx) = ctx() else { return };
@@ -980,7 +981,7 @@ fn int8_input_matvec_matches_cpu() {
 
 /// The residual step fused in front of the one-token product: the product, the updated stream
 /// and the normed input all match the separate CPU steps, for plain and gated outputs, at the
-/// chosen tuning and at 16 lanes a group; and without the next norm, the product of the stream
+/// chosen tuning and at 16 lanes a group, also on 8-bit inputs for K-quants; and without the next norm, the product of the stream
 /// itself through GELU times a given vector.
 #[test]
 fn residual_matvec_matches_cpu() {
@@ -1003,32 +1004,48 @@ fn residual_matvec_matches_cpu() {
         let dn = cpu::rms_norm(&delta, ku, Some(&post), 1e-6);
         let h: Vec<f32> = res.iter().zip(&dn).map(|(a, b)| (a + b) * 0.75).collect();
         let xn = cpu::rms_norm(&h, ku, Some(&pre), 1e-6);
-        let rows = cpu::matmul(&wd, n as usize, ku, &xn, 1);
-        let gated = gated(&rows);
-        let times_h: Vec<f32> = cpu::matmul(&wd, n as usize, ku, &h, 1)
-            .iter()
-            .zip(&times[5..])
-            .map(|(r, t)| cpu::gelu_tanh(*r) * t)
-            .collect();
+        // The products' outputs from the input as it is, or as rounded to 8-bit integers.
+        let outputs = |int8: bool| {
+            let input = |v: &[f32]| if int8 { cpu::round_to_int8(v) } else { v.to_vec() };
+            let rows = cpu::matmul(&wd, n as usize, ku, &input(&xn), 1);
+            let times_h: Vec<f32> = cpu::matmul(&wd, n as usize, ku, &input(&h), 1)
+                .iter()
+                .zip(&times[5..])
+                .map(|(r, t)| cpu::gelu_tanh(*r) * t)
+                .collect();
+            (gated(&rows), rows, times_h)
+        };
+        let int8 = ops::int8_input_fits(ctx, dtype, k, true);
         let (rv, dv) = (upload(ctx, &res), upload(ctx, &delta));
         let (pv, prv, tv) = (upload(ctx, &post), upload(ctx, &pre), upload(ctx, &times));
         let times_out = ops::MatvecOut::GeluTimes { by: &tv, offset: 5 };
-        // The chosen tuning, and the one chosen on GPUs for many rows (16 lanes a group).
-        let narrow = Some(ops::MatvecTuning {
-            tpr: 16,
-            rpt: 4,
-            prefetch: false,
-            int8_input: false,
-        });
-        for ((out, want, norm), tuning) in [
-            (ops::MatvecOut::Rows { softcap: 0.0 }, &rows, true),
-            (ops::MatvecOut::Geglu, &gated, true),
-            (times_out, &times_h, false),
-        ]
-        .into_iter()
-        .flat_map(|case| [(case, None), (case, narrow)])
-        {
+        // The chosen tuning, the one chosen on GPUs for many rows (16 lanes a group), and that
+        // one on 8-bit inputs where the dtype and row allow.
+        let narrow = |int8_input| {
+            Some(ops::MatvecTuning {
+                tpr: 16,
+                rpt: 4,
+                prefetch: false,
+                int8_input,
+            })
+        };
+        let tunings = [None, narrow(false)]
+            .into_iter()
+            .chain(int8.then(|| narrow(true)));
+        for (tuning, out, norm) in tunings.flat_map(|t| {
+            [
+                (t, ops::MatvecOut::Rows { softcap: 0.0 }, true),
+                (t, ops::MatvecOut::Geglu, true),
+                (t, times_out, false),
+            ]
+        }) {
             let what = format!("{dtype} k={k} n={n} {out:?} {tuning:?}");
+            let (gated, rows, times_h) = outputs(tuning.is_some_and(|t| t.int8_input));
+            let want = match out {
+                ops::MatvecOut::Rows { .. } => rows,
+                ops::MatvecOut::Geglu => gated,
+                ops::MatvecOut::GeluTimes { .. } => times_h,
+            };
             let (res_out, normed) = (poisoned(ctx, ku), poisoned(ctx, ku));
             let step = ops::ResidualStep {
                 res: &rv,
@@ -1044,7 +1061,7 @@ fn residual_matvec_matches_cpu() {
             run(ctx, &ds.iter().collect::<Vec<_>>());
             let got = read(ctx, &y);
             assert!(got[0].is_nan(), "{what}: wrote before its offset");
-            assert_close(&what, &got[1..], want, 3e-5);
+            assert_close(&what, &got[1..], &want, 3e-5);
             assert_close(&format!("{what} stream"), &read(ctx, &res_out), &h, 1e-5);
             if norm {
                 assert_close(&format!("{what} normed"), &read(ctx, &normed), &xn, 1e-5);

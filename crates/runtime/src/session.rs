@@ -221,8 +221,8 @@ impl Session {
     }
 
     /// GPU time per kernel of one pass over `tokens` (a prefill) and of one decode step after
-    /// it, each dispatch timed in its own pass: `None` when the adapter has no timestamp
-    /// queries. Starts from an empty cache and leaves one.
+    /// it (timed as [`wgemma_kernels::Recorder::profiled`] says): `None` when the adapter has
+    /// no timestamp queries. Starts from an empty cache and leaves one.
     pub async fn profile(&mut self, tokens: &[u32]) -> Result<Option<Vec<StepProfile>>, Error> {
         let ctx = self.model.gpu_context().clone();
         let Some(mut profiler) = Profiler::new(&ctx, 4096) else {

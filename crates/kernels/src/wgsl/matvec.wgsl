@@ -24,8 +24,9 @@
 // chunks' partial results into workgroup memory, and with KV_STORE the first also stores the
 // token's K and V, which the split left after them, in the caches.
 //
-// INT8_X (Q4_K and Q6_K): every workgroup first rounds the input to 8-bit integers, with one
-// scale per 32 values, into workgroup memory; the steps then multiply 4 weight values by 4
+// INT8_X (Q4_K and Q6_K): every workgroup first rounds the input (with RESIDUAL or MERGE, the
+// one its prologue computed) to 8-bit integers, with one scale per 32 values, into workgroup
+// memory; the steps then multiply 4 weight values by 4
 // inputs in one integer dot product instead of converting each weight to a float (the
 // conversions bound a float head's speed). As ggml's quantized dot products do.
 
@@ -477,7 +478,11 @@ fn quantize_input(xb: u32, li: u32) {
         var v: array<vec4<f32>, 8>;
         var amax = vec4<f32>(0.0);
         for (var i = 0u; i < 8u; i++) {
+#if RESIDUAL|MERGE
+            v[i] = xsh[8u * b + i];
+#else
             v[i] = x[xb + 8u * b + i];
+#endif
             amax = max(amax, abs(v[i]));
         }
         let a = max(max(amax.x, amax.y), max(amax.z, amax.w));
@@ -552,11 +557,11 @@ fn main(
             for (var i = 0u; i < XN; i++) {
                 let c = x_vec(u, i);
                 if (4u * c < p.k) {
-#if RESIDUAL|MERGE
-                    xv[i] = xsh[c];
-#else
 #if INT8_X
                     xv[i] = xq[c];
+#else
+#if RESIDUAL|MERGE
+                    xv[i] = xsh[c];
 #else
                     xv[i] = x[xb + c];
 #endif
