@@ -1040,7 +1040,9 @@ fn residual_matvec_matches_cpu() {
             ]
         }) {
             let what = format!("{dtype} k={k} n={n} {out:?} {tuning:?}");
-            let (gated, rows, times_h) = outputs(tuning.is_some_and(|t| t.int8_input));
+            let geglu = matches!(out, ops::MatvecOut::Geglu);
+            let chosen = ops::MatvecTuning::choose(ctx, dtype, k, n, geglu, true);
+            let (gated, rows, times_h) = outputs(tuning.unwrap_or(chosen).int8_input);
             let want = match out {
                 ops::MatvecOut::Rows { .. } => rows,
                 ops::MatvecOut::Geglu => gated,
