@@ -84,6 +84,7 @@ fn matvec(c: &mut Criterion) {
                 y_stride: rows as u32,
                 out: ops::MatvecOut::Rows { softcap: 0.0 },
                 y_offset: 0,
+                partials: None,
             };
             let ds = ops::matmul(&ctx, &w, &args).unwrap();
             group.throughput(Throughput::Bytes(bytes));
@@ -480,6 +481,7 @@ fn matmul_tokens(c: &mut Criterion, m: u64) {
                 y_stride: rows as u32,
                 out: ops::MatvecOut::Rows { softcap: 0.0 },
                 y_offset: 0,
+                partials: None,
             };
             let ds = ops::matmul(&ctx, &w, &args).unwrap();
             group.throughput(Throughput::Elements(m * rows * cols));

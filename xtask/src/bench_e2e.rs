@@ -86,12 +86,14 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     let greedy = SamplingParams::default();
     let (mut prefill, mut ttft, mut decode, mut cpu_step) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut prefill_cpu = Vec::new();
     let mut streamed = Vec::new();
     for rep in 0..a.reps + 1 {
         // Prefill alone: every prompt position through the batched kernels.
         session.rewind(0)?;
         let t0 = Instant::now();
         session.feed(&prompt)?;
+        let prefill_cpu_s = t0.elapsed().as_secs_f64();
         ctx.wait()?;
         let prefill_s = t0.elapsed().as_secs_f64();
         // Generation as the runtime does it: prefill and first sample, then decode steps
@@ -121,6 +123,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         if rep > 0 {
             cpu_step.push(record_s / f64::from(submitted - 1) * 1e3);
             prefill.push(a.prompt as f64 / prefill_s);
+            prefill_cpu.push(prefill_cpu_s * 1e3);
             ttft.push(first_s * 1e3);
             decode.push((a.decode - 1) as f64 / decode_s);
             let bytes = session.experts_streamed_bytes() - streamed_before;
@@ -128,6 +131,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         }
     }
     let streamed_mib = median(streamed) / f64::from(1 << 20);
+    let prefill_cpu = median(prefill_cpu);
     let (prefill, ttft, decode, cpu_step) = (
         median(prefill),
         median(ttft),
@@ -158,6 +162,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
                 "prefill_tok_s": prefill,
                 "decode_tok_s": decode,
                 "ttft_ms": ttft,
+                "prefill_cpu_ms": prefill_cpu,
                 "gpu_memory_bytes": memory,
                 "weight_bytes_per_token": bytes_per_token,
                 "floor_ms": floor_ms,
@@ -173,7 +178,10 @@ pub fn run(a: Args) -> Result<(), TaskError> {
             "model            {name} on {} ({:?})",
             ctx.info.name, ctx.info.backend
         );
-        println!("prefill          {prefill:.1} tok/s ({} tokens)", a.prompt);
+        println!(
+            "prefill          {prefill:.1} tok/s ({} tokens, {prefill_cpu:.1} ms of it preparing and recording on the CPU)",
+            a.prompt
+        );
         println!(
             "decode           {decode:.1} tok/s ({step_ms:.3} ms/token, {cpu_step:.3} ms of it recording on the CPU)"
         );
@@ -226,7 +234,10 @@ fn profile(
         } else {
             "each in its own pass"
         };
-        eprintln!("{what} ({} tokens): {total:.0} us of kernels, {how}", tokens.len());
+        eprintln!(
+            "{what} ({} tokens): {total:.0} us of kernels, {how}",
+            tokens.len()
+        );
         for (label, count, us) in rows {
             eprintln!(
                 "  {label:16} {count:5} x {:9.1} us = {us:10.1} us",

@@ -1,9 +1,54 @@
 //! Buffers, prepared dispatches, and the recorder that puts many dispatches into one command
 //! encoder and one compute pass.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use crate::context::{GpuContext, GpuError};
+
+/// Parameter blocks of the dispatches built inside [`GpuContext::with_params_batch`] on one
+/// thread: packed into shared uniform buffers and written once at its end, rather than a
+/// buffer and a write each (a prefill plan builds hundreds of dispatches; creating and writing
+/// their blocks one by one was most of the time it took on the CPU).
+struct ParamsBatch {
+    /// The context the batch is for (its address).
+    ctx: usize,
+    align: u64,
+    /// Uniform buffers and the bytes queued for each.
+    chunks: Vec<(wgpu::Buffer, Vec<u8>)>,
+}
+
+/// Bytes per shared uniform buffer of a batch.
+const PARAMS_CHUNK: u64 = 64 * 1024;
+
+impl ParamsBatch {
+    /// Places `bytes` in the current chunk (a new one when full): the buffer and offset.
+    fn place(&mut self, device: &wgpu::Device, bytes: &[u8]) -> (wgpu::Buffer, u64) {
+        let slot = (bytes.len() as u64).div_ceil(self.align) * self.align;
+        let full = self
+            .chunks
+            .last()
+            .is_none_or(|(_, data)| data.len() as u64 + slot > PARAMS_CHUNK);
+        if full {
+            let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("params"),
+                size: PARAMS_CHUNK.max(slot),
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            self.chunks.push((buffer, Vec::new()));
+        }
+        let (buffer, data) = self.chunks.last_mut().expect("a chunk was just ensured");
+        let offset = data.len() as u64;
+        data.extend_from_slice(bytes);
+        data.resize((offset + slot) as usize, 0);
+        (buffer.clone(), offset)
+    }
+}
+
+thread_local! {
+    static PARAMS_BATCH: RefCell<Option<ParamsBatch>> = const { RefCell::new(None) };
+}
 
 /// A region of a storage buffer.
 #[derive(Clone, Debug)]
@@ -99,16 +144,17 @@ pub struct Dispatch {
     pub pipeline: Arc<wgpu::ComputePipeline>,
     pub bind_group: wgpu::BindGroup,
     pub workgroups: [u32; 3],
-    params: Option<wgpu::Buffer>,
+    /// The parameter block's buffer and offset.
+    params: Option<(wgpu::Buffer, u64)>,
 }
 
 impl Dispatch {
     /// Rewrites the parameter block (for values that change between steps, such as a
     /// sampling step counter). Takes effect for submissions made after this call.
     pub fn update_params(&self, ctx: &GpuContext, params: &Params) {
-        if let Some(buf) = &self.params {
+        if let Some((buf, offset)) = &self.params {
             ctx.queue
-                .write_buffer(buf, 0, bytemuck::cast_slice(&params.words()));
+                .write_buffer(buf, *offset, bytemuck::cast_slice(&params.words()));
         }
     }
 }
@@ -175,20 +221,29 @@ impl GpuContext {
                 "{label}: grid {workgroups:?} exceeds {max} workgroups per dimension"
             )));
         }
-        let params: Vec<Option<wgpu::Buffer>> = binds
+        let params: Vec<Option<(wgpu::Buffer, u64, u64)>> = binds
             .iter()
             .map(|b| match b {
                 Bind::Params(p) => {
                     let words = p.words();
-                    let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some(label),
-                        size: (words.len() * 4) as u64,
-                        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                        mapped_at_creation: false,
+                    let bytes: &[u8] = bytemuck::cast_slice(&words);
+                    let batched = PARAMS_BATCH.with_borrow_mut(|batch| {
+                        batch
+                            .as_mut()
+                            .filter(|b| b.ctx == self.id())
+                            .map(|b| b.place(&self.device, bytes))
                     });
-                    self.queue
-                        .write_buffer(&buf, 0, bytemuck::cast_slice(&words));
-                    Some(buf)
+                    let (buf, offset) = batched.unwrap_or_else(|| {
+                        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+                            label: Some(label),
+                            size: bytes.len() as u64,
+                            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                            mapped_at_creation: false,
+                        });
+                        self.queue.write_buffer(&buf, 0, bytes);
+                        (buf, 0)
+                    });
+                    Some((buf, offset, bytes.len() as u64))
                 }
                 Bind::Storage(_) | Bind::Skip => None,
             })
@@ -200,7 +255,13 @@ impl GpuContext {
             .filter_map(|(i, (b, p))| {
                 let resource = match (b, p) {
                     (Bind::Storage(v), _) => v.resource(),
-                    (Bind::Params(_), Some(buf)) => buf.as_entire_binding(),
+                    (Bind::Params(_), Some((buffer, offset, size))) => {
+                        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer,
+                            offset: *offset,
+                            size: wgpu::BufferSize::new(*size),
+                        })
+                    }
                     _ => return None,
                 };
                 Some(wgpu::BindGroupEntry {
@@ -219,8 +280,44 @@ impl GpuContext {
             pipeline,
             bind_group,
             workgroups,
-            params: params.into_iter().flatten().next(),
+            params: params.into_iter().flatten().next().map(|(b, o, _)| (b, o)),
         })
+    }
+
+    /// This context's identity, for the thread's parameter batch.
+    fn id(&self) -> usize {
+        self as *const Self as usize
+    }
+
+    /// Runs `build`, packing the parameter blocks of the dispatches it builds on this thread
+    /// into shared uniform buffers, written once when it returns (see `ParamsBatch`). Inside
+    /// another batch, it joins that one.
+    pub fn with_params_batch<R>(&self, build: impl FnOnce() -> R) -> R {
+        /// Writes the batch it opened when dropped, also when `build` unwinds.
+        struct Close<'a>(Option<&'a GpuContext>);
+        impl Drop for Close<'_> {
+            fn drop(&mut self) {
+                let Some(ctx) = self.0 else { return };
+                if let Some(batch) = PARAMS_BATCH.with_borrow_mut(Option::take) {
+                    for (buffer, data) in &batch.chunks {
+                        ctx.queue.write_buffer(buffer, 0, data);
+                    }
+                }
+            }
+        }
+        let opened = PARAMS_BATCH.with_borrow_mut(|batch| {
+            if batch.is_some() {
+                return false;
+            }
+            *batch = Some(ParamsBatch {
+                ctx: self.id(),
+                align: u64::from(self.limits.min_uniform_buffer_offset_alignment).max(16),
+                chunks: Vec::new(),
+            });
+            true
+        });
+        let _close = Close(opened.then_some(self));
+        build()
     }
 
     /// Reads `size` bytes at `offset` of `buffer` back to the CPU.

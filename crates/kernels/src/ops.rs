@@ -12,6 +12,7 @@ const MATVEC_WGSL: &str = include_str!("wgsl/matvec.wgsl");
 const MATMUL_IO_WGSL: &str = include_str!("wgsl/matmul_io.wgsl");
 const MATMUL_WGSL: &str = include_str!("wgsl/matmul.wgsl");
 const MATMUL_COOP_WGSL: &str = include_str!("wgsl/matmul_coop.wgsl");
+const MATMUL_PARTS_WGSL: &str = include_str!("wgsl/matmul_parts.wgsl");
 const REDUCE_WGSL: &str = include_str!("wgsl/reduce.wgsl");
 const NORM_WGSL: &str = include_str!("wgsl/norm.wgsl");
 const ROPE_WGSL: &str = include_str!("wgsl/rope.wgsl");
@@ -75,14 +76,78 @@ pub struct MatmulArgs<'a> {
     pub out: MatvecOut<'a>,
     /// Column of y where row 0 of W (or pair 0) lands (weights side by side in one output).
     pub y_offset: u32,
+    /// Room for the partial sums of a tiled product split over k ([`matmul_partials_floats`]
+    /// floats); `None`: never split.
+    pub partials: Option<&'a View>,
 }
 
 /// Weight times activations, one dispatch per weight tile (matrix-vector for few tokens,
-/// tiled matrix-matrix for many).
+/// tiled matrix-matrix for many), split over k where its tiles alone would leave most of the
+/// GPU idle and `a.partials` is given ([`matmul_parts`]).
 pub fn matmul(
     ctx: &GpuContext,
     w: &GpuWeight,
     a: &MatmulArgs<'_>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let parts = match a.partials {
+        Some(_) => matmul_parts(ctx, w.cols as u32, w.rows, a.m, a.out.is_geglu()),
+        None => 1,
+    };
+    matmul_in_parts(ctx, w, a, parts)
+}
+
+/// Rows of a tiled product's workgroup: 128 on cooperative matrices, 64 otherwise (64 tokens
+/// either way).
+fn matmul_tile_rows(ctx: &GpuContext) -> u64 {
+    if ctx.features.coop_matmul { 128 } else { 64 }
+}
+
+/// Parts over k that [`matmul`] splits a tiled product of `rows` rows of `k` values over `m`
+/// tokens into: 1 where its tiles fill the GPU (256 workgroups or more), or on a CPU adapter
+/// (whose few threads the tiles already fill). Otherwise enough parts for about 512
+/// workgroups, each of at least 8 steps of 64 values. In a 512-token prefill on the H100,
+/// E2B ran its 96-tile products (the attention output, the FFN's down) at half the rate of
+/// its 768-tile ones and its 16-tile ones (V, the per-layer gate) at a tenth; split, E4B's
+/// time to first token went from 120 to 105 ms (E2B's, whose products are smaller, moved
+/// less than run-to-run noise). 256 or 1024 workgroups, or parts of 4 steps, measured no
+/// better.
+pub fn matmul_parts(ctx: &GpuContext, k: u32, rows: u64, m: u32, geglu: bool) -> u32 {
+    if geglu || m <= MATVEC_MAX_TOKENS || ctx.info.device_type == wgpu::DeviceType::Cpu {
+        return 1;
+    }
+    let tiles = rows.div_ceil(matmul_tile_rows(ctx)) * u64::from(m.div_ceil(64));
+    if tiles >= 256 {
+        return 1;
+    }
+    let steps = u64::from(k.div_ceil(64));
+    let parts = 512u64.div_ceil(tiles).min(steps / 8).max(1);
+    // Equal parts of whole steps; the last may be shorter.
+    let per = steps.div_ceil(parts);
+    steps.div_ceil(per) as u32
+}
+
+/// Floats of [`MatmulArgs::partials`] that [`matmul`] needs for `w` over up to `max_m` tokens
+/// (0 where it never splits).
+pub fn matmul_partials_floats(ctx: &GpuContext, w: &GpuWeight, max_m: u32) -> u64 {
+    (1..=max_m.div_ceil(64))
+        .map(|t| {
+            let m = (64 * t).min(max_m);
+            match matmul_parts(ctx, w.cols as u32, w.rows, m, false) {
+                1 => 0,
+                parts => u64::from(parts) * u64::from(m) * w.rows,
+            }
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// [`matmul`] split over k into `parts` parts (for tests; 1: not split): each part's sums go
+/// to `a.partials`, and one more dispatch adds them up into y.
+pub fn matmul_in_parts(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    a: &MatmulArgs<'_>,
+    parts: u32,
 ) -> Result<Vec<Dispatch>, GpuError> {
     let flag = dtype_flag(w.dtype)?;
     let (k, n) = (w.cols as u32, w.rows as u32);
@@ -125,29 +190,52 @@ pub fn matmul(
         };
         return matvec_dispatches(ctx, w, &job);
     }
-    // Tensor cores where the device has them (64-token x 128-row tiles); otherwise f32 FMAs
-    // in 64 x 64 tiles.
-    let (source, tile_rows) = if ctx.features.coop_matmul {
-        let parts = [
-            ACTIVATIONS_WGSL,
-            BYTES_WGSL,
-            DTYPES_WGSL,
-            MATMUL_IO_WGSL,
-            MATMUL_COOP_WGSL,
-        ];
-        (ShaderSource::new("matmul_coop", &parts).flag("COOP"), 128)
-    } else {
-        let parts = [
-            ACTIVATIONS_WGSL,
-            BYTES_WGSL,
-            DTYPES_WGSL,
-            MATMUL_IO_WGSL,
-            MATMUL_WGSL,
-        ];
-        (ShaderSource::new("matmul", &parts), 64)
+    let steps = k.div_ceil(64);
+    let per = steps.div_ceil(parts.max(1));
+    let split = parts > 1;
+    if split && (geglu || parts > steps || steps.div_ceil(per) != parts) {
+        return Err(shape(format!(
+            "{}: {parts} parts over {steps} steps of k, output {:?}",
+            w.name, a.out
+        )));
+    }
+    let part_floats = u64::from(a.m) * u64::from(n);
+    let partials = match a.partials {
+        Some(v) if split => {
+            v.expect_len32(&w.name, u64::from(parts) * part_floats)?;
+            Some(v)
+        }
+        None if split => {
+            return Err(shape(format!(
+                "{}: split over k without room for the parts",
+                w.name
+            )));
+        }
+        _ => None,
     };
+    // Tensor cores where the device has them; otherwise f32 FMAs (`matmul_tile_rows`).
+    let (name, kernel) = if ctx.features.coop_matmul {
+        ("matmul_coop", MATMUL_COOP_WGSL)
+    } else {
+        ("matmul", MATMUL_WGSL)
+    };
+    let wgsl = [
+        ACTIVATIONS_WGSL,
+        BYTES_WGSL,
+        DTYPES_WGSL,
+        MATMUL_IO_WGSL,
+        kernel,
+    ];
+    let source = ShaderSource::new(name, &wgsl).flag_if(ctx.features.coop_matmul, "COOP");
+    let tile_rows = matmul_tile_rows(ctx) as u32;
     let pipeline = ctx.pipeline(&source.flag(flag).flag_if(geglu, "GEGLU_OUT"));
-    w.tiles
+    // Split, the tiles write their rows of each part plainly: [part][token][row].
+    let (y, y_stride, y_offset, tile_softcap) = match partials {
+        Some(v) => (v, n, 0, 0.0),
+        None => (a.y, a.y_stride, a.y_offset, softcap),
+    };
+    let mut dispatches = w
+        .tiles
         .iter()
         .map(|tile| {
             let rows = tile.rows as u32;
@@ -155,11 +243,13 @@ pub fn matmul(
                 .u32(k)
                 .u32(rows)
                 .u32(w.row_bytes as u32)
-                .u32(a.y_offset + (tile.first_row / if geglu { 2 } else { 1 }) as u32)
+                .u32(y_offset + (tile.first_row / if geglu { 2 } else { 1 }) as u32)
                 .u32(a.m)
                 .u32(a.x_stride)
-                .u32(a.y_stride)
-                .f32(softcap);
+                .u32(y_stride)
+                .f32(tile_softcap)
+                .u32(per * 64)
+                .u32(if split { part_floats as u32 } else { 0 });
             let wv = View::of(&tile.buffer);
             ctx.dispatch(
                 "matmul",
@@ -167,13 +257,31 @@ pub fn matmul(
                 &[
                     Bind::Storage(&wv),
                     Bind::Storage(a.x),
-                    Bind::Storage(a.y),
+                    Bind::Storage(y),
                     Bind::Params(params),
                 ],
-                [rows.div_ceil(tile_rows), a.m.div_ceil(64), 1],
+                [rows.div_ceil(tile_rows), a.m.div_ceil(64), parts.max(1)],
             )
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(v) = partials {
+        let params = Params::new()
+            .u32(a.m)
+            .u32(n)
+            .u32(parts)
+            .u32(part_floats as u32)
+            .u32(a.y_stride)
+            .u32(a.y_offset)
+            .f32(softcap);
+        let source = ShaderSource::new("matmul_parts", &[ACTIVATIONS_WGSL, MATMUL_PARTS_WGSL]);
+        dispatches.push(ctx.dispatch(
+            "matmul_parts",
+            ctx.pipeline(&source),
+            &[Bind::Storage(v), Bind::Storage(a.y), Bind::Params(params)],
+            grid(ctx, (part_floats as u32).div_ceil(256), 1),
+        )?);
+    }
+    Ok(dispatches)
 }
 
 /// Whether every tile of `w` holds whole gate/up row pairs.

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use wgemma_gguf::{GgmlType, dequantize_to_vec, quantize};
 use wgemma_kernels::ops::{self, AttentionArgs, Elementwise, MatmulArgs, NormOut, RopeArgs};
 use wgemma_kernels::{
-    ContextOptions, Dispatch, GPU_DTYPES, GpuContext, GpuWeight, Recorder, View, cpu,
+    ContextOptions, Dispatch, GPU_DTYPES, GpuContext, GpuWeight, Params, Recorder, View, cpu,
 };
 
 /// One context for the whole test binary. No adapter is a skip on a developer machine and a
@@ -156,6 +156,7 @@ fn matmul_matches_cpu_for_every_dtype_and_shape() {
                 y_stride: n as u32,
                 out: ops::MatvecOut::Rows { softcap: 0.0 },
                 y_offset: 0,
+                partials: None,
             };
             let ds = ops::matmul(ctx, &w, &args).unwrap();
             run(ctx, &ds.iter().collect::<Vec<_>>());
@@ -203,6 +204,7 @@ fn matmul_across_tiles_with_strides_and_softcap() {
                 y_stride: ys,
                 out: ops::MatvecOut::Rows { softcap: 3.0 },
                 y_offset: 2,
+                partials: None,
             };
             let ds = ops::matmul(ctx, &w, &args).unwrap();
             run(ctx, &ds.iter().collect::<Vec<_>>());
@@ -220,6 +222,127 @@ fn matmul_across_tiles_with_strides_and_softcap() {
             );
         }
     }
+}
+
+/// A tiled product split over k: every part's sums (the partials start as NaN, so a part left
+/// unwritten would show) add up, softcapped, at the output's offset across weight tiles, to
+/// the unsplit product; at an even split, one whose last part is shorter, and one step a
+/// part. A gated output, a split into unequal parts, or one without room is refused.
+#[test]
+fn matmul_split_over_k_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(83);
+    // 20 steps of 64 values.
+    let (k, n) = (1280u64, 301u64);
+    for dtype in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0, GgmlType::F16] {
+        let wq = quantize(dtype, &rng.vec((k * n) as usize, 0.5)).unwrap();
+        let wd = dequantize_to_vec(dtype, &wq).unwrap();
+        let tile = dtype.bytes_for(k).unwrap() * 130 + 16;
+        let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, Some(tile)).unwrap();
+        assert_eq!(w.tiles.len(), 3);
+        for (m, parts) in [(5u32, 2u32), (70, 3), (9, 20)] {
+            let x = rng.vec(m as usize * k as usize, 1.0);
+            let (mut want, tol) =
+                matmul_reference(ctx, &wd, n as usize, k as usize, &x, m as usize);
+            want.iter_mut().for_each(|v| *v = cpu::softcap(*v, 3.0));
+            let ys = n as u32 + 5;
+            let yv = poisoned(ctx, (m * ys) as usize);
+            let partials = poisoned(ctx, (parts * m) as usize * n as usize);
+            let xv = upload(ctx, &x);
+            let args = MatmulArgs {
+                x: &xv,
+                y: &yv,
+                m,
+                x_stride: k as u32,
+                y_stride: ys,
+                out: ops::MatvecOut::Rows { softcap: 3.0 },
+                y_offset: 2,
+                partials: Some(&partials),
+            };
+            let ds = ops::matmul_in_parts(ctx, &w, &args, parts).unwrap();
+            assert_eq!(ds.len(), w.tiles.len() + 1);
+            run(ctx, &ds.iter().collect::<Vec<_>>());
+            let y = read(ctx, &yv);
+            let got: Vec<f32> = y
+                .chunks(ys as usize)
+                .flat_map(|r| r[2..][..n as usize].to_vec())
+                .collect();
+            assert_close(&format!("{dtype} m={m} in {parts} parts"), &got, &want, tol);
+            assert!(y.chunks(ys as usize).all(|r| {
+                r[..2]
+                    .iter()
+                    .chain(&r[n as usize + 2..])
+                    .all(|v| v.is_nan())
+            }));
+            let short = poisoned(ctx, (parts * m) as usize * n as usize - 1);
+            let cramped = MatmulArgs {
+                partials: Some(&short),
+                ..args
+            };
+            assert!(ops::matmul_in_parts(ctx, &w, &cramped, parts).is_err());
+            let roomless = MatmulArgs {
+                partials: None,
+                ..args
+            };
+            assert!(ops::matmul_in_parts(ctx, &w, &roomless, parts).is_err());
+            let gated = MatmulArgs {
+                out: ops::MatvecOut::Geglu,
+                ..args
+            };
+            assert!(ops::matmul_in_parts(ctx, &w, &gated, parts).is_err());
+        }
+        // 20 steps in parts of 4 make 5 parts, not 6.
+        let x = upload(ctx, &rng.vec(5 * k as usize, 1.0));
+        let (y, partials) = (
+            poisoned(ctx, 5 * n as usize),
+            poisoned(ctx, 30 * n as usize),
+        );
+        let args = MatmulArgs {
+            x: &x,
+            y: &y,
+            m: 5,
+            x_stride: k as u32,
+            y_stride: n as u32,
+            out: ops::MatvecOut::Rows { softcap: 0.0 },
+            y_offset: 0,
+            partials: Some(&partials),
+        };
+        assert!(ops::matmul_in_parts(ctx, &w, &args, 6).is_err());
+    }
+}
+
+/// Dispatches built in one parameter batch share uniform buffers: each still runs with its
+/// own parameters, also past one buffer's worth of blocks, and a block rewritten later
+/// changes only its own dispatch.
+#[test]
+fn dispatches_of_a_params_batch_keep_their_parameters() {
+    let Some(ctx) = ctx() else { return };
+    let n = 300u32;
+    let views: Vec<View> = (0..300)
+        .map(|_| upload(ctx, &vec![1.0; n as usize]))
+        .collect();
+    let factor = |i: usize| 1.0 + i as f32 / 64.0;
+    let ds: Vec<Dispatch> = ctx.with_params_batch(|| {
+        views
+            .iter()
+            .enumerate()
+            .map(|(i, v)| ops::elementwise(ctx, Elementwise::Scale(factor(i)), v, n).unwrap())
+            .collect()
+    });
+    run(ctx, &ds.iter().collect::<Vec<_>>());
+    for (i, v) in views.iter().enumerate() {
+        assert!(read(ctx, v).iter().all(|&x| x == factor(i)), "dispatch {i}");
+    }
+    // The op's parameter block, with another factor.
+    let rewritten = Params::new().u32(n).u32(n).u32(0).u32(0).f32(2.0);
+    ds[7].update_params(ctx, &rewritten);
+    run(ctx, &[&ds[7], &ds[8]]);
+    assert!(read(ctx, &views[7]).iter().all(|&x| x == factor(7) * 2.0));
+    assert!(
+        read(ctx, &views[8])
+            .iter()
+            .all(|&x| x == factor(8) * factor(8))
+    );
 }
 
 #[test]
@@ -250,6 +373,7 @@ fn matmul_gated_output_matches_cpu() {
                 y_stride: stride,
                 out: ops::MatvecOut::Geglu,
                 y_offset: offset,
+                partials: None,
             };
             let ds = ops::matmul(ctx, &w, &args).unwrap();
             run(ctx, &ds.iter().collect::<Vec<_>>());
@@ -284,6 +408,7 @@ fn matmul_rejects_bad_shapes() {
         y_stride: 4,
         out: ops::MatvecOut::Rows { softcap: 0.0 },
         y_offset: 0,
+        partials: None,
     };
     assert!(ops::matmul(ctx, &w, &args).is_err());
     // Rows that land past the end of a token's output row.
@@ -297,6 +422,7 @@ fn matmul_rejects_bad_shapes() {
         y_stride: 6,
         out: ops::MatvecOut::Rows { softcap: 0.0 },
         y_offset: 3,
+        partials: None,
     };
     assert!(ops::matmul(ctx, &w, &past).is_err());
     // A gated output needs gate/up pairs.
@@ -1006,7 +1132,13 @@ fn residual_matvec_matches_cpu() {
         let xn = cpu::rms_norm(&h, ku, Some(&pre), 1e-6);
         // The products' outputs from the input as it is, or as rounded to 8-bit integers.
         let outputs = |int8: bool| {
-            let input = |v: &[f32]| if int8 { cpu::round_to_int8(v) } else { v.to_vec() };
+            let input = |v: &[f32]| {
+                if int8 {
+                    cpu::round_to_int8(v)
+                } else {
+                    v.to_vec()
+                }
+            };
             let rows = cpu::matmul(&wd, n as usize, ku, &input(&xn), 1);
             let times_h: Vec<f32> = cpu::matmul(&wd, n as usize, ku, &input(&h), 1)
                 .iter()

@@ -724,7 +724,7 @@ impl GpuModel {
 
     /// Every matrix with the fraction of its rows one decode step reads (experts: the used
     /// ones; the embedding: one row unless it is also the output).
-    fn matrices(&self) -> Vec<(&GpuWeight, f64)> {
+    pub(super) fn matrices(&self) -> Vec<(&GpuWeight, f64)> {
         let used = self
             .cfg
             .moe

@@ -103,6 +103,8 @@ struct Scratch {
     up: View,
     act: View,
     down: View,
+    /// Partial sums of prefill products split over k (`ops::matmul_parts`).
+    partials: View,
     last_n: View,
     logits: View,
     ids: View,
@@ -260,6 +262,12 @@ impl GpuSession {
             out: buf("moe_out", b * k * d),
             mix: buf("moe_mix", moe_d),
         };
+        let partials = model
+            .matrices()
+            .iter()
+            .map(|(w, _)| ops::matmul_partials_floats(ctx, w, b as u32))
+            .max()
+            .unwrap_or(0);
         let s = Scratch {
             ple,
             moe,
@@ -277,6 +285,7 @@ impl GpuSession {
             up: buf("up", b * max_ff),
             act: buf("act", b * max_ff),
             down: buf("down", b * d),
+            partials: buf("partials", partials.max(1)),
             last_n: buf("last_n", d),
             logits: buf("logits", vocab),
             ids: buf("ids", b),
@@ -499,8 +508,20 @@ impl GpuSession {
     /// matrix-vector and split-attention kernels (the decode step); more take the batched
     /// ones. Between the blocks of each layer a single pass does the residual add and the next
     /// block's norm. `all_logits` receives every row's logits when `logits` is
-    /// [`LogitsFor::All`].
+    /// [`LogitsFor::All`]. Their parameter blocks share a few uniform buffers
+    /// ([`wgemma_kernels::GpuContext::with_params_batch`]).
     fn plan(
+        &self,
+        m: u32,
+        ids: &View,
+        logits: LogitsFor,
+        all_logits: Option<&View>,
+    ) -> Result<Vec<Op>, GpuError> {
+        let ctx = &*self.model.ctx;
+        ctx.with_params_batch(|| self.plan_ops(m, ids, logits, all_logits))
+    }
+
+    fn plan_ops(
         &self,
         m: u32,
         ids: &View,
@@ -525,6 +546,7 @@ impl GpuSession {
                     y_stride,
                     out,
                     y_offset,
+                    partials: Some(&s.partials),
                 };
                 ops::matmul(ctx, w, &args)
             };
@@ -943,6 +965,7 @@ impl GpuSession {
                     y_stride: vocab,
                     out: MatvecOut::Rows { softcap },
                     y_offset: 0,
+                    partials: None,
                 };
                 let all = ops::matmul(ctx, model.output_matrix(), &args)?;
                 ops.borrow_mut().extend(all.into_iter().map(Op::Run));

@@ -3,7 +3,8 @@
 // dequantize one unit of a weight row each and all threads load the tokens' inputs; both
 // tiles sit in workgroup memory k-major, so the inner loop reads two vec4s per 16 FMAs and
 // each weight byte is read once per 64 tokens. GEGLU_OUT: rows are gate/up pairs and the
-// output is their gated activation (one column per pair).
+// output is their gated activation (one column per pair). Split over k (see matmul_io.wgsl),
+// each part's sums go to its own slice of y, which matmul_parts.wgsl adds up.
 
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 
@@ -25,7 +26,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var wcol: array<vec4<f32>, 8>;
     // Float rows may end inside their last unit: inputs past the end are zero, so the
     // weights read there (the next row's, finite) add nothing.
-    for (var u = 0u; u < (p.k + 31u) / 32u; u++) {
+    let units = min((p.k + 31u) / 32u, (wg.z + 1u) * (p.k_part / 32u));
+    for (var u = wg.z * (p.k_part / 32u); u < units; u++) {
         if (li < TN) {
             let row = n0 + li;
             if (row < p.n) {
@@ -67,6 +69,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             acc[3] += a.w * b;
         }
     }
+    let yb = wg.z * p.part_stride + p.out_offset;
     for (var i = 0u; i < 4u; i++) {
         let tok = m0 + ty * 4u + i;
 #if GEGLU_OUT
@@ -74,14 +77,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var j = 0u; j < 4u; j += 2u) {
             let row = n0 + tx * 4u + j;
             if (tok < p.m && row < p.n) {
-                y[tok * p.y_stride + p.out_offset + row / 2u] = gelu_tanh(acc[i][j]) * acc[i][j + 1u];
+                y[tok * p.y_stride + yb + row / 2u] = gelu_tanh(acc[i][j]) * acc[i][j + 1u];
             }
         }
 #else
         for (var j = 0u; j < 4u; j++) {
             let row = n0 + tx * 4u + j;
             if (tok < p.m && row < p.n) {
-                y[tok * p.y_stride + p.out_offset + row] = softcapped(acc[i][j], p.softcap);
+                y[tok * p.y_stride + yb + row] = softcapped(acc[i][j], p.softcap);
             }
         }
 #endif

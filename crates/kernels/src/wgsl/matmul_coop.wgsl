@@ -7,6 +7,8 @@
 // their latency hides behind the tensor work. (A 128-token tile, which dequantizes each
 // weight half as often, measured 10-60% slower on the H100: half the workgroups.) GEGLU_OUT:
 // rows are gate/up pairs and the output is their gated activation (one column per pair).
+// Split over k (see matmul_io.wgsl), each part's sums go to its own slice of y, which
+// matmul_parts.wgsl adds up.
 
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 
@@ -67,10 +69,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var c01 = coop_mat16x16<f32, C>();
     var c10 = coop_mat16x16<f32, C>();
     var c11 = coop_mat16x16<f32, C>();
-    let steps = (p.k + KS - 1u) / KS;
-    var wv = load_w(n0 + wr, 0u, wh);
-    var xv = load_x(m0 + xt, 0u, xq);
-    for (var s = 0u; s < steps; s++) {
+    let first = wg.z * (p.k_part / KS);
+    let steps = min((p.k + KS - 1u) / KS, first + p.k_part / KS);
+    var wv = load_w(n0 + wr, first, wh);
+    var xv = load_x(m0 + xt, first, xq);
+    for (var s = first; s < steps; s++) {
         // Everyone is done with the previous step's tiles.
         workgroupBarrier();
         let wo = wr * PITCH + 32u * wh;
@@ -103,6 +106,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     // Each accumulator goes through the subgroup's stage to bounds-checked, capped stores.
     let lane = li % 32u;
+    let yb = wg.z * p.part_stride + p.out_offset;
     let tok0 = m0 + (sg / SN) * 32u;
     let row0 = n0 + (sg % SN) * 32u;
     for (var f = 0u; f < 4u; f++) {
@@ -119,7 +123,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let tok = tok0 + 16u * (f / 2u) + e / 16u;
             let row = row0 + 16u * (f % 2u) + e % 16u;
             if (tok < p.m && row < p.n) {
-                y[tok * p.y_stride + p.out_offset + row / 2u] = gelu_tanh(stage[sg * 256u + e]) * stage[sg * 256u + e + 1u];
+                y[tok * p.y_stride + yb + row / 2u] = gelu_tanh(stage[sg * 256u + e]) * stage[sg * 256u + e + 1u];
             }
         }
 #else
@@ -127,7 +131,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let tok = tok0 + 16u * (f / 2u) + e / 16u;
             let row = row0 + 16u * (f % 2u) + e % 16u;
             if (tok < p.m && row < p.n) {
-                y[tok * p.y_stride + p.out_offset + row] = softcapped(stage[sg * 256u + e], p.softcap);
+                y[tok * p.y_stride + yb + row] = softcapped(stage[sg * 256u + e], p.softcap);
             }
         }
 #endif

@@ -10,6 +10,11 @@ struct Params {
     x_stride: u32,
     y_stride: u32,
     softcap: f32,
+    // Split over k (wg.z is the part): each workgroup sums k_part values of k from
+    // wg.z * k_part, into y from wg.z * part_stride (a multiple of 64; the whole row and 0
+    // when the product is not split).
+    k_part: u32,
+    part_stride: u32,
 }
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;
