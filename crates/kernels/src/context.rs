@@ -29,7 +29,8 @@ pub enum GpuError {
 
 /// Options for [`GpuContext::new`]. Environment variables override them: `WGEMMA_BACKEND`
 /// (vulkan, metal, dx12, gl, webgpu), `WGEMMA_ADAPTER` (substring of the adapter name),
-/// `WGEMMA_NO_F16=1`, `WGEMMA_NO_SUBGROUPS=1` and `WGEMMA_NO_COOP=1` (force the fallbacks).
+/// `WGEMMA_NO_F16=1`, `WGEMMA_NO_SUBGROUPS=1`, `WGEMMA_NO_COOP=1` (force the fallbacks) and
+/// `WGEMMA_NO_INT8_ACTIVATIONS=1`.
 #[derive(Clone, Debug)]
 pub struct ContextOptions {
     pub power_preference: wgpu::PowerPreference,
@@ -43,6 +44,11 @@ pub struct ContextOptions {
     /// Use cooperative matrices (tensor cores) for the prefill products when the adapter has
     /// 16x16x16 f16 ones with f32 accumulators.
     pub allow_coop: bool,
+    /// Let one token's products round activations to 8-bit integers per 32 values where
+    /// that is faster (as llama.cpp's quantized products do): the FFN's gated activations
+    /// for its down product, and on GPUs the input of its gate/up product. Off, every
+    /// activation stays f32 (closest to the f32 reference).
+    pub allow_int8_activations: bool,
     /// Let wgpu add bounds checks, loop bounds and division guards to every shader. Off by
     /// default: they cost the kernels a large share of their speed, and every kernel's indices
     /// are bounded by the shapes its dispatcher validates. On for debugging
@@ -63,6 +69,7 @@ impl Default for ContextOptions {
             allow_f16: true,
             allow_subgroups: true,
             allow_coop: true,
+            allow_int8_activations: true,
             shader_checks: false,
             cpu_adapter: false,
         }
@@ -92,6 +99,9 @@ impl ContextOptions {
             if on("WGEMMA_NO_COOP") {
                 self.allow_coop = false;
             }
+            if on("WGEMMA_NO_INT8_ACTIVATIONS") {
+                self.allow_int8_activations = false;
+            }
             if on("WGEMMA_SHADER_CHECKS") {
                 self.shader_checks = true;
             }
@@ -114,6 +124,8 @@ pub struct GpuFeatures {
     /// 16x16x16 cooperative matrix products of f16 into f32, run by subgroups of exactly 32
     /// lanes (the tiling of `matmul_coop.wgsl` assumes eight of them per workgroup).
     pub coop_matmul: bool,
+    /// [`ContextOptions::allow_int8_activations`].
+    pub int8_activations: bool,
 }
 
 /// A GPU device and queue with everything the kernels need to run on it.
@@ -236,6 +248,7 @@ impl GpuContext {
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
             coop_matmul,
+            int8_activations: options.allow_int8_activations,
         };
         tracing::info!(
             adapter = %info.name,

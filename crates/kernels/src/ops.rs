@@ -156,7 +156,7 @@ pub fn matmul_in_parts(
     }
     let (geglu, softcap) = match a.out {
         MatvecOut::Rows { softcap } => (false, softcap),
-        MatvecOut::Geglu => (true, 0.0),
+        MatvecOut::Geglu | MatvecOut::GegluInt8 => (true, 0.0),
         MatvecOut::GeluTimes { .. } => (false, 0.0),
     };
     let cols = if geglu { n / 2 } else { n };
@@ -180,7 +180,9 @@ pub fn matmul_in_parts(
         &w.name,
         u64::from(a.m - 1) * u64::from(a.y_stride) + u64::from(a.y_offset + cols),
     )?;
-    if a.m <= MATVEC_MAX_TOKENS || matches!(a.out, MatvecOut::GeluTimes { .. }) {
+    if a.m <= MATVEC_MAX_TOKENS
+        || matches!(a.out, MatvecOut::GeluTimes { .. } | MatvecOut::GegluInt8)
+    {
         let job = MatvecJob {
             m: a.m,
             x_stride: a.x_stride,
@@ -891,12 +893,54 @@ pub enum MatvecOut<'a> {
     /// `y[out_offset + r] = gelu_tanh(W[r] . x) * by[offset + r]`: a gate whose other factor
     /// is already computed (the per-layer input). One-token products only.
     GeluTimes { by: &'a View, offset: u32 },
+    /// [`MatvecOut::Geglu`] rounded to 8-bit integers per 32 values, laid out for
+    /// [`matvec_int8_input`] ([`int8_vector_words`] words from y's start). One-token
+    /// products whose workgroups each hold whole 32s ([`int8_activations_fit`]).
+    GegluInt8,
 }
 
 impl MatvecOut<'_> {
     fn is_geglu(&self) -> bool {
-        matches!(self, MatvecOut::Geglu)
+        matches!(self, MatvecOut::Geglu | MatvecOut::GegluInt8)
     }
+}
+
+/// Words of a vector of `n` values rounded to 8-bit integers as [`MatvecOut::GegluInt8`]
+/// writes it: n / 4 words of four integers, then per 16 values two f32 words (its 32's scale,
+/// and the sum of its 16 integers times that scale).
+pub fn int8_vector_words(n: u32) -> u64 {
+    u64::from(n) / 4 + u64::from(n) / 8
+}
+
+/// Whether one token's gated product of `gate_up` (behind the residual step with `prologue`)
+/// can write its activations rounded ([`MatvecOut::GegluInt8`]) for the `down` product to
+/// read ([`matvec_int8_input`]): K-quant rows of whole 32s, and workgroups of the chosen
+/// shape that each hold whole 32s of outputs in every tile.
+pub fn int8_activations_fit(
+    ctx: &GpuContext,
+    gate_up: &GpuWeight,
+    down: &GpuWeight,
+    prologue: bool,
+) -> bool {
+    let ff = gate_up.rows / 2;
+    let t = MatvecTuning::choose(
+        ctx,
+        gate_up.dtype,
+        gate_up.cols as u32,
+        gate_up.rows,
+        true,
+        prologue,
+    );
+    let per = u64::from(256 / t.tpr * t.rpt / 2);
+    ctx.features.int8_activations
+        && matches!(down.dtype, GgmlType::Q4K | GgmlType::Q6K)
+        && down.cols == ff
+        && ff.is_multiple_of(32)
+        && per.is_multiple_of(32)
+        && per <= 128
+        && gate_up.tiles.iter().all(|tile| {
+            (tile.first_row / 2).is_multiple_of(per) && (tile.rows / 2).is_multiple_of(per)
+        })
 }
 
 /// The step between two blocks of a layer, for `rows` rows of `dim`: the residual stream
@@ -1075,12 +1119,35 @@ impl MatvecTuning {
         // measured no better (behind the residual step or the merge: E2B 339-355, E4B 233)
         // or worse (down products, which would round their long rows in every workgroup:
         // E2B 292-303, E4B 186).
-        let int8_input = prologue && geglu && !cpu && int8_input_fits(ctx, dtype, k, true);
+        let int8_input = prologue
+            && geglu
+            && !cpu
+            && ctx.features.int8_activations
+            && int8_input_fits(ctx, dtype, k, true);
         Self {
             tpr,
             rpt,
             prefetch: false,
             int8_input,
+        }
+    }
+}
+
+impl MatvecTuning {
+    /// The tuning for a product whose input comes rounded ([`matvec_int8_input`]): as
+    /// [`MatvecTuning::choose`], but on GPUs rows of 4096 values or more take 128 lanes and 2
+    /// rows a group. On the H100 (`bench-e2e`, 128-token prompt, alternating runs, against
+    /// float activations): E2B 355-361 -> 377 tok/s, E4B 224-228 -> 226-231; the float
+    /// input's one row of 256 lanes gave 359-370 and 216-222.
+    pub fn rounded_input(ctx: &GpuContext, dtype: GgmlType, k: u32, rows: u64) -> Self {
+        let t = Self::choose(ctx, dtype, k, rows, false, false);
+        if ctx.info.device_type == wgpu::DeviceType::Cpu || k < 4096 {
+            return t;
+        }
+        Self {
+            tpr: 128,
+            rpt: 2,
+            ..t
         }
     }
 }
@@ -1114,6 +1181,8 @@ struct MatvecJob<'a> {
     residual: Option<&'a ResidualStep<'a>>,
     /// The attention merge computed in front of the product (x is then the split's scratch).
     merge: Option<&'a AttentionMerge<'a>>,
+    /// x is rounded to 8-bit integers ([`int8_vector_words`]).
+    x_int8: bool,
 }
 
 impl<'a> MatvecJob<'a> {
@@ -1130,6 +1199,7 @@ impl<'a> MatvecJob<'a> {
             tuning: None,
             residual: None,
             merge: None,
+            x_int8: false,
         }
     }
 
@@ -1141,7 +1211,11 @@ impl<'a> MatvecJob<'a> {
         out_offset: u32,
         out: MatvecOut<'a>,
     ) -> Result<Self, GpuError> {
-        let out_rows = if out.is_geglu() { w.rows / 2 } else { w.rows };
+        let out_rows = match out {
+            MatvecOut::GegluInt8 => int8_vector_words((w.rows / 2) as u32),
+            _ if out.is_geglu() => w.rows / 2,
+            _ => w.rows,
+        };
         y.expect_len32(&w.name, u64::from(out_offset) + out_rows)?;
         Ok(Self {
             x_stride: w.cols as u32,
@@ -1169,6 +1243,7 @@ fn matvec_dispatches(
         tuning,
         residual,
         merge,
+        x_int8,
     } = *job;
     let flag = dtype_flag(w.dtype)?;
     let k = w.cols as u32;
@@ -1200,15 +1275,67 @@ fn matvec_dispatches(
             let rows = experts.map_or(w.rows, |e| {
                 u64::from(e.rows_per_expert) * u64::from(e.slots)
             });
-            MatvecTuning::choose(ctx, w.dtype, k, rows, geglu, prologue)
+            if x_int8 {
+                MatvecTuning::rounded_input(ctx, w.dtype, k, rows)
+            } else {
+                MatvecTuning::choose(ctx, w.dtype, k, rows, geglu, prologue)
+            }
         }
     };
-    if int8_input && !int8_input_fits(ctx, w.dtype, k, prologue) {
+    // The input rounded by every workgroup, or already rounded.
+    let rounds_input = int8_input && !x_int8;
+    if rounds_input && !int8_input_fits(ctx, w.dtype, k, prologue) {
         return Err(shape(format!(
             "{}: 8-bit inputs are for a Q4_K or Q6_K product whose rows fit in workgroup memory",
             w.name
         )));
     }
+    if x_int8
+        && (prologue
+            || experts.is_some()
+            || m != 1
+            || !matches!(w.dtype, GgmlType::Q4K | GgmlType::Q6K)
+            || !k.is_multiple_of(32))
+    {
+        return Err(shape(format!(
+            "{}: a rounded input is for one token's Q4_K or Q6_K product of rows of whole 32s",
+            w.name
+        )));
+    }
+    if x_int8 {
+        x.expect_len32(&format!("{} rounded input", w.name), int8_vector_words(k))?;
+    }
+    let q8_out = matches!(out, MatvecOut::GegluInt8);
+    let outputs_per_group = u64::from(256 / tpr * rpt / 2);
+    if q8_out
+        && (experts.is_some()
+            || m != 1
+            || out_offset != 0
+            || !outputs_per_group.is_multiple_of(32)
+            || outputs_per_group > 128
+            || !w.tiles.iter().all(|t| {
+                (t.first_row / 2).is_multiple_of(outputs_per_group)
+                    && (t.rows / 2).is_multiple_of(outputs_per_group)
+            }))
+    {
+        return Err(shape(format!(
+            "{}: a rounded gated output is for one token's dense product from column 0, each workgroup holding whole 32s of outputs",
+            w.name
+        )));
+    }
+    if q8_out {
+        y.expect_len32(
+            &format!("{} rounded output", w.name),
+            int8_vector_words((w.rows / 2) as u32),
+        )?;
+    }
+    let xs_words = if x_int8 {
+        k / 4
+    } else if q8_out {
+        (w.rows / 2) as u32 / 4
+    } else {
+        0
+    };
     if let Some(mg) = merge {
         let a = mg.attention;
         if residual.is_some()
@@ -1270,7 +1397,9 @@ fn matvec_dispatches(
         .flag_if(residual.is_some(), "RESIDUAL")
         .flag_if(residual.is_some_and(|r| r.next_norm.is_some()), "PRENORM")
         .flag_if(matches!(out, MatvecOut::GeluTimes { .. }), "GELU_TIMES")
-        .flag_if(int8_input, "INT8_X")
+        .flag_if(int8_input || x_int8, "INT8_X")
+        .flag_if(x_int8, "XQ_IN")
+        .flag_if(q8_out, "Q8_OUT")
         .flag_if(merge.is_some(), "MERGE")
         .flag_if(merge.is_some_and(|mg| mg.store_kv), "KV_STORE")
         .constant("TPR", f64::from(tpr))
@@ -1281,7 +1410,7 @@ fn matvec_dispatches(
             .constant("XV", f64::from(k / 4))
             .constant("RV", f64::from(k.div_ceil(1024)));
     }
-    if int8_input {
+    if rounds_input {
         source = source
             .constant("XQ", f64::from(k / 4))
             .constant("XC", f64::from(k / 16));
@@ -1292,7 +1421,7 @@ fn matvec_dispatches(
     let pipeline = ctx.pipeline(&source);
     let softcap = match out {
         MatvecOut::Rows { softcap } => softcap,
-        MatvecOut::Geglu | MatvecOut::GeluTimes { .. } => 0.0,
+        MatvecOut::Geglu | MatvecOut::GegluInt8 | MatvecOut::GeluTimes { .. } => 0.0,
     };
     let rows_per_group = 256 / tpr * rpt;
     w.tiles
@@ -1351,7 +1480,8 @@ fn matvec_dispatches(
                         .u32(capacity)
                 }
                 None => params.u32(0).u32(0).u32(0).u32(0).u32(0).u32(0),
-            };
+            }
+            .u32(xs_words);
             let wv = View::of(&tile.buffer);
             let sel = experts.map_or(Bind::Skip, |e| Bind::Storage(e.sel));
             let mut binds = vec![
@@ -1469,6 +1599,25 @@ pub fn matvec(
 ) -> Result<Vec<Dispatch>, GpuError> {
     x.expect_len32(&w.name, w.cols)?;
     let job = MatvecJob::one_token(w, x, y, out_offset, out)?;
+    matvec_dispatches(ctx, w, &job)
+}
+
+/// [`matvec`] of an input rounded to 8-bit integers by the product before it
+/// ([`MatvecOut::GegluInt8`]): every workgroup reads a quarter of the bytes of a float input,
+/// and none rounds it again. For the FFN's down product, whose long input row each of its
+/// many workgroups reads ([`MatvecTuning::rounded_input`] has what it measured).
+pub fn matvec_int8_input(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    xq: &View,
+    y: &View,
+    out_offset: u32,
+    out: MatvecOut<'_>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let job = MatvecJob {
+        x_int8: true,
+        ..MatvecJob::one_token(w, xq, y, out_offset, out)?
+    };
     matvec_dispatches(ctx, w, &job)
 }
 

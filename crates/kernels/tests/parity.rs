@@ -1105,6 +1105,133 @@ fn int8_input_matvec_matches_cpu() {
     assert!(ops::matvec_tuned(ctx, &w, &xv, &y, 1, rows_out, int8(4, 4, false)).is_err());
 }
 
+/// The values of a vector rounded to 8-bit integers as `MatvecOut::GegluInt8` lays it out,
+/// and per 16 values the sum word it carries next to its scale.
+fn rounded_vector(words: &[u32], n: usize) -> (Vec<f32>, Vec<f32>) {
+    let scale = |j: usize| f32::from_bits(words[n / 4 + 2 * j]);
+    let values: Vec<f32> = (0..n)
+        .map(|i| f32::from((words[i / 4] >> (8 * (i % 4))) as u8 as i8) * scale(i / 16))
+        .collect();
+    let sums = (0..n / 16)
+        .map(|j| f32::from_bits(words[n / 4 + 2 * j + 1]))
+        .collect();
+    (values, sums)
+}
+
+/// One token's gated product writing its activations rounded to 8-bit integers, and a
+/// product reading them: the rounded vector is the CPU's gated activations as rounded
+/// (`cpu::round_to_int8`) to within one step of the rounding, with sums that match its
+/// integers; the second product matches the CPU product of the vector as written; for
+/// Q4_K and Q6_K, at workgroups of 32 and 64 outputs, plain and behind the residual step
+/// (on 8-bit inputs there too). Outputs from another column, workgroups that split a 32,
+/// other dtypes and short inputs are refused.
+#[test]
+fn int8_activations_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(97);
+    let (k, ff) = (512u64, 1024u64);
+    let tuning = |tpr, rpt, int8_input| {
+        Some(ops::MatvecTuning {
+            tpr,
+            rpt,
+            prefetch: false,
+            int8_input,
+        })
+    };
+    let gq = quantize(GgmlType::Q4K, &rng.vec((2 * ff * k) as usize, 0.5)).unwrap();
+    let gd = dequantize_to_vec(GgmlType::Q4K, &gq).unwrap();
+    let gate_up = GpuWeight::upload(ctx, "gate_up", GgmlType::Q4K, k, 2 * ff, &gq, None).unwrap();
+    let x = rng.vec(k as usize, 1.0);
+    let xv = upload(ctx, &x);
+    let (res, post, pre) = (
+        rng.vec(k as usize, 1.0),
+        rng.vec(k as usize, 1.0),
+        rng.vec(k as usize, 1.0),
+    );
+    let (rv, pv, prv) = (upload(ctx, &res), upload(ctx, &post), upload(ctx, &pre));
+    let dn = cpu::rms_norm(&x, k as usize, Some(&post), 1e-6);
+    let h: Vec<f32> = res.iter().zip(&dn).map(|(a, b)| a + b).collect();
+    let xn = cpu::rms_norm(&h, k as usize, Some(&pre), 1e-6);
+    for down_dtype in [GgmlType::Q4K, GgmlType::Q6K] {
+        let dq = quantize(down_dtype, &rng.vec((k * ff) as usize, 0.5)).unwrap();
+        let dd = dequantize_to_vec(down_dtype, &dq).unwrap();
+        let down = GpuWeight::upload(ctx, "down", down_dtype, ff, k, &dq, None).unwrap();
+        for (tpr, rpt, behind_residual) in [(16u32, 4u32, false), (8, 4, false), (16, 4, true)] {
+            let what = format!("{down_dtype} tpr {tpr} rpt {rpt} residual {behind_residual}");
+            let act = poisoned(ctx, ff as usize);
+            let (res_out, normed) = (poisoned(ctx, k as usize), poisoned(ctx, k as usize));
+            let step = ops::ResidualStep {
+                res: &rv,
+                delta: &xv,
+                post: &pv,
+                scale: 1.0,
+                eps: 1e-6,
+                res_out: &res_out,
+                next_norm: Some((&prv, &normed)),
+            };
+            let (ds, input) = if behind_residual {
+                let t = tuning(tpr, rpt, true);
+                let out = ops::MatvecOut::GegluInt8;
+                let ds = ops::matvec_after_residual_tuned(ctx, &gate_up, &step, &act, 0, out, t);
+                (ds.unwrap(), cpu::round_to_int8(&xn))
+            } else {
+                let t = tuning(tpr, rpt, false);
+                let ds =
+                    ops::matvec_tuned(ctx, &gate_up, &xv, &act, 1, ops::MatvecOut::GegluInt8, t);
+                (ds.unwrap(), x.clone())
+            };
+            run(ctx, &ds.iter().collect::<Vec<_>>());
+            let words: Vec<u32> = read(ctx, &act).iter().map(|v| v.to_bits()).collect();
+            let (values, sums) = rounded_vector(&words, ff as usize);
+            let gated_cpu = gated(&cpu::matmul(&gd, 2 * ff as usize, k as usize, &input, 1));
+            let want = cpu::round_to_int8(&gated_cpu);
+            for (b, ((got, want), exact)) in values
+                .chunks(32)
+                .zip(want.chunks(32))
+                .zip(gated_cpu.chunks(32))
+                .enumerate()
+            {
+                let step = exact.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0;
+                for (g, w) in got.iter().zip(want) {
+                    assert!(
+                        (g - w).abs() <= 1.01 * step + 1e-6,
+                        "{what}: block {b}: {g} vs {w}"
+                    );
+                }
+            }
+            for (j, (s, v)) in sums.iter().zip(values.chunks(16)).enumerate() {
+                let direct: f32 = v.iter().sum();
+                assert!(
+                    (s - direct).abs() <= 1e-4 * (1.0 + direct.abs()),
+                    "{what}: sum {j}"
+                );
+            }
+            let y = poisoned(ctx, k as usize);
+            let plain = ops::MatvecOut::Rows { softcap: 0.0 };
+            let ds = ops::matvec_int8_input(ctx, &down, &act, &y, 0, plain).unwrap();
+            run(ctx, &ds.iter().collect::<Vec<_>>());
+            let want = cpu::matmul(&dd, k as usize, ff as usize, &values, 1);
+            assert_close(&format!("{what}: down"), &read(ctx, &y), &want, 3e-5);
+        }
+        // A rounded input that is too short, and a dtype without integer dot products.
+        let short = poisoned(ctx, ops::int8_vector_words(ff as u32) as usize - 1);
+        let y = poisoned(ctx, k as usize);
+        let plain = ops::MatvecOut::Rows { softcap: 0.0 };
+        assert!(ops::matvec_int8_input(ctx, &down, &short, &y, 0, plain).is_err());
+    }
+    let act = poisoned(ctx, 2 * ff as usize);
+    let out = ops::MatvecOut::GegluInt8;
+    // 8 outputs a workgroup split a 32; outputs from column 32.
+    assert!(ops::matvec_tuned(ctx, &gate_up, &xv, &act, 1, out, tuning(64, 4, false)).is_err());
+    assert!(ops::matvec(ctx, &gate_up, &xv, &act, 32, out).is_err());
+    let q8 = quantize(GgmlType::Q8_0, &rng.vec((k * ff) as usize, 0.5)).unwrap();
+    let q8_down = GpuWeight::upload(ctx, "down", GgmlType::Q8_0, ff, k, &q8, None).unwrap();
+    let y = poisoned(ctx, k as usize);
+    let plain = ops::MatvecOut::Rows { softcap: 0.0 };
+    assert!(ops::matvec_int8_input(ctx, &q8_down, &act, &y, 0, plain).is_err());
+    assert!(!ops::int8_activations_fit(ctx, &gate_up, &q8_down, false));
+}
+
 /// The residual step fused in front of the one-token product: the product, the updated stream
 /// and the normed input all match the separate CPU steps, for plain and gated outputs, at the
 /// chosen tuning and at 16 lanes a group, also on 8-bit inputs for K-quants; and without the next norm, the product of the stream
@@ -1177,7 +1304,7 @@ fn residual_matvec_matches_cpu() {
             let (gated, rows, times_h) = outputs(tuning.unwrap_or(chosen).int8_input);
             let want = match out {
                 ops::MatvecOut::Rows { .. } => rows,
-                ops::MatvecOut::Geglu => gated,
+                ops::MatvecOut::Geglu | ops::MatvecOut::GegluInt8 => gated,
                 ops::MatvecOut::GeluTimes { .. } => times_h,
             };
             let (res_out, normed) = (poisoned(ctx, ku), poisoned(ctx, ku));

@@ -102,6 +102,9 @@ struct Scratch {
     gate: View,
     up: View,
     act: View,
+    /// One token's activations rounded to 8-bit integers for the down product
+    /// (`ops::MatvecOut::GegluInt8`).
+    act_q: View,
     down: View,
     /// Partial sums of prefill products split over k (`ops::matmul_parts`).
     partials: View,
@@ -284,6 +287,7 @@ impl GpuSession {
             gate: buf("gate", b * max_ff),
             up: buf("up", b * max_ff),
             act: buf("act", b * max_ff),
+            act_q: buf("act_q", ops::int8_vector_words(max_ff as u32)),
             down: buf("down", b * d),
             partials: buf("partials", partials.max(1)),
             last_n: buf("last_n", d),
@@ -736,11 +740,20 @@ impl GpuSession {
                 run(product(&l.o, &s.attn, &s.o, d, 0, plain)?);
             }
             let attn_out = Some((&s.o, &l.post_attn_norm, 1.0));
+            // One token's gated activations go to the down product as 8-bit integers where
+            // both products can: every workgroup of the down product reads its long input row.
+            let mut act_int8 = false;
             match &l.gate_up {
                 GateUp::Interleaved(w) => {
-                    let first = Some((w, &s.act, 0, MatvecOut::Geglu));
+                    let int8 = fuse && ops::int8_activations_fit(ctx, w, &l.down, true);
+                    let first = Some(if int8 {
+                        (w, &s.act_q, 0, MatvecOut::GegluInt8)
+                    } else {
+                        (w, &s.act, 0, MatvecOut::Geglu)
+                    });
                     let (ds, done) = enter(&mut alt, attn_out, &l.ffn_norm, first)?;
                     run(ds);
+                    act_int8 = int8 && done;
                     if !done {
                         run(product(w, &s.xn, &s.act, ff, 0, MatvecOut::Geglu)?);
                     }
@@ -757,7 +770,13 @@ impl GpuSession {
                 }
             }
             let stream = streams[usize::from(alt)];
-            run(product(&l.down, &s.act, &s.down, d, 0, plain)?);
+            if act_int8 {
+                run(ops::matvec_int8_input(
+                    ctx, &l.down, &s.act_q, &s.down, 0, plain,
+                )?);
+            } else {
+                run(product(&l.down, &s.act, &s.down, d, 0, plain)?);
+            }
             let mut ffn_out = &s.down;
             if let (Some(x), Some(mc)) = (&l.experts, cfg.moe) {
                 // The dense branch normed, plus the experts' normed mix: each token's router

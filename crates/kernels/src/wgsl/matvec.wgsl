@@ -29,6 +29,14 @@
 // memory; the steps then multiply 4 weight values by 4
 // inputs in one integer dot product instead of converting each weight to a float (the
 // conversions bound a float head's speed). As ggml's quantized dot products do.
+//
+// Activations as 8-bit integers (one token), for the FFN: with Q8_OUT (and GEGLU_OUT) the
+// gated activations are written rounded, each workgroup's 32s with one scale, as INT8_X
+// rounds an input; with XQ_IN (and INT8_X) the input comes rounded from such a product, so
+// no workgroup rounds it again. The rounded vector (binding 2 of the one, 1 of the other)
+// is k / 4 words of four integers, then from word xs_words per 16 values its 32's scale
+// and the sum of its 16 values as rounded (two f32 words). Each workgroup of a long-row
+// product then reads a quarter of the bytes a float input takes.
 
 struct Params {
     k: u32,
@@ -54,6 +62,8 @@ struct Params {
     window: u32,
     max_chunks: u32,
     capacity: u32,
+    // Q8_OUT, XQ_IN: where the rounded vector's scales start (words).
+    xs_words: u32,
 }
 
 // A step's inputs: XN vec4s of floats, or with INT8_X XN words of four 8-bit integers; and
@@ -138,8 +148,8 @@ fn step_dot(r: Raw, u: u32, xv: ptr<function, XIn>, xs: XS) -> f32 {
 // xs.d: the scales of the low- and high-nibble inputs; xs.s: their sums, which the mins
 // multiply (the same for every row, so read once per step).
 fn step_pre(u: u32, xv: ptr<function, XIn>) -> XS {
-    let lo = xqs[2u * u - (u & 1u)];
-    let hi = xqs[2u * u - (u & 1u) + 2u];
+    let lo = xscale(2u * u - (u & 1u));
+    let hi = xscale(2u * u - (u & 1u) + 2u);
     return XS(vec4<f32>(lo.x, hi.x, 0.0, 0.0), vec4<f32>(lo.y, hi.y, 0.0, 0.0));
 }
 
@@ -212,10 +222,10 @@ fn step_dot(r: Raw, u: u32, xv: ptr<function, XIn>, xs: XS) -> f32 {
 // xs.d, xs.s: each quarter's input scale and input sum.
 fn step_pre(u: u32, xv: ptr<function, XIn>) -> XS {
     let c = 4u * u - 3u * (u & 1u);
-    let a = xqs[c];
-    let b = xqs[c + 2u];
-    let e = xqs[c + 4u];
-    let f = xqs[c + 6u];
+    let a = xscale(c);
+    let b = xscale(c + 2u);
+    let e = xscale(c + 4u);
+    let f = xscale(c + 6u);
     return XS(vec4<f32>(a.x, b.x, e.x, f.x), vec4<f32>(a.y, b.y, e.y, f.y));
 }
 
@@ -297,9 +307,19 @@ fn step_dot(r: Raw, u: u32, xv: ptr<function, XIn>, xs: XS) -> f32 {
 #if MERGE
 @group(0) @binding(1) var<storage, read> part: array<f32>;
 #else
+#if XQ_IN
+@group(0) @binding(1) var<storage, read> xg: array<u32>;
+#else
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 #endif
+#endif
+#if Q8_OUT
+@group(0) @binding(2) var<storage, read_write> yq: array<u32>;
+// The workgroup's gated activations, before they are rounded.
+var<workgroup> act_sh: array<f32, 128>;
+#else
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
+#endif
 @group(0) @binding(3) var<uniform> p: Params;
 
 override TPR: u32 = 32u;
@@ -464,6 +484,12 @@ fn merge_prologue(li: u32, writer: bool) {
 }
 #endif
 
+#if XQ_IN
+// Per 16 values of the input: its 32's scale and its sum as rounded.
+fn xscale(j: u32) -> vec2<f32> {
+    return vec2<f32>(bitcast<f32>(xg[p.xs_words + 2u * j]), bitcast<f32>(xg[p.xs_words + 2u * j + 1u]));
+}
+#else
 #if INT8_X
 override XQ: u32 = 1u;
 override XC: u32 = 1u;
@@ -471,6 +497,10 @@ override XC: u32 = 1u;
 // 32 values' scale and the sum of its 16 values as rounded.
 var<workgroup> xq: array<u32, XQ>;
 var<workgroup> xqs: array<vec2<f32>, XC>;
+
+fn xscale(j: u32) -> vec2<f32> {
+    return xqs[j];
+}
 
 // One thread per 32 inputs: rounded to integers in -127..127 with the scale max|x| / 127.
 fn quantize_input(xb: u32, li: u32) {
@@ -497,6 +527,35 @@ fn quantize_input(xb: u32, li: u32) {
         xqs[2u * b] = vec2<f32>(d, d * f32(sums.x));
         xqs[2u * b + 1u] = vec2<f32>(d, d * f32(sums.y));
     }
+}
+#endif
+#endif
+
+#if Q8_OUT
+// Rounds the workgroup's `per` gated activations (act_sh), from output o0, one thread per 32.
+fn write_rounded(o0: u32, per: u32, li: u32) {
+    if (li >= per / 32u) {
+        return;
+    }
+    var amax = 0.0;
+    for (var i = 0u; i < 32u; i++) {
+        amax = max(amax, abs(act_sh[32u * li + i]));
+    }
+    let inv = select(0.0, 127.0 / amax, amax > 0.0);
+    let d = amax / 127.0;
+    let b = (o0 + 32u * li) / 32u;
+    var sums = vec2<i32>(0);
+    for (var w = 0u; w < 8u; w++) {
+        let a = 32u * li + 4u * w;
+        let q = vec4<i32>(round(vec4<f32>(act_sh[a], act_sh[a + 1u], act_sh[a + 2u], act_sh[a + 3u]) * inv));
+        yq[8u * b + w] = pack4xI8(q);
+        sums[w / 4u] += q.x + q.y + q.z + q.w;
+    }
+    let sb = p.xs_words + 4u * b;
+    yq[sb] = bitcast<u32>(d);
+    yq[sb + 1u] = bitcast<u32>(d * f32(sums.x));
+    yq[sb + 2u] = bitcast<u32>(d);
+    yq[sb + 3u] = bitcast<u32>(d * f32(sums.y));
 }
 #endif
 
@@ -531,8 +590,10 @@ fn main(
     workgroupBarrier();
 #endif
 #if INT8_X
+#if !XQ_IN
     quantize_input(xb, li);
     workgroupBarrier();
+#endif
 #endif
     var acc = vec4<f32>(0.0);
     // Float rows may end inside their last step (at a multiple of 4 values): its inputs past
@@ -557,6 +618,9 @@ fn main(
             for (var i = 0u; i < XN; i++) {
                 let c = x_vec(u, i);
                 if (4u * c < p.k) {
+#if XQ_IN
+                    xv[i] = xg[c];
+#else
 #if INT8_X
                     xv[i] = xq[c];
 #else
@@ -564,6 +628,7 @@ fn main(
                     xv[i] = xsh[c];
 #else
                     xv[i] = x[xb + c];
+#endif
 #endif
 #endif
                 }
@@ -614,6 +679,18 @@ fn main(
         acc[r] = rows_red[r * 256u + li];
     }
 #endif
+#if Q8_OUT
+    // One token, whole blocks of outputs per workgroup (the dispatcher checks).
+    let per = 256u / TPR * RPT / 2u;
+    if (lane == 0u) {
+        act_sh[li / TPR * (RPT / 2u)] = gelu_tanh(acc.x) * acc.y;
+        if (RPT > 2u) {
+            act_sh[li / TPR * 2u + 1u] = gelu_tanh(acc.z) * acc.w;
+        }
+    }
+    workgroupBarrier();
+    write_rounded(p.out_offset + (wg.x + wg.y * nwg.x) * per, per, li);
+#else
     if (lane != 0u || row0 >= p.n) {
         return;
     }
@@ -633,5 +710,6 @@ fn main(
 #endif
         }
     }
+#endif
 #endif
 }
