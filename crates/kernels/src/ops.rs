@@ -193,9 +193,9 @@ pub fn matmul_in_parts(
         return matvec_dispatches(ctx, w, &job);
     }
     let steps = k.div_ceil(64);
-    let per = steps.div_ceil(parts.max(1));
+    let per = steps.div_ceil(parts.max(1)).max(1);
     let split = parts > 1;
-    if split && (geglu || parts > steps || steps.div_ceil(per) != parts) {
+    if split && (geglu || steps.div_ceil(per) != parts) {
         return Err(shape(format!(
             "{}: {parts} parts over {steps} steps of k, output {:?}",
             w.name, a.out
