@@ -36,8 +36,8 @@ pub struct Args {
     /// Also time every kernel of one prefill and one decode step (GPU timestamps).
     #[arg(long)]
     profile: bool,
-    /// With --profile, also list the prefill's and the decode step's dispatches in order (label, workgroups,
-    /// microseconds).
+    /// With --profile, also list the prefill's and the decode step's dispatches in order
+    /// (label, workgroups, microseconds).
     #[arg(long)]
     profile_each: bool,
     /// Stream a mixture-of-experts model's experts from host memory layer by layer.

@@ -931,14 +931,21 @@ pub fn int8_activations_fit(
         true,
         prologue,
     );
-    let per = u64::from(256 / t.tpr * t.rpt / 2);
     ctx.features.int8_activations
         && matches!(down.dtype, GgmlType::Q4K | GgmlType::Q6K)
         && down.cols == ff
         && ff.is_multiple_of(32)
-        && per.is_multiple_of(32)
+        && whole_32s_per_group(gate_up, t.tpr, t.rpt)
+}
+
+/// Whether every workgroup of `w`'s gated product at `tpr` lanes and `rpt` rows a group
+/// holds whole 32s of outputs (at most 128, `Q8_OUT`'s workgroup buffer), in every tile: a
+/// rounded output takes one scale per 32.
+fn whole_32s_per_group(w: &GpuWeight, tpr: u32, rpt: u32) -> bool {
+    let per = u64::from(256 / tpr * rpt / 2);
+    per.is_multiple_of(32)
         && per <= 128
-        && gate_up.tiles.iter().all(|tile| {
+        && w.tiles.iter().all(|tile| {
             (tile.first_row / 2).is_multiple_of(per) && (tile.rows / 2).is_multiple_of(per)
         })
 }
@@ -1131,9 +1138,7 @@ impl MatvecTuning {
             int8_input,
         }
     }
-}
 
-impl MatvecTuning {
     /// The tuning for a product whose input comes rounded ([`matvec_int8_input`]): as
     /// [`MatvecTuning::choose`], but on GPUs rows of 4096 values or more take 128 lanes and 2
     /// rows a group. On the H100 (`bench-e2e`, 128-token prompt, alternating runs, against
@@ -1305,29 +1310,15 @@ fn matvec_dispatches(
     if x_int8 {
         x.expect_len32(&format!("{} rounded input", w.name), int8_vector_words(k))?;
     }
+    // Every entry point has checked y's length against the output it names.
     let q8_out = matches!(out, MatvecOut::GegluInt8);
-    let outputs_per_group = u64::from(256 / tpr * rpt / 2);
     if q8_out
-        && (experts.is_some()
-            || m != 1
-            || out_offset != 0
-            || !outputs_per_group.is_multiple_of(32)
-            || outputs_per_group > 128
-            || !w.tiles.iter().all(|t| {
-                (t.first_row / 2).is_multiple_of(outputs_per_group)
-                    && (t.rows / 2).is_multiple_of(outputs_per_group)
-            }))
+        && (experts.is_some() || m != 1 || out_offset != 0 || !whole_32s_per_group(w, tpr, rpt))
     {
         return Err(shape(format!(
             "{}: a rounded gated output is for one token's dense product from column 0, each workgroup holding whole 32s of outputs",
             w.name
         )));
-    }
-    if q8_out {
-        y.expect_len32(
-            &format!("{} rounded output", w.name),
-            int8_vector_words((w.rows / 2) as u32),
-        )?;
     }
     let xs_words = if x_int8 {
         k / 4
