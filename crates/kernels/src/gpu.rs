@@ -383,6 +383,41 @@ impl GpuContext {
         ))
     }
 
+    /// How to wait for work the caller submits more after as soon as it is done:
+    /// [`WaitMode::Spin`] where [`crate::ContextOptions::busy_wait`] allows it.
+    pub fn urgent_wait(&self) -> WaitMode {
+        if self.busy_wait {
+            WaitMode::Spin
+        } else {
+            WaitMode::Sleep
+        }
+    }
+
+    /// Waits until `submission` has finished on the GPU (native; in the browser, mapping a
+    /// buffer is the wait).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn wait_for(
+        &self,
+        submission: wgpu::SubmissionIndex,
+        mode: WaitMode,
+    ) -> Result<(), GpuError> {
+        let poll = |timeout| wgpu::PollType::Wait {
+            submission_index: Some(submission.clone()),
+            timeout,
+        };
+        let readback = |e: wgpu::PollError| GpuError::Readback(e.to_string());
+        if mode == WaitMode::Sleep {
+            return self.device.poll(poll(None)).map(drop).map_err(readback);
+        }
+        loop {
+            match self.device.poll(poll(Some(std::time::Duration::ZERO))) {
+                Ok(_) => return Ok(()),
+                Err(wgpu::PollError::Timeout) => std::hint::spin_loop(),
+                Err(e) => return Err(readback(e)),
+            }
+        }
+    }
+
     /// Waits until the GPU has finished all submitted work (native); errors surface here.
     pub fn wait(&self) -> Result<(), GpuError> {
         #[cfg(not(target_arch = "wasm32"))]
@@ -391,6 +426,15 @@ impl GpuContext {
             .map_err(|e| GpuError::Validation(e.to_string()))?;
         self.check()
     }
+}
+
+/// How [`GpuContext::wait_for`] waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitMode {
+    /// Sleep until the device signals (its wake-up can take tens of microseconds).
+    Sleep,
+    /// Poll the device in a loop, keeping a CPU core busy: back the moment the work is done.
+    Spin,
 }
 
 /// Records dispatches into one command encoder, all in one compute pass unless a copy or a

@@ -11,7 +11,7 @@ mod shader;
 mod weights;
 
 pub use context::{ContextOptions, GpuContext, GpuError, GpuFeatures};
-pub use gpu::{Bind, Dispatch, Params, Profiler, Recorder, View};
+pub use gpu::{Bind, Dispatch, Params, Profiler, Recorder, View, WaitMode};
 pub use shader::ShaderSource;
 pub use weights::{GPU_DTYPES, GpuWeight, WeightTile};
 pub use wgpu;

@@ -670,11 +670,38 @@ pub fn embed(
     m: u32,
     scale: f32,
 ) -> Result<Vec<Dispatch>, GpuError> {
+    gather_rows(ctx, table, ids, out, m, scale, false)
+}
+
+/// [`embed`] added to what `out` holds: `out[i, :] += table[ids[i], :] * scale`.
+pub fn embed_add(
+    ctx: &GpuContext,
+    table: &GpuWeight,
+    ids: &View,
+    out: &View,
+    m: u32,
+    scale: f32,
+) -> Result<Vec<Dispatch>, GpuError> {
+    gather_rows(ctx, table, ids, out, m, scale, true)
+}
+
+fn gather_rows(
+    ctx: &GpuContext,
+    table: &GpuWeight,
+    ids: &View,
+    out: &View,
+    m: u32,
+    scale: f32,
+    add: bool,
+) -> Result<Vec<Dispatch>, GpuError> {
     let flag = dtype_flag(table.dtype)?;
     ids.expect_len32("embed ids", u64::from(m))?;
     out.expect_len32("embed out", u64::from(m) * table.cols)?;
-    let source = ShaderSource::new("embed", &[BYTES_WGSL, DTYPES_WGSL, EMBED_WGSL]).flag(flag);
+    let source = ShaderSource::new("embed", &[BYTES_WGSL, DTYPES_WGSL, EMBED_WGSL])
+        .flag(flag)
+        .flag_if(add, "ADD");
     let pipeline = ctx.pipeline(&source);
+    let units = (table.cols as u32).div_ceil(32);
     table
         .tiles
         .iter()
@@ -696,7 +723,7 @@ pub fn embed(
                     Bind::Storage(out),
                     Bind::Params(params),
                 ],
-                grid(ctx, m, 1),
+                grid(ctx, m, units.div_ceil(64)),
             )
         })
         .collect()

@@ -7,7 +7,8 @@ use std::sync::OnceLock;
 use wgemma_gguf::{GgmlType, dequantize_to_vec, quantize};
 use wgemma_kernels::ops::{self, AttentionArgs, Elementwise, MatmulArgs, NormOut, RopeArgs};
 use wgemma_kernels::{
-    ContextOptions, Dispatch, GPU_DTYPES, GpuContext, GpuWeight, Params, Recorder, View, cpu,
+    ContextOptions, Dispatch, GPU_DTYPES, GpuContext, GpuWeight, Params, Recorder, View, WaitMode,
+    cpu, wgpu,
 };
 
 /// One context for the whole test binary. No adapter is a skip on a developer machine and a
@@ -452,6 +453,9 @@ fn embed_gathers_rows_across_tiles() {
         (GgmlType::Q6K, 256),
         (GgmlType::F32, 72),
         (GgmlType::F16, 8),
+        // Rows of more than 64 units take several workgroups a token.
+        (GgmlType::Q8_0, 4352),
+        (GgmlType::F32, 2180),
     ] {
         let rows = 103u64;
         let wq = quantize(dtype, &rng.vec((k * rows) as usize, 1.0)).unwrap();
@@ -459,16 +463,10 @@ fn embed_gathers_rows_across_tiles() {
         let tile = dtype.bytes_for(k).unwrap() * 20 + 16;
         let table = GpuWeight::upload(ctx, "emb", dtype, k, rows, &wq, Some(tile)).unwrap();
         let ids = [0u32, 19, 20, 102, 55, 19, 7];
+        let idv = upload_u32(ctx, &ids);
+        let m = ids.len() as u32;
         let out = poisoned(ctx, ids.len() * k as usize);
-        let ds = ops::embed(
-            ctx,
-            &table,
-            &upload_u32(ctx, &ids),
-            &out,
-            ids.len() as u32,
-            1.5,
-        )
-        .unwrap();
+        let ds = ops::embed(ctx, &table, &idv, &out, m, 1.5).unwrap();
         run(ctx, &ds.iter().collect::<Vec<_>>());
         let want: Vec<f32> = ids
             .iter()
@@ -482,6 +480,22 @@ fn embed_gathers_rows_across_tiles() {
         assert_close(
             &format!("embed {dtype} k={k}"),
             &read(ctx, &out),
+            &want,
+            1e-6,
+        );
+        // Added to what the output holds.
+        let base = rng.vec(want.len(), 1.0);
+        let acc = upload(ctx, &base);
+        let ds = ops::embed_add(ctx, &table, &idv, &acc, m, -0.5).unwrap();
+        run(ctx, &ds.iter().collect::<Vec<_>>());
+        let want: Vec<f32> = base
+            .iter()
+            .zip(&want)
+            .map(|(b, w)| b + w / 1.5 * -0.5)
+            .collect();
+        assert_close(
+            &format!("embed_add {dtype} k={k}"),
+            &read(ctx, &acc),
             &want,
             1e-6,
         );
@@ -1975,6 +1989,31 @@ fn cooperative_matrices_are_used_where_expected() {
             ctx.features.coop_matmul,
             "no cooperative matrices on {}",
             ctx.info.name
+        );
+    }
+}
+
+#[test]
+fn wait_for_returns_once_the_work_is_done() {
+    let Some(ctx) = ctx() else { return };
+    // Enough work that the device is still busy when the wait starts.
+    let n = 1 << 22;
+    let v = upload(ctx, &Rng(29).vec(n as usize, 1.0));
+    let d = ops::elementwise(ctx, Elementwise::Scale(1.0), &v, n).unwrap();
+    for mode in [WaitMode::Sleep, WaitMode::Spin, ctx.urgent_wait()] {
+        let mut rec = Recorder::new(ctx, "wait");
+        for _ in 0..16 {
+            rec.run(&d);
+        }
+        let submission = ctx.queue.submit([rec.finish()]);
+        ctx.wait_for(submission.clone(), mode).unwrap();
+        let finished = ctx.device.poll(wgpu::PollType::Wait {
+            submission_index: Some(submission),
+            timeout: Some(std::time::Duration::ZERO),
+        });
+        assert!(
+            finished.is_ok(),
+            "{mode:?}: returned before the work was done"
         );
     }
 }

@@ -210,6 +210,7 @@ pub(super) struct PleTable {
     pub start: u64,
     pub rows: PleRows,
     pub proj: GpuWeight,
+    /// Times 1 / sqrt(2), the scale of the per-layer inputs' sum.
     pub proj_norm: View,
 }
 
@@ -553,7 +554,7 @@ impl GpuModel {
                 start: g.tensor_range(info).start,
                 rows: rows.ok_or(LoadError::NoRowSource)?,
                 proj: ld.matrix(vec![p.proj], 1)?,
-                proj_norm: ld.vector(p.proj_norm),
+                proj_norm: ld.vector_scaled(p.proj_norm, std::f32::consts::FRAC_1_SQRT_2),
             }),
             _ => None,
         };

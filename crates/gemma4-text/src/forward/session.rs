@@ -126,7 +126,7 @@ struct PleScratch {
     rows: View,
     /// 0, 1, 2, ...: the staged rows are gathered in order.
     iota: View,
-    tok: View,
+    /// Every layer's per-layer inputs of the step's tokens.
     all: View,
     gate: View,
     act: View,
@@ -244,7 +244,6 @@ impl GpuSession {
         let ple = PleScratch {
             rows: View::of(&ctx.storage("ple_rows", b * row_bytes + 16)),
             iota: View::of(&ctx.storage_init("ple_iota", bytemuck::cast_slice(&iota))),
-            tok: buf("ple_tok", b * n_all),
             all: buf("ple_all", b * n_all),
             gate: buf("ple_gate", b * n_ple),
             act: buf("ple_act", b * n_ple),
@@ -408,7 +407,6 @@ impl GpuSession {
             &s.ring,
             &s.ple.rows,
             &s.ple.iota,
-            &s.ple.tok,
             &s.ple.all,
             &s.ple.gate,
             &s.ple.act,
@@ -586,27 +584,21 @@ impl GpuSession {
         )?);
         if let Some(ple) = &model.ple {
             // Every layer's per-layer input: (norm(proj x / sqrt(d)) + table row * sqrt(n)) / sqrt(2).
-            // The projection's part here; the table rows' where the first layer needs them.
+            // The projection's part here (the norm's weight is loaded times 1 / sqrt(2)); the
+            // table rows' where the first layer needs them. The norm of proj x / sqrt(d) is
+            // the norm of proj x with eps * d in place of eps: no dispatch scales it first.
             let (n, l) = (cfg.n_ple as u32, cfg.n_layer as u32);
             run(product(&ple.proj, &s.x, &s.ple.all, n * l, 0, plain)?);
-            run(vec![
-                ops::elementwise(
-                    ctx,
-                    Elementwise::Scale(1.0 / (d as f32).sqrt()),
-                    &s.ple.all,
-                    m * n * l,
-                )?,
-                ops::rms_norm(
-                    ctx,
-                    &s.ple.all,
-                    NormOut::InPlace,
-                    Some(&ple.proj_norm),
-                    m * l,
-                    n,
-                    n,
-                    eps,
-                )?,
-            ]);
+            run(vec![ops::rms_norm(
+                ctx,
+                &s.ple.all,
+                NormOut::InPlace,
+                Some(&ple.proj_norm),
+                m * l,
+                n,
+                n,
+                eps * d as f32,
+            )?]);
         }
         // The table rows staged for this step's tokens join the per-layer inputs: after
         // `Op::TokenRows`, so that a decode step can start before its token is on the CPU.
@@ -614,7 +606,7 @@ impl GpuSession {
             let Some(ple) = &model.ple else {
                 return Ok(());
             };
-            let (n, l) = (cfg.n_ple as u32, cfg.n_layer as u32);
+            let n = cfg.n_ple as u32;
             let staged = GpuWeight {
                 name: "per_layer_token_embd rows".into(),
                 dtype: ple.info.dtype,
@@ -628,23 +620,15 @@ impl GpuSession {
                 }],
             };
             ops.borrow_mut().push(Op::TokenRows);
-            run(ops::embed(
+            // row * sqrt(n), times the sum's 1 / sqrt(2).
+            run(ops::embed_add(
                 ctx,
                 &staged,
                 &s.ple.iota,
-                &s.ple.tok,
+                &s.ple.all,
                 m,
-                (n as f32).sqrt(),
+                (n as f32 / 2.0).sqrt(),
             )?);
-            run(vec![
-                ops::elementwise(ctx, Elementwise::Add(&s.ple.tok), &s.ple.all, m * n * l)?,
-                ops::elementwise(
-                    ctx,
-                    Elementwise::Scale(std::f32::consts::FRAC_1_SQRT_2),
-                    &s.ple.all,
-                    m * n * l,
-                )?,
-            ]);
             Ok(())
         };
         let mut table_rows_added = false;
@@ -1354,13 +1338,15 @@ impl GpuSession {
             .pop_front()
             .ok_or(ForwardError::NothingSampled)?;
         let ctx = self.model.ctx.clone();
+        // A step recorded for the token waits to be submitted as soon as it is read.
         #[cfg(not(target_arch = "wasm32"))]
-        ctx.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(f.submission),
-                timeout: None,
-            })
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        ctx.wait_for(
+            f.submission,
+            match self.deferred {
+                Some(_) => ctx.urgent_wait(),
+                None => wgemma_kernels::WaitMode::Sleep,
+            },
+        )?;
         #[cfg(target_arch = "wasm32")]
         let _ = f.submission;
         let mapped = f

@@ -1,5 +1,6 @@
 // out[m, :] = W[ids[m] - first_row, :] * scale for the tokens whose id falls in this weight
-// tile: rows are dequantized on the GPU, one workgroup per token.
+// tile: rows are dequantized on the GPU, each token's in workgroups of 64 threads, one per
+// 32-value unit (grid.z: long rows take several workgroups). ADD: out[m, :] += that.
 
 struct Params {
     k: u32,
@@ -32,11 +33,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let rb = (id - p.first_row) * p.row_bytes;
     let ob = m * (p.k / 4u);
     // Float rows may end inside their last unit (a multiple of 4 values).
-    for (var u = li; u < (p.k + 31u) / 32u; u += 64u) {
+    for (var u = wg.z * 64u + li; u < (p.k + 31u) / 32u; u += 64u * nwg.z) {
         let q = load_unit(rb, u);
         for (var i = 0u; i < 8u; i++) {
             if (u * 8u + i < p.k / 4u) {
+#if ADD
+                out[ob + u * 8u + i] += q[i] * p.scale;
+#else
                 out[ob + u * 8u + i] = q[i] * p.scale;
+#endif
             }
         }
     }
