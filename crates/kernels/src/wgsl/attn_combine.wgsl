@@ -12,7 +12,7 @@ struct Params {
     capacity: u32,
 }
 
-@group(0) @binding(0) var<storage, read> part: array<f32>;
+@group(0) @binding(0) var<storage, read> part: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> positions: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
@@ -29,13 +29,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let chunks = visible_chunks(pos);
     let m = wg_max(chunk_max(h, chunks, li, 256u), li);
     let l = wg_sum(chunk_weight(h, chunks, m, li, 256u), li);
-    for (var d = li; d < hd; d += 256u) {
-        var acc = 0.0;
-        for (var c = 0u; c < chunks; c++) {
-            let o = chunk_at(h, c);
-            acc += exp(part[o + hd] - m) * part[o + d];
+    for (var d4 = li; d4 < hd / 4u; d4 += 256u) {
+        let v = merged4(h, d4, chunks, m) / l;
+        for (var i = 0u; i < 4u; i++) {
+            out[h * hd + 4u * d4 + i] = v[i];
         }
-        out[h * hd + d] = acc / l;
     }
 #if KV_STORE
     let group = p.n_head / p.n_kv_head;

@@ -1,7 +1,7 @@
 // The merge of attn_split.wgsl's per-chunk results, shared by attn_combine.wgsl and the
 // product that merges in its prologue (matvec.wgsl, MERGE). The including shader declares
-// `part` (the split's scratch), `positions`, with KV_STORE the caches `kc` and `vc`, and `p`
-// with n_head, n_kv_head, head_dim, window, max_chunks and capacity.
+// `part` (the split's scratch, as vec4s), `positions`, with KV_STORE the caches `kc` and `vc`,
+// and `p` with n_head, n_kv_head, head_dim, window, max_chunks and capacity.
 
 const CHUNK: u32 = 64u;
 
@@ -14,9 +14,14 @@ fn visible_chunks(pos: u32) -> u32 {
     return (min(pos, p.capacity - 1u) - lo) / CHUNK + 1u;
 }
 
-// Where head h's chunk c starts in `part`: hd values, then the chunk's max and sum.
+// Where head h's chunk c starts in `part`: head_dim / 4 vec4s of values, then one holding the
+// chunk's max and sum. Whole vec4s, so that a value's merge loads 16 bytes a chunk.
 fn chunk_at(h: u32, c: u32) -> u32 {
-    return (h * p.max_chunks + c) * (p.head_dim + 2u);
+    return (h * p.max_chunks + c) * (p.head_dim / 4u + 1u);
+}
+
+fn chunk_ml(h: u32, c: u32) -> vec2<f32> {
+    return part[chunk_at(h, c) + p.head_dim / 4u].xy;
 }
 
 // Head h's largest chunk max and the inverse of its chunks' total weight, over the
@@ -24,7 +29,7 @@ fn chunk_at(h: u32, c: u32) -> u32 {
 fn chunk_max(h: u32, chunks: u32, lane: u32, lanes: u32) -> f32 {
     var m = -3.0e38;
     for (var c = lane; c < chunks; c += lanes) {
-        m = max(m, part[chunk_at(h, c) + p.head_dim]);
+        m = max(m, chunk_ml(h, c).x);
     }
     return m;
 }
@@ -32,21 +37,49 @@ fn chunk_max(h: u32, chunks: u32, lane: u32, lanes: u32) -> f32 {
 fn chunk_weight(h: u32, chunks: u32, m: f32, lane: u32, lanes: u32) -> f32 {
     var l = 0.0;
     for (var c = lane; c < chunks; c += lanes) {
-        let o = chunk_at(h, c) + p.head_dim;
-        l += exp(part[o] - m) * part[o + 1u];
+        let ml = chunk_ml(h, c);
+        l += exp(ml.x - m) * ml.y;
     }
     return l;
 }
 
+// Values 4 d4 .. 4 d4 + 3 of head h summed over its chunks, each weighted exp(m_c - m). Four
+// chunks' loads are issued before any is used, so that their latencies overlap rather than
+// add up chunk after chunk.
+fn merged4(h: u32, d4: u32, chunks: u32, m: f32) -> vec4<f32> {
+    let stride = p.head_dim / 4u + 1u;
+    let ml = p.head_dim / 4u;
+    var acc = vec4<f32>(0.0);
+    var c = 0u;
+    for (; c + 4u <= chunks; c += 4u) {
+        let o = chunk_at(h, c);
+        let v0 = part[o + d4];
+        let v1 = part[o + stride + d4];
+        let v2 = part[o + 2u * stride + d4];
+        let v3 = part[o + 3u * stride + d4];
+        let e = exp(vec4<f32>(part[o + ml].x, part[o + stride + ml].x, part[o + 2u * stride + ml].x, part[o + 3u * stride + ml].x) - m);
+        acc += e.x * v0 + e.y * v1 + e.z * v2 + e.w * v3;
+    }
+    for (; c < chunks; c++) {
+        let o = chunk_at(h, c);
+        acc += exp(part[o + ml].x - m) * part[o + d4];
+    }
+    return acc;
+}
+
 #if KV_STORE
-// Values first..first + n of the token's K and V rows (all KV heads), which the split left
-// after the partial results, into the caches at its position.
+// Values first..first + n (whole vec4s) of the token's K and V rows (all KV heads), which the
+// split left after the partial results, into the caches at its position.
 fn store_kv(pos: u32, first: u32, n: u32, li: u32) {
     let row = p.n_kv_head * p.head_dim;
-    let kv_in = p.n_head * p.max_chunks * (p.head_dim + 2u);
-    for (var e = first + li; e < first + n; e += 256u) {
-        kc[pos * row + e] = part[kv_in + e];
-        vc[pos * row + e] = part[kv_in + row + e];
+    let kv_in = p.n_head * p.max_chunks * (p.head_dim / 4u + 1u);
+    for (var e4 = first / 4u + li; e4 < (first + n) / 4u; e4 += 256u) {
+        let k = part[kv_in + e4];
+        let v = part[kv_in + row / 4u + e4];
+        for (var i = 0u; i < 4u; i++) {
+            kc[pos * row + 4u * e4 + i] = k[i];
+            vc[pos * row + 4u * e4 + i] = v[i];
+        }
     }
 }
 #endif

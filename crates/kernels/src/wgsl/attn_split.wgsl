@@ -1,7 +1,7 @@
 // Decode attention split over the keys (flash-decoding): workgroup (h, c) takes query head
-// h and the c-th chunk of 64 visible keys, and writes the chunk's unnormalised output with its
-// running max and sum to part[(h * max_chunks + c) * (hd + 2) ..]. attn_combine.wgsl then
-// merges the chunks. The grid covers the largest context; chunks past the visible keys exit.
+// h and the c-th chunk of 64 visible keys, and writes the chunk's unnormalised output, then its
+// running max and sum, to the vec4s from part[(h * max_chunks + c) * (hd / 4 + 1)]
+// (attn_merge.wgsl's chunk_at). attn_combine.wgsl then merges the chunks. The grid covers the largest context; chunks past the visible keys exit.
 //
 // HEAD_POST: head_post.wgsl's work for the one token, here rather than in a dispatch of its
 // own. Each workgroup norms and ropes its query head from the raw projection; with KV_NEW (a
@@ -31,7 +31,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read> kc: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> vc: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> positions: array<u32>;
-@group(0) @binding(4) var<storage, read_write> part: array<f32>;
+@group(0) @binding(4) var<storage, read_write> part: array<vec4<f32>>;
 @group(0) @binding(5) var<uniform> p: Params;
 #if HEAD_POST
 @group(0) @binding(6) var<storage, read> q_norm: array<f32>;
@@ -130,10 +130,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         rope_row(HK, li, f32(pos));
         if (h % (p.n_head / p.n_kv_head) == 0u) {
             // After every head's chunks: [k: n_kv * hd | v: n_kv * hd].
-            let kv_out = p.n_head * p.max_chunks * (hd + 2u) + kvh * hd;
-            for (var d = li; d < hd; d += 256u) {
-                part[kv_out + d] = heads[HK][d];
-                part[kv_out + kv_row + d] = heads[HV][d];
+            let kv_out = p.n_head * p.max_chunks * (hd / 4u + 1u) + kvh * hd / 4u;
+            for (var d4 = li; d4 < hd / 4u; d4 += 256u) {
+                part[kv_out + d4] = head4(HK, d4);
+                part[kv_out + kv_row / 4u + d4] = head4(HV, d4);
             }
         }
     }
@@ -186,7 +186,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         probs[li] = e;
     }
     let l = wg_sum(e, li);
-    let out = (h * p.max_chunks + c) * (hd + 2u);
+    let out = (h * p.max_chunks + c) * (hd / 4u + 1u);
     // Values: each thread takes one vec4 of the head over every `groups`-th key, so its loads
     // are 16 bytes and few (a thread per value over all 64 keys waited on 64 loads); the key
     // groups then meet in workgroup memory.
@@ -217,12 +217,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var g = 1u; g < groups; g++) {
             total += vsum[g * h4 + li];
         }
-        for (var i = 0u; i < 4u; i++) {
-            part[out + 4u * li + i] = total[i];
-        }
+        part[out + li] = total;
     }
     if (li == 0u) {
-        part[out + hd] = m;
-        part[out + hd + 1u] = l;
+        part[out + h4] = vec4<f32>(m, l, 0.0, 0.0);
     }
 }

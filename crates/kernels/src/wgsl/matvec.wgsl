@@ -305,7 +305,7 @@ fn step_dot(r: Raw, u: u32, xv: ptr<function, XIn>, xs: XS) -> f32 {
 #endif
 
 #if MERGE
-@group(0) @binding(1) var<storage, read> part: array<f32>;
+@group(0) @binding(1) var<storage, read> part: array<vec4<f32>>;
 #else
 #if XQ_IN
 @group(0) @binding(1) var<storage, read> xg: array<u32>;
@@ -465,15 +465,8 @@ fn merge_prologue(li: u32, writer: bool) {
         let i = li + 256u * j;
         if (i < p.k / 4u) {
             let h = 4u * i / hd;
-            let d = 4u * i % hd;
             let ml = head_ml[h];
-            var acc = vec4<f32>(0.0);
-            for (var c = 0u; c < chunks; c++) {
-                let o = chunk_at(h, c);
-                let v = vec4<f32>(part[o + d], part[o + d + 1u], part[o + d + 2u], part[o + d + 3u]);
-                acc += exp(part[o + hd] - ml.x) * v;
-            }
-            xsh[i] = acc * ml.y;
+            xsh[i] = merged4(h, i % (hd / 4u), chunks, ml.x) * ml.y;
         }
     }
 #if KV_STORE
