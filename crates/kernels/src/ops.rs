@@ -661,7 +661,17 @@ fn flag_label(flag: &str) -> &'static str {
     }
 }
 
-/// `out[t, :] = table[ids[t], :] * scale` for `m` tokens, one dispatch per table tile.
+/// How [`embed`] writes the rows it gathers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmbedOut {
+    /// `out[t, :] = row * scale`
+    Write,
+    /// `out[t, :] += row * scale`
+    Add,
+}
+
+/// `out[t, :] = table[ids[t], :] * scale` (or added to `out`) for `m` tokens, one dispatch per
+/// table tile.
 pub fn embed(
     ctx: &GpuContext,
     table: &GpuWeight,
@@ -669,37 +679,14 @@ pub fn embed(
     out: &View,
     m: u32,
     scale: f32,
-) -> Result<Vec<Dispatch>, GpuError> {
-    gather_rows(ctx, table, ids, out, m, scale, false)
-}
-
-/// [`embed`] added to what `out` holds: `out[i, :] += table[ids[i], :] * scale`.
-pub fn embed_add(
-    ctx: &GpuContext,
-    table: &GpuWeight,
-    ids: &View,
-    out: &View,
-    m: u32,
-    scale: f32,
-) -> Result<Vec<Dispatch>, GpuError> {
-    gather_rows(ctx, table, ids, out, m, scale, true)
-}
-
-fn gather_rows(
-    ctx: &GpuContext,
-    table: &GpuWeight,
-    ids: &View,
-    out: &View,
-    m: u32,
-    scale: f32,
-    add: bool,
+    how: EmbedOut,
 ) -> Result<Vec<Dispatch>, GpuError> {
     let flag = dtype_flag(table.dtype)?;
     ids.expect_len32("embed ids", u64::from(m))?;
     out.expect_len32("embed out", u64::from(m) * table.cols)?;
     let source = ShaderSource::new("embed", &[BYTES_WGSL, DTYPES_WGSL, EMBED_WGSL])
         .flag(flag)
-        .flag_if(add, "ADD");
+        .flag_if(how == EmbedOut::Add, "ADD");
     let pipeline = ctx.pipeline(&source);
     let units = (table.cols as u32).div_ceil(32);
     table

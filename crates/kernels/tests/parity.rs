@@ -466,7 +466,7 @@ fn embed_gathers_rows_across_tiles() {
         let idv = upload_u32(ctx, &ids);
         let m = ids.len() as u32;
         let out = poisoned(ctx, ids.len() * k as usize);
-        let ds = ops::embed(ctx, &table, &idv, &out, m, 1.5).unwrap();
+        let ds = ops::embed(ctx, &table, &idv, &out, m, 1.5, ops::EmbedOut::Write).unwrap();
         run(ctx, &ds.iter().collect::<Vec<_>>());
         let want: Vec<f32> = ids
             .iter()
@@ -486,7 +486,7 @@ fn embed_gathers_rows_across_tiles() {
         // Added to what the output holds.
         let base = rng.vec(want.len(), 1.0);
         let acc = upload(ctx, &base);
-        let ds = ops::embed_add(ctx, &table, &idv, &acc, m, -0.5).unwrap();
+        let ds = ops::embed(ctx, &table, &idv, &acc, m, -0.5, ops::EmbedOut::Add).unwrap();
         run(ctx, &ds.iter().collect::<Vec<_>>());
         let want: Vec<f32> = base
             .iter()
@@ -494,7 +494,7 @@ fn embed_gathers_rows_across_tiles() {
             .map(|(b, w)| b + w / 1.5 * -0.5)
             .collect();
         assert_close(
-            &format!("embed_add {dtype} k={k}"),
+            &format!("embed added {dtype} k={k}"),
             &read(ctx, &acc),
             &want,
             1e-6,

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use wgemma_kernels::ops::{
-    self, AttentionArgs, Elementwise, ExpertSlots, HeadPostArgs, HeadPostKv, MatmulArgs, MatvecOut,
-    NormOut, ResidualStep, SampleKernel,
+    self, AttentionArgs, Elementwise, EmbedOut, ExpertSlots, HeadPostArgs, HeadPostKv, MatmulArgs,
+    MatvecOut, NormOut, ResidualStep, SampleKernel,
 };
 use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Profiler, Recorder, View, WeightTile, wgpu};
 
@@ -581,6 +581,7 @@ impl GpuSession {
             &s.x,
             m,
             cfg.embed_scale,
+            EmbedOut::Write,
         )?);
         if let Some(ple) = &model.ple {
             // Every layer's per-layer input: (norm(proj x / sqrt(d)) + table row * sqrt(n)) / sqrt(2).
@@ -621,13 +622,14 @@ impl GpuSession {
             };
             ops.borrow_mut().push(Op::TokenRows);
             // row * sqrt(n), times the sum's 1 / sqrt(2).
-            run(ops::embed_add(
+            run(ops::embed(
                 ctx,
                 &staged,
                 &s.ple.iota,
                 &s.ple.all,
                 m,
                 (n as f32 / 2.0).sqrt(),
+                EmbedOut::Add,
             )?);
             Ok(())
         };
