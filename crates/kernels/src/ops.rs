@@ -1908,8 +1908,8 @@ pub struct DecodeAttention {
 impl DecodeAttention {
     /// Floats of scratch the partial results need.
     pub fn scratch_floats(n_head: u32, head_dim: u32, capacity: u32) -> u64 {
-        // Per head and chunk, the chunk's output, then its max and sum in a vec4; then room for the
-        // token's K and V on their way to the cache (at most one pair per query head).
+        // Per head and chunk, the chunk's output, then its max and sum in a vec4; then room
+        // for the token's K and V on their way to the cache (at most one pair per query head).
         let chunks = u64::from(n_head) * u64::from(capacity.div_ceil(ATTN_CHUNK));
         chunks * u64::from(head_dim + 4) + 2 * u64::from(n_head) * u64::from(head_dim)
     }

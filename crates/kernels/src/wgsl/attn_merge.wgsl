@@ -48,6 +48,7 @@ fn chunk_weight(h: u32, chunks: u32, m: f32, lane: u32, lanes: u32) -> f32 {
 // add up chunk after chunk.
 fn merged4(h: u32, d4: u32, chunks: u32, m: f32) -> vec4<f32> {
     let stride = p.head_dim / 4u + 1u;
+    // Where a chunk's (max, sum) vec4 is, after its values.
     let ml = p.head_dim / 4u;
     var acc = vec4<f32>(0.0);
     var c = 0u;

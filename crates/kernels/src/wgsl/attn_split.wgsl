@@ -1,7 +1,8 @@
 // Decode attention split over the keys (flash-decoding): workgroup (h, c) takes query head
 // h and the c-th chunk of 64 visible keys, and writes the chunk's unnormalised output, then its
 // running max and sum, to the vec4s from part[(h * max_chunks + c) * (hd / 4 + 1)]
-// (attn_merge.wgsl's chunk_at). attn_combine.wgsl then merges the chunks. The grid covers the largest context; chunks past the visible keys exit.
+// (attn_merge.wgsl's chunk_at). attn_combine.wgsl then merges the chunks. The grid covers the
+// largest context; chunks past the visible keys exit.
 //
 // HEAD_POST: head_post.wgsl's work for the one token, here rather than in a dispatch of its
 // own. Each workgroup norms and ropes its query head from the raw projection; with KV_NEW (a
