@@ -27,8 +27,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let hd = p.head_dim;
     let pos = positions[0];
     let chunks = visible_chunks(pos);
-    let m = wg_max(chunk_max(h, chunks, li, 256u), li);
-    let l = wg_sum(chunk_weight(h, chunks, m, li, 256u), li);
+    let s = chunk_stats(h, chunks, li, 256u);
+    let m = wg_max(s.x, li);
+    let l = wg_sum(s.y * exp(s.x - m), li);
     for (var d4 = li; d4 < hd / 4u; d4 += 256u) {
         let v = merged4(h, d4, chunks, m) / l;
         for (var i = 0u; i < 4u; i++) {

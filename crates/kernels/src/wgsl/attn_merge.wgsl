@@ -24,23 +24,18 @@ fn chunk_ml(h: u32, c: u32) -> vec2<f32> {
     return part[chunk_at(h, c) + p.head_dim / 4u].xy;
 }
 
-// Head h's largest chunk max and the inverse of its chunks' total weight, over the
-// `lanes` threads from `lane` 0 (the caller reduces `m` with max, then `l` with a sum).
-fn chunk_max(h: u32, chunks: u32, lane: u32, lanes: u32) -> f32 {
+// The running max and sum of head h's chunks lane, lane + lanes, ..., one load a chunk: the
+// caller takes the largest max m over its lanes and sums each lane's sum * exp(its max - m).
+fn chunk_stats(h: u32, chunks: u32, lane: u32, lanes: u32) -> vec2<f32> {
     var m = -3.0e38;
-    for (var c = lane; c < chunks; c += lanes) {
-        m = max(m, chunk_ml(h, c).x);
-    }
-    return m;
-}
-
-fn chunk_weight(h: u32, chunks: u32, m: f32, lane: u32, lanes: u32) -> f32 {
     var l = 0.0;
     for (var c = lane; c < chunks; c += lanes) {
         let ml = chunk_ml(h, c);
-        l += exp(ml.x - m) * ml.y;
+        let top = max(m, ml.x);
+        l = l * exp(m - top) + ml.y * exp(ml.x - top);
+        m = top;
     }
-    return l;
+    return vec2<f32>(m, l);
 }
 
 // Values 4 d4 .. 4 d4 + 3 of head h summed over its chunks, each weighted exp(m_c - m). Four

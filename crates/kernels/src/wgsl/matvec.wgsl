@@ -445,16 +445,18 @@ fn merge_prologue(li: u32, writer: bool) {
     let chunks = visible_chunks(pos);
 #if SUBGROUP32
     for (var h = li / 32u; h < p.n_head; h += 8u) {
-        let m = subgroupMax(chunk_max(h, chunks, li % 32u, 32u));
-        let l = subgroupAdd(chunk_weight(h, chunks, m, li % 32u, 32u));
+        let s = chunk_stats(h, chunks, li % 32u, 32u);
+        let m = subgroupMax(s.x);
+        let l = subgroupAdd(s.y * exp(s.x - m));
         if (li % 32u == 0u) {
             head_ml[h] = vec2<f32>(m, 1.0 / l);
         }
     }
 #else
     for (var h = 0u; h < p.n_head; h++) {
-        let m = wg_max(chunk_max(h, chunks, li, 256u), li);
-        let l = wg_sum(chunk_weight(h, chunks, m, li, 256u), li);
+        let s = chunk_stats(h, chunks, li, 256u);
+        let m = wg_max(s.x, li);
+        let l = wg_sum(s.y * exp(s.x - m), li);
         if (li == 0u) {
             head_ml[h] = vec2<f32>(m, 1.0 / l);
         }
