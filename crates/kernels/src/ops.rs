@@ -1200,6 +1200,8 @@ struct MatvecJob<'a> {
     residual: Option<&'a ResidualStep<'a>>,
     /// The attention merge computed in front of the product (x is then the split's scratch).
     merge: Option<&'a AttentionMerge<'a>>,
+    /// The input's norm computed in front of the product.
+    norm: Option<&'a InputNorm<'a>>,
     /// x is rounded to 8-bit integers ([`int8_vector_words`]).
     x_int8: bool,
 }
@@ -1218,6 +1220,7 @@ impl<'a> MatvecJob<'a> {
             tuning: None,
             residual: None,
             merge: None,
+            norm: None,
             x_int8: false,
         }
     }
@@ -1262,6 +1265,7 @@ fn matvec_dispatches(
         tuning,
         residual,
         merge,
+        norm,
         x_int8,
     } = *job;
     let flag = dtype_flag(w.dtype)?;
@@ -1273,7 +1277,18 @@ fn matvec_dispatches(
             w.name
         )));
     }
-    let prologue = residual.is_some() || merge.is_some();
+    let prologue = residual.is_some() || merge.is_some() || norm.is_some();
+    if [residual.is_some(), merge.is_some(), norm.is_some()]
+        .iter()
+        .filter(|&&p| p)
+        .count()
+        > 1
+    {
+        return Err(shape(format!(
+            "{}: one prologue per product (residual step, attention merge or norm)",
+            w.name
+        )));
+    }
     let MatvecTuning {
         tpr,
         rpt,
@@ -1343,8 +1358,7 @@ fn matvec_dispatches(
     };
     if let Some(mg) = merge {
         let a = mg.attention;
-        if residual.is_some()
-            || experts.is_some()
+        if experts.is_some()
             || m != 1
             || k != a.n_head * a.head_dim
             || a.n_head > 64
@@ -1378,6 +1392,16 @@ fn matvec_dispatches(
             v.expect_len32(&format!("{} residual {what}", w.name), len)?;
         }
     }
+    if let Some(nm) = norm {
+        if x_stride != k || !matvec_input_fits(ctx, k) {
+            return Err(shape(format!(
+                "{}: a norm runs in front of a product whose input rows are whole and fit in workgroup memory",
+                w.name
+            )));
+        }
+        nm.weight
+            .expect_len32(&format!("{} input norm", w.name), u64::from(k))?;
+    }
     if let MatvecOut::GeluTimes { by, offset } = out {
         if experts.is_some() || m != 1 {
             return Err(shape(format!(
@@ -1401,6 +1425,7 @@ fn matvec_dispatches(
         .flag_if(experts.is_some(), "EXPERTS")
         .flag_if(residual.is_some(), "RESIDUAL")
         .flag_if(residual.is_some_and(|r| r.next_norm.is_some()), "PRENORM")
+        .flag_if(norm.is_some(), "NORM_IN")
         .flag_if(matches!(out, MatvecOut::GeluTimes { .. }), "GELU_TIMES")
         .flag_if(int8_input || x_int8, "INT8_X")
         .flag_if(x_int8, "XQ_IN")
@@ -1467,7 +1492,7 @@ fn matvec_dispatches(
                 .u32(first_expert)
                 .u32(experts_here)
                 .u32(x_group)
-                .f32(residual.map_or(0.0, |r| r.eps))
+                .f32(residual.map_or(norm.map_or(0.0, |nm| nm.eps), |r| r.eps))
                 .f32(residual.map_or(1.0, |r| r.scale))
                 .u32(match out {
                     MatvecOut::GeluTimes { offset, .. } => offset + first,
@@ -1516,13 +1541,17 @@ fn matvec_dispatches(
                     binds[9] = Bind::Storage(normed);
                 }
             }
+            if let Some(nm) = norm {
+                binds[7] = Bind::Storage(nm.weight);
+            }
             if let MatvecOut::GeluTimes { by, .. } = out {
                 binds[10] = Bind::Storage(by);
             }
             ctx.dispatch(
-                match (residual, merge) {
-                    (Some(_), _) => "residual_matvec",
-                    (_, Some(_)) => "merge_matvec",
+                match (residual, merge, norm) {
+                    (Some(_), _, _) => "residual_matvec",
+                    (_, Some(_), _) => "merge_matvec",
+                    (_, _, Some(_)) => "normed_matvec",
                     _ => "matvec",
                 },
                 pipeline.clone(),
@@ -1607,6 +1636,34 @@ pub fn matvec(
     matvec_dispatches(ctx, w, &job)
 }
 
+/// The norm of a product's input, `norm(x) * weight`, for [`matvec_normed`] and
+/// [`expert_matvec`].
+#[derive(Clone, Copy)]
+pub struct InputNorm<'a> {
+    pub weight: &'a View,
+    pub eps: f32,
+}
+
+/// [`rms_norm`] of one token's `x` followed by [`matvec`] of the result in one dispatch per
+/// weight tile: every workgroup normalises the row into its own memory, where the two
+/// dispatches would cost a wait between them. For rows that fit ([`matvec_input_fits`]).
+pub fn matvec_normed(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    x: &View,
+    norm: &InputNorm<'_>,
+    y: &View,
+    out_offset: u32,
+    out: MatvecOut<'_>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    x.expect_len32(&w.name, w.cols)?;
+    let job = MatvecJob {
+        norm: Some(norm),
+        ..MatvecJob::one_token(w, x, y, out_offset, out)?
+    };
+    matvec_dispatches(ctx, w, &job)
+}
+
 /// [`matvec`] of an input rounded to 8-bit integers by the product before it
 /// ([`MatvecOut::GegluInt8`]): every workgroup reads a quarter of the bytes of a float input,
 /// and none rounds it again. For the FFN's down product, whose long input row each of its
@@ -1653,10 +1710,14 @@ pub fn matvec_tuned(
 /// Products of the experts chosen per slot: slot s multiplies expert `sel[s]` (its
 /// `rows_per_expert` rows of the stacked `w`) by input row `s / x_group` of `x`, into row s of
 /// `y` (`y_stride` apart). With [`MatvecOut::Geglu`] each expert's rows are gate/up pairs.
+/// With `norm`, each input row is normalised first, in every workgroup (rows that fit,
+/// [`matvec_input_fits`]).
+#[allow(clippy::too_many_arguments)]
 pub fn expert_matvec(
     ctx: &GpuContext,
     w: &GpuWeight,
     x: &View,
+    norm: Option<&InputNorm<'_>>,
     y: &View,
     y_stride: u32,
     slots: &ExpertSlots<'_>,
@@ -1691,6 +1752,7 @@ pub fn expert_matvec(
         x_stride: w.cols as u32,
         y_stride,
         experts: Some(slots),
+        norm,
         ..MatvecJob::new(x, y, out)
     };
     matvec_dispatches(ctx, w, &job)
@@ -1724,10 +1786,11 @@ pub fn moe_route(
         .u32(n_expert)
         .u32(k)
         .u32(0)
-        .u32(u32::from(expert_scale.is_some()));
+        .u32(u32::from(expert_scale.is_some()))
+        .f32(0.0);
     ctx.dispatch(
         "moe_route",
-        ctx.pipeline(&ShaderSource::new("moe", &[MOE_WGSL]).flag("ROUTE")),
+        ctx.pipeline(&ShaderSource::new("moe", &[REDUCE_WGSL, MOE_WGSL]).flag("ROUTE")),
         &[
             Bind::Storage(logits),
             Bind::Storage(sel),
@@ -1740,27 +1803,55 @@ pub fn moe_route(
     )
 }
 
-/// `out[t] = sum_j weight[t*k + j] * y[t*k + j]` over rows of `dim`: the experts' mix.
-pub fn moe_sum(
-    ctx: &GpuContext,
-    y: &View,
-    weight: &View,
-    out: &View,
-    tokens: u32,
-    k: u32,
-    dim: u32,
-) -> Result<Dispatch, GpuError> {
-    y.expect_len32("expert outputs", u64::from(tokens * k) * u64::from(dim))?;
-    weight.expect_len32("expert weights", u64::from(tokens * k))?;
-    out.expect_len32("experts' mix", u64::from(tokens) * u64::from(dim))?;
+/// Arguments of [`moe_mix`]: per token, the dense branch's output and its experts' outputs.
+pub struct MoeMix<'a> {
+    /// `tokens * k` rows of `dim`: slot `t*k + j` is token t's j-th expert's output.
+    pub experts: &'a View,
+    /// The slots' weights (the route kernel's `weight`).
+    pub weight: &'a View,
+    pub experts_post: &'a View,
+    /// `tokens` rows of `dim`.
+    pub dense: &'a View,
+    pub dense_post: &'a View,
+    pub tokens: u32,
+    pub k: u32,
+    pub dim: u32,
+    pub eps: f32,
+}
+
+/// A mixture-of-experts layer's FFN output in one dispatch: `out[t] = norm(dense[t]) *
+/// dense_post + norm(sum_j weight[t*k + j] * experts[t*k + j]) * experts_post`.
+pub fn moe_mix(ctx: &GpuContext, mix: &MoeMix<'_>, out: &View) -> Result<Dispatch, GpuError> {
+    let MoeMix {
+        experts,
+        weight,
+        experts_post,
+        dense,
+        dense_post,
+        tokens,
+        k,
+        dim,
+        eps,
+    } = *mix;
+    check_norm_dim(dim)?;
+    let (rows, slots) = (u64::from(tokens) * u64::from(dim), u64::from(tokens * k));
+    experts.expect_len32("expert outputs", slots * u64::from(dim))?;
+    weight.expect_len32("expert weights", slots)?;
+    dense.expect_len32("dense branch", rows)?;
+    out.expect_len32("experts' mix", rows)?;
+    experts_post.expect_len32("experts' post-norm", u64::from(dim))?;
+    dense_post.expect_len32("dense post-norm", u64::from(dim))?;
     ctx.dispatch(
-        "moe_sum",
-        ctx.pipeline(&ShaderSource::new("moe", &[MOE_WGSL]).flag("SUM")),
+        "moe_mix",
+        ctx.pipeline(&ShaderSource::new("moe", &[REDUCE_WGSL, MOE_WGSL]).flag("MIX")),
         &[
-            Bind::Storage(y),
+            Bind::Storage(experts),
             Bind::Storage(weight),
             Bind::Storage(out),
-            Bind::Params(Params::new().u32(0).u32(k).u32(dim).u32(0)),
+            Bind::Params(Params::new().u32(0).u32(k).u32(dim).u32(0).f32(eps)),
+            Bind::Storage(dense),
+            Bind::Storage(dense_post),
+            Bind::Storage(experts_post),
         ],
         [tokens, 1, 1],
     )

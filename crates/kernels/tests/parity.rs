@@ -1876,33 +1876,87 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(61);
     let (tokens, n_expert, k, d, ff) = (3u32, 6u32, 2u32, 64u64, 96u64);
+    let du = d as usize;
+    let x = rng.vec((u64::from(tokens) * d) as usize, 1.0);
+    let (pre, router_scale) = (rng.vec(du, 1.0), rng.vec(du, 1.0));
+    let (xv, prev, rsv) = (
+        upload(ctx, &x),
+        upload(ctx, &pre),
+        upload(ctx, &router_scale),
+    );
+    let pre_norm = ops::InputNorm {
+        weight: &prev,
+        eps: 1e-6,
+    };
+    let router_norm = ops::InputNorm {
+        weight: &rsv,
+        eps: 1e-6,
+    };
+    // The router's product of one token with its input norm in front, for odd row counts.
+    for (dtype, rows) in [(GgmlType::Q8_0, n_expert), (GgmlType::F32, 37)] {
+        let wf = rng.vec(rows as usize * du, 0.5);
+        let wq = quantize(dtype, &wf).unwrap();
+        let wd = dequantize_to_vec(dtype, &wq).unwrap();
+        let w = GpuWeight::upload(ctx, "router", dtype, d, u64::from(rows), &wq, None).unwrap();
+        let logits = poisoned(ctx, rows as usize + 1);
+        let plain = ops::MatvecOut::Rows { softcap: 0.0 };
+        let ds = ops::matvec_normed(ctx, &w, &xv, &router_norm, &logits, 1, plain).unwrap();
+        run(ctx, &ds.iter().collect::<Vec<_>>());
+        let xn = cpu::rms_norm(&x[..du], du, Some(&router_scale), 1e-6);
+        let got = read(ctx, &logits);
+        assert!(got[0].is_nan(), "normed product wrote before its offset");
+        let want = cpu::matmul(&wd, rows as usize, du, &xn, 1);
+        assert_close(&format!("normed router {dtype}"), &got[1..], &want, 3e-5);
+    }
+
+    // Routing, at a small shape and at the 26B-A4B's (8 of 128, with tied logits).
+    let route = |tokens: u32, n_expert: u32, k: u32, logits: &[f32], scale: &[f32]| {
+        let (sel, weight) = (
+            upload_u32(ctx, &vec![u32::MAX; (tokens * k) as usize]),
+            poisoned(ctx, (tokens * k) as usize),
+        );
+        let (lv, sv) = (upload(ctx, logits), upload(ctx, scale));
+        run(
+            ctx,
+            &[&ops::moe_route(ctx, &lv, &sel, &weight, Some(&sv), tokens, n_expert, k).unwrap()],
+        );
+        let got_sel = pollster::block_on(ctx.read_u32(&sel)).unwrap();
+        let got_w = read(ctx, &weight);
+        let mut want_w = Vec::new();
+        for t in 0..tokens as usize {
+            let routed = cpu::route(
+                &logits[t * n_expert as usize..][..n_expert as usize],
+                k as usize,
+            );
+            for (j, (e, w)) in routed.iter().enumerate() {
+                assert_eq!(
+                    got_sel[t * k as usize + j],
+                    *e,
+                    "{n_expert}: token {t} slot {j}"
+                );
+                want_w.push(w * scale[*e as usize]);
+            }
+        }
+        assert_close("route weights", &got_w, &want_w, 1e-5);
+        (sel, weight, got_sel, got_w)
+    };
+    let mut big = rng.vec(2 * 128, 3.0);
+    // Ties: the lower index goes first, and a tie across the k-th place picks the lower.
+    big[5] = big[9];
+    big[40] = 10.0;
+    big[41] = 10.0;
+    big[128 + 7] = 9.0;
+    big[128 + 100] = 9.0;
+    for i in 0..7 {
+        big[128 + 20 + i] = 12.0;
+    }
+    route(2, 128, 8, &big, &rng.vec(128, 1.0));
     let logits = rng.vec((tokens * n_expert) as usize, 3.0);
     let scale = rng.vec(n_expert as usize, 1.0);
-    let (sel, weight) = (
-        upload_u32(ctx, &vec![0; (tokens * k) as usize]),
-        upload(ctx, &vec![0.0; (tokens * k) as usize]),
-    );
-    let (lv, sv) = (upload(ctx, &logits), upload(ctx, &scale));
-    run(
-        ctx,
-        &[&ops::moe_route(ctx, &lv, &sel, &weight, Some(&sv), tokens, n_expert, k).unwrap()],
-    );
-    let got_sel = pollster::block_on(ctx.read_u32(&sel)).unwrap();
-    let got_w = read(ctx, &weight);
-    let mut want_w = Vec::new();
-    for t in 0..tokens as usize {
-        let routed = cpu::route(
-            &logits[t * n_expert as usize..][..n_expert as usize],
-            k as usize,
-        );
-        for (j, (e, w)) in routed.iter().enumerate() {
-            assert_eq!(got_sel[t * k as usize + j], *e, "token {t} slot {j}");
-            want_w.push(w * scale[*e as usize]);
-        }
-    }
-    assert_close("route weights", &got_w, &want_w, 1e-5);
+    let (sel, weight, got_sel, got_w) = route(tokens, n_expert, k, &logits, &scale);
 
-    // Gate/up experts (interleaved pairs), tiles holding two experts each.
+    // Gate/up experts (interleaved pairs), tiles holding two experts each, on the input as
+    // it is and normalised in front of the product.
     for dtype in [GgmlType::Q8_0, GgmlType::F32] {
         let wf = rng.vec((u64::from(n_expert) * 2 * ff * d) as usize, 0.5);
         let wq = quantize(dtype, &wf).unwrap();
@@ -1924,58 +1978,80 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
             w.write_tile(ctx, i, &wq[r.start as usize..r.end as usize])
                 .unwrap();
         }
-        let x = rng.vec((u64::from(tokens) * d) as usize, 1.0);
         let slots = ops::ExpertSlots {
             sel: &sel,
             slots: tokens * k,
             rows_per_expert: 2 * ff as u32,
             x_group: k,
         };
-        let out = poisoned(ctx, (u64::from(tokens * k) * ff) as usize);
-        let ds = ops::expert_matvec(
-            ctx,
-            &w,
-            &upload(ctx, &x),
-            &out,
-            ff as u32,
-            &slots,
-            ops::MatvecOut::Geglu,
-        )
-        .unwrap();
-        run(ctx, &ds.iter().collect::<Vec<_>>());
-        let mut want = Vec::new();
-        for s in 0..(tokens * k) as usize {
-            let e = got_sel[s] as usize;
-            let rows = &wd[e * 2 * ff as usize * d as usize..][..2 * ff as usize * d as usize];
-            let xr = &x[(s / k as usize) * d as usize..][..d as usize];
-            let y = cpu::matmul(rows, 2 * ff as usize, d as usize, xr, 1);
-            want.extend(gated(&y));
+        for norm in [None, Some(&pre_norm)] {
+            let out = poisoned(ctx, (u64::from(tokens * k) * ff) as usize);
+            let ds = ops::expert_matvec(
+                ctx,
+                &w,
+                &xv,
+                norm,
+                &out,
+                ff as u32,
+                &slots,
+                ops::MatvecOut::Geglu,
+            )
+            .unwrap();
+            run(ctx, &ds.iter().collect::<Vec<_>>());
+            let input = if norm.is_some() {
+                cpu::rms_norm(&x, du, Some(&pre), 1e-6)
+            } else {
+                x.clone()
+            };
+            let mut want = Vec::new();
+            for s in 0..(tokens * k) as usize {
+                let e = got_sel[s] as usize;
+                let rows = &wd[e * 2 * ff as usize * du..][..2 * ff as usize * du];
+                let xr = &input[(s / k as usize) * du..][..du];
+                let y = cpu::matmul(rows, 2 * ff as usize, du, xr, 1);
+                want.extend(gated(&y));
+            }
+            let what = format!("expert gate/up {dtype} normed={}", norm.is_some());
+            assert_close(&what, &read(ctx, &out), &want, 3e-5);
         }
-        assert_close(
-            &format!("expert gate/up {dtype}"),
-            &read(ctx, &out),
-            &want,
-            3e-5,
-        );
     }
-    // The mix.
+    // The mix: the dense branch and the experts' weighted sum, each normalised.
     let y = rng.vec((u64::from(tokens * k) * d) as usize, 1.0);
-    let mix = poisoned(ctx, (u64::from(tokens) * d) as usize);
-    run(
-        ctx,
-        &[&ops::moe_sum(ctx, &upload(ctx, &y), &weight, &mix, tokens, k, d as u32).unwrap()],
-    );
-    let want: Vec<f32> = (0..tokens as usize)
+    let dense = rng.vec((u64::from(tokens) * d) as usize, 2.0);
+    let (dense_post, experts_post) = (rng.vec(du, 1.0), rng.vec(du, 1.0));
+    let (yv, dv) = (upload(ctx, &y), upload(ctx, &dense));
+    let (dpv, epv) = (upload(ctx, &dense_post), upload(ctx, &experts_post));
+    let mix = ops::MoeMix {
+        experts: &yv,
+        weight: &weight,
+        experts_post: &epv,
+        dense: &dv,
+        dense_post: &dpv,
+        tokens,
+        k,
+        dim: d as u32,
+        eps: 1e-6,
+    };
+    let out = poisoned(ctx, (u64::from(tokens) * d) as usize);
+    run(ctx, &[&ops::moe_mix(ctx, &mix, &out).unwrap()]);
+    let sums: Vec<f32> = (0..tokens as usize)
         .flat_map(|t| {
             let (y, w) = (&y, &got_w);
-            (0..d as usize).map(move |i| {
+            (0..du).map(move |i| {
                 (0..k as usize)
-                    .map(|j| w[t * k as usize + j] * y[(t * k as usize + j) * d as usize + i])
+                    .map(|j| w[t * k as usize + j] * y[(t * k as usize + j) * du + i])
                     .sum()
             })
         })
         .collect();
-    assert_close("expert mix", &read(ctx, &mix), &want, 1e-5);
+    let experts_part = cpu::rms_norm(&sums, du, Some(&experts_post), 1e-6);
+    let dense_part = cpu::rms_norm(&dense, du, Some(&dense_post), 1e-6);
+    let want: Vec<f32> = experts_part
+        .iter()
+        .zip(&dense_part)
+        .map(|(a, b)| a + b)
+        .collect();
+    assert_close("experts' mix", &read(ctx, &out), &want, 1e-5);
 }
 
 /// `WGEMMA_EXPECT_COOP=1` (set by `benches/h100.sh`) turns a device that should have

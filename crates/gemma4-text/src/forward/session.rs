@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use wgemma_kernels::ops::{
-    self, AttentionArgs, Elementwise, EmbedOut, ExpertSlots, HeadPostArgs, HeadPostKv, MatmulArgs,
-    MatvecOut, NormOut, ResidualStep, SampleKernel,
+    self, AttentionArgs, Elementwise, EmbedOut, ExpertSlots, HeadPostArgs, HeadPostKv, InputNorm,
+    MatmulArgs, MatvecOut, MoeMix, NormOut, ResidualStep, SampleKernel,
 };
 use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Profiler, Recorder, View, WeightTile, wgpu};
 
@@ -135,15 +135,15 @@ struct PleScratch {
 
 /// Mixture-of-experts activations.
 struct MoeScratch {
-    dense: View,
-    router_in: View,
+    /// The router's or the experts' input, where a norm runs before its product.
+    normed: View,
     logits: View,
     sel: View,
     weight: View,
-    input: View,
     act: View,
     out: View,
-    mix: View,
+    /// The dense branch and the experts' mix, normalised and added.
+    ffn_out: View,
 }
 
 /// The sampling dispatches for one strategy, built on first use and reused every step.
@@ -254,15 +254,13 @@ impl GpuSession {
         });
         let moe_d = if k > 0 { b * d } else { 1 };
         let moe = MoeScratch {
-            dense: buf("moe_dense", moe_d),
-            router_in: buf("moe_router_in", moe_d),
+            normed: buf("moe_normed", moe_d),
             logits: buf("moe_logits", b * e),
             sel: buf("moe_sel", b * k),
             weight: buf("moe_weight", b * k),
-            input: buf("moe_input", moe_d),
             act: buf("moe_act", b * k * ffe),
             out: buf("moe_out", b * k * d),
-            mix: buf("moe_mix", moe_d),
+            ffn_out: buf("moe_ffn_out", moe_d),
         };
         let partials = model
             .matrices()
@@ -411,15 +409,13 @@ impl GpuSession {
             &s.ple.gate,
             &s.ple.act,
             &s.ple.out,
-            &s.moe.dense,
-            &s.moe.router_in,
+            &s.moe.normed,
             &s.moe.logits,
             &s.moe.sel,
             &s.moe.weight,
-            &s.moe.input,
             &s.moe.act,
             &s.moe.out,
-            &s.moe.mix,
+            &s.moe.ffn_out,
         ]
         .iter()
         .map(|v| v.size)
@@ -767,55 +763,65 @@ impl GpuSession {
             }
             let mut ffn_out = &s.down;
             if let (Some(x), Some(mc)) = (&l.experts, cfg.moe) {
-                // The dense branch normed, plus the experts' normed mix: each token's router
-                // picks its experts, whose products run per (token, expert) slot.
+                // The dense branch, plus the experts' mix: each token's router picks its
+                // experts, whose products run per (token, expert) slot. The router's and the
+                // experts' input norms run inside their products where the row fits.
                 let (k, ne, fe) = (mc.n_used as u32, mc.n_expert as u32, mc.n_ff as u32);
                 let mo = &s.moe;
-                run(vec![
-                    ops::rms_norm(
+                let normed_in = ops::matvec_input_fits(ctx, d);
+                let router_norm = InputNorm {
+                    weight: &x.router_scale,
+                    eps,
+                };
+                if fuse {
+                    run(ops::matvec_normed(
                         ctx,
-                        &s.down,
-                        NormOut::To(&mo.dense),
-                        Some(&x.post_norm_dense),
-                        m,
-                        d,
-                        d,
-                        eps,
-                    )?,
-                    ops::rms_norm(
+                        &x.router,
+                        stream,
+                        &router_norm,
+                        &mo.logits,
+                        0,
+                        plain,
+                    )?);
+                } else {
+                    run(vec![ops::rms_norm(
                         ctx,
                         stream,
-                        NormOut::To(&mo.router_in),
+                        NormOut::To(&mo.normed),
                         Some(&x.router_scale),
                         m,
                         d,
                         d,
                         eps,
-                    )?,
-                ]);
-                run(product(&x.router, &mo.router_in, &mo.logits, ne, 0, plain)?);
-                run(vec![
-                    ops::moe_route(
-                        ctx,
-                        &mo.logits,
-                        &mo.sel,
-                        &mo.weight,
-                        x.down_scale.as_ref(),
-                        m,
-                        ne,
-                        k,
-                    )?,
-                    ops::rms_norm(
+                    )?]);
+                    run(product(&x.router, &mo.normed, &mo.logits, ne, 0, plain)?);
+                }
+                run(vec![ops::moe_route(
+                    ctx,
+                    &mo.logits,
+                    &mo.sel,
+                    &mo.weight,
+                    x.down_scale.as_ref(),
+                    m,
+                    ne,
+                    k,
+                )?]);
+                let experts_norm = InputNorm {
+                    weight: &x.pre_norm,
+                    eps,
+                };
+                if !normed_in {
+                    run(vec![ops::rms_norm(
                         ctx,
                         stream,
-                        NormOut::To(&mo.input),
+                        NormOut::To(&mo.normed),
                         Some(&x.pre_norm),
                         m,
                         d,
                         d,
                         eps,
-                    )?,
-                ]);
+                    )?]);
+                }
                 if let Some(host) = &x.host {
                     // Fewer slots than experts: copying the chosen ones is cheaper than all,
                     // even with the wait for the router.
@@ -832,10 +838,16 @@ impl GpuSession {
                     rows_per_expert: 2 * fe,
                     x_group: k,
                 };
+                let (gate_up_in, gate_up_norm) = if normed_in {
+                    (stream, Some(&experts_norm))
+                } else {
+                    (&mo.normed, None)
+                };
                 run(ops::expert_matvec(
                     ctx,
                     &x.gate_up,
-                    &mo.input,
+                    gate_up_in,
+                    gate_up_norm,
                     &mo.act,
                     fe,
                     &gate_up_slots,
@@ -851,25 +863,25 @@ impl GpuSession {
                     ctx,
                     &x.down,
                     &mo.act,
+                    None,
                     &mo.out,
                     d,
                     &down_slots,
                     MatvecOut::Rows { softcap: 0.0 },
                 )?);
-                run(vec![
-                    ops::moe_sum(ctx, &mo.out, &mo.weight, &mo.mix, m, k, d)?,
-                    ops::rms_norm(
-                        ctx,
-                        &mo.mix,
-                        NormOut::AddTo(&mo.dense),
-                        Some(&x.post_norm_experts),
-                        m,
-                        d,
-                        d,
-                        eps,
-                    )?,
-                ]);
-                ffn_out = &mo.dense;
+                let mix = MoeMix {
+                    experts: &mo.out,
+                    weight: &mo.weight,
+                    experts_post: &x.post_norm_experts,
+                    dense: &s.down,
+                    dense_post: &x.post_norm_dense,
+                    tokens: m,
+                    k,
+                    dim: d,
+                    eps,
+                };
+                run(vec![ops::moe_mix(ctx, &mix, &mo.ffn_out)?]);
+                ffn_out = &mo.ffn_out;
             }
             pending = Some((ffn_out, &l.post_ffw_norm, l.out_scale));
             if let Some(p) = &l.ple {

@@ -17,6 +17,8 @@
 // (res_out is not x: other workgroups are still reading x). The product's input is h, or with
 // PRENORM norm(h) * pre (the next block's norm), which the first workgroup writes to normed;
 // the steps read it from workgroup memory.
+// NORM_IN (tokens of k values): the input is norm(x) * pre, which every workgroup computes
+// into its memory (no dispatch of its own normalises the row first).
 // GELU_TIMES: y[out_offset + i] = gelu_tanh(row_i . x) * times[times_offset + i].
 //
 // MERGE (one token): the input is a split decode attention's output (attn_split.wgsl), merged
@@ -355,7 +357,7 @@ var<workgroup> sg_sums: array<vec4<f32>, 64>;
 #if EXPERTS
 @group(0) @binding(4) var<storage, read> sel: array<u32>;
 #endif
-#if RESIDUAL|MERGE
+#if RESIDUAL|MERGE|NORM_IN
 // The product's input row: k / 4 vec4s.
 override XV: u32 = 1u;
 var<workgroup> xsh: array<vec4<f32>, XV>;
@@ -368,8 +370,10 @@ override RV: u32 = 1u;
 @group(0) @binding(6) var<storage, read> post: array<vec4<f32>>;
 @group(0) @binding(8) var<storage, read_write> res_out: array<vec4<f32>>;
 #endif
-#if PRENORM
+#if PRENORM|NORM_IN
 @group(0) @binding(7) var<storage, read> pre: array<vec4<f32>>;
+#endif
+#if PRENORM
 @group(0) @binding(9) var<storage, read_write> normed: array<vec4<f32>>;
 #endif
 #if GELU_TIMES
@@ -425,6 +429,29 @@ fn residual_prologue(xb: u32, li: u32, writer: bool) {
         }
     }
 #endif
+}
+#endif
+
+#if NORM_IN
+// Fills xsh with the product's input, norm(x) * pre.
+fn norm_prologue(xb: u32, li: u32) {
+    let n4 = p.k / 4u;
+    var hv: array<vec4<f32>, RV_MAX>;
+    var ss = 0.0;
+    for (var j = 0u; j < RV; j++) {
+        let i = li + 256u * j;
+        if (i < n4) {
+            hv[j] = x[xb + i];
+            ss += dot(hv[j], hv[j]);
+        }
+    }
+    let inv = inverseSqrt(wg_sum(ss, li) / f32(p.k) + p.eps);
+    for (var j = 0u; j < RV; j++) {
+        let i = li + 256u * j;
+        if (i < n4) {
+            xsh[i] = hv[j] * inv * pre[i];
+        }
+    }
 }
 #endif
 
@@ -503,7 +530,7 @@ fn quantize_input(xb: u32, li: u32) {
         var v: array<vec4<f32>, 8>;
         var amax = vec4<f32>(0.0);
         for (var i = 0u; i < 8u; i++) {
-#if RESIDUAL|MERGE
+#if RESIDUAL|MERGE|NORM_IN
             v[i] = xsh[8u * b + i];
 #else
             v[i] = x[xb + 8u * b + i];
@@ -584,6 +611,10 @@ fn main(
     merge_prologue(li, wg.x == 0u && wg.y == 0u);
     workgroupBarrier();
 #endif
+#if NORM_IN
+    norm_prologue(xb, li);
+    workgroupBarrier();
+#endif
 #if INT8_X
 #if !XQ_IN
     quantize_input(xb, li);
@@ -619,7 +650,7 @@ fn main(
 #if INT8_X
                     xv[i] = xq[c];
 #else
-#if RESIDUAL|MERGE
+#if RESIDUAL|MERGE|NORM_IN
                     xv[i] = xsh[c];
 #else
                     xv[i] = x[xb + c];
