@@ -321,7 +321,7 @@ impl ResidualVectors {
     fn step(&self) -> ops::ResidualStep<'_> {
         ops::ResidualStep {
             res: &self.res,
-            delta: &self.delta,
+            delta: ops::Delta::Row(&self.delta),
             post: &self.post,
             scale: 1.0,
             eps: 1e-6,

@@ -1176,7 +1176,7 @@ fn int8_activations_match_cpu() {
             let (res_out, normed) = (poisoned(ctx, k as usize), poisoned(ctx, k as usize));
             let step = ops::ResidualStep {
                 res: &rv,
-                delta: &xv,
+                delta: ops::Delta::Row(&xv),
                 post: &pv,
                 scale: 1.0,
                 eps: 1e-6,
@@ -1324,7 +1324,7 @@ fn residual_matvec_matches_cpu() {
             let (res_out, normed) = (poisoned(ctx, ku), poisoned(ctx, ku));
             let step = ops::ResidualStep {
                 res: &rv,
-                delta: &dv,
+                delta: ops::Delta::Row(&dv),
                 post: &pv,
                 scale: 0.75,
                 eps: 1e-6,
@@ -1350,6 +1350,87 @@ fn residual_matvec_matches_cpu() {
     }
     // A thread holds at most 8 of the row's vec4s.
     assert!(!ops::matvec_input_fits(ctx, 8196));
+
+    // A mixture-of-experts FFN's output as the delta, computed inside the product: the dense
+    // branch and the experts' weighted rows, each normalised, added (what `moe_mix` writes).
+    assert!(
+        ops::moe_delta_fits(ctx) || std::env::var("CI").is_err(),
+        "CI's devices bind 12 storage buffers"
+    );
+    if !ops::moe_delta_fits(ctx) {
+        return;
+    }
+    for (dtype, k, n, slots) in [
+        (GgmlType::Q8_0, 2816u32, 131u64, 8u32),
+        (GgmlType::F32, 516, 9, 3),
+    ] {
+        let ku = k as usize;
+        let wq = quantize(dtype, &rng.vec(ku * n as usize, 0.5)).unwrap();
+        let wd = dequantize_to_vec(dtype, &wq).unwrap();
+        let w = GpuWeight::upload(ctx, "w", dtype, u64::from(k), n, &wq, None).unwrap();
+        let (res, dense) = (rng.vec(ku, 1.0), rng.vec(ku, 3.0));
+        let experts = rng.vec(ku * slots as usize, 2.0);
+        let weights = rng.vec(slots as usize, 1.0);
+        let (post, pre) = (rng.vec(ku, 1.0), rng.vec(ku, 1.0));
+        let (dense_post, experts_post) = (rng.vec(ku, 1.0), rng.vec(ku, 1.0));
+        let mix: Vec<f32> = (0..ku)
+            .map(|i| {
+                (0..slots as usize)
+                    .map(|s| weights[s] * experts[s * ku + i])
+                    .sum()
+            })
+            .collect();
+        let delta: Vec<f32> = cpu::rms_norm(&dense, ku, Some(&dense_post), 1e-6)
+            .iter()
+            .zip(cpu::rms_norm(&mix, ku, Some(&experts_post), 1e-6))
+            .map(|(a, b)| a + b)
+            .collect();
+        let dn = cpu::rms_norm(&delta, ku, Some(&post), 1e-6);
+        let h: Vec<f32> = res.iter().zip(&dn).map(|(a, b)| (a + b) * 0.5).collect();
+        let xn = cpu::rms_norm(&h, ku, Some(&pre), 1e-6);
+        let want = cpu::matmul(&wd, n as usize, ku, &xn, 1);
+        let views = [
+            &res,
+            &dense,
+            &experts,
+            &weights,
+            &post,
+            &pre,
+            &dense_post,
+            &experts_post,
+        ]
+        .map(|v| upload(ctx, v));
+        let [rv, dv, ev, wv, pv, prv, dpv, epv] = &views;
+        let mix = ops::MoeMix {
+            experts: ev,
+            weight: wv,
+            experts_post: epv,
+            dense: dv,
+            dense_post: dpv,
+            tokens: 1,
+            k: slots,
+            dim: k,
+            eps: 1e-6,
+        };
+        let (res_out, normed) = (poisoned(ctx, ku), poisoned(ctx, ku));
+        let step = ops::ResidualStep {
+            res: rv,
+            delta: ops::Delta::Moe(mix),
+            post: pv,
+            scale: 0.5,
+            eps: 1e-6,
+            res_out: &res_out,
+            next_norm: Some((prv, &normed)),
+        };
+        let y = poisoned(ctx, n as usize);
+        let plain = ops::MatvecOut::Rows { softcap: 0.0 };
+        let ds = ops::matvec_after_residual(ctx, &w, &step, &y, 0, plain).unwrap();
+        run(ctx, &ds.iter().collect::<Vec<_>>());
+        let what = format!("experts' output joining, {dtype} k={k}");
+        assert_close(&what, &read(ctx, &y), &want, 3e-5);
+        assert_close(&format!("{what} stream"), &read(ctx, &res_out), &h, 1e-5);
+        assert_close(&format!("{what} normed"), &read(ctx, &normed), &xn, 1e-5);
+    }
 }
 
 #[test]

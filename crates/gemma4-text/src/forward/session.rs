@@ -10,10 +10,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use wgemma_kernels::ops::{
-    self, AttentionArgs, Elementwise, EmbedOut, ExpertSlots, HeadPostArgs, HeadPostKv, InputNorm,
-    MatmulArgs, MatvecOut, MoeMix, NormOut, ResidualStep, SampleKernel,
+    self, AttentionArgs, Delta, Elementwise, EmbedOut, ExpertSlots, HeadPostArgs, HeadPostKv,
+    InputNorm, MatmulArgs, MatvecOut, MoeMix, NormOut, ResidualStep, SampleKernel,
 };
-use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Profiler, Recorder, View, WeightTile, wgpu};
+use wgemma_kernels::{
+    Dispatch, GpuContext, GpuError, GpuWeight, Profiler, Recorder, View, WeightTile, wgpu,
+};
 
 use super::model::{GateUp, GpuModel, HostExperts, PleRows, PleTable};
 use crate::sampling::{SamplingParams, Strategy};
@@ -131,6 +133,23 @@ struct PleScratch {
     gate: View,
     act: View,
     out: View,
+}
+
+/// A block's output as a row: an experts' output is mixed into `out` by a dispatch of its own
+/// (pushed to `ds`), where it cannot be computed inside the product that reads it.
+fn delta_row<'a>(
+    ctx: &GpuContext,
+    delta: Delta<'a>,
+    out: &'a View,
+    ds: &mut Vec<Dispatch>,
+) -> Result<&'a View, GpuError> {
+    Ok(match delta {
+        Delta::Row(v) => v,
+        Delta::Moe(mix) => {
+            ds.push(ops::moe_mix(ctx, &mix, out)?);
+            out
+        }
+    })
 }
 
 /// Mixture-of-experts activations.
@@ -632,7 +651,7 @@ impl GpuSession {
         let mut table_rows_added = false;
         // The block before the current one, whose output still has to join the residual
         // stream: (delta, post-norm weight, scale).
-        let mut pending: Option<(&View, &View, f32)> = None;
+        let mut pending: Option<(Delta, &View, f32)> = None;
         // Where the stream is: `s.x`, or `s.x_alt` after an odd number of fused steps.
         let mut alt = false;
         let streams = [&s.x, &s.x_alt];
@@ -643,11 +662,12 @@ impl GpuSession {
         // into `s.xn`, fused with `first` (weight, output, column, output kind) where it can.
         // Returns the dispatches and whether they include `first`.
         let enter = |alt: &mut bool,
-                     pending: Option<(&View, &View, f32)>,
+                     pending: Option<(Delta, &View, f32)>,
                      weight: &View,
                      first: Option<(&GpuWeight, &View, u32, MatvecOut)>|
          -> Result<(Vec<Dispatch>, bool), GpuError> {
             let res = streams[usize::from(*alt)];
+            let mut ds = Vec::new();
             Ok(match (pending, first) {
                 (None, _) => (
                     vec![ops::rms_norm(
@@ -663,6 +683,10 @@ impl GpuSession {
                     false,
                 ),
                 (Some((delta, post, scale)), Some((w, y, col, out))) if fuse => {
+                    let delta = match delta {
+                        Delta::Moe(_) if ops::moe_delta_fits(ctx) => delta,
+                        _ => Delta::Row(delta_row(ctx, delta, &s.moe.ffn_out, &mut ds)?),
+                    };
                     let step = ResidualStep {
                         res,
                         delta,
@@ -673,17 +697,16 @@ impl GpuSession {
                         next_norm: Some((weight, &s.xn)),
                     };
                     *alt = !*alt;
-                    (
-                        ops::matvec_after_residual(ctx, w, &step, y, col, out)?,
-                        true,
-                    )
+                    ds.extend(ops::matvec_after_residual(ctx, w, &step, y, col, out)?);
+                    (ds, true)
                 }
-                (Some((delta, post, scale)), _) => (
-                    vec![ops::residual_norm(
+                (Some((delta, post, scale)), _) => {
+                    let delta = delta_row(ctx, delta, &s.moe.ffn_out, &mut ds)?;
+                    ds.push(ops::residual_norm(
                         ctx, res, delta, post, weight, &s.xn, m, d, scale, eps,
-                    )?],
-                    false,
-                ),
+                    )?);
+                    (ds, false)
+                }
             })
         };
         for (il, l) in model.layers.iter().enumerate() {
@@ -723,7 +746,7 @@ impl GpuSession {
                 ]);
                 run(product(&l.o, &s.attn, &s.o, d, 0, plain)?);
             }
-            let attn_out = Some((&s.o, &l.post_attn_norm, 1.0));
+            let attn_out = Some((Delta::Row(&s.o), &l.post_attn_norm, 1.0));
             // One token's gated activations go to the down product as 8-bit integers where
             // both products can: every workgroup of the down product reads its long input row.
             let mut act_int8 = false;
@@ -761,7 +784,7 @@ impl GpuSession {
             } else {
                 run(product(&l.down, &s.act, &s.down, d, 0, plain)?);
             }
-            let mut ffn_out = &s.down;
+            let mut ffn_out = Delta::Row(&s.down);
             if let (Some(x), Some(mc)) = (&l.experts, cfg.moe) {
                 // The dense branch, plus the experts' mix: each token's router picks its
                 // experts, whose products run per (token, expert) slot. The router's and the
@@ -880,11 +903,14 @@ impl GpuSession {
                     dim: d,
                     eps,
                 };
-                run(vec![ops::moe_mix(ctx, &mix, &mo.ffn_out)?]);
-                ffn_out = &mo.ffn_out;
+                // Mixed where the next block reads it.
+                ffn_out = Delta::Moe(mix);
             }
             pending = Some((ffn_out, &l.post_ffw_norm, l.out_scale));
             if let Some(p) = &l.ple {
+                let mut ds = Vec::new();
+                let ffn_out = delta_row(ctx, ffn_out, &s.moe.ffn_out, &mut ds)?;
+                run(ds);
                 if !table_rows_added {
                     add_table_rows()?;
                     table_rows_added = true;
@@ -898,7 +924,7 @@ impl GpuSession {
                     // the per-layer input.
                     let step = ResidualStep {
                         res: stream,
-                        delta: ffn_out,
+                        delta: Delta::Row(ffn_out),
                         post: &l.post_ffw_norm,
                         scale: 1.0,
                         eps,
@@ -939,7 +965,7 @@ impl GpuSession {
                     )?]);
                 }
                 run(product(&p.proj, &s.ple.act, &s.ple.out, d, 0, plain)?);
-                pending = Some((&s.ple.out, &p.post_norm, l.out_scale));
+                pending = Some((Delta::Row(&s.ple.out), &p.post_norm, l.out_scale));
             }
         }
         let softcap = cfg.final_softcap.unwrap_or(0.0);

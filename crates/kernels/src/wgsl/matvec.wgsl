@@ -17,6 +17,9 @@
 // (res_out is not x: other workgroups are still reading x). The product's input is h, or with
 // PRENORM norm(h) * pre (the next block's norm), which the first workgroup writes to normed;
 // the steps read it from workgroup memory.
+// MOE_DELTA (with RESIDUAL, one token): delta is a mixture-of-experts FFN's output, computed
+// here as moe.wgsl's MIX computes it (from the dense branch at binding 5 and the MOE_K
+// experts' rows), so that no dispatch of its own waits between the experts and this product.
 // NORM_IN (tokens of k values): the input is norm(x) * pre, which every workgroup computes
 // into its memory (no dispatch of its own normalises the row first).
 // GELU_TIMES: y[out_offset + i] = gelu_tanh(row_i . x) * times[times_offset + i].
@@ -380,6 +383,48 @@ override RV: u32 = 1u;
 @group(0) @binding(10) var<storage, read> times: array<f32>;
 #endif
 
+#if MOE_DELTA
+@group(0) @binding(14) var<storage, read> experts: array<vec4<f32>>;
+@group(0) @binding(15) var<storage, read> expert_w: array<f32>;
+@group(0) @binding(16) var<storage, read> dense_post: array<vec4<f32>>;
+@group(0) @binding(17) var<storage, read> experts_post: array<vec4<f32>>;
+override MOE_K: u32 = 1u;
+
+// The thread's vec4s of delta = norm(dense) * dense_post + norm(mix) * experts_post, where
+// mix = sum_s expert_w[s] * experts[s]; returns their sum of squares.
+fn moe_delta(li: u32, dv: ptr<function, array<vec4<f32>, RV_MAX>>) -> f32 {
+    let n4 = p.k / 4u;
+    var mv: array<vec4<f32>, RV_MAX>;
+    var sdn = 0.0;
+    var sm = 0.0;
+    for (var j = 0u; j < RV; j++) {
+        let i = li + 256u * j;
+        if (i < n4) {
+            (*dv)[j] = delta[i];
+            var acc = vec4<f32>(0.0);
+            for (var s = 0u; s < MOE_K; s++) {
+                acc += expert_w[s] * experts[s * n4 + i];
+            }
+            mv[j] = acc;
+            sdn += dot((*dv)[j], (*dv)[j]);
+            sm += dot(acc, acc);
+        }
+    }
+    let inv_dn = inverseSqrt(wg_sum(sdn, li) / f32(p.k) + p.eps);
+    let inv_m = inverseSqrt(wg_sum(sm, li) / f32(p.k) + p.eps);
+    var sd = 0.0;
+    for (var j = 0u; j < RV; j++) {
+        let i = li + 256u * j;
+        if (i < n4) {
+            let v = (*dv)[j] * inv_dn * dense_post[i] + mv[j] * inv_m * experts_post[i];
+            (*dv)[j] = v;
+            sd += dot(v, v);
+        }
+    }
+    return sd;
+}
+#endif
+
 #if RESIDUAL
 // Fills xsh with the product's input (see RESIDUAL above). Every input a thread needs is
 // loaded at the start, so the step waits for one round of loads rather than one per pass.
@@ -390,16 +435,23 @@ fn residual_prologue(xb: u32, li: u32, writer: bool) {
     var pv: array<vec4<f32>, RV_MAX>;
     var nv: array<vec4<f32>, RV_MAX>;
     var sd = 0.0;
+#if MOE_DELTA
+    sd = moe_delta(li, &dv);
+#endif
     for (var j = 0u; j < RV; j++) {
         let i = li + 256u * j;
         if (i < n4) {
+#if !MOE_DELTA
             dv[j] = delta[xb + i];
+#endif
             hv[j] = x[xb + i];
             pv[j] = post[i];
 #if PRENORM
             nv[j] = pre[i];
 #endif
+#if !MOE_DELTA
             sd += dot(dv[j], dv[j]);
+#endif
         }
     }
     let inv_d = inverseSqrt(wg_sum(sd, li) / f32(p.k) + p.eps);
