@@ -223,6 +223,28 @@ pub fn route(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     top.into_iter().map(|(i, p)| (i, p / sum)).collect()
 }
 
+/// Routed slots grouped by expert: `[count of each expert | first entry of each | slots,
+/// expert by expert]`, each expert's slots in ascending order (the GPU's order within an
+/// expert varies).
+pub fn group_by_expert(sel: &[u32], n_expert: usize) -> Vec<u32> {
+    let mut counts = vec![0u32; n_expert];
+    for &e in sel {
+        counts[(e as usize).min(n_expert - 1)] += 1;
+    }
+    let starts = counts.iter().scan(0, |at, &c| {
+        let first = *at;
+        *at += c;
+        Some(first)
+    });
+    let mut out: Vec<u32> = counts.iter().copied().chain(starts).collect();
+    for e in 0..n_expert {
+        out.extend(
+            (0..sel.len() as u32).filter(|&s| (sel[s as usize] as usize).min(n_expert - 1) == e),
+        );
+    }
+    out
+}
+
 /// The `k` largest values with their indices, best first, ties to the smaller index.
 pub fn top_k(x: &[f32], k: usize) -> Vec<(u32, f32)> {
     let mut idx: Vec<u32> = (0..x.len() as u32).collect();

@@ -5,6 +5,7 @@ use crate::context::{GpuContext, GpuError};
 use crate::gpu::{Bind, Dispatch, Params, View};
 use crate::shader::{BYTES_WGSL, DTYPES_WGSL, ShaderSource};
 use crate::weights::{GpuWeight, dtype_flag};
+use std::sync::Arc;
 use wgemma_gguf::GgmlType;
 
 const ACTIVATIONS_WGSL: &str = include_str!("wgsl/activations.wgsl");
@@ -149,7 +150,6 @@ pub fn matmul_in_parts(
     a: &MatmulArgs<'_>,
     parts: u32,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    let flag = dtype_flag(w.dtype)?;
     let (k, n) = (w.cols as u32, w.rows as u32);
     if a.m == 0 {
         return Ok(Vec::new());
@@ -215,22 +215,8 @@ pub fn matmul_in_parts(
         }
         _ => None,
     };
-    // Tensor cores where the device has them; otherwise f32 FMAs (`matmul_tile_rows`).
-    let (name, kernel) = if ctx.features.coop_matmul {
-        ("matmul_coop", MATMUL_COOP_WGSL)
-    } else {
-        ("matmul", MATMUL_WGSL)
-    };
-    let wgsl = [
-        ACTIVATIONS_WGSL,
-        BYTES_WGSL,
-        DTYPES_WGSL,
-        MATMUL_IO_WGSL,
-        kernel,
-    ];
-    let source = ShaderSource::new(name, &wgsl).flag_if(ctx.features.coop_matmul, "COOP");
     let tile_rows = matmul_tile_rows(ctx) as u32;
-    let pipeline = ctx.pipeline(&source.flag(flag).flag_if(geglu, "GEGLU_OUT"));
+    let pipeline = tiled_pipeline(ctx, w.dtype, geglu, false)?;
     // Split, the tiles write their rows of each part plainly: [part][token][row].
     let (y, y_stride, y_offset, tile_softcap) = match partials {
         Some(v) => (v, n, 0, 0.0),
@@ -251,7 +237,11 @@ pub fn matmul_in_parts(
                 .u32(y_stride)
                 .f32(tile_softcap)
                 .u32(per * 64)
-                .u32(if split { part_floats as u32 } else { 0 });
+                .u32(if split { part_floats as u32 } else { 0 })
+                // Not experts: first expert, experts, slots per input row.
+                .u32(0)
+                .u32(0)
+                .u32(1);
             let wv = View::of(&tile.buffer);
             ctx.dispatch(
                 "matmul",
@@ -284,6 +274,34 @@ pub fn matmul_in_parts(
         )?);
     }
     Ok(dispatches)
+}
+
+/// The tiled product's pipeline for weights of `dtype`: tensor cores where the device has them,
+/// otherwise f32 FMAs ([`matmul_tile_rows`]); `experts`: the grouped experts' products.
+fn tiled_pipeline(
+    ctx: &GpuContext,
+    dtype: GgmlType,
+    geglu: bool,
+    experts: bool,
+) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+    let (name, kernel) = if ctx.features.coop_matmul {
+        ("matmul_coop", MATMUL_COOP_WGSL)
+    } else {
+        ("matmul", MATMUL_WGSL)
+    };
+    let wgsl = [
+        ACTIVATIONS_WGSL,
+        BYTES_WGSL,
+        DTYPES_WGSL,
+        MATMUL_IO_WGSL,
+        kernel,
+    ];
+    let source = ShaderSource::new(name, &wgsl)
+        .flag_if(ctx.features.coop_matmul, "COOP")
+        .flag(dtype_flag(dtype)?)
+        .flag_if(geglu, "GEGLU_OUT")
+        .flag_if(experts, "EXPERTS");
+    Ok(ctx.pipeline(&source))
 }
 
 /// Whether every tile of `w` holds whole gate/up row pairs.
@@ -1319,7 +1337,8 @@ fn matvec_dispatches(
                 let t = MatvecTuning::choose(ctx, w.dtype, k, rows, geglu, prologue);
                 // The experts' down products (short rows, no prologue) at 2 rows a group:
                 // twice the workgroups, more loads in flight. On the H100, 26B-A4B decode
-                // 195.4 -> 200.6 tok/s (against 198.6 with 16 lanes at 4 rows, 196.6 at 1).
+                // 194.3-195.2 -> 199.7-200.4 tok/s (three alternating runs each); 16 lanes at
+                // 4 rows and 1 row a group measured between the two.
                 if experts.is_some()
                     && !prologue
                     && !geglu
@@ -1798,6 +1817,28 @@ pub fn expert_matvec(
     slots: &ExpertSlots<'_>,
     out: MatvecOut<'_>,
 ) -> Result<Vec<Dispatch>, GpuError> {
+    check_expert_io(w, x, y, y_stride, slots, out)?;
+    let job = MatvecJob {
+        m: slots.slots,
+        x_stride: w.cols as u32,
+        y_stride,
+        experts: Some(slots),
+        norm,
+        ..MatvecJob::new(x, y, out)
+    };
+    matvec_dispatches(ctx, w, &job)
+}
+
+/// The checks [`expert_matvec`] and [`expert_matmul`] share: tiles of whole experts, and
+/// inputs and outputs long enough for every slot.
+fn check_expert_io(
+    w: &GpuWeight,
+    x: &View,
+    y: &View,
+    y_stride: u32,
+    slots: &ExpertSlots<'_>,
+    out: MatvecOut<'_>,
+) -> Result<(), GpuError> {
     let per = u64::from(slots.rows_per_expert);
     if per == 0
         || !w.rows.is_multiple_of(per)
@@ -1811,27 +1852,149 @@ pub fn expert_matvec(
         )));
     }
     let out_rows = if out.is_geglu() { per / 2 } else { per };
+    if slots.slots == 0 || slots.x_group == 0 || u64::from(y_stride) < out_rows {
+        return Err(shape(format!(
+            "{}: {} slots, {} a row, outputs {y_stride} apart",
+            w.name, slots.slots, slots.x_group
+        )));
+    }
     slots
         .sel
         .expect_len32("expert ids", u64::from(slots.slots))?;
-
     x.expect_len32(
         &w.name,
-        u64::from(slots.slots.div_ceil(slots.x_group.max(1)) - 1) * w.cols + w.cols,
+        u64::from(slots.slots.div_ceil(slots.x_group) - 1) * w.cols + w.cols,
     )?;
     y.expect_len32(
         &w.name,
         u64::from(slots.slots - 1) * u64::from(y_stride) + out_rows,
-    )?;
-    let job = MatvecJob {
-        m: slots.slots,
-        x_stride: w.cols as u32,
-        y_stride,
-        experts: Some(slots),
-        norm,
-        ..MatvecJob::new(x, y, out)
+    )
+}
+
+/// Where [`moe_group`] leaves the slots grouped by expert, for [`expert_matmul`].
+#[derive(Clone, Copy)]
+pub struct ExpertGroups<'a> {
+    /// `[count of each expert | first entry of each | slots, expert by expert]`:
+    /// `2 n_expert + slots` words.
+    pub groups: &'a View,
+    pub n_expert: u32,
+    /// Tokens the slots come from: the most slots one expert can get.
+    pub tokens: u32,
+}
+
+/// Groups the routed slots of [`ExpertSlots::sel`] by expert into `groups.groups`, in one
+/// workgroup. Within an expert the slots' order varies from run to run; the products' results
+/// do not.
+pub fn moe_group(
+    ctx: &GpuContext,
+    slots: &ExpertSlots<'_>,
+    groups: &ExpertGroups<'_>,
+) -> Result<Dispatch, GpuError> {
+    let n = groups.n_expert;
+    if n == 0 || n > 256 || slots.slots == 0 {
+        return Err(shape(format!(
+            "moe_group: {} slots over {n} experts (at most 256)",
+            slots.slots
+        )));
+    }
+    slots
+        .sel
+        .expect_len32("expert ids", u64::from(slots.slots))?;
+    groups
+        .groups
+        .expect_len32("expert groups", 2 * u64::from(n) + u64::from(slots.slots))?;
+    ctx.dispatch(
+        "moe_group",
+        ctx.pipeline(&ShaderSource::new("moe", &[REDUCE_WGSL, MOE_WGSL]).flag("GROUP")),
+        &[
+            Bind::Storage(slots.sel),
+            Bind::Storage(groups.groups),
+            Bind::Skip,
+            Bind::Params(Params::new().u32(n).u32(slots.slots).u32(0).u32(0).f32(0.0)),
+        ],
+        [1, 1, 1],
+    )
+}
+
+/// [`expert_matvec`] for many tokens on the tiled kernel: each expert's weights are read once
+/// per 64 of the slots routed to it ([`moe_group`] has grouped them), where one product per
+/// slot reads them once per slot. Rows out or gate/up pairs ([`MatvecOut::Geglu`]) only.
+#[allow(clippy::too_many_arguments)]
+pub fn expert_matmul(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    x: &View,
+    y: &View,
+    y_stride: u32,
+    slots: &ExpertSlots<'_>,
+    groups: &ExpertGroups<'_>,
+    out: MatvecOut<'_>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    check_expert_io(w, x, y, y_stride, slots, out)?;
+    let geglu = match out {
+        MatvecOut::Rows { softcap: 0.0 } => false,
+        MatvecOut::Geglu => true,
+        _ => {
+            return Err(shape(format!(
+                "{}: grouped expert products give rows or gated pairs, not {out:?}",
+                w.name
+            )));
+        }
     };
-    matvec_dispatches(ctx, w, &job)
+    let per = slots.rows_per_expert;
+    let n = groups.n_expert;
+    if u64::from(n) * u64::from(per) != w.rows
+        || !w.cols.is_multiple_of(4)
+        || (geglu && (!per.is_multiple_of(2) || !whole_pairs(w)))
+        || groups.tokens == 0
+    {
+        return Err(shape(format!(
+            "{}: {n} experts of {per} rows over {} tokens for a {}x{} weight",
+            w.name, groups.tokens, w.rows, w.cols
+        )));
+    }
+    groups
+        .groups
+        .expect_len32("expert groups", 2 * u64::from(n) + u64::from(slots.slots))?;
+    let k = w.cols as u32;
+    let tile_rows = matmul_tile_rows(ctx) as u32;
+    let pipeline = tiled_pipeline(ctx, w.dtype, geglu, true)?;
+    w.tiles
+        .iter()
+        .map(|tile| {
+            let params = Params::new()
+                .u32(k)
+                .u32(per)
+                .u32(w.row_bytes as u32)
+                .u32(0)
+                .u32(groups.tokens)
+                .u32(k)
+                .u32(y_stride)
+                .f32(0.0)
+                .u32(k.div_ceil(64) * 64)
+                .u32(0)
+                .u32((tile.first_row / u64::from(per)) as u32)
+                .u32(n)
+                .u32(slots.x_group);
+            let wv = View::of(&tile.buffer);
+            ctx.dispatch(
+                "expert_matmul",
+                pipeline.clone(),
+                &[
+                    Bind::Storage(&wv),
+                    Bind::Storage(x),
+                    Bind::Storage(y),
+                    Bind::Params(params),
+                    Bind::Storage(groups.groups),
+                ],
+                [
+                    per.div_ceil(tile_rows),
+                    groups.tokens.div_ceil(64),
+                    (tile.rows / u64::from(per)) as u32,
+                ],
+            )
+        })
+        .collect()
 }
 
 /// Routes each of `tokens` tokens to its `k` experts: `sel` gets the expert ids and `weight`

@@ -1952,6 +1952,135 @@ fn gpu_sampling_kernels_match_cpu() {
     assert_close("ring penalties", &read(ctx, &lv2), &want, 1e-6);
 }
 
+/// Stacked experts of `rows` rows each, `dtype`, in tiles of two experts (three tiles for six),
+/// with their dequantized values.
+fn stacked_experts(
+    ctx: &GpuContext,
+    rng: &mut Rng,
+    dtype: GgmlType,
+    n_expert: u64,
+    rows: u64,
+    cols: u64,
+) -> (GpuWeight, Vec<f32>) {
+    let wf = rng.vec((n_expert * rows * cols) as usize, 0.5);
+    let wq = quantize(dtype, &wf).unwrap();
+    let wd = dequantize_to_vec(dtype, &wq).unwrap();
+    let tile = dtype.bytes_for(cols).unwrap() * rows * 2 + 16;
+    let w = GpuWeight::allocate_in_groups(
+        ctx,
+        "experts",
+        dtype,
+        cols,
+        n_expert * rows,
+        rows,
+        Some(tile),
+    )
+    .unwrap();
+    assert_eq!(w.tiles.len() as u64, n_expert.div_ceil(2));
+    for i in 0..w.tiles.len() {
+        let r = w.tile_range(i);
+        w.write_tile(ctx, i, &wq[r.start as usize..r.end as usize])
+            .unwrap();
+    }
+    (w, wd)
+}
+
+#[test]
+fn experts_grouped_for_many_tokens_match_the_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(67);
+    // Every token picks expert 0 (more slots than a 64-token tile) and one of experts 1-4 in
+    // turn; expert 5 gets none.
+    let (tokens, n_expert, k, d, ff) = (70u32, 6u32, 2u32, 96u64, 96u64);
+    let (n, slots) = (n_expert as usize, tokens * k);
+    let sel: Vec<u32> = (0..tokens).flat_map(|t| [1 + t % 4, 0]).collect();
+    let selv = upload_u32(ctx, &sel);
+    let groups = upload_u32(ctx, &vec![u32::MAX; 2 * n + slots as usize]);
+    let eg = ops::ExpertGroups {
+        groups: &groups,
+        n_expert,
+        tokens,
+    };
+    let expert_slots = |rows_per_expert, x_group| ops::ExpertSlots {
+        sel: &selv,
+        slots,
+        rows_per_expert,
+        x_group,
+    };
+    run(
+        ctx,
+        &[&ops::moe_group(ctx, &expert_slots(2 * ff as u32, k), &eg).unwrap()],
+    );
+    let mut got = pollster::block_on(ctx.read_u32(&groups)).unwrap();
+    for e in 0..n {
+        let (first, count) = (got[n + e] as usize, got[e] as usize);
+        got[2 * n + first..][..count].sort_unstable();
+    }
+    assert_eq!(got, cpu::group_by_expert(&sel, n), "slots by expert");
+
+    // Per slot, its expert's product of its token's input, out of the product of every
+    // expert with every input row.
+    let per_slot = |wd: &[f32], rows: usize, cols: usize, x: &[f32], x_group: usize| {
+        let m = x.len() / cols;
+        let (by_expert, tol): (Vec<Vec<f32>>, Vec<f32>) = (0..n)
+            .map(|e| matmul_reference(ctx, &wd[e * rows * cols..][..rows * cols], rows, cols, x, m))
+            .unzip();
+        let want: Vec<f32> = (0..slots as usize)
+            .flat_map(|s| by_expert[sel[s] as usize][(s / x_group) * rows..][..rows].to_vec())
+            .collect();
+        (want, tol[0])
+    };
+    let x = rng.vec((u64::from(tokens) * d) as usize, 1.0);
+    let act = rng.vec((u64::from(slots) * ff) as usize, 1.0);
+    let (xv, actv) = (upload(ctx, &x), upload(ctx, &act));
+    for dtype in [GgmlType::Q8_0, GgmlType::F32] {
+        let (gate_up, gate_up_d) =
+            stacked_experts(ctx, &mut rng, dtype, n_expert.into(), 2 * ff, d);
+        let out = poisoned(ctx, (u64::from(slots) * ff) as usize);
+        let ds = ops::expert_matmul(
+            ctx,
+            &gate_up,
+            &xv,
+            &out,
+            ff as u32,
+            &expert_slots(2 * ff as u32, k),
+            &eg,
+            ops::MatvecOut::Geglu,
+        )
+        .unwrap();
+        run(ctx, &ds.iter().collect::<Vec<_>>());
+        let (rows, tol) = per_slot(&gate_up_d, 2 * ff as usize, d as usize, &x, k as usize);
+        assert_close(
+            &format!("grouped expert gate/up {dtype}"),
+            &read(ctx, &out),
+            &gated(&rows),
+            tol,
+        );
+
+        let (down, down_d) = stacked_experts(ctx, &mut rng, dtype, n_expert.into(), d, ff);
+        let out = poisoned(ctx, (u64::from(slots) * d) as usize);
+        let ds = ops::expert_matmul(
+            ctx,
+            &down,
+            &actv,
+            &out,
+            d as u32,
+            &expert_slots(d as u32, 1),
+            &eg,
+            ops::MatvecOut::Rows { softcap: 0.0 },
+        )
+        .unwrap();
+        run(ctx, &ds.iter().collect::<Vec<_>>());
+        let (want, tol) = per_slot(&down_d, d as usize, ff as usize, &act, 1);
+        assert_close(
+            &format!("grouped expert down {dtype}"),
+            &read(ctx, &out),
+            &want,
+            tol,
+        );
+    }
+}
+
 #[test]
 fn experts_route_multiply_and_mix_like_the_cpu() {
     let Some(ctx) = ctx() else { return };
@@ -2039,26 +2168,7 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
     // Gate/up experts (interleaved pairs), tiles holding two experts each, on the input as
     // it is and normalised in front of the product.
     for dtype in [GgmlType::Q8_0, GgmlType::F32] {
-        let wf = rng.vec((u64::from(n_expert) * 2 * ff * d) as usize, 0.5);
-        let wq = quantize(dtype, &wf).unwrap();
-        let wd = dequantize_to_vec(dtype, &wq).unwrap();
-        let tile = dtype.bytes_for(d).unwrap() * 2 * ff * 2 + 16;
-        let w = GpuWeight::allocate_in_groups(
-            ctx,
-            "experts",
-            dtype,
-            d,
-            u64::from(n_expert) * 2 * ff,
-            2 * ff,
-            Some(tile),
-        )
-        .unwrap();
-        assert_eq!(w.tiles.len(), 3);
-        for i in 0..w.tiles.len() {
-            let r = w.tile_range(i);
-            w.write_tile(ctx, i, &wq[r.start as usize..r.end as usize])
-                .unwrap();
-        }
+        let (w, wd) = stacked_experts(ctx, &mut rng, dtype, n_expert.into(), 2 * ff, d);
         let slots = ops::ExpertSlots {
             sel: &sel,
             slots: tokens * k,

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use wgemma_kernels::ops::{
-    self, AttentionArgs, Delta, Elementwise, EmbedOut, ExpertSlots, HeadPostArgs, HeadPostKv,
-    InputNorm, MatmulArgs, MatvecOut, MoeMix, NormOut, ResidualStep, SampleKernel,
+    self, AttentionArgs, Delta, Elementwise, EmbedOut, ExpertGroups, ExpertSlots, HeadPostArgs,
+    HeadPostKv, InputNorm, MatmulArgs, MatvecOut, MoeMix, NormOut, ResidualStep, SampleKernel,
 };
 use wgemma_kernels::{
     Dispatch, GpuContext, GpuError, GpuWeight, Profiler, Recorder, View, WeightTile, wgpu,
@@ -159,6 +159,8 @@ struct MoeScratch {
     logits: View,
     sel: View,
     weight: View,
+    /// The slots grouped by expert, for many tokens (`ops::moe_group`).
+    groups: View,
     act: View,
     out: View,
     /// The dense branch and the experts' mix, normalised and added.
@@ -277,6 +279,7 @@ impl GpuSession {
             logits: buf("moe_logits", b * e),
             sel: buf("moe_sel", b * k),
             weight: buf("moe_weight", b * k),
+            groups: buf("moe_groups", 2 * e + b * k),
             act: buf("moe_act", b * k * ffe),
             out: buf("moe_out", b * k * d),
             ffn_out: buf("moe_ffn_out", moe_d),
@@ -787,11 +790,14 @@ impl GpuSession {
             let mut ffn_out = Delta::Row(&s.down);
             if let (Some(x), Some(mc)) = (&l.experts, cfg.moe) {
                 // The dense branch, plus the experts' mix: each token's router picks its
-                // experts, whose products run per (token, expert) slot. The router's and the
-                // experts' input norms run inside their products where the row fits.
+                // experts, whose products run per (token, expert) slot: one product per slot
+                // for a few tokens, the input norms inside them where the row fits; for many,
+                // the slots grouped by expert and each expert's tiled product (its weights
+                // read once per 64 of its slots, not once per slot).
                 let (k, ne, fe) = (mc.n_used as u32, mc.n_expert as u32, mc.n_ff as u32);
                 let mo = &s.moe;
-                let normed_in = ops::matvec_input_fits(ctx, d);
+                let grouped = m > ops::MATVEC_MAX_TOKENS;
+                let normed_in = ops::matvec_input_fits(ctx, d) && !grouped;
                 let router_norm = InputNorm {
                     weight: &x.router_scale,
                     eps,
@@ -861,37 +867,67 @@ impl GpuSession {
                     rows_per_expert: 2 * fe,
                     x_group: k,
                 };
-                let (gate_up_in, gate_up_norm) = if normed_in {
-                    (stream, Some(&experts_norm))
-                } else {
-                    (&mo.normed, None)
-                };
-                run(ops::expert_matvec(
-                    ctx,
-                    &x.gate_up,
-                    gate_up_in,
-                    gate_up_norm,
-                    &mo.act,
-                    fe,
-                    &gate_up_slots,
-                    MatvecOut::Geglu,
-                )?);
                 let down_slots = ExpertSlots {
                     sel: &mo.sel,
                     slots: m * k,
                     rows_per_expert: d,
                     x_group: 1,
                 };
-                run(ops::expert_matvec(
-                    ctx,
-                    &x.down,
-                    &mo.act,
-                    None,
-                    &mo.out,
-                    d,
-                    &down_slots,
-                    MatvecOut::Rows { softcap: 0.0 },
-                )?);
+                let rows = MatvecOut::Rows { softcap: 0.0 };
+                if grouped {
+                    let groups = ExpertGroups {
+                        groups: &mo.groups,
+                        n_expert: ne,
+                        tokens: m,
+                    };
+                    run(vec![ops::moe_group(ctx, &gate_up_slots, &groups)?]);
+                    run(ops::expert_matmul(
+                        ctx,
+                        &x.gate_up,
+                        &mo.normed,
+                        &mo.act,
+                        fe,
+                        &gate_up_slots,
+                        &groups,
+                        MatvecOut::Geglu,
+                    )?);
+                    run(ops::expert_matmul(
+                        ctx,
+                        &x.down,
+                        &mo.act,
+                        &mo.out,
+                        d,
+                        &down_slots,
+                        &groups,
+                        rows,
+                    )?);
+                } else {
+                    let (gate_up_in, gate_up_norm) = if normed_in {
+                        (stream, Some(&experts_norm))
+                    } else {
+                        (&mo.normed, None)
+                    };
+                    run(ops::expert_matvec(
+                        ctx,
+                        &x.gate_up,
+                        gate_up_in,
+                        gate_up_norm,
+                        &mo.act,
+                        fe,
+                        &gate_up_slots,
+                        MatvecOut::Geglu,
+                    )?);
+                    run(ops::expert_matvec(
+                        ctx,
+                        &x.down,
+                        &mo.act,
+                        None,
+                        &mo.out,
+                        d,
+                        &down_slots,
+                        rows,
+                    )?);
+                }
                 let mix = MoeMix {
                     experts: &mo.out,
                     weight: &mo.weight,

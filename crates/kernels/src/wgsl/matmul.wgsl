@@ -5,6 +5,7 @@
 // each weight byte is read once per 64 tokens. GEGLU_OUT: rows are gate/up pairs and the
 // output is their gated activation (one column per pair). Split over k (see matmul_io.wgsl),
 // each part's sums go to its own slice of y, which matmul_parts.wgsl adds up.
+// EXPERTS: a mixture-of-experts layer's products, grouped by expert (matmul_io.wgsl).
 
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 
@@ -19,6 +20,16 @@ var<workgroup> ws: array<vec4<f32>, 512>;
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let n0 = wg.x * TN;
     let m0 = wg.y * TM;
+    let tt = tile_tokens(wg.z);
+#if EXPERTS
+    if (li == 0u) {
+        tile_count = tt.count;
+    }
+    if (m0 >= workgroupUniformLoad(&tile_count)) {
+        return;
+    }
+#endif
+    let part = k_part_of(wg.z);
     let tx = li % 16u;
     let ty = li / 16u;
     var acc: array<vec4<f32>, 4>;
@@ -26,12 +37,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var wcol: array<vec4<f32>, 8>;
     // Float rows may end inside their last unit: inputs past the end are zero, so the
     // weights read there (the next row's, finite) add nothing.
-    let units = min((p.k + 31u) / 32u, (wg.z + 1u) * (p.k_part / 32u));
-    for (var u = wg.z * (p.k_part / 32u); u < units; u++) {
+    let units = min((p.k + 31u) / 32u, (part + 1u) * (p.k_part / 32u));
+    for (var u = part * (p.k_part / 32u); u < units; u++) {
         if (li < TN) {
             let row = n0 + li;
             if (row < p.n) {
-                wcol = load_unit(row * p.row_bytes, u);
+                wcol = load_unit((tt.w_row + row) * p.row_bytes, u);
             } else {
                 wcol = array<vec4<f32>, 8>();
             }
@@ -54,8 +65,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let tok = e / 32u;
             let kk = e % 32u;
             var v = 0.0;
-            if (m0 + tok < p.m && u * 32u + kk < p.k) {
-                v = x[(m0 + tok) * p.x_stride + u * 32u + kk];
+            if (m0 + tok < tt.count && u * 32u + kk < p.k) {
+                v = x[x_row(tt, m0 + tok) * p.x_stride + u * 32u + kk];
             }
             xs[kk * 16u + tok / 4u][tok % 4u] = v;
         }
@@ -69,22 +80,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             acc[3] += a.w * b;
         }
     }
-    let yb = wg.z * p.part_stride + p.out_offset;
+    let yb = part * p.part_stride + p.out_offset;
     for (var i = 0u; i < 4u; i++) {
         let tok = m0 + ty * 4u + i;
 #if GEGLU_OUT
         // Rows 2c and 2c + 1 are gate and up of activation c.
         for (var j = 0u; j < 4u; j += 2u) {
             let row = n0 + tx * 4u + j;
-            if (tok < p.m && row < p.n) {
-                y[tok * p.y_stride + yb + row / 2u] = gelu_tanh(acc[i][j]) * acc[i][j + 1u];
+            if (tok < tt.count && row < p.n) {
+                y[y_row(tt, tok) * p.y_stride + yb + row / 2u] = gelu_tanh(acc[i][j]) * acc[i][j + 1u];
             }
         }
 #else
         for (var j = 0u; j < 4u; j++) {
             let row = n0 + tx * 4u + j;
-            if (tok < p.m && row < p.n) {
-                y[tok * p.y_stride + yb + row] = softcapped(acc[i][j], p.softcap);
+            if (tok < tt.count && row < p.n) {
+                y[y_row(tt, tok) * p.y_stride + yb + row] = softcapped(acc[i][j], p.softcap);
             }
         }
 #endif

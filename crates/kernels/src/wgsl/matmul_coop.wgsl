@@ -9,6 +9,7 @@
 // rows are gate/up pairs and the output is their gated activation (one column per pair).
 // Split over k (see matmul_io.wgsl), each part's sums go to its own slice of y, which
 // matmul_parts.wgsl adds up.
+// EXPERTS: a mixture-of-experts layer's products, grouped by expert (matmul_io.wgsl).
 
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 
@@ -27,21 +28,23 @@ var<workgroup> xs: array<f16, TM * PITCH>; // token-major: the A operand, row-ma
 var<workgroup> ws: array<f16, TN * PITCH>; // row-major W: the B operand, column-major
 var<workgroup> stage: array<f32, 2048>; // one 16 x 16 accumulator per subgroup
 
-// The weights this thread converts at step `s`: unit 2s + h of row `row` (zero past the end).
-fn load_w(row: u32, s: u32, h: u32) -> array<vec4<f32>, 8> {
+// The weights this thread converts at step `s`: unit 2s + h of row `row` of the tile's
+// weights from row `w_row` (zero past the end).
+fn load_w(w_row: u32, row: u32, s: u32, h: u32) -> array<vec4<f32>, 8> {
     let u = 2u * s + h;
     if (row < p.n && u * 32u < p.k) {
-        return load_unit(row * p.row_bytes, u);
+        return load_unit((w_row + row) * p.row_bytes, u);
     }
     return array<vec4<f32>, 8>();
 }
 
-// The XV inputs this thread converts at step `s`: values XV q.. of the step for token `tok`.
-fn load_x(tok: u32, s: u32, q: u32) -> array<vec4<f32>, XV / 4u> {
+// The XV inputs this thread converts at step `s`: values XV q.. of the step from input row
+// `row` (none: `valid` false).
+fn load_x(valid: bool, row: u32, s: u32, q: u32) -> array<vec4<f32>, XV / 4u> {
     var r: array<vec4<f32>, XV / 4u>;
     let c = s * KS + XV * q;
-    if (tok < p.m) {
-        let b = (tok * p.x_stride + c) / 4u;
+    if (valid) {
+        let b = (row * p.x_stride + c) / 4u;
         for (var i = 0u; i < XV / 4u; i++) {
             // Past the row's end (float rows end at a multiple of 4): zero, so the weights
             // read there add nothing.
@@ -57,6 +60,16 @@ fn load_x(tok: u32, s: u32, q: u32) -> array<vec4<f32>, XV / 4u> {
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let n0 = wg.x * TN;
     let m0 = wg.y * TM;
+    let tt = tile_tokens(wg.z);
+#if EXPERTS
+    if (li == 0u) {
+        tile_count = tt.count;
+    }
+    if (m0 >= workgroupUniformLoad(&tile_count)) {
+        return;
+    }
+#endif
+    let part = k_part_of(wg.z);
     let sg = li / 32u;
     let a0 = (sg / SN) * 32u * PITCH;
     let b0 = (sg % SN) * 32u * PITCH;
@@ -65,14 +78,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let wh = li / TN;
     let xt = li / (256u / TM);
     let xq = li % (256u / TM);
+    let x_valid = m0 + xt < tt.count;
+    var xr = 0u;
+    if (x_valid) {
+        xr = x_row(tt, m0 + xt);
+    }
     var c00 = coop_mat16x16<f32, C>();
     var c01 = coop_mat16x16<f32, C>();
     var c10 = coop_mat16x16<f32, C>();
     var c11 = coop_mat16x16<f32, C>();
-    let first = wg.z * (p.k_part / KS);
+    let first = part * (p.k_part / KS);
     let steps = min((p.k + KS - 1u) / KS, first + p.k_part / KS);
-    var wv = load_w(n0 + wr, first, wh);
-    var xv = load_x(m0 + xt, first, xq);
+    var wv = load_w(tt.w_row, n0 + wr, first, wh);
+    var xv = load_x(x_valid, xr, first, xq);
     for (var s = first; s < steps; s++) {
         // Everyone is done with the previous step's tiles.
         workgroupBarrier();
@@ -90,8 +108,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         workgroupBarrier();
         if (s + 1u < steps) {
-            wv = load_w(n0 + wr, s + 1u, wh);
-            xv = load_x(m0 + xt, s + 1u, xq);
+            wv = load_w(tt.w_row, n0 + wr, s + 1u, wh);
+            xv = load_x(x_valid, xr, s + 1u, xq);
         }
         for (var kk = 0u; kk < KS; kk += 16u) {
             let a_0 = coopLoadT<coop_mat16x16<f16, A>>(&xs[a0 + kk], PITCH);
@@ -106,7 +124,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     // Each accumulator goes through the subgroup's stage to bounds-checked, capped stores.
     let lane = li % 32u;
-    let yb = wg.z * p.part_stride + p.out_offset;
+    let yb = part * p.part_stride + p.out_offset;
     let tok0 = m0 + (sg / SN) * 32u;
     let row0 = n0 + (sg % SN) * 32u;
     for (var f = 0u; f < 4u; f++) {
@@ -122,16 +140,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var e = 2u * lane; e < 256u; e += 64u) {
             let tok = tok0 + 16u * (f / 2u) + e / 16u;
             let row = row0 + 16u * (f % 2u) + e % 16u;
-            if (tok < p.m && row < p.n) {
-                y[tok * p.y_stride + yb + row / 2u] = gelu_tanh(stage[sg * 256u + e]) * stage[sg * 256u + e + 1u];
+            if (tok < tt.count && row < p.n) {
+                y[y_row(tt, tok) * p.y_stride + yb + row / 2u] = gelu_tanh(stage[sg * 256u + e]) * stage[sg * 256u + e + 1u];
             }
         }
 #else
         for (var e = lane; e < 256u; e += 32u) {
             let tok = tok0 + 16u * (f / 2u) + e / 16u;
             let row = row0 + 16u * (f % 2u) + e % 16u;
-            if (tok < p.m && row < p.n) {
-                y[tok * p.y_stride + yb + row] = softcapped(stage[sg * 256u + e], p.softcap);
+            if (tok < tt.count && row < p.n) {
+                y[y_row(tt, tok) * p.y_stride + yb + row] = softcapped(stage[sg * 256u + e], p.softcap);
             }
         }
 #endif

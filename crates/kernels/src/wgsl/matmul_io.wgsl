@@ -1,5 +1,10 @@
-// The parameters and bindings both prefill product kernels share (each binds its input x,
-// binding 1, in the width it loads).
+// The parameters, bindings and token bookkeeping both prefill product kernels share (each
+// binds its input x, binding 1, in the width it loads).
+//
+// EXPERTS: the products of a mixture-of-experts layer's stacked experts (n rows each), grouped
+// by expert (moe.wgsl's GROUP): wg.z is the tile's expert (from first_expert), its workgroups
+// take the slots routed to it, 64 at a time; slot s reads input row s / x_group and writes
+// output row s. Never split over k.
 
 struct Params {
     k: u32,
@@ -15,6 +20,9 @@ struct Params {
     // when the product is not split).
     k_part: u32,
     part_stride: u32,
+    first_expert: u32,
+    n_expert: u32,
+    x_group: u32,
 }
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;
@@ -25,3 +33,59 @@ fn wword(i: u32) -> u32 {
 
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
+
+#if EXPERTS
+// [count of each expert | first entry of each | slots, expert by expert]
+@group(0) @binding(4) var<storage, read> groups: array<u32>;
+#endif
+
+// The tokens of a workgroup's tile: `count` in all, from entry `first` of the grouped slots
+// (plain: tokens 0..m in order), multiplying weight rows from `w_row`.
+struct Tokens {
+    count: u32,
+    first: u32,
+    w_row: u32,
+}
+
+fn tile_tokens(z: u32) -> Tokens {
+#if EXPERTS
+    let e = p.first_expert + z;
+    return Tokens(groups[e], groups[p.n_expert + e], z * p.n);
+#else
+    return Tokens(p.m, 0u, 0u);
+#endif
+}
+
+#if EXPERTS
+// The tile's token count, shared to make it uniform across the workgroup: the barriers and
+// cooperative matrix products after the early return of an empty tile need every thread to
+// take them or none. (Naga does not see through a helper function here, so each kernel loads
+// it in its entry point.)
+var<workgroup> tile_count: u32;
+#endif
+
+// The part over k that workgroup layer z sums.
+fn k_part_of(z: u32) -> u32 {
+#if EXPERTS
+    return 0u;
+#else
+    return z;
+#endif
+}
+
+// Rows of x and y of the tile's token t (< count).
+fn x_row(tt: Tokens, t: u32) -> u32 {
+#if EXPERTS
+    return groups[2u * p.n_expert + tt.first + t] / p.x_group;
+#else
+    return t;
+#endif
+}
+
+fn y_row(tt: Tokens, t: u32) -> u32 {
+#if EXPERTS
+    return groups[2u * p.n_expert + tt.first + t];
+#else
+    return t;
+#endif
+}

@@ -8,6 +8,10 @@
 // MIX:   out[t] = norm(dense[t]) * dense_post + norm(mix) * experts_post, where
 //        mix = sum_j weight[t*k + j] * y[t*k + j]: the dense branch and the experts' weighted
 //        mix, each normalised, in one pass (the layer's FFN output before its post-norm).
+// GROUP: the k slots (here all tokens' slots) by expert, for the tiled products of many
+//        tokens, one workgroup in all: groups = [count of each expert | first entry of each |
+//        slots, expert by expert], 2 n_expert + k words. An expert's slots are in the order
+//        their threads got there, which leaves every slot's result the same.
 
 struct Params {
     n_expert: u32,
@@ -22,6 +26,12 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> sel: array<u32>;
 @group(0) @binding(2) var<storage, read_write> weight: array<f32>;
 @group(0) @binding(4) var<storage, read> expert_scale: array<f32>;
+#endif
+#if GROUP
+@group(0) @binding(0) var<storage, read> sel: array<u32>;
+@group(0) @binding(1) var<storage, read_write> groups: array<u32>;
+var<workgroup> counts: array<atomic<u32>, 256>;
+var<workgroup> starts: array<u32, 256>;
 #endif
 #if MIX
 @group(0) @binding(0) var<storage, read> y: array<f32>;
@@ -88,6 +98,37 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         sel[t * p.k + li] = ex;
         weight[t * p.k + li] = w;
+    }
+#endif
+#if GROUP
+    // Counted, then each slot claims a place in its expert's run.
+    let n = p.n_expert;
+    if (li < n) {
+        atomicStore(&counts[li], 0u);
+    }
+    workgroupBarrier();
+    for (var s = li; s < p.k; s += 256u) {
+        atomicAdd(&counts[min(sel[s], n - 1u)], 1u);
+    }
+    workgroupBarrier();
+    if (li == 0u) {
+        var at = 0u;
+        for (var e = 0u; e < n; e++) {
+            let c = atomicLoad(&counts[e]);
+            groups[e] = c;
+            groups[n + e] = at;
+            starts[e] = at;
+            at += c;
+        }
+    }
+    workgroupBarrier();
+    if (li < n) {
+        atomicStore(&counts[li], 0u);
+    }
+    workgroupBarrier();
+    for (var s = li; s < p.k; s += 256u) {
+        let e = min(sel[s], n - 1u);
+        groups[2u * n + starts[e] + atomicAdd(&counts[e], 1u)] = s;
     }
 #endif
 #if MIX
