@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{ctx, generate_pipelined, load, rel_err, scoring_session};
+use common::{ctx, generate_pipelined, load, rel_err, scoring_session, session_in_chunks};
 use wgemma_text::CpuModel;
 
 struct Case {
@@ -138,11 +138,14 @@ fn gpu_forward_agrees_with_transformers_and_llama_cpp() {
     for (name, bytes, json) in MODELS {
         let m = load(bytes.to_vec(), ctx.clone());
         for (ci, case) in golden(json).iter().enumerate() {
-            // Teacher forcing through the batched kernels, in chunks smaller than the prompt.
-            let mut s = scoring_session(&m.gpu);
-            let scored = pollster::block_on(s.score(&case.tokens)).unwrap();
-            for (t, &p) in scored.iter().enumerate() {
-                check_position(&format!("{name} case {ci} gpu score"), case, t, p);
+            // Teacher forcing through the batched kernels, in chunks smaller than the prompt
+            // and in one (the MoE model's experts then run tiled, grouped by expert).
+            for chunk in [8, 32] {
+                let mut s = session_in_chunks(&m.gpu, chunk);
+                let scored = pollster::block_on(s.score(&case.tokens)).unwrap();
+                for (t, &p) in scored.iter().enumerate() {
+                    check_position(&format!("{name} case {ci} gpu score/{chunk}"), case, t, p);
+                }
             }
             // A prefill, then the decode kernels one token at a time, each row against the
             // transformers row where the golden holds one.

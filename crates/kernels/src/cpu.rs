@@ -223,9 +223,9 @@ pub fn route(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     top.into_iter().map(|(i, p)| (i, p / sum)).collect()
 }
 
-/// Routed slots grouped by expert: `[count of each expert | first entry of each | slots,
-/// expert by expert]`, each expert's slots in ascending order (the GPU's order within an
-/// expert varies).
+/// Routed slots grouped by expert: `[slots, expert by expert | count of each expert | first
+/// entry of each]`, each expert's slots in ascending order (the GPU's order within an expert
+/// varies).
 pub fn group_by_expert(sel: &[u32], n_expert: usize) -> Vec<u32> {
     let mut counts = vec![0u32; n_expert];
     for &e in sel {
@@ -236,12 +236,14 @@ pub fn group_by_expert(sel: &[u32], n_expert: usize) -> Vec<u32> {
         *at += c;
         Some(first)
     });
-    let mut out: Vec<u32> = counts.iter().copied().chain(starts).collect();
-    for e in 0..n_expert {
-        out.extend(
-            (0..sel.len() as u32).filter(|&s| (sel[s as usize] as usize).min(n_expert - 1) == e),
-        );
-    }
+    let starts: Vec<u32> = starts.collect();
+    let mut out: Vec<u32> = (0..n_expert)
+        .flat_map(|e| {
+            (0..sel.len() as u32)
+                .filter(move |&s| (sel[s as usize] as usize).min(n_expert - 1) == e)
+        })
+        .collect();
+    out.extend(counts.iter().chain(&starts));
     out
 }
 

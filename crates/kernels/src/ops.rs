@@ -238,10 +238,11 @@ pub fn matmul_in_parts(
                 .f32(tile_softcap)
                 .u32(per * 64)
                 .u32(if split { part_floats as u32 } else { 0 })
-                // Not experts: first expert, experts, slots per input row.
+                // Not experts: first expert, experts, slots per input row, slots.
                 .u32(0)
                 .u32(0)
-                .u32(1);
+                .u32(1)
+                .u32(0);
             let wv = View::of(&tile.buffer);
             ctx.dispatch(
                 "matmul",
@@ -1874,8 +1875,8 @@ fn check_expert_io(
 /// Where [`moe_group`] leaves the slots grouped by expert, for [`expert_matmul`].
 #[derive(Clone, Copy)]
 pub struct ExpertGroups<'a> {
-    /// `[count of each expert | first entry of each | slots, expert by expert]`:
-    /// `2 n_expert + slots` words.
+    /// `[slots, expert by expert | count of each expert | first entry of each]`:
+    /// `slots + 2 n_expert` words.
     pub groups: &'a View,
     pub n_expert: u32,
     /// Tokens the slots come from: the most slots one expert can get.
@@ -1975,7 +1976,8 @@ pub fn expert_matmul(
                 .u32(0)
                 .u32((tile.first_row / u64::from(per)) as u32)
                 .u32(n)
-                .u32(slots.x_group);
+                .u32(slots.x_group)
+                .u32(slots.slots);
             let wv = View::of(&tile.buffer);
             ctx.dispatch(
                 "expert_matmul",

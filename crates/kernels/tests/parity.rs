@@ -2013,8 +2013,9 @@ fn experts_grouped_for_many_tokens_match_the_cpu() {
     );
     let mut got = pollster::block_on(ctx.read_u32(&groups)).unwrap();
     for e in 0..n {
-        let (first, count) = (got[n + e] as usize, got[e] as usize);
-        got[2 * n + first..][..count].sort_unstable();
+        let at = slots as usize;
+        let (count, first) = (got[at + e] as usize, got[at + n + e] as usize);
+        got[first..][..count].sort_unstable();
     }
     assert_eq!(got, cpu::group_by_expert(&sel, n), "slots by expert");
 
@@ -2030,6 +2031,12 @@ fn experts_grouped_for_many_tokens_match_the_cpu() {
             .collect();
         (want, tol[0])
     };
+    let product =
+        |w: &GpuWeight, x: &View, y: &View, y_stride, slots: &ops::ExpertSlots<'_>, out| {
+            let ds = ops::expert_matmul(ctx, w, x, y, y_stride, slots, &eg, out).unwrap();
+            run(ctx, &ds.iter().collect::<Vec<_>>());
+            read(ctx, y)
+        };
     let x = rng.vec((u64::from(tokens) * d) as usize, 1.0);
     let act = rng.vec((u64::from(slots) * ff) as usize, 1.0);
     let (xv, actv) = (upload(ctx, &x), upload(ctx, &act));
@@ -2037,47 +2044,36 @@ fn experts_grouped_for_many_tokens_match_the_cpu() {
         let (gate_up, gate_up_d) =
             stacked_experts(ctx, &mut rng, dtype, n_expert.into(), 2 * ff, d);
         let out = poisoned(ctx, (u64::from(slots) * ff) as usize);
-        let ds = ops::expert_matmul(
-            ctx,
+        let gate_up_slots = expert_slots(2 * ff as u32, k);
+        let got = product(
             &gate_up,
             &xv,
             &out,
             ff as u32,
-            &expert_slots(2 * ff as u32, k),
-            &eg,
+            &gate_up_slots,
             ops::MatvecOut::Geglu,
-        )
-        .unwrap();
-        run(ctx, &ds.iter().collect::<Vec<_>>());
+        );
         let (rows, tol) = per_slot(&gate_up_d, 2 * ff as usize, d as usize, &x, k as usize);
         assert_close(
             &format!("grouped expert gate/up {dtype}"),
-            &read(ctx, &out),
+            &got,
             &gated(&rows),
             tol,
         );
 
         let (down, down_d) = stacked_experts(ctx, &mut rng, dtype, n_expert.into(), d, ff);
         let out = poisoned(ctx, (u64::from(slots) * d) as usize);
-        let ds = ops::expert_matmul(
-            ctx,
+        let plain = ops::MatvecOut::Rows { softcap: 0.0 };
+        let got = product(
             &down,
             &actv,
             &out,
             d as u32,
             &expert_slots(d as u32, 1),
-            &eg,
-            ops::MatvecOut::Rows { softcap: 0.0 },
-        )
-        .unwrap();
-        run(ctx, &ds.iter().collect::<Vec<_>>());
-        let (want, tol) = per_slot(&down_d, d as usize, ff as usize, &act, 1);
-        assert_close(
-            &format!("grouped expert down {dtype}"),
-            &read(ctx, &out),
-            &want,
-            tol,
+            plain,
         );
+        let (want, tol) = per_slot(&down_d, d as usize, ff as usize, &act, 1);
+        assert_close(&format!("grouped expert down {dtype}"), &got, &want, tol);
     }
 }
 

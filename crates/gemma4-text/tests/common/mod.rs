@@ -97,9 +97,14 @@ pub fn gpu_model_fetching_rows(ctx: Arc<GpuContext>, bytes: Vec<u8>) -> Arc<GpuM
 
 /// A small session for teacher forcing: prompts run in chunks of 8.
 pub fn scoring_session(model: &Arc<GpuModel>) -> GpuSession {
+    session_in_chunks(model, 8)
+}
+
+/// A session of 64 positions whose prompts run in chunks of `max_batch` tokens.
+pub fn session_in_chunks(model: &Arc<GpuModel>, max_batch: usize) -> GpuSession {
     let opts = SessionOptions {
         context: 64,
-        max_batch: 8,
+        max_batch,
     };
     GpuSession::new(model.clone(), opts).unwrap()
 }

@@ -23,6 +23,7 @@ struct Params {
     first_expert: u32,
     n_expert: u32,
     x_group: u32,
+    slots: u32,
 }
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;
@@ -35,7 +36,7 @@ fn wword(i: u32) -> u32 {
 @group(0) @binding(3) var<uniform> p: Params;
 
 #if EXPERTS
-// [count of each expert | first entry of each | slots, expert by expert]
+// [slots, expert by expert | count of each expert | first entry of each]
 @group(0) @binding(4) var<storage, read> groups: array<u32>;
 #endif
 
@@ -50,7 +51,7 @@ struct Tokens {
 fn tile_tokens(z: u32) -> Tokens {
 #if EXPERTS
     let e = p.first_expert + z;
-    return Tokens(groups[e], groups[p.n_expert + e], z * p.n);
+    return Tokens(groups[p.slots + e], groups[p.slots + p.n_expert + e], z * p.n);
 #else
     return Tokens(p.m, 0u, 0u);
 #endif
@@ -76,7 +77,7 @@ fn k_part_of(z: u32) -> u32 {
 // Rows of x and y of the tile's token t (< count).
 fn x_row(tt: Tokens, t: u32) -> u32 {
 #if EXPERTS
-    return groups[2u * p.n_expert + tt.first + t] / p.x_group;
+    return groups[tt.first + t] / p.x_group;
 #else
     return t;
 #endif
@@ -84,7 +85,7 @@ fn x_row(tt: Tokens, t: u32) -> u32 {
 
 fn y_row(tt: Tokens, t: u32) -> u32 {
 #if EXPERTS
-    return groups[2u * p.n_expert + tt.first + t];
+    return groups[tt.first + t];
 #else
     return t;
 #endif

@@ -8,9 +8,9 @@
 // MIX:   out[t] = norm(dense[t]) * dense_post + norm(mix) * experts_post, where
 //        mix = sum_j weight[t*k + j] * y[t*k + j]: the dense branch and the experts' weighted
 //        mix, each normalised, in one pass (the layer's FFN output before its post-norm).
-// GROUP: the k slots (here all tokens' slots) by expert, for the tiled products of many
-//        tokens, one workgroup in all: groups = [count of each expert | first entry of each |
-//        slots, expert by expert], 2 n_expert + k words. An expert's slots are in the order
+// GROUP: the k slots (here all tokens' slots) by expert, for the products of many tokens,
+//        one workgroup in all: groups = [slots, expert by expert | count of each expert |
+//        first entry of each], k + 2 n_expert words. An expert's slots are in the order
 //        their threads got there, which leaves every slot's result the same.
 
 struct Params {
@@ -115,8 +115,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         var at = 0u;
         for (var e = 0u; e < n; e++) {
             let c = atomicLoad(&counts[e]);
-            groups[e] = c;
-            groups[n + e] = at;
+            groups[p.k + e] = c;
+            groups[p.k + n + e] = at;
             starts[e] = at;
             at += c;
         }
@@ -128,7 +128,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     workgroupBarrier();
     for (var s = li; s < p.k; s += 256u) {
         let e = min(sel[s], n - 1u);
-        groups[2u * n + starts[e] + atomicAdd(&counts[e], 1u)] = s;
+        groups[starts[e] + atomicAdd(&counts[e], 1u)] = s;
     }
 #endif
 #if MIX
