@@ -1466,9 +1466,11 @@ fn matvec_dispatches(
             .expect_len32(&format!("{} input norm", w.name), u64::from(k))?;
     }
     if let MatvecOut::GeluTimes { by, offset } = out {
-        if experts.is_some() || m != 1 {
+        // Behind an experts' output it would bind one storage buffer more than
+        // `moe_delta_fits` counts.
+        if experts.is_some() || m != 1 || moe.is_some() {
             return Err(shape(format!(
-                "{}: a GELU-times output is for one token's dense product",
+                "{}: a GELU-times output is for one token's dense product, not behind an experts' output",
                 w.name
             )));
         }
@@ -1879,7 +1881,9 @@ pub struct ExpertGroups<'a> {
     /// `slots + 2 n_expert` words.
     pub groups: &'a View,
     pub n_expert: u32,
-    /// Tokens the slots come from: the most slots one expert can get.
+    /// Tokens the slots come from: the most slots one expert can get, as routing gives
+    /// (each token's experts distinct); the products leave an expert's slots past this
+    /// many unwritten.
     pub tokens: u32,
 }
 

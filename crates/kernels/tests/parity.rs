@@ -1989,9 +1989,9 @@ fn stacked_experts(
 fn experts_grouped_for_many_tokens_match_the_cpu() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(67);
-    // Every token picks expert 0 (more slots than a 64-token tile) and one of experts 1-4 in
-    // turn; expert 5 gets none.
-    let (tokens, n_expert, k, d, ff) = (70u32, 6u32, 2u32, 96u64, 96u64);
+    // Every token picks expert 0 (three 64-token tiles' worth) and one of experts 1-4 in
+    // turn; expert 5 gets none. More slots than the grouping's 256 threads.
+    let (tokens, n_expert, k, d, ff) = (140u32, 6u32, 2u32, 96u64, 96u64);
     let (n, slots) = (n_expert as usize, tokens * k);
     let sel: Vec<u32> = (0..tokens).flat_map(|t| [1 + t % 4, 0]).collect();
     let selv = upload_u32(ctx, &sel);

@@ -443,6 +443,7 @@ impl GpuSession {
             &s.moe.logits,
             &s.moe.sel,
             &s.moe.weight,
+            &s.moe.groups,
             &s.moe.act,
             &s.moe.out,
             &s.moe.ffn_out,
