@@ -1,5 +1,9 @@
 // load_unit(rb, u): the 32 values of unit `u` (elements 32u..32u+31) of the row whose bytes
 // start at byte `rb`, dequantized exactly as ggml does. One DT_* flag selects the dtype.
+// Includers define wword(i) (the weights' 32-bit word i) and, for Q4_K, wquad(i) (their
+// 16-byte word i): Q4_K rows are whole 144-byte blocks, so its blocks are read 16 bytes at a
+// time, four times fewer loads than by words (what bounds the tiled products: each load of
+// a warp touches one row per lane).
 
 #if DT_IQ4_NL|DT_IQ4_XS
 var<private> IQ4: array<f32, 16> = array<f32, 16>(-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);
@@ -9,7 +13,20 @@ fn iq4(v: vec4<u32>) -> vec4<f32> {
 }
 #endif
 
-#if DT_Q4_K|DT_Q5_K
+#if DT_Q4_K
+// Scale (x) and min (y) of sub-block j from a Q4_K block's 16-byte header (its 12 packed
+// scale bytes are hdr.y (0..3), hdr.z (4..7), hdr.w (8..11)).
+fn k4_header_scale_min(hdr: vec4<u32>, j: u32) -> vec2<f32> {
+    if (j < 4u) {
+        return vec2<f32>(f32((hdr.y >> (8u * j)) & 63u), f32((hdr.z >> (8u * j)) & 63u));
+    }
+    let sh = 8u * (j - 4u);
+    let a = (hdr.w >> sh) & 0xFFu;
+    return vec2<f32>(f32((a & 0xFu) | (((hdr.y >> sh) >> 6u) & 3u) << 4u), f32((a >> 4u) | (((hdr.z >> sh) >> 6u) & 3u) << 4u));
+}
+#endif
+
+#if DT_Q5_K
 // Scale and min of sub-block j of the 12 packed scale bytes at `sb`.
 fn k4_scale_min(sb: u32, j: u32) -> vec2<f32> {
     if (j < 4u) {
@@ -109,14 +126,19 @@ fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
     }
 #endif
 #if DT_Q4_K
-    let ob = rb + (u >> 3u) * 144u;
+    // Block u / 8: a 16-byte header, then 32-byte groups of nibbles (sub-block 2j low, 2j + 1
+    // high).
+    let ob = (rb >> 4u) + (u >> 3u) * 9u;
     let s = u & 7u;
-    let sm = k4_scale_min(ob + 4u, s);
-    let dl = wf16(ob) * sm.x;
-    let ml = wf16(ob + 2u) * sm.y;
-    let qb = ob + 16u + (s >> 1u) * 32u;
+    let hdr = wquad(ob);
+    let sm = k4_header_scale_min(hdr, s);
+    let dm = unpack2x16float(hdr.x);
+    let dl = dm.x * sm.x;
+    let ml = dm.y * sm.y;
+    let qg = ob + 1u + 2u * (s >> 1u);
+    let qs = array<vec4<u32>, 2>(wquad(qg), wquad(qg + 1u));
     for (var i = 0u; i < 8u; i++) {
-        let q = w32(qb + 4u * i);
+        let q = qs[i / 4u][i % 4u];
         var v: vec4<f32>;
         if ((s & 1u) == 0u) {
             v = lo4(q);

@@ -24,32 +24,36 @@ const KS: u32 = 64u;
 // fragment load over the banks, and keep every fragment 16-byte aligned.
 const PITCH: u32 = 72u;
 
-var<workgroup> xs: array<f16, TM * PITCH>; // token-major: the A operand, row-major
-var<workgroup> ws: array<f16, TN * PITCH>; // row-major W: the B operand, column-major
+var<workgroup> xs: array<vec4<f16>, TM * PITCH / 4u>; // token-major: the A operand, row-major
+var<workgroup> ws: array<vec4<f16>, TN * PITCH / 4u>; // row-major W: the B operand, column-major
 var<workgroup> stage: array<f32, 2048>; // one 16 x 16 accumulator per subgroup
 
 // The weights this thread converts at step `s`: unit 2s + h of row `row` of the tile's
 // weights from row `w_row` (zero past the end).
-fn load_w(w_row: u32, row: u32, s: u32, h: u32) -> array<vec4<f32>, 8> {
+fn load_w(w_row: u32, row: u32, s: u32, h: u32) -> array<vec4<f16>, 8> {
+    var r: array<vec4<f16>, 8>;
     let u = 2u * s + h;
     if (row < p.n && u * 32u < p.k) {
-        return load_unit((w_row + row) * p.row_bytes, u);
+        let v = load_unit((w_row + row) * p.row_bytes, u);
+        for (var i = 0u; i < 8u; i++) {
+            r[i] = vec4<f16>(v[i]);
+        }
     }
-    return array<vec4<f32>, 8>();
+    return r;
 }
 
-// The XV inputs this thread converts at step `s`: values XV q.. of the step from input row
-// `row` (none: `valid` false).
-fn load_x(valid: bool, row: u32, s: u32, q: u32) -> array<vec4<f32>, XV / 4u> {
-    var r: array<vec4<f32>, XV / 4u>;
-    let c = s * KS + XV * q;
+// The XV inputs this thread converts at step `s` from input row `row` (none: `valid`
+// false): vec4 q, q + 4, ... of the step, so that the four threads of a token read 64
+// consecutive bytes at a time.
+fn load_x(valid: bool, row: u32, s: u32, q: u32) -> array<vec4<f16>, XV / 4u> {
+    var r: array<vec4<f16>, XV / 4u>;
     if (valid) {
-        let b = (row * p.x_stride + c) / 4u;
+        let b = (row * p.x_stride + s * KS) / 4u + q;
         for (var i = 0u; i < XV / 4u; i++) {
             // Past the row's end (float rows end at a multiple of 4): zero, so the weights
             // read there add nothing.
-            if (c + 4u * i < p.k) {
-                r[i] = x[b + i];
+            if (s * KS + 16u * i + 4u * q < p.k) {
+                r[i] = vec4<f16>(x[b + 4u * i]);
             }
         }
     }
@@ -73,9 +77,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let sg = li / 32u;
     let a0 = (sg / SN) * 32u * PITCH;
     let b0 = (sg % SN) * 32u * PITCH;
-    // Loading duties: weight row wr, half wh of the step; token xt, part xq of the step.
-    let wr = li % TN;
-    let wh = li / TN;
+    // Loading duties: weight row wr, half wh of the step (the two halves of a row in adjacent
+    // lanes, whose loads share their bytes); token xt, part xq of the step.
+    let wr = li / 2u;
+    let wh = li % 2u;
     let xt = li / (256u / TM);
     let xq = li % (256u / TM);
     let x_valid = m0 + xt < tt.count;
@@ -94,17 +99,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var s = first; s < steps; s++) {
         // Everyone is done with the previous step's tiles.
         workgroupBarrier();
-        let wo = wr * PITCH + 32u * wh;
+        let wo = (wr * PITCH + 32u * wh) / 4u;
         for (var i = 0u; i < 8u; i++) {
-            for (var j = 0u; j < 4u; j++) {
-                ws[wo + 4u * i + j] = f16(wv[i][j]);
-            }
+            ws[wo + i] = wv[i];
         }
-        let xo = xt * PITCH + XV * xq;
+        let xo = xt * (PITCH / 4u) + xq;
         for (var i = 0u; i < XV / 4u; i++) {
-            for (var j = 0u; j < 4u; j++) {
-                xs[xo + 4u * i + j] = f16(xv[i][j]);
-            }
+            xs[xo + 4u * i] = xv[i];
         }
         workgroupBarrier();
         if (s + 1u < steps) {
@@ -112,10 +113,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             xv = load_x(x_valid, xr, s + 1u, xq);
         }
         for (var kk = 0u; kk < KS; kk += 16u) {
-            let a_0 = coopLoadT<coop_mat16x16<f16, A>>(&xs[a0 + kk], PITCH);
-            let a_1 = coopLoadT<coop_mat16x16<f16, A>>(&xs[a0 + 16u * PITCH + kk], PITCH);
-            let b_0 = coopLoad<coop_mat16x16<f16, B>>(&ws[b0 + kk], PITCH);
-            let b_1 = coopLoad<coop_mat16x16<f16, B>>(&ws[b0 + 16u * PITCH + kk], PITCH);
+            let a_0 = coopLoadT<coop_mat16x16<f16, A>>(&xs[(a0 + kk) / 4u], PITCH / 4u);
+            let a_1 = coopLoadT<coop_mat16x16<f16, A>>(&xs[(a0 + 16u * PITCH + kk) / 4u], PITCH / 4u);
+            let b_0 = coopLoad<coop_mat16x16<f16, B>>(&ws[(b0 + kk) / 4u], PITCH / 4u);
+            let b_1 = coopLoad<coop_mat16x16<f16, B>>(&ws[(b0 + 16u * PITCH + kk) / 4u], PITCH / 4u);
             c00 = coopMultiplyAdd(a_0, b_0, c00);
             c01 = coopMultiplyAdd(a_0, b_1, c01);
             c10 = coopMultiplyAdd(a_1, b_0, c10);

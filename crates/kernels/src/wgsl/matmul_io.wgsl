@@ -26,11 +26,23 @@ struct Params {
     slots: u32,
 }
 
+#if DT_Q4_K
+@group(0) @binding(0) var<storage, read> w4: array<vec4<u32>>;
+
+fn wword(i: u32) -> u32 {
+    return w4[i >> 2u][i & 3u];
+}
+
+fn wquad(i: u32) -> vec4<u32> {
+    return w4[i];
+}
+#else
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 
 fn wword(i: u32) -> u32 {
     return w[i];
 }
+#endif
 
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;

@@ -91,6 +91,10 @@ struct XS {
 fn wword(i: u32) -> u32 {
     return w4[i >> 2u][i & 3u];
 }
+
+fn wquad(i: u32) -> vec4<u32> {
+    return w4[i];
+}
 #else
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 
@@ -123,23 +127,11 @@ fn step_load(rb: u32, u: u32) -> Raw {
     return Raw(w4[o16], w4[o16 + 1u + 2u * ((u >> 1u) & 3u) + (u & 1u)]);
 }
 
-// The scales (x, y) and mins (z, w) of sub-blocks 2j and 2j + 1 from a block's header
-// (k4_scale_min on the 12 scale bytes hdr.y (0..3), hdr.z (4..7), hdr.w (8..11)).
+// The scales (x, y) and mins (z, w) of sub-blocks 2j and 2j + 1 from a block's header.
 fn k4_pair(hdr: vec4<u32>, j: u32) -> vec4<f32> {
-    var sm: vec4<f32>;
-    for (var t = 0u; t < 2u; t++) {
-        let sb = 2u * j + t;
-        if (sb < 4u) {
-            sm[t] = f32((hdr.y >> (8u * sb)) & 63u);
-            sm[2u + t] = f32((hdr.z >> (8u * sb)) & 63u);
-        } else {
-            let sh = 8u * (sb - 4u);
-            let a = (hdr.w >> sh) & 0xFFu;
-            sm[t] = f32((a & 0xFu) | ((((hdr.y >> sh) >> 6u) & 3u) << 4u));
-            sm[2u + t] = f32((a >> 4u) | ((((hdr.z >> sh) >> 6u) & 3u) << 4u));
-        }
-    }
-    return sm;
+    let a = k4_header_scale_min(hdr, 2u * j);
+    let b = k4_header_scale_min(hdr, 2u * j + 1u);
+    return vec4<f32>(a.x, b.x, a.y, b.y);
 }
 
 fn step_dot(r: Raw, u: u32, xv: ptr<function, XIn>, xs: XS) -> f32 {
