@@ -22,6 +22,22 @@ fn w32(o: u32) -> u32 {
     return (a >> s) | (wword((o >> 2u) + 1u) << (32u - s));
 }
 
+// The eight 32-bit values from byte offset `o` (any alignment): nine word loads rather than
+// w32's sixteen when `o` is not a multiple of 4.
+fn w32x8(o: u32) -> array<u32, 8> {
+    let s = (o & 3u) << 3u;
+    var a: array<u32, 9>;
+    for (var i = 0u; i < 9u; i++) {
+        a[i] = wword((o >> 2u) + i);
+    }
+    var r: array<u32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        // (A shift by 32 is taken modulo 32: the unshifted word is selected then.)
+        r[i] = select((a[i] >> s) | (a[i + 1u] << (32u - s)), a[i], s == 0u);
+    }
+    return r;
+}
+
 fn wf16(o: u32) -> f32 {
     return unpack2x16float(w16(o)).x;
 }

@@ -72,8 +72,9 @@ fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
 #if DT_Q8_0
     let o = rb + u * 34u;
     let d = wf16(o);
+    let q = w32x8(o + 2u);
     for (var i = 0u; i < 8u; i++) {
-        r[i] = d * sbytes4(w32(o + 2u + 4u * i));
+        r[i] = d * sbytes4(q[i]);
     }
 #endif
 #if DT_Q4_0
@@ -179,9 +180,11 @@ fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
     let d = wf16(ob + 208u);
     let sc0 = d * sbyte(wb(ob + 192u + hf * 8u + quarter * 2u));
     let sc1 = d * sbyte(wb(ob + 192u + hf * 8u + quarter * 2u + 1u));
+    let qlw = w32x8(qlb);
+    let qhw = w32x8(qhb);
     for (var i = 0u; i < 8u; i++) {
-        let ql = (bytes4(w32(qlb + 4u * i)) >> vec4<u32>(nshift)) & vec4<u32>(0xFu);
-        let qh = (bytes4(w32(qhb + 4u * i)) >> vec4<u32>(hshift)) & vec4<u32>(3u);
+        let ql = (bytes4(qlw[i]) >> vec4<u32>(nshift)) & vec4<u32>(0xFu);
+        let qh = (bytes4(qhw[i]) >> vec4<u32>(hshift)) & vec4<u32>(3u);
         let q = small4_minus(ql | (qh << vec4<u32>(4u)), 32.0);
         if (i < 4u) {
             r[i] = sc0 * q;
