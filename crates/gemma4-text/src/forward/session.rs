@@ -1220,6 +1220,28 @@ impl GpuSession {
         Ok(())
     }
 
+    /// Records a chunk's ops, submitting what is recorded after 32, 64, 128... of them, so that
+    /// the GPU runs the first layers while the CPU records the rest (recording a 512-token
+    /// chunk takes milliseconds).
+    fn record_submitting_early(
+        &self,
+        rec: &mut Recorder<'_>,
+        ops: &[Op],
+    ) -> Result<(), ForwardError> {
+        let mut done = 0;
+        let mut next = 32;
+        while done < ops.len() {
+            let end = next.min(ops.len());
+            self.record(rec, &ops[done..end])?;
+            if end < ops.len() {
+                rec.flush();
+            }
+            done = end;
+            next *= 2;
+        }
+        Ok(())
+    }
+
     /// Records `tokens` through the model, leaving the last one's logits; chunks before the
     /// last are submitted on their own (ids and positions are rewritten between them).
     fn feed_into(&mut self, rec: &mut Recorder<'_>, tokens: &[u32]) -> Result<(), ForwardError> {
@@ -1246,10 +1268,10 @@ impl GpuSession {
                 let ops = self.plan(chunk.len() as u32, &self.s.ids, logits, None)?;
                 self.stage(chunk)?;
                 if last {
-                    self.record(rec, &ops)?;
+                    self.record_submitting_early(rec, &ops)?;
                 } else {
                     let mut r = Recorder::new(&self.model.ctx, "prefill");
-                    self.record(&mut r, &ops)?;
+                    self.record_submitting_early(&mut r, &ops)?;
                     r.submit();
                 }
             }
