@@ -1,7 +1,26 @@
-// Byte-level reads of GGUF blocks through `wword(i)`, the i-th 32-bit word of the weight
-// bytes exactly as the file stores them (a storage binding or a staged copy). Blocks of Q8_0,
-// Q5_0, Q6_K... start at 2-byte boundaries, so reads of a word may straddle two words. Weight
-// buffers are padded so the word after the last one exists.
+// The weights (binding 0) and byte-level reads of their GGUF blocks through `wword(i)`, the
+// i-th 32-bit word of the bytes exactly as the file stores them. Blocks of Q8_0, Q5_0,
+// Q6_K... start at 2-byte boundaries, so reads of a word may straddle two words. Weight
+// buffers are padded so the word after the last one exists. Q4_K rows are whole 144-byte
+// blocks, read 16 bytes at a time through `wquad(i)`.
+
+#if DT_Q4_K
+@group(0) @binding(0) var<storage, read> w4: array<vec4<u32>>;
+
+fn wword(i: u32) -> u32 {
+    return w4[i >> 2u][i & 3u];
+}
+
+fn wquad(i: u32) -> vec4<u32> {
+    return w4[i];
+}
+#else
+@group(0) @binding(0) var<storage, read> w: array<u32>;
+
+fn wword(i: u32) -> u32 {
+    return w[i];
+}
+#endif
 
 fn wb(o: u32) -> u32 {
     return (wword(o >> 2u) >> ((o & 3u) << 3u)) & 0xFFu;

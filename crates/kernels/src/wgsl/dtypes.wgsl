@@ -1,9 +1,8 @@
 // load_unit(rb, u): the 32 values of unit `u` (elements 32u..32u+31) of the row whose bytes
 // start at byte `rb`, dequantized exactly as ggml does. One DT_* flag selects the dtype.
-// Includers define wword(i) (the weights' 32-bit word i) and, for Q4_K, wquad(i) (their
-// 16-byte word i): Q4_K rows are whole 144-byte blocks, so its blocks are read 16 bytes at a
-// time, four times fewer loads than by words (what bounds the tiled products: each load of
-// a warp touches one row per lane).
+// Q4_K reads its blocks 16 bytes at a time (bytes.wgsl's wquad), four times fewer loads than
+// by words: the loads bound the tiled products, where each load of a warp touches a
+// different row per pair of lanes.
 
 #if DT_IQ4_NL|DT_IQ4_XS
 var<private> IQ4: array<f32, 16> = array<f32, 16>(-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0);

@@ -11,15 +11,7 @@ struct Params {
     scale: f32,
 }
 
-@group(0) @binding(0) var<storage, read> w: array<u32>;
-
-fn wword(i: u32) -> u32 {
-    return w[i];
-}
-
-fn wquad(i: u32) -> vec4<u32> {
-    return vec4<u32>(w[4u * i], w[4u * i + 1u], w[4u * i + 2u], w[4u * i + 3u]);
-}
+// Binding 0, the weights: bytes.wgsl.
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(3) var<uniform> p: Params;

@@ -1,5 +1,6 @@
 // The parameters, bindings and token bookkeeping both prefill product kernels share (each
-// binds its input x, binding 1, in the width it loads).
+// binds its input x, binding 1, in the width it loads; the weights, binding 0, are
+// bytes.wgsl's).
 //
 // EXPERTS: the products of a mixture-of-experts layer's stacked experts (n rows each), grouped
 // by expert (moe.wgsl's GROUP): wg.z is the tile's expert (from first_expert), its workgroups
@@ -25,24 +26,6 @@ struct Params {
     x_group: u32,
     slots: u32,
 }
-
-#if DT_Q4_K
-@group(0) @binding(0) var<storage, read> w4: array<vec4<u32>>;
-
-fn wword(i: u32) -> u32 {
-    return w4[i >> 2u][i & 3u];
-}
-
-fn wquad(i: u32) -> vec4<u32> {
-    return w4[i];
-}
-#else
-@group(0) @binding(0) var<storage, read> w: array<u32>;
-
-fn wword(i: u32) -> u32 {
-    return w[i];
-}
-#endif
 
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;

@@ -84,24 +84,7 @@ struct XS {
     s: vec4<f32>,
 }
 
-#if DT_Q4_K
-// Q4_K reads its 16-byte-aligned blocks as 16-byte words.
-@group(0) @binding(0) var<storage, read> w4: array<vec4<u32>>;
-
-fn wword(i: u32) -> u32 {
-    return w4[i >> 2u][i & 3u];
-}
-
-fn wquad(i: u32) -> vec4<u32> {
-    return w4[i];
-}
-#else
-@group(0) @binding(0) var<storage, read> w: array<u32>;
-
-fn wword(i: u32) -> u32 {
-    return w[i];
-}
-#endif
+// Binding 0, the weights: bytes.wgsl (Q4_K's as 16-byte words, w4).
 
 // A step is the STEP values of a row one lane takes at a time; xv holds their XN vec4s of the
 // input, which x_vec places in the row. Steps are small so that a lane holds few inputs in
