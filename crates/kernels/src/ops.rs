@@ -216,7 +216,7 @@ pub fn matmul_in_parts(
         _ => None,
     };
     let tile_rows = matmul_tile_rows(ctx) as u32;
-    let pipeline = tiled_pipeline(ctx, w.dtype, geglu, false)?;
+    let pipeline = tiled_pipeline(ctx, w.dtype, geglu, Tiles::Plain)?;
     // Split, the tiles write their rows of each part plainly: [part][token][row].
     let (y, y_stride, y_offset, tile_softcap) = match partials {
         Some(v) => (v, n, 0, 0.0),
@@ -277,13 +277,35 @@ pub fn matmul_in_parts(
     Ok(dispatches)
 }
 
+/// Which tiled products a pipeline runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tiles {
+    /// One weight over the tokens in order.
+    Plain,
+    /// The grouped experts' products, tiles of [`expert_tile_tokens`] slots.
+    Experts { tokens: u32 },
+}
+
+/// Slots of an expert each tile of the grouped experts' products takes: 16 on tensor cores
+/// when the experts average at most 16 slots (a short prompt: 128 tokens give 26B-A4B's 128
+/// experts 8 each), 64 otherwise. A tile's step costs about the same however many of its
+/// tokens are real, and most of its cost is the expert's weights, which a small tile reads
+/// once per 16 slots rather than once per 64.
+fn expert_tile_tokens(ctx: &GpuContext, slots: u32, n_expert: u32) -> u32 {
+    if ctx.features.coop_matmul && u64::from(slots) <= 16 * u64::from(n_expert) {
+        16
+    } else {
+        64
+    }
+}
+
 /// The tiled product's pipeline for weights of `dtype`: tensor cores where the device has them,
-/// otherwise f32 FMAs ([`matmul_tile_rows`]); `experts`: the grouped experts' products.
+/// otherwise f32 FMAs ([`matmul_tile_rows`]).
 fn tiled_pipeline(
     ctx: &GpuContext,
     dtype: GgmlType,
     geglu: bool,
-    experts: bool,
+    tiles: Tiles,
 ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
     let (name, kernel) = if ctx.features.coop_matmul {
         ("matmul_coop", MATMUL_COOP_WGSL)
@@ -301,7 +323,8 @@ fn tiled_pipeline(
         .flag_if(ctx.features.coop_matmul, "COOP")
         .flag(dtype_flag(dtype)?)
         .flag_if(geglu, "GEGLU_OUT")
-        .flag_if(experts, "EXPERTS");
+        .flag_if(tiles != Tiles::Plain, "EXPERTS")
+        .flag_if(tiles == Tiles::Experts { tokens: 16 }, "SMALL_TILES");
     Ok(ctx.pipeline(&source))
 }
 
@@ -1963,7 +1986,15 @@ pub fn expert_matmul(
         .expect_len32("expert groups", 2 * u64::from(n) + u64::from(slots.slots))?;
     let k = w.cols as u32;
     let tile_rows = matmul_tile_rows(ctx) as u32;
-    let pipeline = tiled_pipeline(ctx, w.dtype, geglu, true)?;
+    let tile_tokens = expert_tile_tokens(ctx, slots.slots, n);
+    let pipeline = tiled_pipeline(
+        ctx,
+        w.dtype,
+        geglu,
+        Tiles::Experts {
+            tokens: tile_tokens,
+        },
+    )?;
     w.tiles
         .iter()
         .map(|tile| {
@@ -1995,7 +2026,7 @@ pub fn expert_matmul(
                 ],
                 [
                     per.div_ceil(tile_rows),
-                    groups.tokens.div_ceil(64),
+                    groups.tokens.div_ceil(tile_tokens),
                     (tile.rows / u64::from(per)) as u32,
                 ],
             )

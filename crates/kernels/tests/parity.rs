@@ -1988,10 +1988,18 @@ fn stacked_experts(
 #[test]
 fn experts_grouped_for_many_tokens_match_the_cpu() {
     let Some(ctx) = ctx() else { return };
+    // 140 tokens: 64-slot tiles, more slots than the grouping's 256 threads; 40: at most 16
+    // slots an expert on average, the 16-slot tiles of tensor-core devices.
+    for tokens in [140, 40] {
+        check_grouped_experts(ctx, tokens);
+    }
+}
+
+fn check_grouped_experts(ctx: &GpuContext, tokens: u32) {
     let mut rng = Rng(67);
-    // Every token picks expert 0 (three 64-token tiles' worth) and one of experts 1-4 in
-    // turn; expert 5 gets none. More slots than the grouping's 256 threads.
-    let (tokens, n_expert, k, d, ff) = (140u32, 6u32, 2u32, 96u64, 96u64);
+    // Every token picks expert 0 (three tiles' worth) and one of experts 1-4 in turn; expert
+    // 5 gets none.
+    let (n_expert, k, d, ff) = (6u32, 2u32, 96u64, 96u64);
     let (n, slots) = (n_expert as usize, tokens * k);
     let sel: Vec<u32> = (0..tokens).flat_map(|t| [1 + t % 4, 0]).collect();
     let selv = upload_u32(ctx, &sel);
@@ -2055,7 +2063,7 @@ fn experts_grouped_for_many_tokens_match_the_cpu() {
         );
         let (rows, tol) = per_slot(&gate_up_d, 2 * ff as usize, d as usize, &x, k as usize);
         assert_close(
-            &format!("grouped expert gate/up {dtype}"),
+            &format!("grouped expert gate/up {dtype}, {tokens} tokens"),
             &got,
             &gated(&rows),
             tol,
@@ -2073,7 +2081,12 @@ fn experts_grouped_for_many_tokens_match_the_cpu() {
             plain,
         );
         let (want, tol) = per_slot(&down_d, d as usize, ff as usize, &act, 1);
-        assert_close(&format!("grouped expert down {dtype}"), &got, &want, tol);
+        assert_close(
+            &format!("grouped expert down {dtype}, {tokens} tokens"),
+            &got,
+            &want,
+            tol,
+        );
     }
 }
 

@@ -10,16 +10,29 @@
 // Split over k (see matmul_io.wgsl), each part's sums go to its own slice of y, which
 // matmul_parts.wgsl adds up.
 // EXPERTS: a mixture-of-experts layer's products, grouped by expert (matmul_io.wgsl).
+// SMALL_TILES (with EXPERTS, for experts routed few tokens each): 16-token x 128-row tiles,
+// subgroup s owning rows 16 s as one accumulator, so that a tile's step does a quarter of
+// the input loads and products for the same weights.
 
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 
+#if SMALL_TILES
+const TM: u32 = 16u;
+// Row blocks per tile, their rows, and the accumulators of each subgroup.
+const SN: u32 = 8u;
+const BR: u32 = 16u;
+const ACCS: u32 = 1u;
+#else
 const TM: u32 = 64u;
-const TN: u32 = 128u;
-// Row blocks of 32 per tile.
 const SN: u32 = 4u;
-// Inputs each thread converts per step.
-const XV: u32 = TM / 4u;
+const BR: u32 = 32u;
+const ACCS: u32 = 4u;
+#endif
+const TN: u32 = 128u;
 const KS: u32 = 64u;
+// Lanes loading each token's inputs, and the inputs each converts per step.
+const LPT: u32 = 256u / TM;
+const XV: u32 = KS / LPT;
 // Row pitch of the tiles in workgroup memory: 8 halves of padding spread the rows of a
 // fragment load over the banks, and keep every fragment 16-byte aligned.
 const PITCH: u32 = 72u;
@@ -43,8 +56,8 @@ fn load_w(w_row: u32, row: u32, s: u32, h: u32) -> array<vec4<f16>, 8> {
 }
 
 // The XV inputs this thread converts at step `s` from input row `row` (none: `valid`
-// false): vec4 q, q + 4, ... of the step, so that the four threads of a token read 64
-// consecutive bytes at a time.
+// false): vec4 q, q + LPT, ... of the step, so that the threads of a token read consecutive
+// bytes at a time.
 fn load_x(valid: bool, row: u32, s: u32, q: u32) -> array<vec4<f16>, XV / 4u> {
     var r: array<vec4<f16>, XV / 4u>;
     if (valid) {
@@ -52,8 +65,8 @@ fn load_x(valid: bool, row: u32, s: u32, q: u32) -> array<vec4<f16>, XV / 4u> {
         for (var i = 0u; i < XV / 4u; i++) {
             // Past the row's end (float rows end at a multiple of 4): zero, so the weights
             // read there add nothing.
-            if (s * KS + 16u * i + 4u * q < p.k) {
-                r[i] = vec4<f16>(x[b + 4u * i]);
+            if (s * KS + 4u * (q + LPT * i) < p.k) {
+                r[i] = vec4<f16>(x[b + LPT * i]);
             }
         }
     }
@@ -76,13 +89,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let part = k_part_of(wg.z);
     let sg = li / 32u;
     let a0 = (sg / SN) * 32u * PITCH;
-    let b0 = (sg % SN) * 32u * PITCH;
+    let b0 = (sg % SN) * BR * PITCH;
     // Loading duties: weight row wr, half wh of the step (the two halves of a row in adjacent
     // lanes, whose loads share their bytes); token xt, part xq of the step.
     let wr = li / 2u;
     let wh = li % 2u;
-    let xt = li / (256u / TM);
-    let xq = li % (256u / TM);
+    let xt = li / LPT;
+    let xq = li % LPT;
     let x_valid = m0 + xt < tt.count;
     var xr = 0u;
     if (x_valid) {
@@ -105,7 +118,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         let xo = xt * (PITCH / 4u) + xq;
         for (var i = 0u; i < XV / 4u; i++) {
-            xs[xo + 4u * i] = xv[i];
+            xs[xo + LPT * i] = xv[i];
         }
         workgroupBarrier();
         if (s + 1u < steps) {
@@ -113,6 +126,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             xv = load_x(x_valid, xr, s + 1u, xq);
         }
         for (var kk = 0u; kk < KS; kk += 16u) {
+#if SMALL_TILES
+            let a = coopLoadT<coop_mat16x16<f16, A>>(&xs[kk / 4u], PITCH / 4u);
+            let b = coopLoad<coop_mat16x16<f16, B>>(&ws[(b0 + kk) / 4u], PITCH / 4u);
+            c00 = coopMultiplyAdd(a, b, c00);
+#else
             let a_0 = coopLoadT<coop_mat16x16<f16, A>>(&xs[(a0 + kk) / 4u], PITCH / 4u);
             let a_1 = coopLoadT<coop_mat16x16<f16, A>>(&xs[(a0 + 16u * PITCH + kk) / 4u], PITCH / 4u);
             let b_0 = coopLoad<coop_mat16x16<f16, B>>(&ws[(b0 + kk) / 4u], PITCH / 4u);
@@ -121,14 +139,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             c01 = coopMultiplyAdd(a_0, b_1, c01);
             c10 = coopMultiplyAdd(a_1, b_0, c10);
             c11 = coopMultiplyAdd(a_1, b_1, c11);
+#endif
         }
     }
     // Each accumulator goes through the subgroup's stage to bounds-checked, capped stores.
     let lane = li % 32u;
     let yb = part * p.part_stride + p.out_offset;
     let tok0 = m0 + (sg / SN) * 32u;
-    let row0 = n0 + (sg % SN) * 32u;
-    for (var f = 0u; f < 4u; f++) {
+    let row0 = n0 + (sg % SN) * BR;
+    for (var f = 0u; f < ACCS; f++) {
         switch f {
             case 0u: { coopStoreT(c00, &stage[sg * 256u], 16u); }
             case 1u: { coopStoreT(c01, &stage[sg * 256u], 16u); }
