@@ -21,7 +21,7 @@ fn k4_header_scale_min(hdr: vec4<u32>, j: u32) -> vec2<f32> {
     }
     let sh = 8u * (j - 4u);
     let a = (hdr.w >> sh) & 0xFFu;
-    return vec2<f32>(f32((a & 0xFu) | (((hdr.y >> sh) >> 6u) & 3u) << 4u), f32((a >> 4u) | (((hdr.z >> sh) >> 6u) & 3u) << 4u));
+    return vec2<f32>(f32((a & 0xFu) | ((((hdr.y >> sh) >> 6u) & 3u) << 4u)), f32((a >> 4u) | ((((hdr.z >> sh) >> 6u) & 3u) << 4u)));
 }
 #endif
 
