@@ -282,20 +282,32 @@ pub fn matmul_in_parts(
 enum Tiles {
     /// One weight over the tokens in order.
     Plain,
-    /// The grouped experts' products, tiles of [`expert_tile_tokens`] slots.
-    Experts { tokens: u32 },
+    /// The grouped experts' products, 64 slots of an expert a tile.
+    Experts,
+    /// The same, 16 slots a tile (`SMALL_TILES`, tensor cores only).
+    FewSlotExperts,
 }
 
-/// Slots of an expert each tile of the grouped experts' products takes: 16 on tensor cores
-/// when the experts average at most 16 slots (a short prompt: 128 tokens give 26B-A4B's 128
-/// experts 8 each), 64 otherwise. A tile's step costs about the same however many of its
-/// tokens are real, and most of its cost is the expert's weights, which a small tile reads
-/// once per 16 slots rather than once per 64.
-fn expert_tile_tokens(ctx: &GpuContext, slots: u32, n_expert: u32) -> u32 {
-    if ctx.features.coop_matmul && u64::from(slots) <= 16 * u64::from(n_expert) {
-        16
-    } else {
-        64
+impl Tiles {
+    /// The grouped experts' tiles for `slots` slots over `n_expert` experts: 16-slot tiles on
+    /// tensor cores when the experts average at most 16 slots (a short prompt: 128 tokens
+    /// give 26B-A4B's 128 experts 8 each). A tile's step costs about the same however many of
+    /// its tokens are real, and most of its cost is the expert's weights, which a small tile
+    /// reads once per 16 slots rather than once per 64.
+    fn for_experts(ctx: &GpuContext, slots: u32, n_expert: u32) -> Self {
+        if ctx.features.coop_matmul && u64::from(slots) <= 16 * u64::from(n_expert) {
+            Tiles::FewSlotExperts
+        } else {
+            Tiles::Experts
+        }
+    }
+
+    /// Tokens (slots) a tile takes.
+    fn tokens(self) -> u32 {
+        match self {
+            Tiles::FewSlotExperts => 16,
+            Tiles::Plain | Tiles::Experts => 64,
+        }
     }
 }
 
@@ -324,7 +336,7 @@ fn tiled_pipeline(
         .flag(dtype_flag(dtype)?)
         .flag_if(geglu, "GEGLU_OUT")
         .flag_if(tiles != Tiles::Plain, "EXPERTS")
-        .flag_if(tiles == Tiles::Experts { tokens: 16 }, "SMALL_TILES");
+        .flag_if(tiles == Tiles::FewSlotExperts, "SMALL_TILES");
     Ok(ctx.pipeline(&source))
 }
 
@@ -1986,15 +1998,8 @@ pub fn expert_matmul(
         .expect_len32("expert groups", 2 * u64::from(n) + u64::from(slots.slots))?;
     let k = w.cols as u32;
     let tile_rows = matmul_tile_rows(ctx) as u32;
-    let tile_tokens = expert_tile_tokens(ctx, slots.slots, n);
-    let pipeline = tiled_pipeline(
-        ctx,
-        w.dtype,
-        geglu,
-        Tiles::Experts {
-            tokens: tile_tokens,
-        },
-    )?;
+    let tiles = Tiles::for_experts(ctx, slots.slots, n);
+    let pipeline = tiled_pipeline(ctx, w.dtype, geglu, tiles)?;
     w.tiles
         .iter()
         .map(|tile| {
@@ -2026,7 +2031,7 @@ pub fn expert_matmul(
                 ],
                 [
                     per.div_ceil(tile_rows),
-                    groups.tokens.div_ceil(tile_tokens),
+                    groups.tokens.div_ceil(tiles.tokens()),
                     (tile.rows / u64::from(per)) as u32,
                 ],
             )

@@ -1997,8 +1997,8 @@ fn experts_grouped_for_many_tokens_match_the_cpu() {
 
 fn check_grouped_experts(ctx: &GpuContext, tokens: u32) {
     let mut rng = Rng(67);
-    // Every token picks expert 0 (three tiles' worth) and one of experts 1-4 in turn; expert
-    // 5 gets none.
+    // Every token picks expert 0 (three tiles' worth at the tile size each count is for) and
+    // one of experts 1-4 in turn; expert 5 gets none.
     let (n_expert, k, d, ff) = (6u32, 2u32, 96u64, 96u64);
     let (n, slots) = (n_expert as usize, tokens * k);
     let sel: Vec<u32> = (0..tokens).flat_map(|t| [1 + t % 4, 0]).collect();

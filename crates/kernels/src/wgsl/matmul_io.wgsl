@@ -5,8 +5,7 @@
 // EXPERTS: the products of a mixture-of-experts layer's stacked experts (n rows each), grouped
 // by expert (moe.wgsl's GROUP): wg.z is the tile's expert (from first_expert), its workgroups
 // take the slots routed to it, a tile at a time (64, or 16 with SMALL_TILES); slot s reads
-// input row s / x_group and writes
-// output row s. Never split over k.
+// input row s / x_group and writes output row s. Never split over k.
 
 struct Params {
     k: u32,
