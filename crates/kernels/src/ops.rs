@@ -1249,6 +1249,9 @@ struct MatvecJob<'a> {
     out_offset: u32,
     out: MatvecOut<'a>,
     experts: Option<&'a ExpertSlots<'a>>,
+    /// With `experts`: the slots' weights, for a product that sums each token's `x_group`
+    /// slots into one row ([`expert_matvec_mixed`]).
+    mixed: Option<&'a View>,
     tuning: Option<MatvecTuning>,
     /// The residual step computed in front of the product (x is then the stream).
     residual: Option<&'a ResidualStep<'a>>,
@@ -1271,6 +1274,7 @@ impl<'a> MatvecJob<'a> {
             out_offset: 0,
             out,
             experts: None,
+            mixed: None,
             tuning: None,
             residual: None,
             merge: None,
@@ -1316,6 +1320,7 @@ fn matvec_dispatches(
         out_offset,
         out,
         experts,
+        mixed,
         tuning,
         residual,
         merge,
@@ -1336,6 +1341,12 @@ fn matvec_dispatches(
         Delta::Moe(mix) => Some(mix),
         Delta::Row(_) => None,
     });
+    // Slots a product's rows take, and a row's length as the steps see it: a mixed
+    // product's slots' rows end to end.
+    let (row_slots, row_len) = match (mixed, experts) {
+        (Some(_), Some(e)) => (e.x_group, k * e.x_group),
+        _ => (1, k),
+    };
     if [residual.is_some(), merge.is_some(), norm.is_some()]
         .iter()
         .filter(|&&p| p)
@@ -1365,23 +1376,27 @@ fn matvec_dispatches(
         Some(t) => return Err(shape(format!("{}: matvec tuning {t:?}", w.name))),
         None => {
             let rows = experts.map_or(w.rows, |e| {
-                u64::from(e.rows_per_expert) * u64::from(e.slots)
+                u64::from(e.rows_per_expert) * u64::from(e.slots / row_slots)
             });
             if x_int8 {
                 MatvecTuning::rounded_input(ctx, w.dtype, k, rows)
             } else {
-                let t = MatvecTuning::choose(ctx, w.dtype, k, rows, geglu, prologue);
+                let t = MatvecTuning::choose(ctx, w.dtype, row_len, rows, geglu, prologue);
                 // The experts' down products (short rows, no prologue) at 2 rows a group:
                 // twice the workgroups, more loads in flight. On the H100, 26B-A4B decode
                 // 194.3-195.2 -> 199.7-200.4 tok/s (three alternating runs each); 16 lanes at
-                // 4 rows and 1 row a group measured between the two.
+                // 4 rows and 1 row a group measured between the two. Mixed, whose slots'
+                // rows end to end are long enough for 1 row a group above: 2 rows a group of
+                // 256 lanes took 26B-A4B decode from 199.0-199.3 to 205.6-205.8 tok/s (one
+                // row a slot and the mix behind: 202.8-203.0); 64 lanes x 2 rows 204.6,
+                // 128 x 1 197.8, 32 x 1 or 2 198-200, 16 lanes 191-194.
                 if experts.is_some()
                     && !prologue
                     && !geglu
                     && ctx.info.device_type != wgpu::DeviceType::Cpu
                 {
                     MatvecTuning {
-                        rpt: t.rpt.min(2),
+                        rpt: if mixed.is_some() { 2 } else { t.rpt.min(2) },
                         ..t
                     }
                 } else {
@@ -1477,10 +1492,13 @@ fn matvec_dispatches(
                 views.extend([
                     ("dense branch", mix.dense, kd),
                     ("expert outputs", mix.experts, u64::from(mix.k) * kd),
-                    ("expert weights", mix.weight, u64::from(mix.k)),
                     ("dense post-norm", mix.dense_post, kd),
                     ("experts' post-norm", mix.experts_post, kd),
                 ]);
+                views.extend(
+                    mix.weight
+                        .map(|wv| ("expert weights", wv, u64::from(mix.k))),
+                );
             }
         }
         if let Some((pre, normed)) = r.next_norm {
@@ -1523,10 +1541,12 @@ fn matvec_dispatches(
         .flag_if(geglu, "GEGLU_OUT")
         .flag_if(!subgroups, "NO_SUBGROUPS")
         .flag_if(experts.is_some(), "EXPERTS")
+        .flag_if(mixed.is_some(), "EXPERTS_SUM")
         .flag_if(residual.is_some(), "RESIDUAL")
         .flag_if(residual.is_some_and(|r| r.next_norm.is_some()), "PRENORM")
         .flag_if(norm.is_some(), "NORM_IN")
         .flag_if(moe.is_some(), "MOE_DELTA")
+        .flag_if(moe.is_some_and(|mix| mix.weight.is_some()), "MOE_WEIGHTED")
         .flag_if(matches!(out, MatvecOut::GeluTimes { .. }), "GELU_TIMES")
         .flag_if(int8_input || x_int8, "INT8_X")
         .flag_if(x_int8, "XQ_IN")
@@ -1535,7 +1555,9 @@ fn matvec_dispatches(
         .flag_if(merge.is_some_and(|mg| mg.store_kv), "KV_STORE")
         .constant("TPR", f64::from(tpr))
         .constant("RPT", f64::from(rpt))
-        .constant("PREFETCH", f64::from(u8::from(prefetch)));
+        // A mixed product's lanes step across its slots' segments, which the prefetch's
+        // one-row stride does not follow.
+        .constant("PREFETCH", f64::from(u8::from(prefetch && mixed.is_none())));
     if prologue {
         source = source
             .constant("XV", f64::from(k / 4))
@@ -1560,7 +1582,8 @@ fn matvec_dispatches(
     let rows_per_group = 256 / tpr * rpt;
     w.tiles
         .iter()
-        .map(|tile| {
+        .enumerate()
+        .map(|(ti, tile)| {
             let (rows, first, first_expert, experts_here, x_group) = match experts {
                 // Every slot's output starts at its own row 0; the tile's experts say which
                 // slots work here.
@@ -1615,7 +1638,8 @@ fn matvec_dispatches(
                 }
                 None => params.u32(0).u32(0).u32(0).u32(0).u32(0).u32(0),
             }
-            .u32(xs_words);
+            .u32(xs_words)
+            .u32(u32::from(mixed.is_some() && ti > 0));
             let wv = View::of(&tile.buffer);
             let sel = experts.map_or(Bind::Skip, |e| Bind::Storage(e.sel));
             let mut binds = vec![
@@ -1642,7 +1666,9 @@ fn matvec_dispatches(
                     Delta::Moe(mix) => {
                         binds[5] = Bind::Storage(mix.dense);
                         binds[14] = Bind::Storage(mix.experts);
-                        binds[15] = Bind::Storage(mix.weight);
+                        if let Some(wv) = mix.weight {
+                            binds[15] = Bind::Storage(wv);
+                        }
                         binds[16] = Bind::Storage(mix.dense_post);
                         binds[17] = Bind::Storage(mix.experts_post);
                     }
@@ -1656,6 +1682,9 @@ fn matvec_dispatches(
             }
             if let Some(nm) = norm {
                 binds[7] = Bind::Storage(nm.weight);
+            }
+            if let Some(wv) = mixed {
+                binds[15] = Bind::Storage(wv);
             }
             if let MatvecOut::GeluTimes { by, .. } = out {
                 binds[10] = Bind::Storage(by);
@@ -1867,16 +1896,65 @@ pub fn expert_matvec(
     matvec_dispatches(ctx, w, &job)
 }
 
-/// The checks [`expert_matvec`] and [`expert_matmul`] share: tiles of whole experts, and
-/// inputs and outputs long enough for every slot.
-fn check_expert_io(
+/// Slots a token may have in [`expert_matvec_mixed`] (its workgroups hold their experts and
+/// weights).
+pub const MIXED_SLOTS_MAX: u32 = 64;
+
+/// The experts' products of each token's `k` slots, weighted and summed into one row per
+/// token: `y[t * y_stride + r] = sum_j weight[t k + j] * (W_sel[t k + j] . x[t k + j])[r]`,
+/// each slot with its input row (`slots.x_group` is 1). The mixture's sum happens in the
+/// product, so its reader takes one row rather than weighing `k` (an experts' down product).
+#[allow(clippy::too_many_arguments)]
+pub fn expert_matvec_mixed(
+    ctx: &GpuContext,
     w: &GpuWeight,
     x: &View,
+    weight: &View,
     y: &View,
     y_stride: u32,
     slots: &ExpertSlots<'_>,
-    out: MatvecOut<'_>,
-) -> Result<(), GpuError> {
+    k: u32,
+) -> Result<Vec<Dispatch>, GpuError> {
+    check_expert_tiles(w, slots)?;
+    if slots.x_group != 1
+        || k == 0
+        || k > MIXED_SLOTS_MAX
+        || slots.slots == 0
+        || !slots.slots.is_multiple_of(k)
+        || y_stride < slots.rows_per_expert
+    {
+        return Err(shape(format!(
+            "{}: mixed slots are 1 to {MIXED_SLOTS_MAX} a token, each with its input row; {} slots, {k} a token, outputs {y_stride} apart",
+            w.name, slots.slots
+        )));
+    }
+    let tokens = slots.slots / k;
+    slots
+        .sel
+        .expect_len32("expert ids", u64::from(slots.slots))?;
+    weight.expect_len32("expert weights", u64::from(slots.slots))?;
+    x.expect_len32(&w.name, u64::from(slots.slots) * w.cols)?;
+    y.expect_len32(
+        &w.name,
+        u64::from(tokens - 1) * u64::from(y_stride) + u64::from(slots.rows_per_expert),
+    )?;
+    let grouped = ExpertSlots {
+        x_group: k,
+        ..*slots
+    };
+    let job = MatvecJob {
+        m: tokens,
+        x_stride: w.cols as u32 * k,
+        y_stride,
+        experts: Some(&grouped),
+        mixed: Some(weight),
+        ..MatvecJob::new(x, y, MatvecOut::Rows { softcap: 0.0 })
+    };
+    matvec_dispatches(ctx, w, &job)
+}
+
+/// Whether `w`'s tiles hold whole experts of `slots.rows_per_expert` rows.
+fn check_expert_tiles(w: &GpuWeight, slots: &ExpertSlots<'_>) -> Result<(), GpuError> {
     let per = u64::from(slots.rows_per_expert);
     if per == 0
         || !w.rows.is_multiple_of(per)
@@ -1889,6 +1967,21 @@ fn check_expert_io(
             w.name
         )));
     }
+    Ok(())
+}
+
+/// The checks [`expert_matvec`] and [`expert_matmul`] share: tiles of whole experts, and
+/// inputs and outputs long enough for every slot.
+fn check_expert_io(
+    w: &GpuWeight,
+    x: &View,
+    y: &View,
+    y_stride: u32,
+    slots: &ExpertSlots<'_>,
+    out: MatvecOut<'_>,
+) -> Result<(), GpuError> {
+    check_expert_tiles(w, slots)?;
+    let per = u64::from(slots.rows_per_expert);
     let out_rows = if out.is_geglu() { per / 2 } else { per };
     if slots.slots == 0 || slots.x_group == 0 || u64::from(y_stride) < out_rows {
         return Err(shape(format!(
@@ -2089,8 +2182,9 @@ pub fn moe_route(
 pub struct MoeMix<'a> {
     /// `tokens * k` rows of `dim`: slot `t*k + j` is token t's j-th expert's output.
     pub experts: &'a View,
-    /// The slots' weights (the route kernel's `weight`).
-    pub weight: &'a View,
+    /// The slots' weights (the route kernel's `weight`); `None` where `experts` holds each
+    /// token's weighted sum already ([`expert_matvec_mixed`]'s output, `k` = 1).
+    pub weight: Option<&'a View>,
     pub experts_post: &'a View,
     /// `tokens` rows of `dim`.
     pub dense: &'a View,
@@ -2118,17 +2212,29 @@ pub fn moe_mix(ctx: &GpuContext, mix: &MoeMix<'_>, out: &View) -> Result<Dispatc
     check_norm_dim(dim)?;
     let (rows, slots) = (u64::from(tokens) * u64::from(dim), u64::from(tokens * k));
     experts.expect_len32("expert outputs", slots * u64::from(dim))?;
-    weight.expect_len32("expert weights", slots)?;
+    match weight {
+        Some(wv) => wv.expect_len32("expert weights", slots)?,
+        None if k != 1 => {
+            return Err(shape(format!(
+                "experts' mix: {k} unweighted rows a token, where mixed outputs are one"
+            )));
+        }
+        None => {}
+    }
     dense.expect_len32("dense branch", rows)?;
     out.expect_len32("experts' mix", rows)?;
     experts_post.expect_len32("experts' post-norm", u64::from(dim))?;
     dense_post.expect_len32("dense post-norm", u64::from(dim))?;
     ctx.dispatch(
         "moe_mix",
-        ctx.pipeline(&ShaderSource::new("moe", &[REDUCE_WGSL, MOE_WGSL]).flag("MIX")),
+        ctx.pipeline(
+            &ShaderSource::new("moe", &[REDUCE_WGSL, MOE_WGSL])
+                .flag("MIX")
+                .flag_if(weight.is_some(), "WEIGHTED"),
+        ),
         &[
             Bind::Storage(experts),
-            Bind::Storage(weight),
+            weight.map_or(Bind::Skip, Bind::Storage),
             Bind::Storage(out),
             Bind::Params(Params::new().u32(0).u32(k).u32(dim).u32(0).f32(eps)),
             Bind::Storage(dense),

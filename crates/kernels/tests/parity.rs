@@ -1360,9 +1360,11 @@ fn residual_matvec_matches_cpu() {
     if !ops::moe_delta_fits(ctx) {
         return;
     }
-    for (dtype, k, n, slots) in [
-        (GgmlType::Q8_0, 2816u32, 131u64, 8u32),
-        (GgmlType::F32, 516, 9, 3),
+    // Unweighted: one row, the slots' sum as `expert_matvec_mixed` leaves it.
+    for (dtype, k, n, slots, weighted) in [
+        (GgmlType::Q8_0, 2816u32, 131u64, 8u32, true),
+        (GgmlType::F32, 516, 9, 3, true),
+        (GgmlType::Q4K, 768, 37, 1, false),
     ] {
         let ku = k as usize;
         let wq = quantize(dtype, &rng.vec(ku * n as usize, 0.5)).unwrap();
@@ -1370,7 +1372,11 @@ fn residual_matvec_matches_cpu() {
         let w = GpuWeight::upload(ctx, "w", dtype, u64::from(k), n, &wq, None).unwrap();
         let (res, dense) = (rng.vec(ku, 1.0), rng.vec(ku, 3.0));
         let experts = rng.vec(ku * slots as usize, 2.0);
-        let weights = rng.vec(slots as usize, 1.0);
+        let weights = if weighted {
+            rng.vec(slots as usize, 1.0)
+        } else {
+            vec![1.0]
+        };
         let (post, pre) = (rng.vec(ku, 1.0), rng.vec(ku, 1.0));
         let (dense_post, experts_post) = (rng.vec(ku, 1.0), rng.vec(ku, 1.0));
         let mix: Vec<f32> = (0..ku)
@@ -1403,7 +1409,7 @@ fn residual_matvec_matches_cpu() {
         let [rv, dv, ev, wv, pv, prv, dpv, epv] = &views;
         let mix = ops::MoeMix {
             experts: ev,
-            weight: wv,
+            weight: weighted.then_some(wv),
             experts_post: epv,
             dense: dv,
             dense_post: dpv,
@@ -1426,7 +1432,7 @@ fn residual_matvec_matches_cpu() {
         let plain = ops::MatvecOut::Rows { softcap: 0.0 };
         let ds = ops::matvec_after_residual(ctx, &w, &step, &y, 0, plain).unwrap();
         run(ctx, &ds.iter().collect::<Vec<_>>());
-        let what = format!("experts' output joining, {dtype} k={k}");
+        let what = format!("experts' output joining, {dtype} k={k} weighted={weighted}");
         assert_close(&what, &read(ctx, &y), &want, 3e-5);
         assert_close(&format!("{what} stream"), &read(ctx, &res_out), &h, 1e-5);
         assert_close(&format!("{what} normed"), &read(ctx, &normed), &xn, 1e-5);
@@ -2215,43 +2221,133 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
             assert_close(&what, &read(ctx, &out), &want, 3e-5);
         }
     }
-    // The mix: the dense branch and the experts' weighted sum, each normalised.
-    let y = rng.vec((u64::from(tokens * k) * d) as usize, 1.0);
-    let dense = rng.vec((u64::from(tokens) * d) as usize, 2.0);
-    let (dense_post, experts_post) = (rng.vec(du, 1.0), rng.vec(du, 1.0));
-    let (yv, dv) = (upload(ctx, &y), upload(ctx, &dense));
-    let (dpv, epv) = (upload(ctx, &dense_post), upload(ctx, &experts_post));
-    let mix = ops::MoeMix {
-        experts: &yv,
-        weight: &weight,
-        experts_post: &epv,
-        dense: &dv,
-        dense_post: &dpv,
-        tokens,
-        k,
-        dim: d as u32,
+    // Down experts, each token's slots weighted and summed in the product: tiles of two
+    // experts (the tiles after the first add to what the first wrote), 6 experts 2 a token
+    // and the 26B-A4B's 8 of 128.
+    let (big_sel, big_w, big_got_sel, big_got_w) =
+        route(1, 128, 8, &big[128..], &rng.vec(128, 1.0));
+    for (dtype, n_expert, k, sel, got_sel, got_w, weight) in [
+        (GgmlType::Q8_0, n_expert, k, &sel, &got_sel, &got_w, &weight),
+        (GgmlType::F32, n_expert, k, &sel, &got_sel, &got_w, &weight),
+        (
+            GgmlType::Q5_0,
+            128,
+            8,
+            &big_sel,
+            &big_got_sel,
+            &big_got_w,
+            &big_w,
+        ),
+    ] {
+        let slots = got_sel.len();
+        let (w, wd) = stacked_experts(ctx, &mut rng, dtype, n_expert.into(), d, ff);
+        let act = rng.vec(slots * ff as usize, 1.0);
+        let down_slots = ops::ExpertSlots {
+            sel,
+            slots: slots as u32,
+            rows_per_expert: d as u32,
+            x_group: 1,
+        };
+        let tokens = slots / k as usize;
+        let out = poisoned(ctx, tokens * du);
+        let ds = ops::expert_matvec_mixed(
+            ctx,
+            &w,
+            &upload(ctx, &act),
+            weight,
+            &out,
+            d as u32,
+            &down_slots,
+            k,
+        )
+        .unwrap();
+        run(ctx, &ds.iter().collect::<Vec<_>>());
+        let mut want = vec![0.0f32; tokens * du];
+        for s in 0..slots {
+            let e = got_sel[s] as usize;
+            let y = cpu::matmul(
+                &wd[e * du * ff as usize..][..du * ff as usize],
+                du,
+                ff as usize,
+                &act[s * ff as usize..][..ff as usize],
+                1,
+            );
+            for (o, v) in want[(s / k as usize) * du..][..du].iter_mut().zip(y) {
+                *o += got_w[s] * v;
+            }
+        }
+        let what = format!("expert down, mixed, {dtype} {k} of {n_expert}");
+        assert_close(&what, &read(ctx, &out), &want, 3e-5);
+    }
+    // The mix: the dense branch and the experts' weighted sum, each normalised; unweighted,
+    // one row a token that a mixed product summed.
+    for weighted in [true, false] {
+        let kk = if weighted { k } else { 1 };
+        let y = rng.vec((u64::from(tokens * kk) * d) as usize, 1.0);
+        let dense = rng.vec((u64::from(tokens) * d) as usize, 2.0);
+        let (dense_post, experts_post) = (rng.vec(du, 1.0), rng.vec(du, 1.0));
+        let (yv, dv) = (upload(ctx, &y), upload(ctx, &dense));
+        let (dpv, epv) = (upload(ctx, &dense_post), upload(ctx, &experts_post));
+        let mix = ops::MoeMix {
+            experts: &yv,
+            weight: weighted.then_some(&weight),
+            experts_post: &epv,
+            dense: &dv,
+            dense_post: &dpv,
+            tokens,
+            k: kk,
+            dim: d as u32,
+            eps: 1e-6,
+        };
+        let out = poisoned(ctx, (u64::from(tokens) * d) as usize);
+        run(ctx, &[&ops::moe_mix(ctx, &mix, &out).unwrap()]);
+        let slot_weight = |s: usize| if weighted { got_w[s] } else { 1.0 };
+        let sums: Vec<f32> = (0..tokens as usize)
+            .flat_map(|t| {
+                let y = &y;
+                (0..du).map(move |i| {
+                    (0..kk as usize)
+                        .map(|j| {
+                            slot_weight(t * kk as usize + j) * y[(t * kk as usize + j) * du + i]
+                        })
+                        .sum()
+                })
+            })
+            .collect();
+        let experts_part = cpu::rms_norm(&sums, du, Some(&experts_post), 1e-6);
+        let dense_part = cpu::rms_norm(&dense, du, Some(&dense_post), 1e-6);
+        let want: Vec<f32> = experts_part
+            .iter()
+            .zip(&dense_part)
+            .map(|(a, b)| a + b)
+            .collect();
+        assert_close(
+            &format!("experts' mix weighted={weighted}"),
+            &read(ctx, &out),
+            &want,
+            1e-5,
+        );
+    }
+    // Unweighted means one row a token.
+    let z = upload(ctx, &[0.0; 64]);
+    let unweighted = ops::MoeMix {
+        experts: &z,
+        weight: None,
+        experts_post: &z,
+        dense: &z,
+        dense_post: &z,
+        tokens: 1,
+        k: 2,
+        dim: 8,
         eps: 1e-6,
     };
-    let out = poisoned(ctx, (u64::from(tokens) * d) as usize);
-    run(ctx, &[&ops::moe_mix(ctx, &mix, &out).unwrap()]);
-    let sums: Vec<f32> = (0..tokens as usize)
-        .flat_map(|t| {
-            let (y, w) = (&y, &got_w);
-            (0..du).map(move |i| {
-                (0..k as usize)
-                    .map(|j| w[t * k as usize + j] * y[(t * k as usize + j) * du + i])
-                    .sum()
-            })
-        })
-        .collect();
-    let experts_part = cpu::rms_norm(&sums, du, Some(&experts_post), 1e-6);
-    let dense_part = cpu::rms_norm(&dense, du, Some(&dense_post), 1e-6);
-    let want: Vec<f32> = experts_part
-        .iter()
-        .zip(&dense_part)
-        .map(|(a, b)| a + b)
-        .collect();
-    assert_close("experts' mix", &read(ctx, &out), &want, 1e-5);
+    let err = ops::moe_mix(ctx, &unweighted, &z)
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        err.is_some_and(|e| e.contains("unweighted")),
+        "two unweighted rows a token"
+    );
 }
 
 /// `WGEMMA_EXPECT_COOP=1` (set by `benches/h100.sh`) turns a device that should have

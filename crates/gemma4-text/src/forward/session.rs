@@ -926,25 +926,26 @@ impl GpuSession {
                         &gate_up_slots,
                         MatvecOut::Geglu,
                     )?);
-                    run(ops::expert_matvec(
+                    // The slots' outputs weighted and summed in the product: one row a token.
+                    run(ops::expert_matvec_mixed(
                         ctx,
                         &x.down,
                         &mo.act,
-                        None,
+                        &mo.weight,
                         &mo.out,
                         d,
                         &down_slots,
-                        rows,
+                        k,
                     )?);
                 }
                 let mix = MoeMix {
                     experts: &mo.out,
-                    weight: &mo.weight,
+                    weight: tiled.then_some(&mo.weight),
                     experts_post: &x.post_norm_experts,
                     dense: &s.down,
                     dense_post: &x.post_norm_dense,
                     tokens: m,
-                    k,
+                    k: if tiled { k } else { 1 },
                     dim: d,
                     eps,
                 };

@@ -18,8 +18,15 @@
 // PRENORM norm(h) * pre (the next block's norm), which the first workgroup writes to normed;
 // the steps read it from workgroup memory.
 // MOE_DELTA (with RESIDUAL, one token): delta is a mixture-of-experts FFN's output, computed
-// here as moe.wgsl's MIX computes it (from the dense branch at binding 5 and the MOE_K
-// experts' rows), so that no dispatch of its own waits between the experts and this product.
+// here as moe.wgsl's MIX computes it (from the dense branch at binding 5 and the experts'
+// row an EXPERTS_SUM product mixed, or with MOE_WEIGHTED the MOE_K slots' rows and weights),
+// so that no dispatch of its own waits between the experts and this product.
+// EXPERTS_SUM (with EXPERTS): a token's x_group slots in one product, weighted by the route's
+// expert_w and summed: y[m] = sum_j expert_w[m x_group + j] * (W_sel[m x_group + j] . x[m x_group + j]),
+// the k slots' rows of k values read as one row of x_group segments (each from its slot's
+// expert), so the experts' mix leaves the product as one row per token rather than a row per
+// slot that the next dispatch would read back and weigh. A tile's dispatch skips segments whose
+// expert lives in another tile; with p.accumulate it adds to what the tiles before it wrote.
 // NORM_IN (tokens of k values): the input is norm(x) * pre, which every workgroup computes
 // into its memory (no dispatch of its own normalises the row first).
 // GELU_TIMES: y[out_offset + i] = gelu_tanh(row_i . x) * times[times_offset + i].
@@ -69,6 +76,8 @@ struct Params {
     capacity: u32,
     // Q8_OUT, XQ_IN: where the rounded vector's scales start (words).
     xs_words: u32,
+    // EXPERTS_SUM: add to y rather than overwrite it (the tiles after the first).
+    accumulate: u32,
 }
 
 // A step's inputs: XN vec4s of floats, or with INT8_X XN words of four 8-bit integers; and
@@ -335,6 +344,14 @@ var<workgroup> sg_sums: array<vec4<f32>, 64>;
 #if EXPERTS
 @group(0) @binding(4) var<storage, read> sel: array<u32>;
 #endif
+#if EXPERTS_SUM|MOE_WEIGHTED
+@group(0) @binding(15) var<storage, read> expert_w: array<f32>;
+#endif
+#if EXPERTS_SUM
+// The token's slots: expert and weight (at most 64, the dispatcher checks).
+var<workgroup> slot_e: array<u32, 64>;
+var<workgroup> slot_w: array<f32, 64>;
+#endif
 #if RESIDUAL|MERGE|NORM_IN
 // The product's input row: k / 4 vec4s.
 override XV: u32 = 1u;
@@ -360,13 +377,13 @@ override RV: u32 = 1u;
 
 #if MOE_DELTA
 @group(0) @binding(14) var<storage, read> experts: array<vec4<f32>>;
-@group(0) @binding(15) var<storage, read> expert_w: array<f32>;
 @group(0) @binding(16) var<storage, read> dense_post: array<vec4<f32>>;
 @group(0) @binding(17) var<storage, read> experts_post: array<vec4<f32>>;
 override MOE_K: u32 = 1u;
 
 // The thread's vec4s of delta = norm(dense) * dense_post + norm(mix) * experts_post, where
-// mix = sum_s expert_w[s] * experts[s]; returns their sum of squares.
+// mix = sum_s expert_w[s] * experts[s] (MOE_WEIGHTED), or experts[0] as an EXPERTS_SUM
+// product mixed it; returns their sum of squares.
 fn moe_delta(li: u32, dv: ptr<function, array<vec4<f32>, RV_MAX>>) -> f32 {
     let n4 = p.k / 4u;
     var mv: array<vec4<f32>, RV_MAX>;
@@ -377,9 +394,13 @@ fn moe_delta(li: u32, dv: ptr<function, array<vec4<f32>, RV_MAX>>) -> f32 {
         if (i < n4) {
             (*dv)[j] = delta[i];
             var acc = vec4<f32>(0.0);
+#if MOE_WEIGHTED
             for (var s = 0u; s < MOE_K; s++) {
                 acc += expert_w[s] * experts[s * n4 + i];
             }
+#else
+            acc = experts[i];
+#endif
             mv[j] = acc;
             sdn += dot((*dv)[j], (*dv)[j]);
             sm += dot(acc, acc);
@@ -618,6 +639,15 @@ fn main(
     let lane = li % TPR;
     let row0 = group * RPT;
     let m = wg.z;
+#if EXPERTS_SUM
+    if (li < p.x_group) {
+        slot_e[li] = sel[m * p.x_group + li];
+        slot_w[li] = expert_w[m * p.x_group + li];
+    }
+    workgroupBarrier();
+    let xb = m * (p.x_stride / 4u);
+    let rbase = 0u;
+#else
 #if EXPERTS
     // A slot whose expert lives in another tile has nothing to do here.
     let expert = sel[m] - p.first_expert;
@@ -629,6 +659,7 @@ fn main(
 #else
     let xb = m * (p.x_stride / 4u);
     let rbase = 0u;
+#endif
 #endif
 #if RESIDUAL
     residual_prologue(xb, li, wg.x == 0u && wg.y == 0u);
@@ -652,6 +683,11 @@ fn main(
     // Float rows may end inside their last step (at a multiple of 4 values): its inputs past
     // the end are zero, so the weights read there (the next row's, finite) add nothing.
     let steps = (p.k + STEP - 1u) / STEP;
+#if EXPERTS_SUM
+    let all_steps = steps * p.x_group;
+#else
+    let all_steps = steps;
+#endif
     if (row0 < p.n) {
         // Rows past the end repeat the last row: same loads, results dropped.
         let last = p.n - 1u;
@@ -660,10 +696,27 @@ fn main(
         if (PREFETCH && lane < steps) {
             cur = group_load(rb, lane);
         }
-        for (var u = lane; u < steps; u += TPR) {
+        for (var v = lane; v < all_steps; v += TPR) {
+#if EXPERTS_SUM
+            // Step u of segment j: slot j's expert, its input row and weight.
+            let j = v / steps;
+            let u = v - j * steps;
+            let expert = slot_e[j] - p.first_expert;
+            if (slot_e[j] < p.first_expert || expert >= p.experts_here) {
+                continue;
+            }
+            let rbu = rb + vec4<u32>(expert * p.n * p.row_bytes);
+            let xbu = xb + j * (p.k / 4u);
+            let wu = slot_w[j];
+#else
+            let u = v;
+            let rbu = rb;
+            let xbu = xb;
+            let wu = 1.0;
+#endif
             var next: array<Raw, 4>;
             if (!PREFETCH) {
-                cur = group_load(rb, u);
+                cur = group_load(rbu, u);
             } else if (u + TPR < steps) {
                 next = group_load(rb, u + TPR);
             }
@@ -680,21 +733,23 @@ fn main(
 #if RESIDUAL|MERGE|NORM_IN
                     xv[i] = xsh[c];
 #else
-                    xv[i] = x[xb + c];
+                    xv[i] = x[xbu + c];
 #endif
 #endif
 #endif
                 }
             }
             let xs = step_pre(u, &xv);
-            acc.x += step_dot(cur[0], u, &xv, xs);
+            var d = vec4<f32>(0.0);
+            d.x = step_dot(cur[0], u, &xv, xs);
             if (RPT > 1u) {
-                acc.y += step_dot(cur[1], u, &xv, xs);
+                d.y = step_dot(cur[1], u, &xv, xs);
             }
             if (RPT > 2u) {
-                acc.z += step_dot(cur[2], u, &xv, xs);
-                acc.w += step_dot(cur[3], u, &xv, xs);
+                d.z = step_dot(cur[2], u, &xv, xs);
+                d.w = step_dot(cur[3], u, &xv, xs);
             }
+            acc += wu * d;
             if (PREFETCH) {
                 cur = next;
             }
@@ -759,7 +814,11 @@ fn main(
 #if GELU_TIMES
             y[ob + row0 + r] = gelu_tanh(acc[r]) * times[p.times_offset + row0 + r];
 #else
+#if EXPERTS_SUM
+            y[ob + row0 + r] = acc[r] + select(0.0, y[ob + row0 + r], p.accumulate != 0u);
+#else
             y[ob + row0 + r] = softcapped(acc[r], p.softcap);
+#endif
 #endif
         }
     }

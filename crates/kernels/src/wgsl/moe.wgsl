@@ -6,8 +6,9 @@
 //        pick. One pass over the probabilities in parallel, where picking one at a time took
 //        k passes on one thread (34 us a layer on an H100 for 8 of 128).
 // MIX:   out[t] = norm(dense[t]) * dense_post + norm(mix) * experts_post, where
-//        mix = sum_j weight[t*k + j] * y[t*k + j]: the dense branch and the experts' weighted
-//        mix, each normalised, in one pass (the layer's FFN output before its post-norm).
+//        mix = sum_j weight[t*k + j] * y[t*k + j] (WEIGHTED; otherwise y holds one mixed row a
+//        token, k = 1): the dense branch and the experts' weighted mix, each normalised, in one
+//        pass (the layer's FFN output before its post-norm).
 // GROUP: the k slots (here all tokens' slots) by expert, for the products of many tokens,
 //        one workgroup in all: groups = [slots, expert by expert | count of each expert |
 //        first entry of each], k + 2 n_expert words. An expert's slots are in the order
@@ -35,7 +36,9 @@ var<workgroup> starts: array<u32, 256>;
 #endif
 #if MIX
 @group(0) @binding(0) var<storage, read> y: array<f32>;
+#if WEIGHTED
 @group(0) @binding(1) var<storage, read> weight: array<f32>;
+#endif
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read> dense: array<f32>;
 @group(0) @binding(5) var<storage, read> dense_post: array<f32>;
@@ -143,7 +146,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         var acc = 0.0;
         for (var s = t * p.k; s < (t + 1u) * p.k; s++) {
+#if WEIGHTED
             acc += weight[s] * y[s * p.dim + i];
+#else
+            acc += y[s * p.dim + i];
+#endif
         }
         mv[j] = acc;
         dv[j] = dense[t * p.dim + i];
