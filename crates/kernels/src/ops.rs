@@ -32,6 +32,7 @@ const ATTN_COMBINE_WGSL: &str = include_str!("wgsl/attn_combine.wgsl");
 const ATTN_MERGE_WGSL: &str = include_str!("wgsl/attn_merge.wgsl");
 const SAMPLE_WGSL: &str = include_str!("wgsl/sample.wgsl");
 const MOE_WGSL: &str = include_str!("wgsl/moe.wgsl");
+const ROUTE_WGSL: &str = include_str!("wgsl/route.wgsl");
 
 /// Token counts up to this use the matrix-vector kernel; more use the tiled matmul.
 pub const MATVEC_MAX_TOKENS: u32 = 4;
@@ -1252,6 +1253,8 @@ struct MatvecJob<'a> {
     /// With `experts`: the slots' weights, for a product that sums each token's `x_group`
     /// slots into one row ([`expert_matvec_mixed`]).
     mixed: Option<&'a View>,
+    /// With `experts`: the slots' experts routed in the product ([`ExpertRoute`]).
+    route: Option<&'a ExpertRoute<'a>>,
     tuning: Option<MatvecTuning>,
     /// The residual step computed in front of the product (x is then the stream).
     residual: Option<&'a ResidualStep<'a>>,
@@ -1275,6 +1278,7 @@ impl<'a> MatvecJob<'a> {
             out,
             experts: None,
             mixed: None,
+            route: None,
             tuning: None,
             residual: None,
             merge: None,
@@ -1321,6 +1325,7 @@ fn matvec_dispatches(
         out,
         experts,
         mixed,
+        route,
         tuning,
         residual,
         merge,
@@ -1530,8 +1535,11 @@ fn matvec_dispatches(
         by.expect_len32(&w.name, u64::from(offset) + w.rows)?;
     }
     let mut parts = vec![ACTIVATIONS_WGSL, BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL];
-    if prologue {
+    if prologue || route.is_some() {
         parts.push(REDUCE_WGSL);
+    }
+    if route.is_some() {
+        parts.push(ROUTE_WGSL);
     }
     if merge.is_some() {
         parts.push(ATTN_MERGE_WGSL);
@@ -1542,6 +1550,7 @@ fn matvec_dispatches(
         .flag_if(!subgroups, "NO_SUBGROUPS")
         .flag_if(experts.is_some(), "EXPERTS")
         .flag_if(mixed.is_some(), "EXPERTS_SUM")
+        .flag_if(route.is_some(), "ROUTE_IN")
         .flag_if(residual.is_some(), "RESIDUAL")
         .flag_if(residual.is_some_and(|r| r.next_norm.is_some()), "PRENORM")
         .flag_if(norm.is_some(), "NORM_IN")
@@ -1639,7 +1648,9 @@ fn matvec_dispatches(
                 None => params.u32(0).u32(0).u32(0).u32(0).u32(0).u32(0),
             }
             .u32(xs_words)
-            .u32(u32::from(mixed.is_some() && ti > 0));
+            .u32(u32::from(mixed.is_some() && ti > 0))
+            .u32(route.map_or(0, |r| r.n_expert))
+            .u32(u32::from(route.is_some_and(|r| r.expert_scale.is_some())));
             let wv = View::of(&tile.buffer);
             let sel = experts.map_or(Bind::Skip, |e| Bind::Storage(e.sel));
             let mut binds = vec![
@@ -1649,9 +1660,13 @@ fn matvec_dispatches(
                 Bind::Params(params),
                 sel,
             ];
-            // Bindings 5..=17: the residual step's, the GELU factor's, the merge's and the
-            // experts' output's, where used.
-            binds.resize_with(18, || Bind::Skip);
+            // Bindings 5..=19: the residual step's, the GELU factor's, the merge's, the
+            // experts' output's and the route's, where used.
+            if let Some(r) = route {
+                binds = route_binds(binds, r.logits, r.expert_scale);
+                binds[15] = Bind::Storage(r.weight);
+            }
+            binds.resize_with(20, || Bind::Skip);
             if let Some(mg) = merge {
                 binds[1] = Bind::Storage(mg.scratch);
                 binds[11] = Bind::Storage(mg.attention.positions);
@@ -1868,11 +1883,50 @@ pub fn matvec_tuned(
     matvec_dispatches(ctx, w, &job)
 }
 
+/// Routing inside [`expert_matvec`]: each token's `x_group` slots are its most likely
+/// experts by `logits` (`n_expert` a token), as [`moe_route`] picks and weighs them; the
+/// product writes the slots' experts to `sel` and their weights to `weight`.
+#[derive(Clone, Copy)]
+pub struct ExpertRoute<'a> {
+    pub logits: &'a View,
+    pub weight: &'a View,
+    pub expert_scale: Option<&'a View>,
+    pub n_expert: u32,
+}
+
+/// `binds` with route.wgsl's bindings (18 and 19) after them.
+fn route_binds<'a>(
+    mut binds: Vec<Bind<'a>>,
+    logits: &'a View,
+    expert_scale: Option<&'a View>,
+) -> Vec<Bind<'a>> {
+    binds.resize_with(18, || Bind::Skip);
+    // Without a scale the shader reads none; the binding still needs a buffer.
+    binds.extend([
+        Bind::Storage(logits),
+        Bind::Storage(expert_scale.unwrap_or(logits)),
+    ]);
+    binds
+}
+
+/// Storage buffers a routed expert product binds at most.
+const ROUTED_EXPERT_BUFFERS: u32 = 8;
+
+/// Whether the device can route inside an expert product whose input rows of `k` values are
+/// normalised in front of it ([`ExpertRoute`]): the buffers it binds, and the route's
+/// workgroup memory next to the input row.
+pub fn expert_route_fits(ctx: &GpuContext, k: u32) -> bool {
+    ctx.limits.max_storage_buffers_per_shader_stage >= ROUTED_EXPERT_BUFFERS
+        && matvec_input_fits(ctx, k)
+        && u64::from(k) * 4 + 8 * 1024 <= u64::from(ctx.limits.max_compute_workgroup_storage_size)
+}
+
 /// Products of the experts chosen per slot: slot s multiplies expert `sel[s]` (its
 /// `rows_per_expert` rows of the stacked `w`) by input row `s / x_group` of `x`, into row s of
 /// `y` (`y_stride` apart). With [`MatvecOut::Geglu`] each expert's rows are gate/up pairs.
 /// With `norm`, each input row is normalised first, in every workgroup (rows that fit,
-/// [`matvec_input_fits`]).
+/// [`matvec_input_fits`]). With `route`, the slots' experts are routed here and written to
+/// `sel` rather than read from it (a token's `x_group` slots; [`expert_route_fits`]).
 #[allow(clippy::too_many_arguments)]
 pub fn expert_matvec(
     ctx: &GpuContext,
@@ -1882,14 +1936,39 @@ pub fn expert_matvec(
     y: &View,
     y_stride: u32,
     slots: &ExpertSlots<'_>,
+    route: Option<&ExpertRoute<'_>>,
     out: MatvecOut<'_>,
 ) -> Result<Vec<Dispatch>, GpuError> {
     check_expert_io(w, x, y, y_stride, slots, out)?;
+    if let Some(r) = route {
+        let k = slots.x_group;
+        if r.n_expert == 0
+            || r.n_expert > 256
+            || k > r.n_expert
+            || !slots.slots.is_multiple_of(k)
+            || !expert_route_fits(ctx, w.cols as u32)
+        {
+            return Err(shape(format!(
+                "{}: routing {k} of {} experts (at most 256) a token in front of a product of {} slots, on a device that binds {ROUTED_EXPERT_BUFFERS} storage buffers and holds the row",
+                w.name, r.n_expert, slots.slots
+            )));
+        }
+        r.logits.expect_len32(
+            "router logits",
+            u64::from(slots.slots / k) * u64::from(r.n_expert),
+        )?;
+        r.weight
+            .expect_len32("expert weights", u64::from(slots.slots))?;
+        if let Some(sc) = r.expert_scale {
+            sc.expect_len32("expert scale", u64::from(r.n_expert))?;
+        }
+    }
     let job = MatvecJob {
         m: slots.slots,
         x_stride: w.cols as u32,
         y_stride,
         experts: Some(slots),
+        route,
         norm,
         ..MatvecJob::new(x, y, out)
     };
@@ -2164,15 +2243,17 @@ pub fn moe_route(
         .f32(0.0);
     ctx.dispatch(
         "moe_route",
-        ctx.pipeline(&ShaderSource::new("moe", &[REDUCE_WGSL, MOE_WGSL]).flag("ROUTE")),
-        &[
-            Bind::Storage(logits),
-            Bind::Storage(sel),
-            Bind::Storage(weight),
-            Bind::Params(params),
-            // Without a scale the shader reads none; the binding still needs a buffer.
-            Bind::Storage(expert_scale.unwrap_or(logits)),
-        ],
+        ctx.pipeline(&ShaderSource::new("moe", &[REDUCE_WGSL, ROUTE_WGSL, MOE_WGSL]).flag("ROUTE")),
+        &route_binds(
+            vec![
+                Bind::Skip,
+                Bind::Storage(sel),
+                Bind::Storage(weight),
+                Bind::Params(params),
+            ],
+            logits,
+            expert_scale,
+        ),
         [tokens, 1, 1],
     )
 }

@@ -2175,7 +2175,8 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
     for i in 0..7 {
         big[128 + 20 + i] = 12.0;
     }
-    route(2, 128, 8, &big, &rng.vec(128, 1.0));
+    let big_scale = rng.vec(128, 1.0);
+    let (big_sel, big_w, big_got_sel, big_got_w) = route(2, 128, 8, &big, &big_scale);
     let logits = rng.vec((tokens * n_expert) as usize, 3.0);
     let scale = rng.vec(n_expert as usize, 1.0);
     let (sel, weight, got_sel, got_w) = route(tokens, n_expert, k, &logits, &scale);
@@ -2200,6 +2201,7 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
                 &out,
                 ff as u32,
                 &slots,
+                None,
                 ops::MatvecOut::Geglu,
             )
             .unwrap();
@@ -2221,11 +2223,77 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
             assert_close(&what, &read(ctx, &out), &want, 3e-5);
         }
     }
+    // Routed inside the gate/up product (a decode step's experts): the experts and weights
+    // the route kernel gives, and the same products; at the small shape and at the
+    // 26B-A4B's 8 of 128, with ties.
+    let big_x = rng.vec(2 * du, 1.0);
+    for (n_expert, k, tokens, xs, logits, scale, want_sel, want_w) in [
+        (n_expert, k, tokens, &x, &logits, &scale, &got_sel, &got_w),
+        (
+            128,
+            8,
+            2,
+            &big_x,
+            &big,
+            &big_scale,
+            &big_got_sel,
+            &big_got_w,
+        ),
+    ] {
+        let (w, wd) = stacked_experts(ctx, &mut rng, GgmlType::Q8_0, n_expert.into(), 2 * ff, d);
+        let n_slots = (tokens * k) as usize;
+        let (sel, weight) = (
+            upload_u32(ctx, &vec![u32::MAX; n_slots]),
+            poisoned(ctx, n_slots),
+        );
+        let (lv, sv, xsv) = (upload(ctx, logits), upload(ctx, scale), upload(ctx, xs));
+        let slots = ops::ExpertSlots {
+            sel: &sel,
+            slots: tokens * k,
+            rows_per_expert: 2 * ff as u32,
+            x_group: k,
+        };
+        let routing = ops::ExpertRoute {
+            logits: &lv,
+            weight: &weight,
+            expert_scale: Some(&sv),
+            n_expert,
+        };
+        let out = poisoned(ctx, n_slots * ff as usize);
+        let ds = ops::expert_matvec(
+            ctx,
+            &w,
+            &xsv,
+            Some(&pre_norm),
+            &out,
+            ff as u32,
+            &slots,
+            Some(&routing),
+            ops::MatvecOut::Geglu,
+        )
+        .unwrap();
+        run(ctx, &ds.iter().collect::<Vec<_>>());
+        let what = format!("gate/up routing {k} of {n_expert} itself");
+        let got_sel = pollster::block_on(ctx.read_u32(&sel)).unwrap();
+        assert_eq!(&got_sel, want_sel, "{what}: experts");
+        assert_close(
+            &format!("{what}: weights"),
+            &read(ctx, &weight),
+            want_w,
+            1e-6,
+        );
+        let input = cpu::rms_norm(xs, du, Some(&pre), 1e-6);
+        let mut want = Vec::new();
+        for (s, &e) in want_sel.iter().enumerate() {
+            let rows = &wd[e as usize * 2 * ff as usize * du..][..2 * ff as usize * du];
+            let xr = &input[(s / k as usize) * du..][..du];
+            want.extend(gated(&cpu::matmul(rows, 2 * ff as usize, du, xr, 1)));
+        }
+        assert_close(&what, &read(ctx, &out), &want, 3e-5);
+    }
     // Down experts, each token's slots weighted and summed in the product: tiles of two
     // experts (the tiles after the first add to what the first wrote), 6 experts 2 a token
     // and the 26B-A4B's 8 of 128.
-    let (big_sel, big_w, big_got_sel, big_got_w) =
-        route(1, 128, 8, &big[128..], &rng.vec(128, 1.0));
     for (dtype, n_expert, k, sel, got_sel, got_w, weight) in [
         (GgmlType::Q8_0, n_expert, k, &sel, &got_sel, &got_w, &weight),
         (GgmlType::F32, n_expert, k, &sel, &got_sel, &got_w, &weight),

@@ -834,16 +834,30 @@ impl GpuSession {
                     )?]);
                     run(product(&x.router, &mo.normed, &mo.logits, ne, 0, plain)?);
                 }
-                run(vec![ops::moe_route(
-                    ctx,
-                    &mo.logits,
-                    &mo.sel,
-                    &mo.weight,
-                    x.down_scale.as_ref(),
-                    m,
-                    ne,
-                    k,
-                )?]);
+                // The per-slot gate/up product routes its slots itself where it can: one
+                // dispatch fewer between the router and the experts. Not with streamed
+                // experts, whose copy needs the route first.
+                let route = ops::ExpertRoute {
+                    logits: &mo.logits,
+                    weight: &mo.weight,
+                    expert_scale: x.down_scale.as_ref(),
+                    n_expert: ne,
+                };
+                let route_in = (!tiled && normed_in && x.host.is_none())
+                    .then_some(&route)
+                    .filter(|_| ops::expert_route_fits(ctx, d));
+                if route_in.is_none() {
+                    run(vec![ops::moe_route(
+                        ctx,
+                        &mo.logits,
+                        &mo.sel,
+                        &mo.weight,
+                        x.down_scale.as_ref(),
+                        m,
+                        ne,
+                        k,
+                    )?]);
+                }
                 let experts_norm = InputNorm {
                     weight: &x.pre_norm,
                     eps,
@@ -924,6 +938,7 @@ impl GpuSession {
                         &mo.act,
                         fe,
                         &gate_up_slots,
+                        route_in,
                         MatvecOut::Geglu,
                     )?);
                     // The slots' outputs weighted and summed in the product: one row a token.

@@ -27,6 +27,11 @@
 // expert), so the experts' mix leaves the product as one row per token rather than a row per
 // slot that the next dispatch would read back and weigh. A tile's dispatch skips segments whose
 // expert lives in another tile; with p.accumulate it adds to what the tiles before it wrote.
+// ROUTE_IN (with EXPERTS): the slots' experts come from the router's logits rather than sel:
+// every workgroup routes its token (route.wgsl) and takes the expert of its slot's rank, and
+// the first workgroup of each slot stores the slot's expert in sel and its weight in
+// expert_w, for the products and the mix after it. No dispatch of its own routes between the
+// router's product and this one.
 // NORM_IN (tokens of k values): the input is norm(x) * pre, which every workgroup computes
 // into its memory (no dispatch of its own normalises the row first).
 // GELU_TIMES: y[out_offset + i] = gelu_tanh(row_i . x) * times[times_offset + i].
@@ -78,6 +83,9 @@ struct Params {
     xs_words: u32,
     // EXPERTS_SUM: add to y rather than overwrite it (the tiles after the first).
     accumulate: u32,
+    // ROUTE_IN: the router's experts, and whether expert_scale multiplies their weights.
+    n_expert: u32,
+    has_scale: u32,
 }
 
 // A step's inputs: XN vec4s of floats, or with INT8_X XN words of four 8-bit integers; and
@@ -341,8 +349,26 @@ var<workgroup> rows_red: array<f32, 1024>;
 override SG: u32 = 32u;
 var<workgroup> sg_sums: array<vec4<f32>, 64>;
 #endif
+#if ROUTE_IN
+@group(0) @binding(4) var<storage, read_write> sel: array<u32>;
+@group(0) @binding(15) var<storage, read_write> expert_w: array<f32>;
+// The router's logits and the experts' scales: route.wgsl's bindings 18 and 19.
+
+// Slot j of token t: its expert (the same value in every thread), stored with its weight
+// where `writer`.
+fn route_slot(t: u32, j: u32, li: u32, writer: bool) -> u32 {
+    route_token(t, li, p.n_expert, p.x_group);
+    if (writer && li == 0u) {
+        let pick = route_pick(j, p.x_group, p.has_scale != 0u);
+        sel[t * p.x_group + j] = pick.expert;
+        expert_w[t * p.x_group + j] = pick.weight;
+    }
+    return workgroupUniformLoad(&route_picked[j]);
+}
+#else
 #if EXPERTS
 @group(0) @binding(4) var<storage, read> sel: array<u32>;
+#endif
 #endif
 #if EXPERTS_SUM|MOE_WEIGHTED
 @group(0) @binding(15) var<storage, read> expert_w: array<f32>;
@@ -649,9 +675,14 @@ fn main(
     let rbase = 0u;
 #else
 #if EXPERTS
+#if ROUTE_IN
+    let chosen = route_slot(m / p.x_group, m % p.x_group, li, wg.x == 0u && wg.y == 0u);
+#else
+    let chosen = sel[m];
+#endif
     // A slot whose expert lives in another tile has nothing to do here.
-    let expert = sel[m] - p.first_expert;
-    if (sel[m] < p.first_expert || expert >= p.experts_here) {
+    let expert = chosen - p.first_expert;
+    if (chosen < p.first_expert || expert >= p.experts_here) {
         return;
     }
     let xb = (m / p.x_group) * (p.x_stride / 4u);

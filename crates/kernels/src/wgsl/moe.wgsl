@@ -1,10 +1,7 @@
 // Mixture-of-experts helpers, one workgroup of 256 threads per token.
-// ROUTE: softmax over the token's n_expert router logits, the k most likely experts (ties to
-//        the lower index), their probabilities renormalised to sum to one (floored at 2^-14)
-//        and times the expert's output scale: sel[t*k + j] = expert, weight[t*k + j] = weight.
-//        One thread per expert counts the experts ranked above its own; a rank below k is a
-//        pick. One pass over the probabilities in parallel, where picking one at a time took
-//        k passes on one thread (34 us a layer on an H100 for 8 of 128).
+// ROUTE: the token's k most likely of n_expert experts (route.wgsl), their probabilities
+//        renormalised to sum to one and times the expert's output scale: sel[t*k + j] =
+//        expert, weight[t*k + j] = weight.
 // MIX:   out[t] = norm(dense[t]) * dense_post + norm(mix) * experts_post, where
 //        mix = sum_j weight[t*k + j] * y[t*k + j] (WEIGHTED; otherwise y holds one mixed row a
 //        token, k = 1): the dense branch and the experts' weighted mix, each normalised, in one
@@ -23,10 +20,9 @@ struct Params {
 }
 
 #if ROUTE
-@group(0) @binding(0) var<storage, read> logits: array<f32>;
+// The logits and scales: route.wgsl's bindings.
 @group(0) @binding(1) var<storage, read_write> sel: array<u32>;
 @group(0) @binding(2) var<storage, read_write> weight: array<f32>;
-@group(0) @binding(4) var<storage, read> expert_scale: array<f32>;
 #endif
 #if GROUP
 @group(0) @binding(0) var<storage, read> sel: array<u32>;
@@ -46,12 +42,6 @@ var<workgroup> starts: array<u32, 256>;
 #endif
 @group(0) @binding(3) var<uniform> p: Params;
 
-#if ROUTE
-var<workgroup> probs: array<f32, 256>;
-// The picks in rank order: expert and probability.
-var<workgroup> picked: array<u32, 256>;
-var<workgroup> picked_p: array<f32, 256>;
-#endif
 #if MIX
 // Values of a row per thread: rows of up to 256 * PER stay in registers between the reductions.
 const PER: u32 = 24u;
@@ -61,46 +51,11 @@ const PER: u32 = 24u;
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let t = wg.x;
 #if ROUTE
-    let mine = li < p.n_expert;
-    var l = -3.4e38;
-    if (mine) {
-        l = logits[t * p.n_expert + li];
-    }
-    let mx = wg_max(l, li);
-    var e = 0.0;
-    if (mine) {
-        e = exp(l - mx);
-    }
-    let pr = e / wg_sum(e, li);
-    // A probability that is not a number ranks last, as on the CPU.
-    let key = select(-1.0, pr, pr >= 0.0);
-    probs[li] = key;
-    workgroupBarrier();
-    if (mine) {
-        var rank = 0u;
-        for (var f = 0u; f < p.n_expert; f++) {
-            let q = probs[f];
-            rank += u32(q > key || (q == key && f < li));
-        }
-        if (rank < p.k) {
-            picked[rank] = li;
-            picked_p[rank] = key;
-        }
-    }
-    workgroupBarrier();
+    route_token(t, li, p.n_expert, p.k);
     if (li < p.k) {
-        // Summed in rank order, as the CPU sums its picks.
-        var picked_sum = 0.0;
-        for (var j = 0u; j < p.k; j++) {
-            picked_sum += picked_p[j];
-        }
-        let ex = picked[li];
-        var w = picked_p[li] / max(picked_sum, 6.103515625e-5);
-        if (p.has_scale != 0u) {
-            w *= expert_scale[ex];
-        }
-        sel[t * p.k + li] = ex;
-        weight[t * p.k + li] = w;
+        let pick = route_pick(li, p.k, p.has_scale != 0u);
+        sel[t * p.k + li] = pick.expert;
+        weight[t * p.k + li] = pick.weight;
     }
 #endif
 #if GROUP
