@@ -2290,6 +2290,23 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
             want.extend(gated(&cpu::matmul(rows, 2 * ff as usize, du, xr, 1)));
         }
         assert_close(&what, &read(ctx, &out), &want, 3e-5);
+        // Routing from more experts than a workgroup ranks.
+        let too_many = ops::ExpertRoute {
+            n_expert: 257,
+            ..routing
+        };
+        let routed = ops::expert_matvec(
+            ctx,
+            &w,
+            &xsv,
+            Some(&pre_norm),
+            &out,
+            ff as u32,
+            &slots,
+            Some(&too_many),
+            ops::MatvecOut::Geglu,
+        );
+        assert!(routed.is_err(), "{what}: 257 experts");
     }
     // Down experts, each token's slots weighted and summed in the product: tiles of two
     // experts (the tiles after the first add to what the first wrote), 6 experts 2 a token
@@ -2346,6 +2363,13 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
         }
         let what = format!("expert down, mixed, {dtype} {k} of {n_expert}");
         assert_close(&what, &read(ctx, &out), &want, 3e-5);
+        // More slots a token than a workgroup holds, or slots that are not whole tokens.
+        let av = upload(ctx, &act);
+        for bad_k in [ops::MIXED_SLOTS_MAX + 1, slots as u32 + 1] {
+            let mixed =
+                ops::expert_matvec_mixed(ctx, &w, &av, weight, &out, d as u32, &down_slots, bad_k);
+            assert!(mixed.is_err(), "{what}: {bad_k} slots a token");
+        }
     }
     // The mix: the dense branch and the experts' weighted sum, each normalised; unweighted,
     // one row a token that a mixed product summed.

@@ -21,12 +21,13 @@
 // here as moe.wgsl's MIX computes it (from the dense branch at binding 5 and the experts'
 // row an EXPERTS_SUM product mixed, or with MOE_WEIGHTED the MOE_K slots' rows and weights),
 // so that no dispatch of its own waits between the experts and this product.
-// EXPERTS_SUM (with EXPERTS): a token's x_group slots in one product, weighted by the route's
-// expert_w and summed: y[m] = sum_j expert_w[m x_group + j] * (W_sel[m x_group + j] . x[m x_group + j]),
-// the k slots' rows of k values read as one row of x_group segments (each from its slot's
-// expert), so the experts' mix leaves the product as one row per token rather than a row per
-// slot that the next dispatch would read back and weigh. A tile's dispatch skips segments whose
-// expert lives in another tile; with p.accumulate it adds to what the tiles before it wrote.
+// EXPERTS_SUM (with EXPERTS): token m's G = x_group slots in one product, weighted by the
+// route's expert_w and summed: y[m] = sum_j expert_w[mG + j] * (W_sel[mG + j] . x[mG + j]).
+// The slots' input rows (k values each) are read as one row of G segments, each against its
+// slot's expert, so the experts' mix leaves the product as one row per token rather than a
+// row per slot that the next dispatch would read back and weigh. A tile's dispatch skips
+// segments whose expert lives in another tile; with p.accumulate it adds to what the tiles
+// before it wrote.
 // ROUTE_IN (with EXPERTS): the slots' experts come from the router's logits rather than sel:
 // every workgroup routes its token (route.wgsl) and takes the expert of its slot's rank, and
 // the first workgroup of each slot stores the slot's expert in sel and its weight in
