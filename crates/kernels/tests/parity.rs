@@ -2260,18 +2260,21 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
             n_expert,
         };
         let out = poisoned(ctx, n_slots * ff as usize);
-        let ds = ops::expert_matvec(
-            ctx,
-            &w,
-            &xsv,
-            Some(&pre_norm),
-            &out,
-            ff as u32,
-            &slots,
-            Some(&routing),
-            ops::MatvecOut::Geglu,
-        )
-        .unwrap();
+        let product = |r: &ops::ExpertRoute<'_>| {
+            let (x, gated) = (&xsv, ops::MatvecOut::Geglu);
+            ops::expert_matvec(
+                ctx,
+                &w,
+                x,
+                Some(&pre_norm),
+                &out,
+                ff as u32,
+                &slots,
+                Some(r),
+                gated,
+            )
+        };
+        let ds = product(&routing).unwrap();
         run(ctx, &ds.iter().collect::<Vec<_>>());
         let what = format!("gate/up routing {k} of {n_expert} itself");
         let got_sel = pollster::block_on(ctx.read_u32(&sel)).unwrap();
@@ -2295,18 +2298,7 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
             n_expert: 257,
             ..routing
         };
-        let routed = ops::expert_matvec(
-            ctx,
-            &w,
-            &xsv,
-            Some(&pre_norm),
-            &out,
-            ff as u32,
-            &slots,
-            Some(&too_many),
-            ops::MatvecOut::Geglu,
-        );
-        assert!(routed.is_err(), "{what}: 257 experts");
+        assert!(product(&too_many).is_err(), "{what}: 257 experts");
     }
     // Down experts, each token's slots weighted and summed in the product: tiles of two
     // experts (the tiles after the first add to what the first wrote), 6 experts 2 a token
