@@ -1894,6 +1894,25 @@ pub struct ExpertRoute<'a> {
     pub n_expert: u32,
 }
 
+impl ExpertRoute<'_> {
+    /// The checks routing `tokens` tokens to `k` experts each shares with [`moe_route`]: at
+    /// most 256 experts (a workgroup ranks them), and the buffers' lengths.
+    fn check(&self, tokens: u32, k: u32) -> Result<(), GpuError> {
+        let n = self.n_expert;
+        if n == 0 || n > 256 || k == 0 || k > n {
+            return Err(shape(format!("routing {k} of {n} experts (at most 256)")));
+        }
+        self.logits
+            .expect_len32("router logits", u64::from(tokens) * u64::from(n))?;
+        self.weight
+            .expect_len32("expert weights", u64::from(tokens * k))?;
+        if let Some(sc) = self.expert_scale {
+            sc.expect_len32("expert scale", u64::from(n))?;
+        }
+        Ok(())
+    }
+}
+
 /// `binds` with route.wgsl's bindings (18 and 19) after them.
 fn route_binds<'a>(
     mut binds: Vec<Bind<'a>>,
@@ -1942,26 +1961,13 @@ pub fn expert_matvec(
     check_expert_io(w, x, y, y_stride, slots, out)?;
     if let Some(r) = route {
         let k = slots.x_group;
-        if r.n_expert == 0
-            || r.n_expert > 256
-            || k > r.n_expert
-            || !slots.slots.is_multiple_of(k)
-            || !expert_route_fits(ctx, w.cols as u32)
-        {
+        if !slots.slots.is_multiple_of(k) || !expert_route_fits(ctx, w.cols as u32) {
             return Err(shape(format!(
-                "{}: routing {k} of {} experts (at most 256) a token in front of a product of {} slots, on a device that binds {ROUTED_EXPERT_BUFFERS} storage buffers and holds the row",
-                w.name, r.n_expert, slots.slots
+                "{}: routing in front of a product of {} slots, {k} a token, on a device that binds {ROUTED_EXPERT_BUFFERS} storage buffers and holds the row",
+                w.name, slots.slots
             )));
         }
-        r.logits.expect_len32(
-            "router logits",
-            u64::from(slots.slots / k) * u64::from(r.n_expert),
-        )?;
-        r.weight
-            .expect_len32("expert weights", u64::from(slots.slots))?;
-        if let Some(sc) = r.expert_scale {
-            sc.expect_len32("expert scale", u64::from(r.n_expert))?;
-        }
+        r.check(slots.slots / k, k)?;
     }
     let job = MatvecJob {
         m: slots.slots,
@@ -2224,17 +2230,14 @@ pub fn moe_route(
     n_expert: u32,
     k: u32,
 ) -> Result<Dispatch, GpuError> {
-    if n_expert == 0 || n_expert > 256 || k == 0 || k > n_expert {
-        return Err(shape(format!(
-            "moe_route: {k} of {n_expert} experts (at most 256)"
-        )));
+    ExpertRoute {
+        logits,
+        weight,
+        expert_scale,
+        n_expert,
     }
-    logits.expect_len32("router logits", u64::from(tokens) * u64::from(n_expert))?;
+    .check(tokens, k)?;
     sel.expect_len32("expert ids", u64::from(tokens * k))?;
-    weight.expect_len32("expert weights", u64::from(tokens * k))?;
-    if let Some(s) = expert_scale {
-        s.expect_len32("expert scale", u64::from(n_expert))?;
-    }
     let params = Params::new()
         .u32(n_expert)
         .u32(k)
