@@ -53,8 +53,12 @@ fn tiny_models_match_the_cpu_reference_through_prefill_and_decode() {
     // Gemma 4: per-layer embeddings (a quantized table whose rows are staged per step) with
     // shared KV; and experts beside the dense feed-forward, with V taken from K.
     specs.push(SynthSpec::tiny_gemma4(GgmlType::Q8_0));
+    // 16 query heads (over 2 KV heads): a decode step merges their attention in a dispatch
+    // of its own, not in front of the output product.
     let mut moe = SynthSpec::tiny_gemma4(GgmlType::Q5_0);
+    (moe.n_head, moe.n_kv_head) = (16, 2);
     if let Some(g) = moe.gemma4.as_mut() {
+        g.n_kv_head_global = 2;
         (g.n_ple, g.shared_kv_layers, g.k_eq_v) = (0, 0, true);
         g.moe = Some(SynthMoe {
             n_expert: 5,

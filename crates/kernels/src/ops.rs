@@ -1183,9 +1183,12 @@ impl MatvecTuning {
         // workgroups instead, one row (or gate/up pair) a group. On the H100 (`bench-e2e`,
         // both together): E2B decode 295-297 -> 332-336 tok/s, E4B 172-174 -> 204-205.
         // (Workgroups that each took several blocks of rows, to share a prologue further,
-        // measured no better.)
+        // measured no better.) Other products there (26B-A4B's Q|K behind the residual step,
+        // 6144 rows of 88 steps) take 32 lanes, each fewer steps: 26B-A4B decode 207.8-208.3
+        // -> 218.4-220.8 tok/s (64 lanes 213.7, 128 lanes 210-211). Lanes widened likewise
+        // for gate/up (while a lane would take over 4 steps) cost E4B 241 -> 233-237 tok/s.
         if prologue && !cpu && workgroups(tpr, rpt) >= 512 {
-            tpr = 16;
+            tpr = if geglu { 16 } else { 32 };
         } else if !prologue && !cpu && k >= 4096 {
             rpt = min_rpt;
         }

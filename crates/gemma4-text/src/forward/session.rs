@@ -152,6 +152,11 @@ fn delta_row<'a>(
     })
 }
 
+/// Query heads up to which a decode step merges the split attention's chunks in front of the
+/// output product (each of its workgroups merging every head) rather than in a dispatch of its
+/// own; measured in `plan_ops`.
+const MERGE_IN_FRONT_HEADS: usize = 8;
+
 /// Slots per expert on average from which a mixture-of-experts layer's products run tiled,
 /// grouped by expert. A tiled product costs about the same for 1 to 64 slots of an expert,
 /// one product per slot grows with the slots. At 26B-A4B's shapes on the H100 (128 tokens, 8
@@ -739,11 +744,17 @@ impl GpuSession {
             if single {
                 // The split kernel does the per-head norms and RoPE itself; the merge of its
                 // chunks and the cache store run in front of the output product where its
-                // input fits in a workgroup's memory.
+                // input fits in a workgroup's memory and its heads are few: every workgroup
+                // of the product repeats the merge of every head. On the H100, E2B's 8 heads
+                // merged in front took decode from 381-397 to 393-402 tok/s; 26B-A4B's 16,
+                // merged in a dispatch of their own, from 220.5-220.8 to 231.9-232.1 (merged
+                // in front only on its sliding layers, of 4096 values: 222.4-222.6).
                 let (split, merge) =
                     ops::attention_split(ctx, &att, 0, &s.attn_part, Some(&heads))?;
                 run(vec![split]);
-                if ops::matvec_input_fits(ctx, l.o.cols as u32) {
+                if cfg.n_head <= MERGE_IN_FRONT_HEADS
+                    && ops::matvec_input_fits(ctx, l.o.cols as u32)
+                {
                     run(ops::matvec_after_attention(
                         ctx, &l.o, &merge, &s.o, 0, plain,
                     )?);
