@@ -1183,14 +1183,23 @@ impl MatvecTuning {
         // workgroups instead, one row (or gate/up pair) a group. On the H100 (`bench-e2e`,
         // both together): E2B decode 295-297 -> 332-336 tok/s, E4B 172-174 -> 204-205.
         // (Workgroups that each took several blocks of rows, to share a prologue further,
-        // measured no better.) Other products there (26B-A4B's Q|K behind the residual step,
-        // 6144 rows of 88 steps) take 32 lanes, each fewer steps: 26B-A4B decode 207.8-208.3
-        // -> 218.4-220.8 tok/s (64 lanes 213.7, 128 lanes 210-211). Lanes widened likewise
-        // for gate/up (while a lane would take over 4 steps) cost E4B 241 -> 233-237 tok/s.
+        // measured no better.)
         if prologue && !cpu && workgroups(tpr, rpt) >= 512 {
-            tpr = if geglu { 16 } else { 32 };
+            tpr = 16;
         } else if !prologue && !cpu && k >= 4096 {
             rpt = min_rpt;
+        }
+        // The other products behind a prologue with long rows (over 64 steps) and many
+        // (over 1024: the attention's Q|K behind the residual step, O behind the merge), 32
+        // lanes x 2 rows, each lane a few steps. On the H100 (`bench-e2e`, alternating runs):
+        // 26B-A4B's Q|K (6144 rows of 88 steps) at 16 lanes x 4 rows 207.8-208.3 tok/s, at
+        // 32 x 4 218.4-220.8 (64 lanes 213.7, 128 210-211), at 32 x 2 with E4B's 243.5 ->
+        // 248.8-248.9 (Q|K and O at 80 and 128 steps); E2B's Q|K (48 steps) at 32 x 2 went
+        // 402 -> 394, so it keeps its shape. Products of few rows (routers, per-layer gates)
+        // at 32 x 2 cost 26B-A4B 232 -> 202 tok/s and E4B 243 -> 239.
+        if prologue && !geglu && !cpu && steps > 64 && rows > 1024 {
+            tpr = 32;
+            rpt = 2;
         }
         // The gate/up product behind the residual step on 8-bit inputs, as the heads: its
         // conversions, not its reads, bounded it. On the H100 (`bench-e2e`, 128-token prompt,
