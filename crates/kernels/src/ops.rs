@@ -34,7 +34,7 @@ const SAMPLE_WGSL: &str = include_str!("wgsl/sample.wgsl");
 const MOE_WGSL: &str = include_str!("wgsl/moe.wgsl");
 const ROUTE_WGSL: &str = include_str!("wgsl/route.wgsl");
 
-/// Token counts up to this use the matrix-vector kernel; more use the tiled matmul.
+/// Token counts up to this use the matrix-vector kernel on a GPU; more use the tiled matmul.
 pub const MATVEC_MAX_TOKENS: u32 = 4;
 /// Workgroup memory of `matmul_coop.wgsl`: f16 tiles of 64 tokens' inputs and 128 rows'
 /// weights (rows padded to 72 halves) and one 16 x 16 f32 stage per subgroup.
@@ -83,15 +83,29 @@ pub struct MatmulArgs<'a> {
     pub partials: Option<&'a View>,
 }
 
+/// The most tokens [`matmul`] takes through the matrix-vector kernel (one token a grid row)
+/// on this device: [`MATVEC_MAX_TOKENS`] on a GPU, every count on a CPU adapter. lavapipe
+/// compiles the tiled kernel's loads into workgroup memory lane by lane, each a store to the
+/// stack and a vector reload: scoring 38 positions of the real Gemma 3 270M took 132 s tiled
+/// and 26.6 s as matrix-vector products (2 cores of an AMD EPYC).
+pub fn matvec_max_tokens(ctx: &GpuContext) -> u32 {
+    if ctx.info.device_type == wgpu::DeviceType::Cpu {
+        u32::MAX
+    } else {
+        MATVEC_MAX_TOKENS
+    }
+}
+
 /// Weight times activations, one dispatch per weight tile (matrix-vector for few tokens,
-/// tiled matrix-matrix for many), split over k where its tiles alone would leave most of the
-/// GPU idle and `a.partials` is given ([`matmul_parts`]).
+/// [`matvec_max_tokens`], tiled matrix-matrix for many), split over k where its tiles alone
+/// would leave most of the GPU idle and `a.partials` is given ([`matmul_parts`]).
 pub fn matmul(
     ctx: &GpuContext,
     w: &GpuWeight,
     a: &MatmulArgs<'_>,
 ) -> Result<Vec<Dispatch>, GpuError> {
     let parts = match a.partials {
+        _ if a.m <= matvec_max_tokens(ctx) => 0,
         Some(_) => matmul_parts(ctx, w.cols as u32, w.rows, a.m, a.out.is_geglu()),
         None => 1,
     };
@@ -143,8 +157,10 @@ pub fn matmul_partials_floats(ctx: &GpuContext, w: &GpuWeight, max_m: u32) -> u6
         .unwrap_or(0)
 }
 
-/// [`matmul`] split over k into `parts` parts (for tests; 1: not split): each part's sums go
-/// to `a.partials`, and one more dispatch adds them up into y.
+/// [`matmul`] split over k into `parts` parts (for tests; 1: not split; 0: matrix-vector
+/// products whatever the token count): each part's sums go to `a.partials`, and one more
+/// dispatch adds them up into y. Up to [`MATVEC_MAX_TOKENS`] tokens are matrix-vector
+/// products on every device.
 pub fn matmul_in_parts(
     ctx: &GpuContext,
     w: &GpuWeight,
@@ -181,7 +197,8 @@ pub fn matmul_in_parts(
         &w.name,
         u64::from(a.m - 1) * u64::from(a.y_stride) + u64::from(a.y_offset + cols),
     )?;
-    if a.m <= MATVEC_MAX_TOKENS
+    if parts == 0
+        || a.m <= MATVEC_MAX_TOKENS
         || matches!(a.out, MatvecOut::GeluTimes { .. } | MatvecOut::GegluInt8)
     {
         let job = MatvecJob {

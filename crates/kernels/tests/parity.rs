@@ -106,6 +106,26 @@ fn matmul_reference(
     }
 }
 
+/// `ops::matmul`'s output as the device routes it (a CPU adapter takes every token count as
+/// matrix-vector products) and through the tiled kernel past `MATVEC_MAX_TOKENS` on every
+/// device, each run into `a.y` poisoned again first.
+fn matmul_both_ways(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    a: &MatmulArgs<'_>,
+) -> [(&'static str, Vec<f32>); 2] {
+    [
+        ("routed", ops::matmul(ctx, w, a).unwrap()),
+        ("tiled", ops::matmul_in_parts(ctx, w, a, 1).unwrap()),
+    ]
+    .map(|(how, ds)| {
+        let nan = vec![f32::NAN; a.y.len32() as usize];
+        ctx.write(&a.y.buffer, a.y.offset, bytemuck::cast_slice(&nan));
+        run(ctx, &ds.iter().collect::<Vec<_>>());
+        (how, read(ctx, a.y))
+    })
+}
+
 /// Interleaved gate/up rows' gated activation: gelu(gate) * up per pair.
 fn gated(rows: &[f32]) -> Vec<f32> {
     rows.chunks(2)
@@ -159,14 +179,9 @@ fn matmul_matches_cpu_for_every_dtype_and_shape() {
                 y_offset: 0,
                 partials: None,
             };
-            let ds = ops::matmul(ctx, &w, &args).unwrap();
-            run(ctx, &ds.iter().collect::<Vec<_>>());
-            assert_close(
-                &format!("{dtype} k={k} n={n} m={m}"),
-                &read(ctx, &yv),
-                &want,
-                tol,
-            );
+            for (how, y) in matmul_both_ways(ctx, &w, &args) {
+                assert_close(&format!("{how} {dtype} k={k} n={n} m={m}"), &y, &want, tol);
+            }
         }
     }
 }
@@ -207,20 +222,19 @@ fn matmul_across_tiles_with_strides_and_softcap() {
                 y_offset: 2,
                 partials: None,
             };
-            let ds = ops::matmul(ctx, &w, &args).unwrap();
-            run(ctx, &ds.iter().collect::<Vec<_>>());
-            let y = read(ctx, &yv);
-            let got: Vec<f32> = (0..m as usize)
-                .flat_map(|t| y[t * ys as usize + 2..][..n as usize].to_vec())
-                .collect();
-            assert_close(&format!("{dtype} tiled m={m}"), &got, &want, tol);
-            // The columns around the rows stay untouched.
-            assert!(
-                y[..2]
-                    .iter()
-                    .chain(&y[n as usize + 2..ys as usize])
-                    .all(|v| v.is_nan())
-            );
+            for (how, y) in matmul_both_ways(ctx, &w, &args) {
+                let got: Vec<f32> = (0..m as usize)
+                    .flat_map(|t| y[t * ys as usize + 2..][..n as usize].to_vec())
+                    .collect();
+                assert_close(&format!("{how} {dtype} m={m}"), &got, &want, tol);
+                // The columns around the rows stay untouched.
+                assert!(
+                    y[..2]
+                        .iter()
+                        .chain(&y[n as usize + 2..ys as usize])
+                        .all(|v| v.is_nan())
+                );
+            }
         }
     }
 }
@@ -376,20 +390,24 @@ fn matmul_gated_output_matches_cpu() {
                 y_offset: offset,
                 partials: None,
             };
-            let ds = ops::matmul(ctx, &w, &args).unwrap();
-            run(ctx, &ds.iter().collect::<Vec<_>>());
-            let y = read(ctx, &yv);
-            let got: Vec<f32> = y
-                .chunks(stride as usize)
-                .flat_map(|r| r[offset as usize..][..ff as usize].to_vec())
-                .collect();
-            assert_close(&format!("{dtype} gated m={m}"), &got, &want, 3.0 * tol);
-            assert!(y.chunks(stride as usize).all(|r| {
-                r[..offset as usize]
-                    .iter()
-                    .chain(&r[(offset + ff) as usize..])
-                    .all(|v| v.is_nan())
-            }));
+            for (how, y) in matmul_both_ways(ctx, &w, &args) {
+                let got: Vec<f32> = y
+                    .chunks(stride as usize)
+                    .flat_map(|r| r[offset as usize..][..ff as usize].to_vec())
+                    .collect();
+                assert_close(
+                    &format!("{how} {dtype} gated m={m}"),
+                    &got,
+                    &want,
+                    3.0 * tol,
+                );
+                assert!(y.chunks(stride as usize).all(|r| {
+                    r[..offset as usize]
+                        .iter()
+                        .chain(&r[(offset + ff) as usize..])
+                        .all(|v| v.is_nan())
+                }));
+            }
         }
     }
 }

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Prepares, on the x86_64 dev machine, what benches/h100.sh carries to the lent H100:
+#   .gl/    the Vulkan loader debs (the device machine has the NVIDIA driver but no loader)
+#   .dev/   our release binaries (xtask, the kernel parity tests, the kernel benchmarks) and
+#           llama.cpp's source from the llama-cpp-python 0.3.36 sdist, trimmed to what
+#           llama-bench (CUDA), llama-quantize, llama-tokenize and the converter need
+#           (.dev/llama.tar.xz), plus the sdist's Python bindings (llama_cpp_py/) and
+#           diskcache, which they import, for the fixture script.
+# Both folders are ignored by git (.git/info/exclude). Then, on the device (see h100.sh):
+#   carry [".gl", ".dev"], command `bash benches/h100.sh all`
+# Idempotent: a step whose output exists is skipped (delete it to redo it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for d in /.gl/ /.dev/; do
+  grep -qx "$d" .git/info/exclude 2> /dev/null || echo "$d" >> .git/info/exclude
+done
+mkdir -p .gl .dev
+
+if ! ls .gl/libvulkan1_*.deb > /dev/null 2>&1; then
+  lists=$(mktemp -d) && mkdir -p "$lists/partial"
+  o=(-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 "-oDir::State::Lists=$lists")
+  apt-get "${o[@]}" update > /dev/null
+  (cd .gl && apt-get "${o[@]}" download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
+fi
+
+cargo build --release -p xtask
+cp target/release/xtask .dev/xtask
+# The test and bench harnesses: cargo prints where each executable went.
+exe() { cargo "$@" --message-format=json 2> /dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["executable"])' | tail -n 1; }
+cp "$(exe test -p wgemma-kernels --test parity --release --no-run)" .dev/parity
+cp "$(exe bench -p wgemma-benches --bench kernels --no-run)" .dev/kernels
+strip .dev/xtask .dev/parity .dev/kernels
+
+if [ ! -f .dev/llama.tar.xz ]; then
+  work=$(mktemp -d)
+  # pip builds an sdist's metadata before saving it: scikit-build-core and cmake let it.
+  python3 -m pip install --quiet scikit-build-core cmake
+  python3 -m pip download --quiet --no-deps --no-binary :all: --no-build-isolation \
+    -d "$work" llama-cpp-python==0.3.36
+  python3 -m pip download --quiet --no-deps --only-binary :all: -d "$work" diskcache
+  tar xzf "$work"/llama_cpp_python-0.3.36.tar.gz -C "$work"
+  src=$work/llama_cpp_python-0.3.36
+  t=$work/lltrim && mkdir -p "$t/tools" "$t/ggml/src"
+  ll=$src/vendor/llama.cpp
+  cp -r "$ll"/{CMakeLists.txt,cmake,common,conversion,convert_hf_to_gguf.py,gguf-py,include,src,vendor} "$t/"
+  cp -r "$ll"/ggml/{CMakeLists.txt,cmake,include,.gitignore} "$t/ggml/" 2> /dev/null || true
+  cp "$ll"/ggml/src/*.* "$t/ggml/src/"
+  cp -r "$ll"/ggml/src/{ggml-cpu,ggml-cuda} "$t/ggml/src/"
+  cp -r "$ll"/tools/{llama-bench,quantize,tokenize} "$t/tools/"
+  # Only the tools kept here.
+  grep -v 'add_subdirectory' "$ll/tools/CMakeLists.txt" > "$t/tools/CMakeLists.txt"
+  printf 'add_subdirectory(%s)\n' llama-bench quantize tokenize >> "$t/tools/CMakeLists.txt"
+  cp -r "$src/llama_cpp" "$t/llama_cpp_py"
+  (cd "$t/llama_cpp_py" && python3 -m zipfile -e "$work"/diskcache-*.whl .)
+  tar cJf .dev/llama.tar.xz -C "$work" lltrim
+  rm -rf "$work"
+fi
+du -sh .gl .dev
