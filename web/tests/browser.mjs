@@ -22,10 +22,14 @@ const demoRequest = JSON.parse(env.WGEMMA_DEMO_REQUEST);
 const demoExpected = JSON.parse(env.WGEMMA_DEMO_EXPECTED);
 const results = { checks: {} };
 const failures = [];
+const t0 = Date.now();
+const elapsed = () => `${((Date.now() - t0) / 1000).toFixed(1)} s`;
 
+// Each check's outcome, and on stderr when it came (where the run's time goes).
 function check(name, ok, detail) {
   results.checks[name] = ok ? "ok" : `FAILED: ${detail}`;
   if (!ok) failures.push(`${name}: ${detail}`);
+  console.error(`${elapsed()} ${ok ? "ok" : "FAILED"}: ${name}`);
 }
 
 const browser = await chromium.launch({
@@ -46,11 +50,10 @@ const browser = await chromium.launch({
 });
 const page = await browser.newPage({ viewport: { width: 1000, height: 800 } });
 const log = [];
-const t0 = Date.now();
 page.on("console", (m) => {
   log.push(`${m.type()}: ${m.text()}`);
   // The benchmark's milestones, as they happen.
-  if (m.text().startsWith("[bench]")) console.error(`${((Date.now() - t0) / 1000).toFixed(1)} s ${m.text()}`);
+  if (m.text().startsWith("[bench]")) console.error(`${elapsed()} ${m.text()}`);
 });
 page.on("pageerror", (e) => log.push(`pageerror: ${e.message}`));
 // SwiftShader is slow, but no step of the tiny model's checks takes minutes: fail, never hang.
