@@ -9,9 +9,11 @@
 #   carry [".gl", ".dev"], command `bash benches/h100.sh all`
 # which builds llama-bench with CUDA in the background, runs the parity tests and our
 # bench-e2e on synthetic Gemma 3 270M, Gemma 4 E2B and E4B models (`cargo xtask synth`),
-# then llama-bench on the same files, and prints the table (benches/table.py), in about
-# 8 minutes. Other steps, in one call or several back to back (the models and builds stay
-# in target/h100 while the machine is held):
+# then llama-bench on the same files, and prints the table (benches/table.py); estimated at
+# 7-8 minutes of the call's 10 (not yet timed there). Should it run long, the same in two
+# calls back to back: `build_cuda tests ours`, then `llama table`. Other steps, in one call
+# or several back to back (the models and builds stay in target/h100 while the machine is
+# held):
 #   tests      the kernel parity tests (CI runs them on lavapipe), tensor cores required
 #   ours       our side alone (+ the E2B decode profile), no llama.cpp
 #   kernels    the criterion kernel benchmarks (BENCH_FILTER narrows them)
@@ -69,13 +71,13 @@ tests() {
   CI=true WGEMMA_EXPECT_COOP=1 .dev/parity 2>&1 | tail -n 25 | tee "$OUT/parity.txt"
 }
 
-# Our side alone: synthetic models, end-to-end runs (one JSON line each), the E2B decode
-# step's profile.
+# Our side alone: synthetic models, end-to-end runs (one JSON line each; E2E_ARGS adds
+# bench-e2e arguments, e.g. "--reps 3"), the E2B decode step's profile.
 ours() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   synth $MODELS
   for m in $MODELS; do
-    .dev/xtask bench-e2e --model "$W/models/$m.gguf" --json | tee "$OUT/e2e-$m.json"
+    .dev/xtask bench-e2e --model "$W/models/$m.gguf" --json ${E2E_ARGS:-} | tee "$OUT/e2e-$m.json"
   done
   .dev/xtask bench-e2e --model "$W/models/e2b.gguf" --reps 1 --profile --profile-each 2> "$OUT/e2e-e2b-profile.txt" > /dev/null
 }

@@ -40,7 +40,8 @@ def both(ll, kind):
     if not off and not on:
         return "-"
     fmt = lambda v: f"{v[0]:,.0f}" if v else "-"
-    return f"{fmt(off)} / {fmt(on)}"
+    tokens = (off or on)[1]
+    return f"{fmt(off)} / {fmt(on)} ({kind}{tokens})"
 
 
 def ratio(a, ll, kind):
