@@ -48,7 +48,7 @@ if [ ! -f .dev/llama.tar.xz ]; then
   t=$work/lltrim && mkdir -p "$t/tools" "$t/ggml/src"
   ll=$src/vendor/llama.cpp
   cp -r "$ll"/{CMakeLists.txt,cmake,common,conversion,convert_hf_to_gguf.py,gguf-py,include,src,vendor} "$t/"
-  cp -r "$ll"/ggml/{CMakeLists.txt,cmake,include,.gitignore} "$t/ggml/" 2> /dev/null || true
+  cp -r "$ll"/ggml/{CMakeLists.txt,cmake,include} "$t/ggml/"
   cp "$ll"/ggml/src/*.* "$t/ggml/src/"
   cp -r "$ll"/ggml/src/{ggml-cpu,ggml-cuda} "$t/ggml/src/"
   cp -r "$ll"/tools/{llama-bench,quantize,tokenize} "$t/tools/"

@@ -119,16 +119,16 @@ fn matmul_tile_rows(ctx: &GpuContext) -> u64 {
 }
 
 /// Parts over k that [`matmul`] splits a tiled product of `rows` rows of `k` values over `m`
-/// tokens into: 1 where its tiles fill the GPU (256 workgroups or more), or on a CPU adapter
-/// (whose few threads the tiles already fill). Otherwise enough parts for about 512
-/// workgroups, each of at least 8 steps of 64 values. In a 512-token prefill on the H100,
+/// tokens into: 1 where its tiles fill the GPU (256 workgroups or more), or where the tokens
+/// go through matrix-vector products ([`matvec_max_tokens`]). Otherwise enough parts for
+/// about 512 workgroups, each of at least 8 steps of 64 values. In a 512-token prefill on the H100,
 /// E2B ran its 96-tile products (the attention output, the FFN's down) at half the rate of
 /// its 768-tile ones and its 16-tile ones (V, the per-layer gate) at a tenth; split, E4B's
 /// time to first token went from 120 to 105 ms (E2B's, whose products are smaller, moved
 /// less than run-to-run noise). 256 or 1024 workgroups, or parts of 4 steps, measured no
 /// better.
 pub fn matmul_parts(ctx: &GpuContext, k: u32, rows: u64, m: u32, geglu: bool) -> u32 {
-    if geglu || m <= MATVEC_MAX_TOKENS || ctx.info.device_type == wgpu::DeviceType::Cpu {
+    if geglu || m <= matvec_max_tokens(ctx) {
         return 1;
     }
     let tiles = rows.div_ceil(matmul_tile_rows(ctx)) * u64::from(m.div_ceil(64));
