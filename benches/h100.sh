@@ -19,11 +19,14 @@
 #   kernels    the criterion kernel benchmarks (BENCH_FILTER narrows them)
 #   moe        Gemma 4 26B-A4B (15 GiB) with both engines, shorter runs, its own table
 #   start, finish   the CUDA and CPU builds + ours, then the tiny E2B fixture + llama-bench
-# Results land in $OUT.
+# Results land in $OUT and, after each step, in target/h100/results, where the table reads
+# them: each device call gets an empty $OUT, so a table made in a later call still sees the
+# earlier calls' runs.
 set -u
 OUT=${OUT:-/tmp/wgemma-out}
 W=$PWD/target/h100
-mkdir -p "$OUT" "$W/models"
+R=$W/results
+mkdir -p "$OUT" "$W/models" "$R"
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
@@ -97,7 +100,8 @@ llama() {
 }
 
 table() {
-  python3 benches/table.py "$OUT" $MODELS | tee "$OUT/table.md"
+  cp -a "$OUT"/. "$R"/
+  python3 benches/table.py "$R" $MODELS | tee "$OUT/table.md"
 }
 
 all() {
@@ -137,7 +141,12 @@ moe() {
   wait_for cuda
   "$LL/build-cuda/bin/llama-bench" -m "$W/models/26b-a4b.gguf" -ngl 99 -p 128 -n 64 -r 2 -fa 0,1 -o json \
     > "$OUT/llama-bench-26b-a4b.json" 2>> "$OUT/llama-bench.log"
-  python3 benches/table.py "$OUT" 26b-a4b | tee "$OUT/table-26b.md"
+  cp -a "$OUT"/. "$R"/
+  python3 benches/table.py "$R" 26b-a4b | tee "$OUT/table-26b.md"
 }
 
-for step in "$@"; do "$step"; done
+for step in "$@"; do
+  "$step"
+  cp -a "$OUT"/. "$R"/
+  echo "h100.sh: $step done at ${SECONDS}s" | tee -a "$OUT/steps.txt"
+done
