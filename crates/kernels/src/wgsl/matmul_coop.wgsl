@@ -42,12 +42,24 @@ var<workgroup> ws: array<vec4<f16>, TN * PITCH / 4u>; // row-major W: the B oper
 var<workgroup> stage: array<f32, 2048>; // one 16 x 16 accumulator per subgroup
 
 // The weights this thread converts at step `s`: unit 2s + h of row `row` of the tile's
-// weights from row `w_row` (zero past the end).
-fn load_w(w_row: u32, row: u32, s: u32, h: u32) -> array<vec4<f16>, 8> {
+// weights from row `w_row`, fetched (dtypes.wgsl's fetch_unit) a step before they are
+// decoded; zero past the end.
+fn w_valid(row: u32, s: u32, h: u32) -> bool {
+    return row < p.n && (2u * s + h) * 32u < p.k;
+}
+
+fn fetch_w(w_row: u32, row: u32, s: u32, h: u32) -> RawUnit {
+    var r: RawUnit;
+    if (w_valid(row, s, h)) {
+        r = fetch_unit((w_row + row) * p.row_bytes, 2u * s + h);
+    }
+    return r;
+}
+
+fn decode_w(raw: RawUnit, row: u32, s: u32, h: u32) -> array<vec4<f16>, 8> {
     var r: array<vec4<f16>, 8>;
-    let u = 2u * s + h;
-    if (row < p.n && u * 32u < p.k) {
-        let v = load_unit((w_row + row) * p.row_bytes, u);
+    if (w_valid(row, s, h)) {
+        let v = decode_unit(raw, 2u * s + h);
         for (var i = 0u; i < 8u; i++) {
             r[i] = vec4<f16>(v[i]);
         }
@@ -57,16 +69,17 @@ fn load_w(w_row: u32, row: u32, s: u32, h: u32) -> array<vec4<f16>, 8> {
 
 // The XV inputs this thread converts at step `s` from input row `row` (none: `valid`
 // false): vec4 q, q + LPT, ... of the step, so that the threads of a token read consecutive
-// bytes at a time.
-fn load_x(valid: bool, row: u32, s: u32, q: u32) -> array<vec4<f16>, XV / 4u> {
-    var r: array<vec4<f16>, XV / 4u>;
+// bytes at a time. Kept as loaded (converted to f16 when stored) so that nothing waits on
+// the loads until the next step.
+fn load_x(valid: bool, row: u32, s: u32, q: u32) -> array<vec4<f32>, XV / 4u> {
+    var r: array<vec4<f32>, XV / 4u>;
     if (valid) {
         let b = (row * p.x_stride + s * KS) / 4u + q;
         for (var i = 0u; i < XV / 4u; i++) {
             // Past the row's end (float rows end at a multiple of 4): zero, so the weights
             // read there add nothing.
             if (s * KS + 4u * (q + LPT * i) < p.k) {
-                r[i] = vec4<f16>(x[b + LPT * i]);
+                r[i] = x[b + LPT * i];
             }
         }
     }
@@ -107,9 +120,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var c11 = coop_mat16x16<f32, C>();
     let first = part * (p.k_part / KS);
     let steps = min((p.k + KS - 1u) / KS, first + p.k_part / KS);
-    var wv = load_w(tt.w_row, n0 + wr, first, wh);
+    var wraw = fetch_w(tt.w_row, n0 + wr, first, wh);
     var xv = load_x(x_valid, xr, first, xq);
     for (var s = first; s < steps; s++) {
+        let wv = decode_w(wraw, n0 + wr, s, wh);
         // Everyone is done with the previous step's tiles.
         workgroupBarrier();
         let wo = (wr * PITCH + 32u * wh) / 4u;
@@ -118,11 +132,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         let xo = xt * (PITCH / 4u) + xq;
         for (var i = 0u; i < XV / 4u; i++) {
-            xs[xo + LPT * i] = xv[i];
+            xs[xo + LPT * i] = vec4<f16>(xv[i]);
         }
         workgroupBarrier();
         if (s + 1u < steps) {
-            wv = load_w(tt.w_row, n0 + wr, s + 1u, wh);
+            wraw = fetch_w(tt.w_row, n0 + wr, s + 1u, wh);
             xv = load_x(x_valid, xr, s + 1u, xq);
         }
         for (var kk = 0u; kk < KS; kk += 16u) {
