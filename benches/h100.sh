@@ -139,7 +139,7 @@ moe() {
   synth 26b-a4b
   .dev/xtask bench-e2e --model "$W/models/26b-a4b.gguf" --prompt 128 --decode 64 --reps 3 --json | tee "$OUT/e2e-26b-a4b.json"
   wait_for cuda
-  "$LL/build-cuda/bin/llama-bench" -m "$W/models/26b-a4b.gguf" -ngl 99 -p 128 -n 64 -r 2 -fa 0,1 -o json \
+  "$LL/build-cuda/bin/llama-bench" -m "$W/models/26b-a4b.gguf" -ngl 99 -p 128 -n 64 -r 3 -fa 0,1 -o json \
     > "$OUT/llama-bench-26b-a4b.json" 2>> "$OUT/llama-bench.log"
   cp -a "$OUT"/. "$R"/
   python3 benches/table.py "$R" 26b-a4b | tee "$OUT/table-26b.md"
