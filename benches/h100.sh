@@ -20,8 +20,8 @@
 #   moe        Gemma 4 26B-A4B (15 GiB) with both engines, shorter runs, its own table
 #   start, finish   the CUDA and CPU builds + ours, then the tiny E2B fixture + llama-bench
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
-# them: each device call gets an empty $OUT, so a table made in a later call still sees the
-# earlier calls' runs.
+# them: each device call gets an empty $OUT, so a table made in a later call on the same
+# machine (while it is held) still sees the earlier calls' runs.
 set -u
 OUT=${OUT:-/tmp/wgemma-out}
 W=$PWD/target/h100

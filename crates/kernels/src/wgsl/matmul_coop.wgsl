@@ -43,7 +43,8 @@ var<workgroup> stage: array<f32, 2048>; // one 16 x 16 accumulator per subgroup
 
 // The weights this thread converts at step `s`: unit 2s + h of row `row` of the tile's
 // weights from row `w_row`, fetched (dtypes.wgsl's fetch_unit) a step before they are
-// decoded; zero past the end.
+// decoded (for the dtypes with a raw form; the others decode as they fetch); zero past the
+// end.
 fn w_valid(row: u32, s: u32, h: u32) -> bool {
     return row < p.n && (2u * s + h) * 32u < p.k;
 }
