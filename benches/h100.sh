@@ -9,9 +9,9 @@
 #   carry [".gl", ".dev"], command `bash benches/h100.sh all`
 # which builds llama-bench with CUDA in the background, runs the parity tests and our
 # bench-e2e on synthetic Gemma 3 270M, Gemma 4 E2B and E4B models (`cargo xtask synth`),
-# then llama-bench on the same files, and prints the table (benches/table.py); estimated at
-# 7-8 minutes of the call's 10 (not yet timed there). Should it run long, the same in two
-# calls back to back: `build_cuda tests ours`, then `llama table`. Other steps, in one call
+# then llama-bench on the same files, and prints the table (benches/table.py): 286-292 s of
+# the call's 600 on the H100 (`all moe`: 356 s). Should it run long, the same in two calls
+# back to back: `build_cuda tests ours`, then `llama table`. Other steps, in one call
 # or several back to back (the models and builds stay in target/h100 while the machine is
 # held):
 #   tests      the kernel parity tests (CI runs them on lavapipe), tensor cores required
@@ -99,9 +99,16 @@ llama() {
   done
 }
 
-table() {
+# One table (name.md) of the models given, from every run so far.
+print_table() {
+  local name=$1
+  shift
   cp -a "$OUT"/. "$R"/
-  python3 benches/table.py "$R" $MODELS | tee "$OUT/table.md"
+  python3 benches/table.py "$R" "$@" | tee "$OUT/$name.md"
+}
+
+table() {
+  print_table table $MODELS
 }
 
 all() {
@@ -141,8 +148,7 @@ moe() {
   wait_for cuda
   "$LL/build-cuda/bin/llama-bench" -m "$W/models/26b-a4b.gguf" -ngl 99 -p 128 -n 64 -r 3 -fa 0,1 -o json \
     > "$OUT/llama-bench-26b-a4b.json" 2>> "$OUT/llama-bench.log"
-  cp -a "$OUT"/. "$R"/
-  python3 benches/table.py "$R" 26b-a4b | tee "$OUT/table-26b.md"
+  print_table table-26b 26b-a4b
 }
 
 for step in "$@"; do

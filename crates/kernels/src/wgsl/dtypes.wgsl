@@ -259,10 +259,35 @@ fn decode_unit(raw: RawUnit, u: u32) -> array<vec4<f32>, 8> {
 }
 #endif
 
+#if DT_Q8_0
+// The scale, then 32 signed bytes.
+const UNIT_BYTES: u32 = 34u;
+#endif
+#if DT_Q5_0
+// The scale, 32 fifth bits, then 16 bytes of nibbles (value j low, j + 16 high).
+const UNIT_BYTES: u32 = 22u;
+#endif
+
 #if DT_Q8_0|DT_Q5_0
-// Units of 34 (Q8_0) or 22 (Q5_0) bytes start at even offsets: `lo` when at a word's start,
-// else 2 bytes into it. The 32 bits at byte 4i + 2 of a unit are then the halves of words
-// i and i + 1, or else word i + 1 whole.
+// Units of UNIT_BYTES start at even offsets: `lo` when at a word's start, else 2 bytes into
+// it. The raw unit is the words it spans.
+struct RawUnit {
+    w: array<u32, (UNIT_BYTES + 5u) / 4u>,
+    lo: bool,
+}
+
+fn fetch_unit(rb: u32, u: u32) -> RawUnit {
+    let o = rb + u * UNIT_BYTES;
+    var r: RawUnit;
+    for (var i = 0u; i < (UNIT_BYTES + 5u) / 4u; i++) {
+        r.w[i] = wword((o >> 2u) + i);
+    }
+    r.lo = (o & 3u) == 0u;
+    return r;
+}
+
+// The 32 bits at byte 4i + 2 of a unit: the halves of words i and i + 1, or else word
+// i + 1 whole.
 fn odd_half_word(a: u32, b: u32, lo: bool) -> u32 {
     return select(b, (a >> 16u) | (b << 16u), lo);
 }
@@ -274,22 +299,6 @@ fn unit_scale(w0: u32, lo: bool) -> f32 {
 #endif
 
 #if DT_Q8_0
-// The scale, then 32 signed bytes: the nine words they span.
-struct RawUnit {
-    w: array<u32, 9>,
-    lo: bool,
-}
-
-fn fetch_unit(rb: u32, u: u32) -> RawUnit {
-    let o = rb + u * 34u;
-    var r: RawUnit;
-    for (var i = 0u; i < 9u; i++) {
-        r.w[i] = wword((o >> 2u) + i);
-    }
-    r.lo = (o & 3u) == 0u;
-    return r;
-}
-
 fn decode_unit(raw: RawUnit, u: u32) -> array<vec4<f32>, 8> {
     let d = unit_scale(raw.w[0], raw.lo);
     var r: array<vec4<f32>, 8>;
@@ -301,23 +310,6 @@ fn decode_unit(raw: RawUnit, u: u32) -> array<vec4<f32>, 8> {
 #endif
 
 #if DT_Q5_0
-// The scale, 32 fifth bits, then 16 bytes of nibbles (value j low, j + 16 high): the six
-// words they span.
-struct RawUnit {
-    w: array<u32, 6>,
-    lo: bool,
-}
-
-fn fetch_unit(rb: u32, u: u32) -> RawUnit {
-    let o = rb + u * 22u;
-    var r: RawUnit;
-    for (var i = 0u; i < 6u; i++) {
-        r.w[i] = wword((o >> 2u) + i);
-    }
-    r.lo = (o & 3u) == 0u;
-    return r;
-}
-
 fn decode_unit(raw: RawUnit, u: u32) -> array<vec4<f32>, 8> {
     let d = unit_scale(raw.w[0], raw.lo);
     let qh = odd_half_word(raw.w[0], raw.w[1], raw.lo);
