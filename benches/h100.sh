@@ -18,6 +18,9 @@
 #   ours       our side alone (+ the E2B decode profile), no llama.cpp
 #   kernels    the criterion kernel benchmarks (BENCH_FILTER narrows them)
 #   moe        Gemma 4 26B-A4B (15 GiB) with both engines, shorter runs, its own table
+#   base, base_moe   the same end-to-end runs with .dev/xtask-base (the revision a change is
+#              measured against: `BASE=REV bash benches/prepare-h100.sh`), into tables
+#              named base-M; run them in the call that runs `ours` / `moe`
 #   start, finish   the CUDA and CPU builds + ours, then the tiny E2B fixture + llama-bench
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
 # them: each device call gets an empty $OUT, so a table made in a later call on the same
@@ -30,7 +33,7 @@ mkdir -p "$OUT" "$W/models" "$R"
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-chmod +x .dev/xtask .dev/kernels .dev/parity
+chmod +x .dev/xtask* .dev/kernels .dev/parity
 MODELS=${MODELS:-"gemma3-270m e2b e4b"}
 LL=$W/ll/lltrim
 CMAKE_COMMON="-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
@@ -69,9 +72,11 @@ synth() {
   done
 }
 
-# The kernels' GPU-vs-CPU parity tests on this GPU (CI runs them on lavapipe).
+# The kernels' GPU-vs-CPU parity tests on this GPU (CI runs them on lavapipe), and the
+# pinned dispatch sequences of the synthetic presets against this GPU's plans.
 tests() {
   CI=true WGEMMA_EXPECT_COOP=1 .dev/parity 2>&1 | tail -n 25 | tee "$OUT/parity.txt"
+  .dev/xtask plans 2>&1 | tee "$OUT/plans.txt"
 }
 
 # Our side alone: synthetic models, end-to-end runs (one JSON line each; E2E_ARGS adds
@@ -83,6 +88,21 @@ ours() {
     .dev/xtask bench-e2e --model "$W/models/$m.gguf" --json ${E2E_ARGS:-} | tee "$OUT/e2e-$m.json"
   done
   .dev/xtask bench-e2e --model "$W/models/e2b.gguf" --reps 1 --profile --profile-each 2> "$OUT/e2e-e2b-profile.txt" > /dev/null
+}
+
+# Our end-to-end runs with the base revision's xtask, as e2e-base-M.json.
+base() {
+  synth $MODELS
+  for m in $MODELS; do
+    .dev/xtask-base bench-e2e --model "$W/models/$m.gguf" --json ${E2E_ARGS:-} | tee "$OUT/e2e-base-$m.json"
+  done
+  print_table table-base $MODELS $(printf 'base-%s ' $MODELS)
+}
+
+base_moe() {
+  synth 26b-a4b
+  .dev/xtask-base bench-e2e --model "$W/models/26b-a4b.gguf" --prompt 128 --decode 64 --reps 3 --json | tee "$OUT/e2e-base-26b-a4b.json"
+  print_table table-base-26b 26b-a4b base-26b-a4b
 }
 
 kernels() {

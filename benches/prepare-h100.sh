@@ -35,6 +35,15 @@ for line in sys.stdin:
 cp "$(exe test -p wgemma-kernels --test parity --release --no-run)" .dev/parity
 cp "$(exe bench -p wgemma-benches --bench kernels --no-run)" .dev/kernels
 strip .dev/xtask .dev/parity .dev/kernels
+# BASE=REV: also the xtask of that revision (.dev/xtask-base), for `h100.sh base` to measure
+# the change against in the same call. Built from a worktree into the same target folder.
+if [ -n "${BASE:-}" ]; then
+  rm -rf target/base-src && git worktree prune
+  git worktree add --detach target/base-src "$BASE"
+  cargo build --release -p xtask --manifest-path target/base-src/Cargo.toml --target-dir target/base
+  cp target/base/release/xtask .dev/xtask-base && strip .dev/xtask-base
+  git worktree remove --force target/base-src
+fi
 
 if [ ! -f .dev/llama.tar.xz ]; then
   work=$(mktemp -d)

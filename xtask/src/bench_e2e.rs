@@ -69,7 +69,10 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         &cfg,
         &*src,
         Some(PleRows::Mapped(src.clone())),
-        LoadOptions { experts },
+        LoadOptions {
+            experts,
+            ..LoadOptions::default()
+        },
         |_| {},
     ))?);
     ctx.wait()?;

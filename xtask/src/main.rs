@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod bench_e2e;
 mod browser_test;
+mod plans;
 mod serve;
 mod synth;
 mod wasm;
@@ -23,6 +24,8 @@ enum Task {
     BenchE2e(bench_e2e::Args),
     /// Build the wasm package, then test it in headless Chromium (WebGPU on SwiftShader).
     BrowserTest(browser_test::Args),
+    /// Write the pinned dispatch sequences of the synthetic presets, or check this GPU's.
+    Plans(plans::Args),
     /// Serve the demo page and models on 127.0.0.1 (HTTP with Range requests).
     Serve(serve::Args),
     /// Write a synthetic GGUF with random weights (tiny for tests, full size for benchmarks).
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
     let r = match cli.task {
         Task::BenchE2e(a) => bench_e2e::run(a),
         Task::BrowserTest(a) => browser_test::run(a),
+        Task::Plans(a) => plans::run(a),
         Task::Serve(a) => serve::run(a),
         Task::Synth(a) => synth::run(a),
         Task::Wasm(a) => wasm::run(a),

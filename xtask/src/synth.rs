@@ -26,15 +26,8 @@ pub struct Args {
 pub fn run(a: Args) -> Result<(), TaskError> {
     let dtype =
         GgmlType::from_name(&a.dtype).ok_or_else(|| format!("unknown dtype {}", a.dtype))?;
-    let mut spec = match a.preset.as_str() {
-        "tiny-gemma3" => SynthSpec::tiny_gemma3(dtype),
-        "tiny-gemma4" => SynthSpec::tiny_gemma4(dtype),
-        "gemma3-270m" => SynthSpec::gemma3_270m(),
-        "e2b" => SynthSpec::gemma4_e2b(),
-        "e4b" => SynthSpec::gemma4_e4b(),
-        "26b-a4b" => SynthSpec::gemma4_26b_a4b(),
-        other => return Err(format!("unknown preset {other}").into()),
-    };
+    let mut spec = SynthSpec::preset(&a.preset, dtype)
+        .ok_or_else(|| format!("unknown preset {}", a.preset))?;
     spec.seed = a.seed;
     let t = std::time::Instant::now();
     let file = std::fs::File::create(&a.out)?;

@@ -5,6 +5,7 @@
 pub mod chat;
 pub mod config;
 pub mod forward;
+pub mod plans;
 pub mod reference;
 pub mod sampling;
 pub mod synth;
@@ -14,7 +15,7 @@ pub mod tokenizer;
 pub use config::{Arch, ConfigError, LayerConfig, TextConfig};
 pub use forward::{
     ExpertPlacement, ForwardError, GpuModel, GpuSession, LoadError, LoadOptions, LoadProgress,
-    PleRows, SessionOptions,
+    PleRows, SessionOptions, WeightBytes,
 };
 pub use reference::CpuModel;
 pub use sampling::SamplingParams;

@@ -4,7 +4,10 @@
 
 use std::io::Write;
 
-use wgemma_gguf::{Array, GgmlType, GgufWriter, TensorSpec, Value, WriteError, quantize};
+use wgemma_gguf::{
+    Array, GgmlType, Gguf, GgufError, GgufWriter, RangeSource, SourceError, TensorSpec, Value,
+    WriteError, quantize,
+};
 
 /// The shape and dtypes of a synthetic model.
 #[derive(Clone, Debug)]
@@ -113,6 +116,20 @@ impl DtypeMix {
 impl SynthSpec {
     /// A Gemma 3 small enough for CPU-reference tests: 4 layers (every 3rd global), 4 heads
     /// over 2 KV heads, vocabulary 512.
+    /// The presets by name (`cargo xtask synth --preset`): tiny-gemma3, tiny-gemma4 (whose
+    /// weights take `dtype`), gemma3-270m, e2b, e4b, 26b-a4b (the last three Gemma 4's shapes).
+    pub fn preset(name: &str, dtype: GgmlType) -> Option<Self> {
+        Some(match name {
+            "tiny-gemma3" => Self::tiny_gemma3(dtype),
+            "tiny-gemma4" => Self::tiny_gemma4(dtype),
+            "gemma3-270m" => Self::gemma3_270m(),
+            "e2b" => Self::gemma4_e2b(),
+            "e4b" => Self::gemma4_e4b(),
+            "26b-a4b" => Self::gemma4_26b_a4b(),
+            _ => return None,
+        })
+    }
+
     pub fn tiny_gemma3(dtype: GgmlType) -> Self {
         Self {
             arch: "gemma3",
@@ -699,14 +716,77 @@ fn tensor_chunks(
     )))
 }
 
-/// Writes the model as GGUF into `out`, generating each tensor as it is written.
-pub fn write_synthetic<W: Write>(spec: &SynthSpec, out: W) -> Result<W, WriteError> {
-    let plan = spec.plan();
+/// Tensor data alignment of the synthetic files.
+const ALIGNMENT: u64 = 32;
+
+/// The GGUF writer for `spec`'s file, its header written into `out`.
+fn writer<W: Write>(
+    spec: &SynthSpec,
+    plan: &[Planned],
+    out: W,
+) -> Result<GgufWriter<W>, WriteError> {
     let specs = plan
         .iter()
         .map(|t| TensorSpec::new(&t.name, t.dtype, &t.dims))
         .collect();
-    let mut w = GgufWriter::new(out, &metadata(spec), specs, 32)?;
+    GgufWriter::new(out, &metadata(spec), specs, ALIGNMENT)
+}
+
+/// A synthetic model's header standing for its whole file, whose tensor bytes read as zeros:
+/// enough to load the model without its weights ([`crate::forward::WeightBytes::Skip`]) and
+/// plan its steps, without generating gigabytes.
+pub struct SynthHeader {
+    header: Vec<u8>,
+    len: u64,
+}
+
+impl SynthHeader {
+    pub fn new(spec: &SynthSpec) -> Result<Self, WriteError> {
+        let w = writer(spec, &spec.plan(), Vec::new())?;
+        Ok(Self {
+            header: w.written().clone(),
+            len: w.file_len(),
+        })
+    }
+
+    /// The parsed header.
+    pub fn gguf(&self) -> Result<Gguf, GgufError> {
+        Gguf::parse_prefix(&self.header, self.len)
+    }
+}
+
+impl RangeSource for SynthHeader {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_range(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> impl Future<Output = Result<Vec<u8>, SourceError>> {
+        let end = offset.saturating_add(len);
+        let read = if end > self.len {
+            Err(SourceError::OutOfRange {
+                offset,
+                len,
+                size: self.len,
+            })
+        } else {
+            let from = (offset as usize).min(self.header.len());
+            let to = (end as usize).min(self.header.len());
+            let mut bytes = self.header[from..to].to_vec();
+            bytes.resize(len as usize, 0);
+            Ok(bytes)
+        };
+        std::future::ready(read)
+    }
+}
+
+/// Writes the model as GGUF into `out`, generating each tensor as it is written.
+pub fn write_synthetic<W: Write>(spec: &SynthSpec, out: W) -> Result<W, WriteError> {
+    let plan = spec.plan();
+    let mut w = writer(spec, &plan, out)?;
     for (i, t) in plan.iter().enumerate() {
         w.write_tensor_chunks(tensor_chunks(t, spec.seed, i)?)?;
     }

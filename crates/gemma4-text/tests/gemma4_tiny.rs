@@ -286,7 +286,10 @@ fn streamed_experts_match_resident_experts() {
     let cfg = wgemma_text::TextConfig::from_gguf(&g).unwrap();
     let src = wgemma_gguf::BytesSource::new(bytes.to_vec());
     let placed = |experts| {
-        let opts = LoadOptions { experts };
+        let opts = LoadOptions {
+            experts,
+            ..LoadOptions::default()
+        };
         let m = GpuModel::load_with(ctx.clone(), &g, &cfg, &src, None, opts, |_| {});
         Arc::new(pollster::block_on(m).unwrap())
     };

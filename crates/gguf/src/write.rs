@@ -182,6 +182,18 @@ impl<W: Write> GgufWriter<W> {
         Ok(())
     }
 
+    /// The length of the whole file: what is written so far plus the tensors still to come.
+    pub fn file_len(&self) -> u64 {
+        self.sizes[self.next..].iter().fold(self.pos, |pos, size| {
+            (pos + size).div_ceil(self.alignment) * self.alignment
+        })
+    }
+
+    /// What is written so far (the header, once constructed).
+    pub fn written(&self) -> &W {
+        &self.out
+    }
+
     /// Checks that every tensor was written and returns the output.
     pub fn finish(mut self) -> Result<W, WriteError> {
         if let Some(spec) = self.specs.get(self.next) {

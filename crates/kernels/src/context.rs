@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+#[cfg(not(target_arch = "wasm32"))]
+use crate::device_class::DeviceClass;
 use crate::shader::ShaderSource;
 
 /// Why the GPU could not be used.
@@ -140,6 +142,37 @@ pub struct GpuFeatures {
     pub int8_activations: bool,
 }
 
+/// A compiled kernel variant and its key ([`ShaderSource::key`]: name, flags, constants),
+/// which names it in a plan's dispatch sequence.
+#[derive(Clone, Debug)]
+pub struct Pipeline {
+    pub key: Arc<str>,
+    pub compute: Arc<wgpu::ComputePipeline>,
+}
+
+impl GpuFeatures {
+    /// The device features these abilities need.
+    fn required(&self) -> wgpu::Features {
+        let wanted = [
+            (self.shader_f16, wgpu::Features::SHADER_F16),
+            (self.subgroups, wgpu::Features::SUBGROUP),
+            (self.timestamps, wgpu::Features::TIMESTAMP_QUERY),
+            (
+                self.timestamps_in_passes,
+                wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES,
+            ),
+            (
+                self.coop_matmul,
+                wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+            ),
+        ];
+        wanted
+            .into_iter()
+            .filter(|(on, _)| *on)
+            .fold(wgpu::Features::empty(), |all, (_, f)| all | f)
+    }
+}
+
 /// A GPU device and queue with everything the kernels need to run on it.
 pub struct GpuContext {
     pub device: wgpu::Device,
@@ -149,12 +182,19 @@ pub struct GpuContext {
     pub limits: wgpu::Limits,
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
-    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    pipelines: Mutex<HashMap<String, Pipeline>>,
     /// See [`GpuContext::unused_storage`].
     pub(crate) unused: std::sync::OnceLock<[wgpu::Buffer; 2]>,
     shader_checks: bool,
     /// [`ContextOptions::busy_wait`], on a GPU adapter.
     pub(crate) busy_wait: bool,
+    /// Held around every submit and poll ([`GpuContext::submit`], [`GpuContext::poll`]).
+    /// wgpu-core's device maintenance (run by both) reads the finished submission index
+    /// before it retires finished submissions; another thread retiring newer ones in between
+    /// leaves it with an empty queue and an older index, and a wait then panics inside wgpu-core
+    /// ("If the queue is empty, the current submission index ... should be at least the wait
+    /// submission index"), as the parity tests' threads did on an H200.
+    pub(crate) maintenance: Mutex<()>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -182,24 +222,9 @@ impl GpuContext {
             info.device_type = wgpu::DeviceType::Cpu;
         }
         let available = adapter.features();
-        let mut required = wgpu::Features::empty();
         let shader_f16 = options.allow_f16 && available.contains(wgpu::Features::SHADER_F16);
         let subgroups = options.allow_subgroups && available.contains(wgpu::Features::SUBGROUP);
         let timestamps = available.contains(wgpu::Features::TIMESTAMP_QUERY);
-        if shader_f16 {
-            required |= wgpu::Features::SHADER_F16;
-        }
-        if subgroups {
-            required |= wgpu::Features::SUBGROUP;
-        }
-        if timestamps {
-            required |= wgpu::Features::TIMESTAMP_QUERY;
-        }
-        let timestamps_in_passes =
-            timestamps && available.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
-        if timestamps_in_passes {
-            required |= wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
-        }
         // Ask for everything the adapter offers: weight tiles and scratch are sized from these.
         let limits = adapter.limits();
         let coop_matmul = options.allow_coop
@@ -214,9 +239,29 @@ impl GpuContext {
                     && c.ab_type == wgpu::CooperativeScalarType::F16
                     && c.cr_type == wgpu::CooperativeScalarType::F32
             });
-        if coop_matmul {
-            required |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
-        }
+        let features = GpuFeatures {
+            shader_f16,
+            subgroups,
+            timestamps,
+            timestamps_in_passes: timestamps
+                && available.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+            subgroup_min_size: info.subgroup_min_size,
+            subgroup_max_size: info.subgroup_max_size,
+            coop_matmul,
+            int8_activations: options.allow_int8_activations,
+        };
+        Self::open(&adapter, info, features, limits, &options).await
+    }
+
+    /// Creates the device on `adapter` with what `features` use and `limits`.
+    async fn open(
+        adapter: &wgpu::Adapter,
+        info: wgpu::AdapterInfo,
+        features: GpuFeatures,
+        limits: wgpu::Limits,
+        options: &ContextOptions,
+    ) -> Result<Self, GpuError> {
+        let required = features.required();
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("wgemma"),
@@ -227,7 +272,7 @@ impl GpuContext {
                 // 16-byte aligned offsets, and which runs only where the adapter reports the
                 // exact configuration it uses; its output is checked against the CPU on the
                 // H100 (`benches/h100.sh tests`).
-                experimental_features: if coop_matmul {
+                experimental_features: if features.coop_matmul {
                     unsafe { wgpu::ExperimentalFeatures::enabled() }
                 } else {
                     wgpu::ExperimentalFeatures::disabled()
@@ -254,16 +299,6 @@ impl GpuContext {
                 *l = Some(format!("{reason:?}: {message}"));
             }
         });
-        let features = GpuFeatures {
-            shader_f16,
-            subgroups,
-            timestamps,
-            timestamps_in_passes,
-            subgroup_min_size: info.subgroup_min_size,
-            subgroup_max_size: info.subgroup_max_size,
-            coop_matmul,
-            int8_activations: options.allow_int8_activations,
-        };
         tracing::info!(
             adapter = %info.name,
             backend = ?info.backend,
@@ -287,7 +322,42 @@ impl GpuContext {
             unused: std::sync::OnceLock::new(),
             shader_checks: options.shader_checks,
             busy_wait,
+            maintenance: Mutex::new(()),
         })
+    }
+
+    /// A context that builds plans as `class` would run them, on wgpu's no-op backend: every
+    /// shader variant is compiled (validated by naga) and every dispatch and bind group is
+    /// built against the class's features and limits, but nothing runs and buffers are
+    /// plain host memory. For the tests that pin each model's dispatch sequence per device.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub async fn emulating(class: DeviceClass) -> Result<Self, GpuError> {
+        let features = class.features();
+        let limits = class.limits();
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::NOOP;
+        desc.backend_options.noop = wgpu::NoopBackendOptions {
+            enable: true,
+            limits: Some(limits.clone()),
+            features: Some(features.required()),
+            device_type: Some(class.device_type()),
+            subgroup_min_size: Some(features.subgroup_min_size),
+            subgroup_max_size: Some(features.subgroup_max_size),
+        };
+        let instance = wgpu::Instance::new(desc);
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions::default())
+            .await
+            .map_err(|e| GpuError::RequestDevice(e.to_string()))?;
+        let mut info = adapter.get_info();
+        info.name = format!("{} (emulated)", class.name());
+        // The no-op adapter reports a CPU whatever its options say.
+        info.device_type = class.device_type();
+        let options = ContextOptions {
+            busy_wait: false,
+            ..ContextOptions::default()
+        };
+        Self::open(&adapter, info, features, limits, &options).await
     }
 
     async fn pick_adapter(
@@ -356,7 +426,7 @@ impl GpuContext {
     }
 
     /// The compute pipeline for `source`, compiled once per context.
-    pub fn pipeline(&self, source: &ShaderSource) -> Arc<wgpu::ComputePipeline> {
+    pub fn pipeline(&self, source: &ShaderSource) -> Pipeline {
         let key = source.key();
         if let Some(p) = self
             .pipelines
@@ -389,7 +459,7 @@ impl GpuContext {
             .iter()
             .map(|(k, v)| (k.as_str(), *v))
             .collect();
-        let pipeline = Arc::new(self.device.create_compute_pipeline(
+        let compute = Arc::new(self.device.create_compute_pipeline(
             &wgpu::ComputePipelineDescriptor {
                 label: Some(&key),
                 layout: None,
@@ -402,6 +472,10 @@ impl GpuContext {
                 cache: None,
             },
         ));
+        let pipeline = Pipeline {
+            key: key.as_str().into(),
+            compute,
+        };
         if let Ok(mut m) = self.pipelines.lock() {
             m.insert(key, pipeline.clone());
         }

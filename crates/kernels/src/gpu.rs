@@ -2,9 +2,9 @@
 //! encoder and one compute pass.
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 
-use crate::context::{GpuContext, GpuError};
+use crate::context::{GpuContext, GpuError, Pipeline};
 
 /// Parameter blocks of the dispatches built inside [`GpuContext::with_params_batch`] on one
 /// thread: packed into shared uniform buffers and written once at its end, rather than a
@@ -141,6 +141,8 @@ impl Params {
 #[derive(Clone, Debug)]
 pub struct Dispatch {
     pub label: &'static str,
+    /// The kernel variant ([`Pipeline::key`]).
+    pub kernel: Arc<str>,
     pub pipeline: Arc<wgpu::ComputePipeline>,
     pub bind_group: wgpu::BindGroup,
     pub workgroups: [u32; 3],
@@ -211,7 +213,7 @@ impl GpuContext {
     pub fn dispatch(
         &self,
         label: &'static str,
-        pipeline: Arc<wgpu::ComputePipeline>,
+        pipeline: Pipeline,
         binds: &[Bind<'_>],
         workgroups: [u32; 3],
     ) -> Result<Dispatch, GpuError> {
@@ -272,12 +274,13 @@ impl GpuContext {
             .collect();
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(label),
-            layout: &pipeline.get_bind_group_layout(0),
+            layout: &pipeline.compute.get_bind_group_layout(0),
             entries: &entries,
         });
         Ok(Dispatch {
             label,
-            pipeline,
+            kernel: pipeline.key,
+            pipeline: pipeline.compute,
             bind_group,
             workgroups,
             params: params.into_iter().flatten().next().map(|(b, o, _)| (b, o)),
@@ -336,7 +339,7 @@ impl GpuContext {
         });
         let mut enc = self.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, size);
-        self.queue.submit([enc.finish()]);
+        self.submit([enc.finish()]);
         self.map_and_copy(&staging, size).await
     }
 
@@ -354,9 +357,7 @@ impl GpuContext {
                 let _ = tx.send(r);
             });
         #[cfg(not(target_arch = "wasm32"))]
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        self.wait_all()?;
         let mapped = rx.await.map_err(|e| GpuError::Readback(e.to_string()))?;
         self.check()?;
         mapped.map_err(|e| GpuError::Readback(e.to_string()))?;
@@ -393,6 +394,31 @@ impl GpuContext {
         }
     }
 
+    /// Submits `commands` (see [`GpuContext::poll`] for why every submission goes through
+    /// here).
+    pub fn submit(
+        &self,
+        commands: impl IntoIterator<Item = wgpu::CommandBuffer>,
+    ) -> wgpu::SubmissionIndex {
+        let _maintenance = self
+            .maintenance
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.queue.submit(commands)
+    }
+
+    /// Polls the device, never at the same time as another poll or submission of this
+    /// context (`GpuContext::maintenance` says why). A wait with a timeout holds the lock
+    /// for at most that long.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn poll(&self, poll: wgpu::PollType) -> Result<wgpu::PollStatus, wgpu::PollError> {
+        let _maintenance = self
+            .maintenance
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.device.poll(poll)
+    }
+
     /// Waits until `submission` has finished on the GPU (native; in the browser, mapping a
     /// buffer is the wait).
     #[cfg(not(target_arch = "wasm32"))]
@@ -401,32 +427,50 @@ impl GpuContext {
         submission: wgpu::SubmissionIndex,
         mode: WaitMode,
     ) -> Result<(), GpuError> {
-        let poll = |timeout| wgpu::PollType::Wait {
-            submission_index: Some(submission.clone()),
-            timeout,
+        self.wait_until(Some(submission), mode)
+    }
+
+    /// Waits for `submission`, or for everything submitted so far. Sleeping waits in slices
+    /// of [`WAIT_SLICE`], so that other threads submit and poll between them.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn wait_until(
+        &self,
+        submission: Option<wgpu::SubmissionIndex>,
+        mode: WaitMode,
+    ) -> Result<(), GpuError> {
+        let timeout = match mode {
+            WaitMode::Sleep => WAIT_SLICE,
+            WaitMode::Spin => std::time::Duration::ZERO,
         };
-        let readback = |e: wgpu::PollError| GpuError::Readback(e.to_string());
-        if mode == WaitMode::Sleep {
-            return self.device.poll(poll(None)).map(drop).map_err(readback);
-        }
         loop {
-            match self.device.poll(poll(Some(std::time::Duration::ZERO))) {
+            let poll = wgpu::PollType::Wait {
+                submission_index: submission.clone(),
+                timeout: Some(timeout),
+            };
+            match self.poll(poll) {
                 Ok(_) => return Ok(()),
                 Err(wgpu::PollError::Timeout) => std::hint::spin_loop(),
-                Err(e) => return Err(readback(e)),
+                Err(e) => return Err(GpuError::Readback(e.to_string())),
             }
         }
+    }
+
+    /// Waits until everything submitted so far has finished (native).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn wait_all(&self) -> Result<(), GpuError> {
+        self.wait_until(None, WaitMode::Sleep)
     }
 
     /// Waits until the GPU has finished all submitted work (native); errors surface here.
     pub fn wait(&self) -> Result<(), GpuError> {
         #[cfg(not(target_arch = "wasm32"))]
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| GpuError::Validation(e.to_string()))?;
+        self.wait_all()?;
         self.check()
     }
 }
+
+/// The longest a sleeping [`GpuContext::wait_for`] holds the context's maintenance lock.
+pub const WAIT_SLICE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// How [`GpuContext::wait_for`] waits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -594,7 +638,7 @@ impl<'a> Recorder<'a> {
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label });
         if let Some(encoder) = self.encoder.replace(next) {
-            self.ctx.queue.submit([encoder.finish()]);
+            self.ctx.submit([encoder.finish()]);
         }
     }
 
@@ -606,7 +650,7 @@ impl<'a> Recorder<'a> {
     /// Ends the pass and submits everything recorded.
     pub fn submit(self) -> wgpu::SubmissionIndex {
         let ctx = self.ctx;
-        ctx.queue.submit([self.finish()])
+        ctx.submit([self.finish()])
     }
 }
 

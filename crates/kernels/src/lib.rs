@@ -5,12 +5,14 @@
 
 mod context;
 pub mod cpu;
+mod device_class;
 mod gpu;
 pub mod ops;
 mod shader;
 mod weights;
 
-pub use context::{ContextOptions, GpuContext, GpuError, GpuFeatures};
+pub use context::{ContextOptions, GpuContext, GpuError, GpuFeatures, Pipeline};
+pub use device_class::DeviceClass;
 pub use gpu::{Bind, Dispatch, Params, Profiler, Recorder, View, WaitMode};
 pub use shader::ShaderSource;
 pub use weights::{GPU_DTYPES, GpuWeight, WeightTile};

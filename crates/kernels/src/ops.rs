@@ -1,11 +1,10 @@
 //! Typed dispatchers: each binds exactly the buffers its kernel needs, checks shapes, and
 //! returns prepared [`Dispatch`]es to record as often as needed.
 
-use crate::context::{GpuContext, GpuError};
+use crate::context::{GpuContext, GpuError, Pipeline};
 use crate::gpu::{Bind, Dispatch, Params, View};
 use crate::shader::{BYTES_WGSL, DTYPES_WGSL, ShaderSource};
 use crate::weights::{GpuWeight, dtype_flag};
-use std::sync::Arc;
 use wgemma_gguf::GgmlType;
 
 const ACTIVATIONS_WGSL: &str = include_str!("wgsl/activations.wgsl");
@@ -336,7 +335,7 @@ fn tiled_pipeline(
     dtype: GgmlType,
     geglu: bool,
     tiles: Tiles,
-) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+) -> Result<Pipeline, GpuError> {
     let (name, kernel) = if ctx.features.coop_matmul {
         ("matmul_coop", MATMUL_COOP_WGSL)
     } else {

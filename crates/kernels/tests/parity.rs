@@ -2479,9 +2479,9 @@ fn wait_for_returns_once_the_work_is_done() {
         for _ in 0..16 {
             rec.run(&d);
         }
-        let submission = ctx.queue.submit([rec.finish()]);
+        let submission = ctx.submit([rec.finish()]);
         ctx.wait_for(submission.clone(), mode).unwrap();
-        let finished = ctx.device.poll(wgpu::PollType::Wait {
+        let finished = ctx.poll(wgpu::PollType::Wait {
             submission_index: Some(submission),
             timeout: Some(std::time::Duration::ZERO),
         });
@@ -2490,4 +2490,44 @@ fn wait_for_returns_once_the_work_is_done() {
             "{mode:?}: returned before the work was done"
         );
     }
+}
+
+/// Threads that submit and wait on one context at once: wgpu-core's device maintenance
+/// panicked when another thread retired newer submissions in the middle of a wait's
+/// (`GpuContext::poll` serialises them).
+#[test]
+fn waits_and_submissions_from_several_threads_agree() {
+    let Some(ctx) = ctx() else { return };
+    let n = 1 << 12;
+    let v = upload(ctx, &Rng(31).vec(n as usize, 1.0));
+    let d = ops::elementwise(ctx, Elementwise::Scale(1.0), &v, n).unwrap();
+    let rounds = 150;
+    let running = std::sync::atomic::AtomicUsize::new(3);
+    std::thread::scope(|s| {
+        for t in 0..3 {
+            let (d, running) = (&d, &running);
+            s.spawn(move || {
+                let modes = [WaitMode::Sleep, WaitMode::Spin];
+                for i in 0..rounds {
+                    let mut rec = Recorder::new(ctx, "threads");
+                    rec.run(d);
+                    let submission = ctx.submit([rec.finish()]);
+                    if (i + t) % 3 == 2 {
+                        ctx.wait().unwrap();
+                    } else {
+                        ctx.wait_for(submission, modes[(i + t) % 2]).unwrap();
+                    }
+                }
+                running.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            });
+        }
+        // A thread that only retires finished work, as a runtime's poller would.
+        s.spawn(|| {
+            while running.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+                ctx.poll(wgpu::PollType::Poll).unwrap();
+            }
+        });
+    });
+    let done = ctx.poll(wgpu::PollType::Poll);
+    assert!(done.is_ok(), "{done:?}");
 }

@@ -81,7 +81,10 @@ impl Model {
         let tokenizer = Tokenizer::from_metadata(&header.metadata, cfg.arch.name())?;
         let template = ChatTemplate::for_architecture(cfg.arch.name());
         let info = ModelInfo::new(&header);
-        let placement = wgemma_text::LoadOptions { experts };
+        let placement = wgemma_text::LoadOptions {
+            experts,
+            ..Default::default()
+        };
         let gpu = GpuModel::load_with(ctx, &header, &cfg, source, rows, placement, |p| {
             if let Some(f) = on_progress.as_mut() {
                 f(p);

@@ -4,5 +4,7 @@
 mod model;
 mod session;
 
-pub use model::{ExpertPlacement, GpuModel, LoadError, LoadOptions, LoadProgress, PleRows};
+pub use model::{
+    ExpertPlacement, GpuModel, LoadError, LoadOptions, LoadProgress, PleRows, WeightBytes,
+};
 pub use session::{ForwardError, GpuSession, MAX_IN_FLIGHT, SessionOptions};

@@ -47,10 +47,23 @@ pub enum ExpertPlacement {
     Streamed,
 }
 
+/// Whether [`GpuModel::load_with`] fills the weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightBytes {
+    /// Read every weight through the source and upload it.
+    #[default]
+    Upload,
+    /// Allocate every weight and leave it unwritten: the model's steps can be planned (and
+    /// their dispatch sequences compared) without reading the file's gigabytes, but what
+    /// they compute means nothing.
+    Skip,
+}
+
 /// How [`GpuModel::load_with`] places the model.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LoadOptions {
     pub experts: ExpertPlacement,
+    pub weights: WeightBytes,
 }
 
 /// Bytes of weights uploaded so far, of the total.
@@ -670,6 +683,9 @@ impl GpuModel {
         }
         let total: u64 = ld.jobs.iter().map(Job::bytes).sum();
         let mut done = 0;
+        if opts.weights == WeightBytes::Skip {
+            ld.jobs.clear();
+        }
         for job in &ld.jobs {
             match job {
                 Job::Stacked(parts, w) => {

@@ -248,6 +248,23 @@ pub struct GpuSession {
     router_readback: Option<wgpu::Buffer>,
 }
 
+fn dispatch_line(d: &Dispatch) -> String {
+    let [x, y, z] = d.workgroups;
+    format!("{} {x}x{y}x{z}", d.kernel)
+}
+
+fn op_line(op: &Op) -> String {
+    match op {
+        Op::Run(d) => dispatch_line(d),
+        Op::Copy { bytes, .. } => format!("copy {bytes} bytes"),
+        Op::Upload { routed, .. } => {
+            let routed = routed.as_ref().map_or(0, |(_, slots)| *slots);
+            format!("upload experts, {routed} routed slots")
+        }
+        Op::TokenRows => "per-layer table rows".into(),
+    }
+}
+
 /// Fetched rows kept for later steps; past this, a new fetch starts from an empty store.
 const FETCHED_ROWS_KEPT: usize = 1024;
 
@@ -1091,6 +1108,40 @@ impl GpuSession {
         Ok(ops.into_inner())
     }
 
+    /// The dispatch sequence of a step over `tokens` positions, one line an op (the kernel
+    /// variant and its workgroups, or the copy, upload or row staging between them): 1 is
+    /// the decode step the session keeps, more a prefill chunk that leaves the last
+    /// position's logits. Then the sampling dispatches, greedy and top-64. Nothing runs. The
+    /// tests pin these sequences per model and device class (`tests/plans.rs`).
+    pub fn plan_lines(&self, tokens: usize) -> Result<Vec<String>, ForwardError> {
+        let m = u32::try_from(tokens.clamp(1, self.max_batch)).unwrap_or(1);
+        let step = if m == 1 {
+            self.decode.clone()
+        } else {
+            self.plan(m, &self.s.ids, LogitsFor::Last, None)?
+        };
+        let mut lines: Vec<String> = step.iter().map(op_line).collect();
+        for strategy in [Strategy::Greedy, Strategy::TopK(64)] {
+            let sp = self.sampler_plan(strategy, true)?;
+            let dispatches = [Some(&sp.ring_push), Some(&sp.penalty)]
+                .into_iter()
+                .chain(
+                    sp.argmax
+                        .iter()
+                        .flat_map(|a| [Some(&a.partial), Some(&a.finish)]),
+                )
+                .chain(
+                    sp.top_k
+                        .iter()
+                        .flat_map(|t| [Some(&t.partial), Some(&t.finish)]),
+                )
+                .chain([sp.draw.as_ref()])
+                .flatten();
+            lines.extend(dispatches.map(dispatch_line));
+        }
+        Ok(lines)
+    }
+
     fn check_tokens(&self, tokens: &[u32]) -> Result<(), ForwardError> {
         if tokens.is_empty() {
             return Err(ForwardError::Empty);
@@ -1450,7 +1501,7 @@ impl GpuSession {
     }
 
     fn launch(&mut self, slot: usize, commands: wgpu::CommandBuffer) {
-        let submission = self.model.ctx.queue.submit([commands]);
+        let submission = self.model.ctx.submit([commands]);
         let (tx, rx) = futures::channel::oneshot::channel();
         self.readback[slot]
             .slice(..)
