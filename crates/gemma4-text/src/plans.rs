@@ -57,6 +57,11 @@ pub enum PlanError {
 
 /// The report of the preset `name` on `ctx`.
 pub async fn preset_report(ctx: Arc<GpuContext>, name: &str) -> Result<String, PlanError> {
+    report(&preset_session(ctx, name).await?)
+}
+
+/// A session of the preset `name` on `ctx`, its weights allocated but not written.
+pub async fn preset_session(ctx: Arc<GpuContext>, name: &str) -> Result<GpuSession, PlanError> {
     let spec = SynthSpec::preset(name, TINY_DTYPE).ok_or_else(|| PlanError::Preset(name.into()))?;
     let header = Arc::new(SynthHeader::new(&spec)?);
     let g = header.gguf()?;
@@ -67,7 +72,7 @@ pub async fn preset_report(ctx: Arc<GpuContext>, name: &str) -> Result<String, P
     };
     let rows = Some(PleRows::Fetched(header.clone()));
     let model = GpuModel::load_with(ctx, &g, &cfg, &*header, rows, opts, |_| {}).await?;
-    report(&GpuSession::new(Arc::new(model), SESSION)?)
+    Ok(GpuSession::new(Arc::new(model), SESSION)?)
 }
 
 /// Every step of [`STEPS`] of `session`, each under a `# N tokens` line.

@@ -10,8 +10,10 @@ mod common;
 
 use std::sync::Arc;
 
-use wgemma_kernels::{DeviceClass, GpuContext};
-use wgemma_text::plans::{PINNED_PRESETS, file_name, first_difference, preset_report};
+use wgemma_kernels::{DeviceClass, GpuContext, reflect};
+use wgemma_text::plans::{
+    PINNED_PRESETS, STEPS, file_name, first_difference, preset_session, report,
+};
 
 fn pinned(preset: &str, class: DeviceClass) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -21,17 +23,29 @@ fn pinned(preset: &str, class: DeviceClass) -> String {
         .unwrap_or_else(|e| panic!("{}: {e} (cargo xtask plans --write)", path.display()))
 }
 
-/// Every difference between `ctx`'s reports for `presets` and the pins of `class`.
+/// Every difference between `ctx`'s reports for `presets` and the pins of `class`, and every
+/// dispatch that disagrees with its kernel's WGSL (`wgemma_kernels::reflect`).
 fn differences(ctx: &Arc<GpuContext>, class: DeviceClass, presets: &[&str]) -> Vec<String> {
-    presets
-        .iter()
-        .filter_map(|preset| {
-            let got = pollster::block_on(preset_report(ctx.clone(), preset))
-                .unwrap_or_else(|e| panic!("{preset} on {}: {e}", class.name()));
-            first_difference(&got, &pinned(preset, class))
-                .map(|d| format!("{preset} on {}: {d}", ctx.info.name))
-        })
-        .collect()
+    let mut out = Vec::new();
+    for preset in presets {
+        let session = pollster::block_on(preset_session(ctx.clone(), preset))
+            .unwrap_or_else(|e| panic!("{preset} on {}: {e}", class.name()));
+        let got = report(&session).unwrap();
+        let place = format!("{preset} on {}", ctx.info.name);
+        if let Some(d) = first_difference(&got, &pinned(preset, class)) {
+            out.push(format!("{place}: {d}"));
+        }
+        for tokens in STEPS {
+            let dispatches = session.plan_dispatches(tokens).unwrap();
+            let problems = reflect::check_dispatches(ctx, &dispatches);
+            out.extend(
+                problems
+                    .into_iter()
+                    .map(|p| format!("{place}, {tokens} tokens: {p}")),
+            );
+        }
+    }
+    out
 }
 
 /// Every pinned preset but 26B-A4B, whose emulated weights take 16 GiB of host memory and

@@ -182,7 +182,8 @@ pub struct GpuContext {
     pub limits: wgpu::Limits,
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
-    pipelines: Mutex<HashMap<String, Pipeline>>,
+    /// Compiled variants by key, with their sources.
+    pipelines: Mutex<HashMap<String, (Pipeline, ShaderSource)>>,
     /// See [`GpuContext::unused_storage`].
     pub(crate) unused: std::sync::OnceLock<[wgpu::Buffer; 2]>,
     shader_checks: bool,
@@ -432,7 +433,7 @@ impl GpuContext {
             .pipelines
             .lock()
             .ok()
-            .and_then(|m| m.get(&key).cloned())
+            .and_then(|m| m.get(&key).map(|(p, _)| p.clone()))
         {
             return p;
         }
@@ -477,9 +478,15 @@ impl GpuContext {
             compute,
         };
         if let Ok(mut m) = self.pipelines.lock() {
-            m.insert(key, pipeline.clone());
+            m.insert(key, (pipeline.clone(), source.clone()));
         }
         pipeline
+    }
+
+    /// The source of a compiled variant, by its key ([`Pipeline::key`]).
+    pub fn shader_source(&self, key: &str) -> Option<ShaderSource> {
+        let m = self.pipelines.lock().ok()?;
+        m.get(key).map(|(_, source)| source.clone())
     }
 
     /// Number of distinct pipelines compiled so far.

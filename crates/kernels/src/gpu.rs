@@ -5,6 +5,7 @@ use std::cell::RefCell;
 use std::sync::{Arc, PoisonError};
 
 use crate::context::{GpuContext, GpuError, Pipeline};
+use crate::params::{Params, ParamsLayout};
 
 /// Parameter blocks of the dispatches built inside [`GpuContext::with_params_batch`] on one
 /// thread: packed into shared uniform buffers and written once at its end, rather than a
@@ -108,35 +109,6 @@ impl View {
     }
 }
 
-/// Small kernel parameters, packed as 32-bit words into a uniform buffer.
-#[derive(Clone, Debug, Default)]
-pub struct Params(Vec<u32>);
-
-impl Params {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn u32(mut self, v: u32) -> Self {
-        self.0.push(v);
-        self
-    }
-
-    pub fn f32(mut self, v: f32) -> Self {
-        self.0.push(v.to_bits());
-        self
-    }
-
-    pub(crate) fn words(&self) -> Vec<u32> {
-        let mut w = self.0.clone();
-        // Uniform structs are 16-byte aligned.
-        while w.is_empty() || !w.len().is_multiple_of(4) {
-            w.push(0);
-        }
-        w
-    }
-}
-
 /// A dispatch with its pipeline and bind group built once, recordable any number of times.
 #[derive(Clone, Debug)]
 pub struct Dispatch {
@@ -146,6 +118,10 @@ pub struct Dispatch {
     pub pipeline: Arc<wgpu::ComputePipeline>,
     pub bind_group: wgpu::BindGroup,
     pub workgroups: [u32; 3],
+    /// What each binding number holds, and the parameter block's layout: what
+    /// `tests/reflection.rs` checks against the kernel's WGSL.
+    pub bindings: Arc<[BindKind]>,
+    pub params_layout: Option<ParamsLayout>,
     /// The parameter block's buffer and offset.
     params: Option<(wgpu::Buffer, u64)>,
 }
@@ -167,6 +143,24 @@ pub enum Bind<'a> {
     Storage(&'a View),
     Params(Params),
     Skip,
+}
+
+/// What a binding number of a dispatch holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BindKind {
+    Storage,
+    Uniform,
+    Unused,
+}
+
+impl Bind<'_> {
+    fn kind(&self) -> BindKind {
+        match self {
+            Bind::Storage(_) => BindKind::Storage,
+            Bind::Params(_) => BindKind::Uniform,
+            Bind::Skip => BindKind::Unused,
+        }
+    }
 }
 
 impl GpuContext {
@@ -277,12 +271,18 @@ impl GpuContext {
             layout: &pipeline.compute.get_bind_group_layout(0),
             entries: &entries,
         });
+        let params_layout = binds.iter().find_map(|b| match b {
+            Bind::Params(p) => Some(p.layout()),
+            _ => None,
+        });
         Ok(Dispatch {
             label,
             kernel: pipeline.key,
             pipeline: pipeline.compute,
             bind_group,
             workgroups,
+            bindings: binds.iter().map(Bind::kind).collect(),
+            params_layout,
             params: params.into_iter().flatten().next().map(|(b, o, _)| (b, o)),
         })
     }

@@ -8,12 +8,16 @@ pub mod cpu;
 mod device_class;
 mod gpu;
 pub mod ops;
+pub mod params;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod reflect;
 mod shader;
 mod weights;
 
 pub use context::{ContextOptions, GpuContext, GpuError, GpuFeatures, Pipeline};
 pub use device_class::DeviceClass;
-pub use gpu::{Bind, Dispatch, Params, Profiler, Recorder, View, WaitMode};
+pub use gpu::{Bind, BindKind, Dispatch, Profiler, Recorder, View, WaitMode};
+pub use params::{KernelParams, Params};
 pub use shader::ShaderSource;
 pub use weights::{GPU_DTYPES, GpuWeight, WeightTile};
 pub use wgpu;

@@ -2,7 +2,8 @@
 //! returns prepared [`Dispatch`]es to record as often as needed.
 
 use crate::context::{GpuContext, GpuError, Pipeline};
-use crate::gpu::{Bind, Dispatch, Params, View};
+use crate::gpu::{Bind, Dispatch, View};
+use crate::params::*;
 use crate::shader::{BYTES_WGSL, DTYPES_WGSL, ShaderSource};
 use crate::weights::{GpuWeight, dtype_flag};
 use wgemma_gguf::GgmlType;
@@ -244,22 +245,21 @@ pub fn matmul_in_parts(
         .iter()
         .map(|tile| {
             let rows = tile.rows as u32;
-            let params = Params::new()
-                .u32(k)
-                .u32(rows)
-                .u32(w.row_bytes as u32)
-                .u32(y_offset + (tile.first_row / if geglu { 2 } else { 1 }) as u32)
-                .u32(a.m)
-                .u32(a.x_stride)
-                .u32(y_stride)
-                .f32(tile_softcap)
-                .u32(per * 64)
-                .u32(if split { part_floats as u32 } else { 0 })
-                // Not experts: first expert, experts, slots per input row, slots.
-                .u32(0)
-                .u32(0)
-                .u32(1)
-                .u32(0);
+            let params = Params::of(&MatmulParams {
+                k,
+                n: rows,
+                row_bytes: w.row_bytes as u32,
+                out_offset: y_offset + (tile.first_row / if geglu { 2 } else { 1 }) as u32,
+                m: a.m,
+                x_stride: a.x_stride,
+                y_stride,
+                softcap: tile_softcap,
+                k_part: per * 64,
+                part_stride: if split { part_floats as u32 } else { 0 },
+                // Not experts: one slot per input row.
+                x_group: 1,
+                ..MatmulParams::default()
+            });
             let wv = View::of(&tile.buffer);
             ctx.dispatch(
                 "matmul",
@@ -275,14 +275,15 @@ pub fn matmul_in_parts(
         })
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(v) = partials {
-        let params = Params::new()
-            .u32(a.m)
-            .u32(n)
-            .u32(parts)
-            .u32(part_floats as u32)
-            .u32(a.y_stride)
-            .u32(a.y_offset)
-            .f32(softcap);
+        let params = Params::of(&MatmulPartsParams {
+            m: a.m,
+            n,
+            parts,
+            part_stride: part_floats as u32,
+            y_stride: a.y_stride,
+            out_offset: a.y_offset,
+            softcap,
+        });
         let source = ShaderSource::new("matmul_parts", &[ACTIVATIONS_WGSL, MATMUL_PARTS_WGSL]);
         dispatches.push(ctx.dispatch(
             "matmul_parts",
@@ -421,12 +422,13 @@ pub fn rms_norm(
         .flag_if(inplace, "INPLACE")
         .flag_if(residual, "RESIDUAL")
         .flag_if(weight.is_some(), "WEIGHT");
-    let params = Params::new()
-        .u32(dim)
-        .u32(rows)
-        .f32(eps)
-        .u32(x_stride)
-        .f32(1.0);
+    let params = Params::of(&NormParams {
+        dim,
+        rows,
+        eps,
+        x_stride,
+        scale: 1.0,
+    });
     let mut binds = vec![Bind::Storage(x)];
     if let Some(y) = y {
         binds.push(Bind::Storage(y));
@@ -490,13 +492,14 @@ pub fn rope(ctx: &GpuContext, a: &RopeArgs<'_>) -> Result<Dispatch, GpuError> {
     }
     let source = ShaderSource::new("rope", &[ROPE_MATH_WGSL, ROPE_WGSL])
         .flag_if(a.freq_factors.is_some(), "FREQ_FACTORS");
-    let params = Params::new()
-        .u32(a.heads)
-        .u32(a.head_dim)
-        .u32(a.n_rot)
-        .u32(rows)
-        .f32(a.base)
-        .f32(a.freq_scale);
+    let params = Params::of(&RopeParams {
+        heads: a.heads,
+        head_dim: a.head_dim,
+        n_rot: a.n_rot,
+        rows,
+        base: a.base,
+        freq_scale: a.freq_scale,
+    });
     let mut binds = vec![
         Bind::Storage(a.x),
         Bind::Storage(a.positions),
@@ -525,7 +528,12 @@ pub fn kv_store(
     )?;
     positions.expect_len32("kv_store positions", u64::from(m))?;
     let capacity = (cache.len32() / u64::from(row.max(1))) as u32;
-    let params = Params::new().u32(row).u32(m).u32(src_stride).u32(capacity);
+    let params = Params::of(&KvStoreParams {
+        row,
+        m,
+        src_stride,
+        capacity,
+    });
     let source = ShaderSource::new("kv_store", &[KV_STORE_WGSL]);
     ctx.dispatch(
         "kv_store",
@@ -600,16 +608,17 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
             "attention: K and V caches differ or are empty".into(),
         ));
     }
-    let params = Params::new()
-        .u32(a.n_head)
-        .u32(a.n_kv_head)
-        .u32(a.head_dim)
-        .u32(a.tokens)
-        .u32(a.window)
-        .f32(a.scale)
-        .f32(a.softcap)
-        .u32(capacity as u32)
-        .u32(a.q_stride);
+    let params = Params::of(&AttentionParams {
+        n_head: a.n_head,
+        n_kv_head: a.n_kv_head,
+        head_dim: a.head_dim,
+        m: a.tokens,
+        window: a.window,
+        scale: a.scale,
+        softcap: a.softcap,
+        capacity: capacity as u32,
+        q_stride: a.q_stride,
+    });
     let source = ShaderSource::new("attention", &[ACTIVATIONS_WGSL, ATTENTION_WGSL])
         .constant("G", f64::from(a.n_head / a.n_kv_head));
     ctx.dispatch(
@@ -677,43 +686,29 @@ pub fn elementwise(
                 "geglu up",
                 u64::from(up_offset) + (rows - 1) * u64::from(up_stride) + u64::from(cols),
             )?;
-            let p = Params::new()
-                .u32(n)
-                .u32(cols)
-                .u32(gate_stride)
-                .u32(up_stride)
-                .f32(0.0)
-                .u32(up_offset);
+            let p = ElementwiseParams {
+                n,
+                cols,
+                a_stride: gate_stride,
+                b_stride: up_stride,
+                s: 0.0,
+                b_offset: up_offset,
+            };
             ("GEGLU", Some(gate), Some(up), p)
         }
         Elementwise::Add(a) => {
             a.expect_len32("add a", u64::from(n))?;
-            (
-                "ADD",
-                Some(a),
-                None,
-                Params::new().u32(n).u32(n).u32(0).u32(0).f32(0.0),
-            )
+            ("ADD", Some(a), None, ElementwiseParams::over(n, 0.0))
         }
-        Elementwise::Scale(s) => (
-            "SCALE",
-            None,
-            None,
-            Params::new().u32(n).u32(n).u32(0).u32(0).f32(s),
-        ),
-        Elementwise::Softcap(c) => (
-            "SOFTCAP",
-            None,
-            None,
-            Params::new().u32(n).u32(n).u32(0).u32(0).f32(c),
-        ),
+        Elementwise::Scale(s) => ("SCALE", None, None, ElementwiseParams::over(n, s)),
+        Elementwise::Softcap(c) => ("SOFTCAP", None, None, ElementwiseParams::over(n, c)),
     };
     let source = ShaderSource::new("elementwise", &[ACTIVATIONS_WGSL, ELEMENTWISE_WGSL]).flag(flag);
     let binds = [
         a.map_or(Bind::Skip, Bind::Storage),
         b.map_or(Bind::Skip, Bind::Storage),
         Bind::Storage(y),
-        Bind::Params(params),
+        Bind::Params(Params::of(&params)),
     ];
     ctx.dispatch(
         flag_label(flag),
@@ -764,13 +759,14 @@ pub fn embed(
         .tiles
         .iter()
         .map(|tile| {
-            let params = Params::new()
-                .u32(table.cols as u32)
-                .u32(table.row_bytes as u32)
-                .u32(tile.first_row as u32)
-                .u32(tile.rows as u32)
-                .u32(m)
-                .f32(scale);
+            let params = Params::of(&EmbedParams {
+                k: table.cols as u32,
+                row_bytes: table.row_bytes as u32,
+                first_row: tile.first_row as u32,
+                rows: tile.rows as u32,
+                m,
+                scale,
+            });
             let wv = View::of(&tile.buffer);
             ctx.dispatch(
                 "embed",
@@ -820,12 +816,13 @@ fn argmax_params(n: u32, g: Option<Gumbel>) -> Params {
         step: 0,
         temperature: 1.0,
     });
-    Params::new()
-        .u32(n)
-        .u32(n.div_ceil(ARGMAX_CHUNK))
-        .u32(g.seed)
-        .u32(g.step)
-        .f32(1.0 / g.temperature.max(1e-6))
+    Params::of(&ArgmaxParams {
+        n,
+        parts: n.div_ceil(ARGMAX_CHUNK),
+        seed: g.seed,
+        step: g.step,
+        inv_temp: 1.0 / g.temperature.max(1e-6),
+    })
 }
 
 /// Index of the largest of the first `n` values of `x` (or a Gumbel-max sample).
@@ -908,7 +905,7 @@ pub fn top_k(
         &[
             Bind::Storage(x),
             Bind::Storage(scratch),
-            Bind::Params(Params::new().u32(n).u32(k)),
+            Bind::Params(Params::of(&TopKParams { n, k })),
         ],
         [parts, 1, 1],
     )?;
@@ -918,7 +915,7 @@ pub fn top_k(
         &[
             Bind::Storage(scratch),
             Bind::Storage(out),
-            Bind::Params(Params::new().u32(parts * k).u32(k)),
+            Bind::Params(Params::of(&TopKParams { n: parts * k, k })),
         ],
         [1, 1, 1],
     )?;
@@ -959,12 +956,13 @@ pub fn penalties(
 
 /// The parameter block of [`penalties`], for updating a prepared dispatch.
 pub fn penalty_params(count: u32, vocab: u32, p: PenaltyParams) -> Params {
-    Params::new()
-        .u32(count)
-        .u32(vocab)
-        .f32(p.repeat)
-        .f32(p.frequency)
-        .f32(p.presence)
+    Params::of(&PenaltyKernelParams {
+        n: count,
+        vocab,
+        repeat: p.repeat,
+        frequency: p.frequency,
+        presence: p.presence,
+    })
 }
 
 /// What [`matvec`] writes.
@@ -1065,12 +1063,13 @@ pub fn residual_norm(
     let source = ShaderSource::new("rms_norm", &[REDUCE_WGSL, NORM_WGSL])
         .flag("RESIDUAL_NORM")
         .flag("WEIGHT");
-    let params = Params::new()
-        .u32(dim)
-        .u32(rows)
-        .f32(eps)
-        .u32(dim)
-        .f32(scale);
+    let params = Params::of(&NormParams {
+        dim,
+        rows,
+        eps,
+        x_stride: dim,
+        scale,
+    });
     ctx.dispatch(
         "residual_norm",
         ctx.pipeline(&source),
@@ -1644,41 +1643,40 @@ fn matvec_dispatches(
                     (tile.rows as u32, first as u32, 0, 0, 1)
                 }
             };
-            let params = Params::new()
-                .u32(k)
-                .u32(rows)
-                .u32(w.row_bytes as u32)
-                .u32(out_offset + first)
-                .u32(m)
-                .u32(x_stride)
-                .u32(y_stride)
-                .f32(softcap)
-                .u32(first_expert)
-                .u32(experts_here)
-                .u32(x_group)
-                .f32(residual.map_or(norm.map_or(0.0, |nm| nm.eps), |r| r.eps))
-                .f32(residual.map_or(1.0, |r| r.scale))
-                .u32(match out {
+            let mut params = MatvecParams {
+                k,
+                n: rows,
+                row_bytes: w.row_bytes as u32,
+                out_offset: out_offset + first,
+                m,
+                x_stride,
+                y_stride,
+                softcap,
+                first_expert,
+                experts_here,
+                x_group,
+                eps: residual.map_or(norm.map_or(0.0, |nm| nm.eps), |r| r.eps),
+                scale: residual.map_or(1.0, |r| r.scale),
+                times_offset: match out {
                     MatvecOut::GeluTimes { offset, .. } => offset + first,
                     _ => 0,
-                });
-            let params = match merge {
-                Some(mg) => {
-                    let (a, capacity) = (mg.attention, mg.capacity);
-                    params
-                        .u32(a.n_head)
-                        .u32(a.n_kv_head)
-                        .u32(a.head_dim)
-                        .u32(a.window)
-                        .u32(capacity.div_ceil(ATTN_CHUNK))
-                        .u32(capacity)
-                }
-                None => params.u32(0).u32(0).u32(0).u32(0).u32(0).u32(0),
+                },
+                xs_words,
+                accumulate: u32::from(mixed.is_some() && ti > 0),
+                n_expert: route.map_or(0, |r| r.n_expert),
+                has_scale: u32::from(route.is_some_and(|r| r.expert_scale.is_some())),
+                ..MatvecParams::default()
+            };
+            if let Some(mg) = merge {
+                let (a, capacity) = (mg.attention, mg.capacity);
+                params.n_head = a.n_head;
+                params.n_kv_head = a.n_kv_head;
+                params.head_dim = a.head_dim;
+                params.window = a.window;
+                params.max_chunks = capacity.div_ceil(ATTN_CHUNK);
+                params.capacity = capacity;
             }
-            .u32(xs_words)
-            .u32(u32::from(mixed.is_some() && ti > 0))
-            .u32(route.map_or(0, |r| r.n_expert))
-            .u32(u32::from(route.is_some_and(|r| r.expert_scale.is_some())));
+            let params = Params::of(&params);
             let wv = View::of(&tile.buffer);
             let sel = experts.map_or(Bind::Skip, |e| Bind::Storage(e.sel));
             let mut binds = vec![
@@ -2156,7 +2154,11 @@ pub fn moe_group(
             Bind::Storage(slots.sel),
             Bind::Storage(groups.groups),
             Bind::Skip,
-            Bind::Params(Params::new().u32(n).u32(slots.slots).u32(0).u32(0).f32(0.0)),
+            Bind::Params(Params::of(&MoeParams {
+                n_expert: n,
+                k: slots.slots,
+                ..MoeParams::default()
+            })),
         ],
         [1, 1, 1],
     )
@@ -2209,21 +2211,22 @@ pub fn expert_matmul(
     w.tiles
         .iter()
         .map(|tile| {
-            let params = Params::new()
-                .u32(k)
-                .u32(per)
-                .u32(w.row_bytes as u32)
-                .u32(0)
-                .u32(groups.tokens)
-                .u32(k)
-                .u32(y_stride)
-                .f32(0.0)
-                .u32(k.div_ceil(64) * 64)
-                .u32(0)
-                .u32((tile.first_row / u64::from(per)) as u32)
-                .u32(n)
-                .u32(slots.x_group)
-                .u32(slots.slots);
+            let params = Params::of(&MatmulParams {
+                k,
+                n: per,
+                row_bytes: w.row_bytes as u32,
+                out_offset: 0,
+                m: groups.tokens,
+                x_stride: k,
+                y_stride,
+                softcap: 0.0,
+                k_part: k.div_ceil(64) * 64,
+                part_stride: 0,
+                first_expert: (tile.first_row / u64::from(per)) as u32,
+                n_expert: n,
+                x_group: slots.x_group,
+                slots: slots.slots,
+            });
             let wv = View::of(&tile.buffer);
             ctx.dispatch(
                 "expert_matmul",
@@ -2266,12 +2269,12 @@ pub fn moe_route(
     }
     .check(tokens, k)?;
     sel.expect_len32("expert ids", u64::from(tokens * k))?;
-    let params = Params::new()
-        .u32(n_expert)
-        .u32(k)
-        .u32(0)
-        .u32(u32::from(expert_scale.is_some()))
-        .f32(0.0);
+    let params = Params::of(&MoeParams {
+        n_expert,
+        k,
+        has_scale: u32::from(expert_scale.is_some()),
+        ..MoeParams::default()
+    });
     ctx.dispatch(
         "moe_route",
         ctx.pipeline(&ShaderSource::new("moe", &[REDUCE_WGSL, ROUTE_WGSL, MOE_WGSL]).flag("ROUTE")),
@@ -2348,7 +2351,12 @@ pub fn moe_mix(ctx: &GpuContext, mix: &MoeMix<'_>, out: &View) -> Result<Dispatc
             Bind::Storage(experts),
             weight.map_or(Bind::Skip, Bind::Storage),
             Bind::Storage(out),
-            Bind::Params(Params::new().u32(0).u32(k).u32(dim).u32(0).f32(eps)),
+            Bind::Params(Params::of(&MoeParams {
+                k,
+                dim,
+                eps,
+                ..MoeParams::default()
+            })),
             Bind::Storage(dense),
             Bind::Storage(dense_post),
             Bind::Storage(experts_post),
@@ -2456,17 +2464,18 @@ pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, Gpu
     .flag_if(a.freq_factors.is_some(), "FREQ_FACTORS")
     .flag_if(a.kv.as_ref().is_some_and(|kv| kv.k_is_v), "K_IS_V")
     .flag_if(a.kv.as_ref().is_some_and(|kv| kv.v_norm), "V_NORM");
-    let params = Params::new()
-        .u32(a.n_head)
-        .u32(n_kv)
-        .u32(a.head_dim)
-        .u32(a.n_rot)
-        .u32(a.stride)
-        .u32(a.tokens)
-        .u32(capacity)
-        .f32(a.eps)
-        .f32(a.base)
-        .f32(a.freq_scale);
+    let params = Params::of(&HeadPostParams {
+        n_head: a.n_head,
+        n_kv,
+        head_dim: a.head_dim,
+        n_rot: a.n_rot,
+        stride: a.stride,
+        tokens: a.tokens,
+        capacity,
+        eps: a.eps,
+        base: a.base,
+        freq_scale: a.freq_scale,
+    });
     let mut binds = vec![
         Bind::Storage(a.qkv),
         Bind::Storage(a.q_norm),
@@ -2573,20 +2582,21 @@ pub fn attention_split<'a>(
         DecodeAttention::scratch_floats(a.n_head, a.head_dim, capacity),
     )?;
     let max_chunks = capacity.div_ceil(ATTN_CHUNK);
-    let params = Params::new()
-        .u32(a.n_head)
-        .u32(a.n_kv_head)
-        .u32(a.head_dim)
-        .u32(a.window)
-        .u32(max_chunks)
-        .u32(capacity)
-        .f32(a.scale)
-        .f32(a.softcap)
-        .u32(q_offset)
-        .u32(post.map_or(0, |h| h.n_rot))
-        .f32(post.map_or(0.0, |h| h.eps))
-        .f32(post.map_or(0.0, |h| h.base))
-        .f32(post.map_or(0.0, |h| h.freq_scale));
+    let params = Params::of(&AttnSplitParams {
+        n_head: a.n_head,
+        n_kv_head: a.n_kv_head,
+        head_dim: a.head_dim,
+        window: a.window,
+        max_chunks,
+        capacity,
+        scale: a.scale,
+        softcap: a.softcap,
+        q_offset,
+        n_rot: post.map_or(0, |h| h.n_rot),
+        eps: post.map_or(0.0, |h| h.eps),
+        base: post.map_or(0.0, |h| h.base),
+        freq_scale: post.map_or(0.0, |h| h.freq_scale),
+    });
     // A sliding layer never sees more than its window: no need to launch past it.
     let chunks = if a.window > 0 {
         max_chunks.min(a.window.div_ceil(ATTN_CHUNK) + 1)
@@ -2650,13 +2660,14 @@ pub fn attention_combine(
     merge: &AttentionMerge<'_>,
 ) -> Result<Dispatch, GpuError> {
     let a = merge.attention;
-    let params = Params::new()
-        .u32(a.n_head)
-        .u32(a.n_kv_head)
-        .u32(a.head_dim)
-        .u32(a.window)
-        .u32(merge.capacity.div_ceil(ATTN_CHUNK))
-        .u32(merge.capacity);
+    let params = Params::of(&AttnCombineParams {
+        n_head: a.n_head,
+        n_kv_head: a.n_kv_head,
+        head_dim: a.head_dim,
+        window: a.window,
+        max_chunks: merge.capacity.div_ceil(ATTN_CHUNK),
+        capacity: merge.capacity,
+    });
     let mut binds = vec![
         Bind::Storage(merge.scratch),
         Bind::Storage(a.positions),
@@ -2742,19 +2753,20 @@ pub struct SampleParams {
 
 impl SampleParams {
     pub fn params(&self) -> Params {
-        Params::new()
-            .u32(self.k)
-            .u32(self.seed)
-            .u32(self.step)
-            .u32(self.last_n.min(RING_CAP))
-            .f32(self.temperature)
-            .f32(self.top_p)
-            .f32(self.min_p)
-            .f32(self.penalties.repeat)
-            .f32(self.penalties.frequency)
-            .f32(self.penalties.presence)
-            .u32(self.vocab)
-            .u32(RING_CAP)
+        Params::of(&SampleKernelParams {
+            k: self.k,
+            seed: self.seed,
+            step: self.step,
+            last_n: self.last_n.min(RING_CAP),
+            temperature: self.temperature,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat: self.penalties.repeat,
+            frequency: self.penalties.frequency,
+            presence: self.penalties.presence,
+            vocab: self.vocab,
+            cap: RING_CAP,
+        })
     }
 }
 

@@ -14,6 +14,9 @@ pub(crate) const BYTES_WGSL: &str = include_str!("wgsl/bytes.wgsl");
 /// Per-dtype `load_unit` functions (one is selected by a `DT_*` flag).
 pub(crate) const DTYPES_WGSL: &str = include_str!("wgsl/dtypes.wgsl");
 
+/// Flags that `render` turns into WGSL `enable` directives (besides any `#if` reading them).
+pub(crate) const DIRECTIVE_FLAGS: [&str; 2] = ["F16", "COOP"];
+
 /// The source of one pipeline variant.
 #[derive(Clone, Debug)]
 pub struct ShaderSource {
@@ -74,11 +77,13 @@ impl ShaderSource {
             }
         }
         let mut out = String::new();
-        if flags.contains("F16") {
-            out.push_str("enable f16;\n");
-        }
-        if flags.contains("COOP") {
-            out.push_str("enable wgpu_cooperative_matrix;\n");
+        for (flag, extension) in DIRECTIVE_FLAGS
+            .iter()
+            .zip(["f16", "wgpu_cooperative_matrix"])
+        {
+            if flags.contains(*flag) {
+                out.push_str(&format!("enable {extension};\n"));
+            }
         }
         // Naga exposes subgroup built-ins when the device has the feature and rejects the
         // `enable subgroups;` directive, so SUBGROUPS only selects code paths.

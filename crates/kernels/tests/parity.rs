@@ -6,9 +6,10 @@ use std::sync::OnceLock;
 
 use wgemma_gguf::{GgmlType, dequantize_to_vec, quantize};
 use wgemma_kernels::ops::{self, AttentionArgs, Elementwise, MatmulArgs, NormOut, RopeArgs};
+use wgemma_kernels::params::ElementwiseParams;
 use wgemma_kernels::{
     ContextOptions, Dispatch, GPU_DTYPES, GpuContext, GpuWeight, Params, Recorder, View, WaitMode,
-    cpu, wgpu,
+    cpu, reflect, wgpu,
 };
 
 /// One context for the whole test binary. No adapter is a skip on a developer machine and a
@@ -57,7 +58,10 @@ fn poisoned(ctx: &GpuContext, n: usize) -> View {
     upload(ctx, &vec![f32::NAN; n])
 }
 
+/// Runs `dispatches` once each, after checking them against their kernels' WGSL.
 fn run(ctx: &GpuContext, dispatches: &[&Dispatch]) {
+    let problems = reflect::check_dispatches(ctx, dispatches.iter().copied());
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
     let mut rec = Recorder::new(ctx, "test");
     for d in dispatches {
         rec.run(d);
@@ -349,7 +353,7 @@ fn dispatches_of_a_params_batch_keep_their_parameters() {
         assert!(read(ctx, v).iter().all(|&x| x == factor(i)), "dispatch {i}");
     }
     // The op's parameter block, with another factor.
-    let rewritten = Params::new().u32(n).u32(n).u32(0).u32(0).f32(2.0);
+    let rewritten = Params::of(&ElementwiseParams::over(n, 2.0));
     ds[7].update_params(ctx, &rewritten);
     run(ctx, &[&ds[7], &ds[8]]);
     assert!(read(ctx, &views[7]).iter().all(|&x| x == factor(7) * 2.0));

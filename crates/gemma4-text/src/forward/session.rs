@@ -1114,32 +1114,37 @@ impl GpuSession {
     /// position's logits. Then the sampling dispatches, greedy and top-64. Nothing runs. The
     /// tests pin these sequences per model and device class (`tests/plans.rs`).
     pub fn plan_lines(&self, tokens: usize) -> Result<Vec<String>, ForwardError> {
+        let (step, samplers) = self.step_and_samplers(tokens)?;
+        let lines = step.iter().map(op_line);
+        Ok(lines.chain(samplers.iter().map(dispatch_line)).collect())
+    }
+
+    /// The dispatches of [`GpuSession::plan_lines`]'s step and samplers.
+    pub fn plan_dispatches(&self, tokens: usize) -> Result<Vec<Dispatch>, ForwardError> {
+        let (step, samplers) = self.step_and_samplers(tokens)?;
+        let runs = step.into_iter().filter_map(|op| match op {
+            Op::Run(d) => Some(d),
+            _ => None,
+        });
+        Ok(runs.chain(samplers).collect())
+    }
+
+    fn step_and_samplers(&self, tokens: usize) -> Result<(Vec<Op>, Vec<Dispatch>), ForwardError> {
         let m = u32::try_from(tokens.clamp(1, self.max_batch)).unwrap_or(1);
         let step = if m == 1 {
             self.decode.clone()
         } else {
             self.plan(m, &self.s.ids, LogitsFor::Last, None)?
         };
-        let mut lines: Vec<String> = step.iter().map(op_line).collect();
+        let mut samplers = Vec::new();
         for strategy in [Strategy::Greedy, Strategy::TopK(64)] {
             let sp = self.sampler_plan(strategy, true)?;
-            let dispatches = [Some(&sp.ring_push), Some(&sp.penalty)]
-                .into_iter()
-                .chain(
-                    sp.argmax
-                        .iter()
-                        .flat_map(|a| [Some(&a.partial), Some(&a.finish)]),
-                )
-                .chain(
-                    sp.top_k
-                        .iter()
-                        .flat_map(|t| [Some(&t.partial), Some(&t.finish)]),
-                )
-                .chain([sp.draw.as_ref()])
-                .flatten();
-            lines.extend(dispatches.map(dispatch_line));
+            samplers.extend([sp.ring_push, sp.penalty]);
+            samplers.extend(sp.argmax.into_iter().flat_map(|a| [a.partial, a.finish]));
+            samplers.extend(sp.top_k.into_iter().flat_map(|t| [t.partial, t.finish]));
+            samplers.extend(sp.draw);
         }
-        Ok(lines)
+        Ok((step, samplers))
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<(), ForwardError> {

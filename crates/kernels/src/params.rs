@@ -1,0 +1,318 @@
+//! The kernels' uniform parameter blocks, one `#[repr(C)]` Pod struct per WGSL `struct Params`,
+//! its fields the WGSL members in order (`tests/reflection.rs` checks every kernel variant the
+//! plans use against its WGSL with naga: member names, offsets and the block's size).
+
+use bytemuck::{Pod, Zeroable};
+
+/// A kernel's parameter block.
+pub trait KernelParams: Pod {
+    /// The WGSL member names in order, with their byte offsets.
+    const FIELDS: &'static [(&'static str, usize)];
+}
+
+/// A parameter block's layout as a dispatch carries it, for the reflection test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ParamsLayout {
+    pub fields: &'static [(&'static str, usize)],
+    pub size: usize,
+}
+
+/// A parameter block as bytes, with its layout: what [`crate::Bind::Params`] binds.
+#[derive(Clone, Debug)]
+pub struct Params {
+    words: Vec<u32>,
+    layout: ParamsLayout,
+}
+
+impl Params {
+    pub fn of<P: KernelParams>(p: &P) -> Self {
+        Self {
+            words: bytemuck::cast_slice(bytemuck::bytes_of(p)).to_vec(),
+            layout: ParamsLayout {
+                fields: P::FIELDS,
+                size: std::mem::size_of::<P>(),
+            },
+        }
+    }
+
+    pub fn layout(&self) -> ParamsLayout {
+        self.layout
+    }
+
+    /// The words to upload: a uniform struct's size is a multiple of 16 bytes.
+    pub(crate) fn words(&self) -> Vec<u32> {
+        let mut w = self.words.clone();
+        while w.is_empty() || !w.len().is_multiple_of(4) {
+            w.push(0);
+        }
+        w
+    }
+}
+
+/// Declares a parameter struct and its [`KernelParams::FIELDS`]. Every field is 4 bytes
+/// (`u32` or `f32`), as every WGSL member is: no padding.
+macro_rules! kernel_params {
+    ($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident: $ty:ty),* $(,)? }) => {
+        $(#[$meta])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+        pub struct $name {
+            $($(#[$fmeta])* pub $field: $ty),*
+        }
+
+        impl KernelParams for $name {
+            const FIELDS: &'static [(&'static str, usize)] =
+                &[$((stringify!($field), std::mem::offset_of!($name, $field))),*];
+        }
+    };
+}
+
+kernel_params!(
+    /// `argmax.wgsl`.
+    ArgmaxParams {
+        n: u32,
+        parts: u32,
+        seed: u32,
+        step: u32,
+        inv_temp: f32,
+    }
+);
+
+kernel_params!(
+    /// `attention.wgsl`.
+    AttentionParams {
+        n_head: u32,
+        n_kv_head: u32,
+        head_dim: u32,
+        m: u32,
+        window: u32,
+        scale: f32,
+        softcap: f32,
+        capacity: u32,
+        q_stride: u32,
+    }
+);
+
+kernel_params!(
+    /// `attn_combine.wgsl`.
+    AttnCombineParams {
+        n_head: u32,
+        n_kv_head: u32,
+        head_dim: u32,
+        window: u32,
+        max_chunks: u32,
+        capacity: u32,
+    }
+);
+
+kernel_params!(
+    /// `attn_split.wgsl`.
+    AttnSplitParams {
+        n_head: u32,
+        n_kv_head: u32,
+        head_dim: u32,
+        window: u32,
+        max_chunks: u32,
+        capacity: u32,
+        scale: f32,
+        softcap: f32,
+        q_offset: u32,
+        n_rot: u32,
+        eps: f32,
+        base: f32,
+        freq_scale: f32,
+    }
+);
+
+kernel_params!(
+    /// `elementwise.wgsl`.
+    ElementwiseParams {
+        n: u32,
+        cols: u32,
+        a_stride: u32,
+        b_stride: u32,
+        s: f32,
+        b_offset: u32,
+    }
+);
+
+impl ElementwiseParams {
+    /// `n` values in one row, with the scalar `s`.
+    pub fn over(n: u32, s: f32) -> Self {
+        Self {
+            n,
+            cols: n,
+            s,
+            ..Self::default()
+        }
+    }
+}
+
+kernel_params!(
+    /// `embed.wgsl`.
+    EmbedParams {
+        k: u32,
+        row_bytes: u32,
+        first_row: u32,
+        rows: u32,
+        m: u32,
+        scale: f32,
+    }
+);
+
+kernel_params!(
+    /// `head_post.wgsl`.
+    HeadPostParams {
+        n_head: u32,
+        n_kv: u32,
+        head_dim: u32,
+        n_rot: u32,
+        stride: u32,
+        tokens: u32,
+        capacity: u32,
+        eps: f32,
+        base: f32,
+        freq_scale: f32,
+    }
+);
+
+kernel_params!(
+    /// `kv_store.wgsl`.
+    KvStoreParams {
+        row: u32,
+        m: u32,
+        src_stride: u32,
+        capacity: u32,
+    }
+);
+
+kernel_params!(
+    /// `matmul_io.wgsl` (the tiled products, `matmul.wgsl` and `matmul_coop.wgsl`).
+    MatmulParams {
+        k: u32,
+        n: u32,
+        row_bytes: u32,
+        out_offset: u32,
+        m: u32,
+        x_stride: u32,
+        y_stride: u32,
+        softcap: f32,
+        k_part: u32,
+        part_stride: u32,
+        first_expert: u32,
+        n_expert: u32,
+        x_group: u32,
+        slots: u32,
+    }
+);
+
+kernel_params!(
+    /// `matmul_parts.wgsl`.
+    MatmulPartsParams {
+        m: u32,
+        n: u32,
+        parts: u32,
+        part_stride: u32,
+        y_stride: u32,
+        out_offset: u32,
+        softcap: f32,
+    }
+);
+
+kernel_params!(
+    /// `matvec.wgsl` (its comments say which flags read which members).
+    MatvecParams {
+        k: u32,
+        n: u32,
+        row_bytes: u32,
+        out_offset: u32,
+        m: u32,
+        x_stride: u32,
+        y_stride: u32,
+        softcap: f32,
+        first_expert: u32,
+        experts_here: u32,
+        x_group: u32,
+        eps: f32,
+        scale: f32,
+        times_offset: u32,
+        n_head: u32,
+        n_kv_head: u32,
+        head_dim: u32,
+        window: u32,
+        max_chunks: u32,
+        capacity: u32,
+        xs_words: u32,
+        accumulate: u32,
+        n_expert: u32,
+        has_scale: u32,
+    }
+);
+
+kernel_params!(
+    /// `moe.wgsl`.
+    MoeParams {
+        n_expert: u32,
+        k: u32,
+        dim: u32,
+        has_scale: u32,
+        eps: f32,
+    }
+);
+
+kernel_params!(
+    /// `norm.wgsl`.
+    NormParams {
+        dim: u32,
+        rows: u32,
+        eps: f32,
+        x_stride: u32,
+        scale: f32,
+    }
+);
+
+kernel_params!(
+    /// `penalty.wgsl`.
+    PenaltyKernelParams {
+        n: u32,
+        vocab: u32,
+        repeat: f32,
+        frequency: f32,
+        presence: f32,
+    }
+);
+
+kernel_params!(
+    /// `rope.wgsl`.
+    RopeParams {
+        heads: u32,
+        head_dim: u32,
+        n_rot: u32,
+        rows: u32,
+        base: f32,
+        freq_scale: f32,
+    }
+);
+
+kernel_params!(
+    /// `sample.wgsl`.
+    SampleKernelParams {
+        k: u32,
+        seed: u32,
+        step: u32,
+        last_n: u32,
+        temperature: f32,
+        top_p: f32,
+        min_p: f32,
+        repeat: f32,
+        frequency: f32,
+        presence: f32,
+        vocab: u32,
+        cap: u32,
+    }
+);
+
+kernel_params!(
+    /// `topk.wgsl`.
+    TopKParams { n: u32, k: u32 }
+);

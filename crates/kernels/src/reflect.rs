@@ -1,0 +1,145 @@
+//! Checks prepared dispatches against their kernels' WGSL, parsed by naga: the Rust side binds
+//! by number and fills parameter blocks by field, and nothing else compares either with the
+//! shader (which runs with wgpu's bounds checks off). For each kernel variant:
+//! - every flag the dispatcher set is read by an `#if` of its files (a misspelt flag would
+//!   silently select the other branch);
+//! - the bindings the dispatch fills are the ones the variant declares, storage to storage and
+//!   parameter block to uniform;
+//! - the parameter struct's members have the Rust struct's names and offsets, and its size.
+
+use std::collections::{BTreeMap, HashSet};
+
+use crate::context::GpuContext;
+use crate::gpu::{BindKind, Dispatch};
+use crate::shader::{DIRECTIVE_FLAGS, ShaderSource};
+
+/// Every problem with `dispatches` (each kernel variant and parameter layout checked once).
+pub fn check_dispatches<'a>(
+    ctx: &GpuContext,
+    dispatches: impl IntoIterator<Item = &'a Dispatch>,
+) -> Vec<String> {
+    let mut seen = HashSet::new();
+    let mut problems = Vec::new();
+    for d in dispatches {
+        let key = (d.kernel.clone(), d.bindings.clone(), d.params_layout);
+        if !seen.insert(key) {
+            continue;
+        }
+        if let Err(e) = check_dispatch(ctx, d) {
+            problems.push(format!("{}: {e}", d.kernel));
+        }
+    }
+    problems
+}
+
+/// One dispatch against its variant's WGSL.
+pub fn check_dispatch(ctx: &GpuContext, d: &Dispatch) -> Result<(), String> {
+    let source = ctx
+        .shader_source(&d.kernel)
+        .ok_or("not compiled by this context")?;
+    check_flags(&source)?;
+    let wgsl = source.render(&ctx.features);
+    let module = naga::front::wgsl::parse_str(&wgsl).map_err(|e| e.emit_to_string(&wgsl))?;
+    let declared = declared_bindings(&module)?;
+    let bound: BTreeMap<u32, BindKind> = d
+        .bindings
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| **k != BindKind::Unused)
+        .map(|(i, k)| (i as u32, *k))
+        .collect();
+    let kinds = |m: &BTreeMap<u32, _>| -> Vec<(u32, BindKind)> {
+        m.iter().map(|(i, (k, _))| (*i, *k)).collect()
+    };
+    let want = kinds(&declared);
+    let got: Vec<(u32, BindKind)> = bound.into_iter().collect();
+    if got != want {
+        return Err(format!("binds {got:?}, the shader declares {want:?}"));
+    }
+    let uniform = declared.values().find_map(|(k, ty)| match k {
+        BindKind::Uniform => *ty,
+        _ => None,
+    });
+    match (uniform, d.params_layout) {
+        (None, None) => Ok(()),
+        (Some(ty), Some(layout)) => {
+            let (members, span) = struct_layout(&module, ty)?;
+            let rust: Vec<(String, u32)> = layout
+                .fields
+                .iter()
+                .map(|(n, o)| (n.to_string(), *o as u32))
+                .collect();
+            if members != rust || span as usize != layout.size {
+                return Err(format!(
+                    "parameters {rust:?} ({} bytes), the shader's {members:?} ({span} bytes)",
+                    layout.size
+                ));
+            }
+            Ok(())
+        }
+        (u, l) => Err(format!(
+            "a uniform block declared: {}, bound: {}",
+            u.is_some(),
+            l.is_some()
+        )),
+    }
+}
+
+/// Each flag of `source` is named by some `#if` of its parts (or is a directive's).
+fn check_flags(source: &ShaderSource) -> Result<(), String> {
+    let named: HashSet<&str> = DIRECTIVE_FLAGS
+        .into_iter()
+        .chain(
+            source
+                .parts
+                .iter()
+                .flat_map(|part| part.lines())
+                .filter_map(|l| l.trim_start().strip_prefix("#if "))
+                .flat_map(|cond| cond.split('|'))
+                .map(|c| c.trim().trim_start_matches('!')),
+        )
+        .collect();
+    match source.flags.iter().find(|f| !named.contains(f.as_str())) {
+        Some(f) => Err(format!("flag {f} is read by no #if")),
+        None => Ok(()),
+    }
+}
+
+type Declared = BTreeMap<u32, (BindKind, Option<naga::Handle<naga::Type>>)>;
+
+/// The module's bindings (group 0) by number: storage or uniform, and a uniform's type.
+fn declared_bindings(module: &naga::Module) -> Result<Declared, String> {
+    let mut out = BTreeMap::new();
+    for (_, var) in module.global_variables.iter() {
+        let Some(binding) = &var.binding else {
+            continue;
+        };
+        if binding.group != 0 {
+            return Err(format!("binding in group {}", binding.group));
+        }
+        let kind = match var.space {
+            naga::AddressSpace::Uniform => (BindKind::Uniform, Some(var.ty)),
+            naga::AddressSpace::Storage { .. } => (BindKind::Storage, None),
+            other => return Err(format!("binding {} in {other:?}", binding.binding)),
+        };
+        out.insert(binding.binding, kind);
+    }
+    Ok(out)
+}
+
+/// A struct type's members (name, offset) and size.
+fn struct_layout(
+    module: &naga::Module,
+    ty: naga::Handle<naga::Type>,
+) -> Result<(Vec<(String, u32)>, u32), String> {
+    match &module.types[ty].inner {
+        naga::TypeInner::Struct { members, span } => Ok((
+            members
+                .iter()
+                .map(|m| (m.name.clone().unwrap_or_default(), m.offset))
+                .collect(),
+            *span,
+        )),
+        other => Err(format!("the uniform is a {other:?}, not a struct")),
+    }
+}
