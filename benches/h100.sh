@@ -18,6 +18,7 @@
 #   ours       our side alone (+ the E2B decode profile), no llama.cpp
 #   kernels    the criterion kernel benchmarks (BENCH_FILTER narrows them)
 #   moe        Gemma 4 26B-A4B (15 GiB) with both engines, shorter runs, its own table
+#              (ours_moe: our side alone)
 #   base, base_moe   the same end-to-end runs with .dev/xtask-base (the revision a change is
 #              measured against: `BASE=REV bash benches/prepare-h100.sh`), into tables
 #              named base-M; run them in the call that runs `ours` / `moe`
@@ -160,11 +161,16 @@ finish() {
   table
 }
 
+# Our side of 26B-A4B alone.
+ours_moe() {
+  synth 26b-a4b
+  .dev/xtask bench-e2e --model "$W/models/26b-a4b.gguf" --prompt 128 --decode 64 --reps 3 --json | tee "$OUT/e2e-26b-a4b.json"
+}
+
 # The 26B-A4B mixture of experts at full size (15 GiB), both engines, shorter runs.
 moe() {
   build_cuda
-  synth 26b-a4b
-  .dev/xtask bench-e2e --model "$W/models/26b-a4b.gguf" --prompt 128 --decode 64 --reps 3 --json | tee "$OUT/e2e-26b-a4b.json"
+  ours_moe
   wait_for cuda
   "$LL/build-cuda/bin/llama-bench" -m "$W/models/26b-a4b.gguf" -ngl 99 -p 128 -n 64 -r 3 -fa 0,1 -o json \
     > "$OUT/llama-bench-26b-a4b.json" 2>> "$OUT/llama-bench.log"
