@@ -121,12 +121,13 @@ impl DeviceClass {
             ..wgpu::Limits::default()
         };
         match self {
+            // As the H200 (driver 580.159) reports them.
             DeviceClass::NvidiaVulkan => wgpu::Limits {
-                max_storage_buffer_binding_size: (1 << 31) - 1,
-                max_buffer_size: u64::from(u32::MAX),
+                max_storage_buffer_binding_size: 2_147_483_644,
+                max_buffer_size: 4_292_870_144,
                 max_compute_workgroup_storage_size: 49152,
                 min_uniform_buffer_offset_alignment: 64,
-                max_storage_buffers_per_shader_stage: 1 << 20,
+                max_storage_buffers_per_shader_stage: 524_288,
                 ..base
             },
             DeviceClass::Lavapipe | DeviceClass::LavapipeFallback => wgpu::Limits {
