@@ -8,9 +8,11 @@
 //! - the parameter struct's members have the Rust struct's names and offsets, and its size.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use crate::context::GpuContext;
 use crate::gpu::{BindKind, Dispatch};
+use crate::params::ParamsLayout;
 use crate::shader::{DIRECTIVE_FLAGS, ShaderSource};
 
 /// Every problem with `dispatches` (each kernel variant and parameter layout checked once).
@@ -18,18 +20,35 @@ pub fn check_dispatches<'a>(
     ctx: &GpuContext,
     dispatches: impl IntoIterator<Item = &'a Dispatch>,
 ) -> Vec<String> {
-    let mut seen = HashSet::new();
-    let mut problems = Vec::new();
-    for d in dispatches {
-        let key = (d.kernel.clone(), d.bindings.clone(), d.params_layout);
-        if !seen.insert(key) {
-            continue;
+    Reflection::default().check(ctx, dispatches)
+}
+
+/// The variants checked so far, so that a harness checking every dispatch it runs parses each
+/// variant once.
+#[derive(Default)]
+pub struct Reflection {
+    seen: HashSet<(Arc<str>, Arc<[BindKind]>, Option<ParamsLayout>)>,
+}
+
+impl Reflection {
+    /// Every problem with those of `dispatches` not checked before.
+    pub fn check<'a>(
+        &mut self,
+        ctx: &GpuContext,
+        dispatches: impl IntoIterator<Item = &'a Dispatch>,
+    ) -> Vec<String> {
+        let mut problems = Vec::new();
+        for d in dispatches {
+            let key = (d.kernel.clone(), d.bindings.clone(), d.params_layout);
+            if !self.seen.insert(key) {
+                continue;
+            }
+            if let Err(e) = check_dispatch(ctx, d) {
+                problems.push(format!("{}: {e}", d.kernel));
+            }
         }
-        if let Err(e) = check_dispatch(ctx, d) {
-            problems.push(format!("{}: {e}", d.kernel));
-        }
+        problems
     }
-    problems
 }
 
 /// One dispatch against its variant's WGSL.

@@ -60,7 +60,12 @@ fn poisoned(ctx: &GpuContext, n: usize) -> View {
 
 /// Runs `dispatches` once each, after checking them against their kernels' WGSL.
 fn run(ctx: &GpuContext, dispatches: &[&Dispatch]) {
-    let problems = reflect::check_dispatches(ctx, dispatches.iter().copied());
+    static CHECKED: std::sync::Mutex<Option<reflect::Reflection>> = std::sync::Mutex::new(None);
+    let problems = CHECKED
+        .lock()
+        .unwrap()
+        .get_or_insert_with(Default::default)
+        .check(ctx, dispatches.iter().copied());
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     let mut rec = Recorder::new(ctx, "test");
     for d in dispatches {
