@@ -27,8 +27,11 @@ pub fn check_dispatches<'a>(
 /// variant once.
 #[derive(Default)]
 pub struct Reflection {
-    seen: HashSet<(Arc<str>, Arc<[BindKind]>, Option<ParamsLayout>)>,
+    seen: HashSet<Variant>,
 }
+
+/// A kernel variant as a dispatch binds it.
+type Variant = (Arc<str>, Arc<[BindKind]>, Option<ParamsLayout>);
 
 impl Reflection {
     /// Every problem with those of `dispatches` not checked before.
