@@ -6,6 +6,7 @@ use crate::gpu::{Bind, Dispatch, View};
 use crate::params::*;
 use crate::shader::{BYTES_WGSL, DTYPES_WGSL, ShaderSource};
 use crate::weights::{GpuWeight, dtype_flag};
+use std::sync::OnceLock;
 use wgemma_gguf::GgmlType;
 
 const ACTIVATIONS_WGSL: &str = include_str!("wgsl/activations.wgsl");
@@ -1337,6 +1338,96 @@ impl<'a> MatvecJob<'a> {
 }
 
 /// The one-token kernel for `w` as `job` says: one dispatch per tile.
+/// The buffers a matrix-vector product binds, by what they hold. Each variant of
+/// `matvec.wgsl` declares the ones its flags use; `binds` is the one place their binding
+/// numbers are written.
+struct MatvecBindings<'a> {
+    w: &'a View,
+    /// The input, or with `MERGE` the split attention's chunks.
+    x: &'a View,
+    y: &'a View,
+    params: Params,
+    /// `EXPERTS`: each slot's expert.
+    sel: Option<&'a View>,
+    /// `RESIDUAL`: the block's output joining the stream (an experts' dense branch with
+    /// `MOE_DELTA`), its post-norm weight, the updated stream.
+    delta: Option<&'a View>,
+    post: Option<&'a View>,
+    res_out: Option<&'a View>,
+    /// `PRENORM`: the next block's norm weight and its normed input; `NORM_IN`: the input's
+    /// norm weight.
+    pre: Option<&'a View>,
+    normed: Option<&'a View>,
+    /// `GELU_TIMES`: the factor.
+    times: Option<&'a View>,
+    /// `MERGE`: the token's position; `KV_STORE`: the caches.
+    positions: Option<&'a View>,
+    k_cache: Option<&'a View>,
+    v_cache: Option<&'a View>,
+    /// `MOE_DELTA`: the experts' outputs and the two post-norm weights.
+    experts: Option<&'a View>,
+    dense_post: Option<&'a View>,
+    experts_post: Option<&'a View>,
+    /// The experts' weights: written by `ROUTE_IN`, read by `EXPERTS_SUM` and `MOE_WEIGHTED`.
+    expert_w: Option<&'a View>,
+    /// `ROUTE_IN`: the router's logits and the per-expert scale.
+    route_logits: Option<&'a View>,
+    route_scale: Option<&'a View>,
+}
+
+impl<'a> MatvecBindings<'a> {
+    fn new(w: &'a View, x: &'a View, y: &'a View, params: Params) -> Self {
+        Self {
+            w,
+            x,
+            y,
+            params,
+            sel: None,
+            delta: None,
+            post: None,
+            res_out: None,
+            pre: None,
+            normed: None,
+            times: None,
+            positions: None,
+            k_cache: None,
+            v_cache: None,
+            experts: None,
+            dense_post: None,
+            experts_post: None,
+            expert_w: None,
+            route_logits: None,
+            route_scale: None,
+        }
+    }
+
+    fn binds(self) -> Vec<Bind<'a>> {
+        let opt = |v: Option<&'a View>| v.map_or(Bind::Skip, Bind::Storage);
+        vec![
+            Bind::Storage(self.w),
+            Bind::Storage(self.x),
+            Bind::Storage(self.y),
+            Bind::Params(self.params),
+            opt(self.sel),
+            opt(self.delta),
+            opt(self.post),
+            opt(self.pre),
+            opt(self.res_out),
+            opt(self.normed),
+            opt(self.times),
+            opt(self.positions),
+            opt(self.k_cache),
+            opt(self.v_cache),
+            opt(self.experts),
+            opt(self.expert_w),
+            opt(self.dense_post),
+            opt(self.experts_post),
+            opt(self.route_logits),
+            opt(self.route_scale),
+        ]
+    }
+}
+
 fn matvec_dispatches(
     ctx: &GpuContext,
     w: &GpuWeight,
@@ -1516,8 +1607,10 @@ fn matvec_dispatches(
                 }
                 if !moe_delta_fits(ctx) {
                     return Err(shape(format!(
-                        "{}: the device binds {} storage buffers, an experts' output in front of a product {MOE_DELTA_BUFFERS}",
-                        w.name, ctx.limits.max_storage_buffers_per_shader_stage
+                        "{}: the device binds {} storage buffers, an experts' output in front of a product {}",
+                        w.name,
+                        ctx.limits.max_storage_buffers_per_shader_stage,
+                        moe_delta_buffers()
                     )));
                 }
                 let kd = u64::from(k);
@@ -1676,60 +1769,53 @@ fn matvec_dispatches(
                 params.max_chunks = capacity.div_ceil(ATTN_CHUNK);
                 params.capacity = capacity;
             }
-            let params = Params::of(&params);
             let wv = View::of(&tile.buffer);
-            let sel = experts.map_or(Bind::Skip, |e| Bind::Storage(e.sel));
-            let mut binds = vec![
-                Bind::Storage(&wv),
-                Bind::Storage(x),
-                Bind::Storage(y),
-                Bind::Params(params),
-                sel,
-            ];
-            // Bindings 5..=19: the residual step's, the GELU factor's, the merge's, the
-            // experts' output's and the route's, where used.
+            let mut b = MatvecBindings::new(&wv, x, y, Params::of(&params));
+            b.sel = experts.map(|e| e.sel);
             if let Some(r) = route {
-                binds = route_binds(binds, r.logits, r.expert_scale);
-                binds[15] = Bind::Storage(r.weight);
+                b.route_logits = Some(r.logits);
+                // Without a scale the shader reads none; the binding still needs a buffer.
+                b.route_scale = Some(r.expert_scale.unwrap_or(r.logits));
+                b.expert_w = Some(r.weight);
             }
-            binds.resize_with(20, || Bind::Skip);
             if let Some(mg) = merge {
-                binds[1] = Bind::Storage(mg.scratch);
-                binds[11] = Bind::Storage(mg.attention.positions);
+                b.x = mg.scratch;
+                b.positions = Some(mg.attention.positions);
                 if mg.store_kv {
-                    binds[12] = Bind::Storage(mg.attention.k_cache);
-                    binds[13] = Bind::Storage(mg.attention.v_cache);
+                    b.k_cache = Some(mg.attention.k_cache);
+                    b.v_cache = Some(mg.attention.v_cache);
                 }
             }
             if let Some(r) = residual {
                 match r.delta {
-                    Delta::Row(delta) => binds[5] = Bind::Storage(delta),
+                    Delta::Row(delta) => b.delta = Some(delta),
                     Delta::Moe(mix) => {
-                        binds[5] = Bind::Storage(mix.dense);
-                        binds[14] = Bind::Storage(mix.experts);
+                        b.delta = Some(mix.dense);
+                        b.experts = Some(mix.experts);
                         if let Some(wv) = mix.weight {
-                            binds[15] = Bind::Storage(wv);
+                            b.expert_w = Some(wv);
                         }
-                        binds[16] = Bind::Storage(mix.dense_post);
-                        binds[17] = Bind::Storage(mix.experts_post);
+                        b.dense_post = Some(mix.dense_post);
+                        b.experts_post = Some(mix.experts_post);
                     }
                 }
-                binds[6] = Bind::Storage(r.post);
-                binds[8] = Bind::Storage(r.res_out);
+                b.post = Some(r.post);
+                b.res_out = Some(r.res_out);
                 if let Some((pre, normed)) = r.next_norm {
-                    binds[7] = Bind::Storage(pre);
-                    binds[9] = Bind::Storage(normed);
+                    b.pre = Some(pre);
+                    b.normed = Some(normed);
                 }
             }
             if let Some(nm) = norm {
-                binds[7] = Bind::Storage(nm.weight);
+                b.pre = Some(nm.weight);
             }
             if let Some(wv) = mixed {
-                binds[15] = Bind::Storage(wv);
+                b.expert_w = Some(wv);
             }
             if let MatvecOut::GeluTimes { by, .. } = out {
-                binds[10] = Bind::Storage(by);
+                b.times = Some(by);
             }
+            let binds = b.binds();
             ctx.dispatch(
                 match (residual, merge, norm) {
                     (Some(_), _, _) => "residual_matvec",
@@ -1764,13 +1850,32 @@ pub enum Delta<'a> {
     Moe(MoeMix<'a>),
 }
 
-/// Storage buffers a product with a residual step whose delta is [`Delta::Moe`] binds.
-const MOE_DELTA_BUFFERS: u32 = 12;
+/// Storage buffers a product with a residual step whose delta is [`Delta::Moe`] binds at most
+/// (weighted, with the next norm): counted in its WGSL.
+fn moe_delta_buffers() -> u32 {
+    static COUNT: OnceLock<u32> = OnceLock::new();
+    *COUNT.get_or_init(|| {
+        let parts = [
+            ACTIVATIONS_WGSL,
+            BYTES_WGSL,
+            DTYPES_WGSL,
+            MATVEC_WGSL,
+            REDUCE_WGSL,
+        ];
+        ShaderSource::new("matvec", &parts)
+            .flag("DT_Q4_K")
+            .flag("RESIDUAL")
+            .flag("PRENORM")
+            .flag("MOE_DELTA")
+            .flag("MOE_WEIGHTED")
+            .storage_bindings()
+    })
+}
 
 /// Whether the device binds enough storage buffers for a [`Delta::Moe`] residual step (12;
 /// browsers commonly offer 8 or 10).
 pub fn moe_delta_fits(ctx: &GpuContext) -> bool {
-    ctx.limits.max_storage_buffers_per_shader_stage >= MOE_DELTA_BUFFERS
+    ctx.limits.max_storage_buffers_per_shader_stage >= moe_delta_buffers()
 }
 
 /// The step between two blocks of a layer, for [`matvec_after_residual`]: the stream becomes
@@ -1954,14 +2059,34 @@ fn route_binds<'a>(
     binds
 }
 
-/// Storage buffers a routed expert product binds at most.
-const ROUTED_EXPERT_BUFFERS: u32 = 8;
+/// Storage buffers a routed expert product (normed input, gated output) binds: counted in its
+/// WGSL.
+fn routed_expert_buffers() -> u32 {
+    static COUNT: OnceLock<u32> = OnceLock::new();
+    *COUNT.get_or_init(|| {
+        let parts = [
+            ACTIVATIONS_WGSL,
+            BYTES_WGSL,
+            DTYPES_WGSL,
+            MATVEC_WGSL,
+            REDUCE_WGSL,
+            ROUTE_WGSL,
+        ];
+        ShaderSource::new("matvec", &parts)
+            .flag("DT_Q4_K")
+            .flag("GEGLU_OUT")
+            .flag("EXPERTS")
+            .flag("ROUTE_IN")
+            .flag("NORM_IN")
+            .storage_bindings()
+    })
+}
 
 /// Whether the device can route inside an expert product whose input rows of `k` values are
 /// normalised in front of it ([`ExpertRoute`]): the buffers it binds, and the route's
 /// workgroup memory next to the input row.
 pub fn expert_route_fits(ctx: &GpuContext, k: u32) -> bool {
-    ctx.limits.max_storage_buffers_per_shader_stage >= ROUTED_EXPERT_BUFFERS
+    ctx.limits.max_storage_buffers_per_shader_stage >= routed_expert_buffers()
         && matvec_input_fits(ctx, k)
         && u64::from(k) * 4 + 8 * 1024 <= u64::from(ctx.limits.max_compute_workgroup_storage_size)
 }
@@ -1989,8 +2114,10 @@ pub fn expert_matvec(
         let k = slots.x_group;
         if !slots.slots.is_multiple_of(k) || !expert_route_fits(ctx, w.cols as u32) {
             return Err(shape(format!(
-                "{}: routing in front of a product of {} slots, {k} a token, on a device that binds {ROUTED_EXPERT_BUFFERS} storage buffers and holds the row",
-                w.name, slots.slots
+                "{}: routing in front of a product of {} slots, {k} a token, on a device that binds {} storage buffers and holds the row",
+                w.name,
+                slots.slots,
+                routed_expert_buffers()
             )));
         }
         r.check(slots.slots / k, k)?;
@@ -2814,4 +2941,17 @@ pub fn sample_kernel(
         &[Bind::Storage(a), Bind::Storage(b), Bind::Params(p.params())],
         [1, 1, 1],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a device must bind for the experts' mix in front of a product and for routing
+    /// inside one, as counted in the WGSL: a change here changes which devices run them.
+    #[test]
+    fn fused_expert_steps_bind_as_many_buffers_as_devices_are_asked_for() {
+        assert_eq!(moe_delta_buffers(), 12);
+        assert_eq!(routed_expert_buffers(), 8);
+    }
 }

@@ -63,6 +63,22 @@ impl ShaderSource {
         key
     }
 
+    /// Storage buffers the variant declares. Device features choose code paths, never
+    /// bindings, so none are set here.
+    pub fn storage_bindings(&self) -> u32 {
+        let none = GpuFeatures {
+            shader_f16: false,
+            subgroups: false,
+            timestamps: false,
+            timestamps_in_passes: false,
+            subgroup_min_size: 0,
+            subgroup_max_size: 0,
+            coop_matmul: false,
+            int8_activations: false,
+        };
+        self.render(&none).matches("var<storage").count() as u32
+    }
+
     /// The WGSL text for a device with `features`.
     pub fn render(&self, features: &GpuFeatures) -> String {
         let mut flags = self.flags.clone();
