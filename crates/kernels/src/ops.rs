@@ -1855,21 +1855,21 @@ pub enum Delta<'a> {
 fn moe_delta_buffers() -> u32 {
     static COUNT: OnceLock<u32> = OnceLock::new();
     *COUNT.get_or_init(|| {
-        let parts = [
-            ACTIVATIONS_WGSL,
-            BYTES_WGSL,
-            DTYPES_WGSL,
-            MATVEC_WGSL,
-            REDUCE_WGSL,
-        ];
-        ShaderSource::new("matvec", &parts)
-            .flag("DT_Q4_K")
-            .flag("RESIDUAL")
-            .flag("PRENORM")
-            .flag("MOE_DELTA")
-            .flag("MOE_WEIGHTED")
-            .storage_bindings()
+        let flags = ["RESIDUAL", "PRENORM", "MOE_DELTA", "MOE_WEIGHTED"];
+        matvec_storage_buffers(&[REDUCE_WGSL], &flags)
     })
+}
+
+/// Storage buffers the matrix-vector variant (of Q4_K weights) with `flags` declares, with
+/// the snippets `extra` besides its own.
+fn matvec_storage_buffers(extra: &[&'static str], flags: &[&str]) -> u32 {
+    let mut parts = vec![ACTIVATIONS_WGSL, BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL];
+    parts.extend(extra);
+    let source = ShaderSource::new("matvec", &parts).flag("DT_Q4_K");
+    flags
+        .iter()
+        .fold(source, |source, f| source.flag(*f))
+        .storage_bindings()
 }
 
 /// Whether the device binds enough storage buffers for a [`Delta::Moe`] residual step (12;
@@ -2064,21 +2064,8 @@ fn route_binds<'a>(
 fn routed_expert_buffers() -> u32 {
     static COUNT: OnceLock<u32> = OnceLock::new();
     *COUNT.get_or_init(|| {
-        let parts = [
-            ACTIVATIONS_WGSL,
-            BYTES_WGSL,
-            DTYPES_WGSL,
-            MATVEC_WGSL,
-            REDUCE_WGSL,
-            ROUTE_WGSL,
-        ];
-        ShaderSource::new("matvec", &parts)
-            .flag("DT_Q4_K")
-            .flag("GEGLU_OUT")
-            .flag("EXPERTS")
-            .flag("ROUTE_IN")
-            .flag("NORM_IN")
-            .storage_bindings()
+        let flags = ["GEGLU_OUT", "EXPERTS", "ROUTE_IN", "NORM_IN"];
+        matvec_storage_buffers(&[REDUCE_WGSL, ROUTE_WGSL], &flags)
     })
 }
 
