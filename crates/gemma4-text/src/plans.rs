@@ -16,7 +16,7 @@ use crate::forward::{
 use crate::synth::{SynthHeader, SynthSpec};
 use crate::{ConfigError, TextConfig};
 
-/// The presets whose plans are pinned, with the dtype of the tiny ones.
+/// The presets whose plans are pinned.
 pub const PINNED_PRESETS: [&str; 6] = [
     "tiny-gemma3",
     "tiny-gemma4",

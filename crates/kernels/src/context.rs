@@ -124,8 +124,8 @@ impl ContextOptions {
     }
 }
 
-/// Optional hardware abilities the kernels specialise on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Optional hardware abilities the kernels specialise on (by default none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GpuFeatures {
     pub shader_f16: bool,
     pub subgroups: bool,

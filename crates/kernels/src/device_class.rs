@@ -105,8 +105,8 @@ impl DeviceClass {
         }
     }
 
-    /// The limits wgpu reports on the class's devices (`xtask plans --device-info` prints a
-    /// real device's).
+    /// The limits wgpu reports on the class's devices (`cargo xtask plans` prints a real
+    /// device's).
     pub(crate) fn limits(self) -> wgpu::Limits {
         let base = wgpu::Limits {
             max_compute_invocations_per_workgroup: 1024,

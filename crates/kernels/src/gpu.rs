@@ -119,7 +119,7 @@ pub struct Dispatch {
     pub bind_group: wgpu::BindGroup,
     pub workgroups: [u32; 3],
     /// What each binding number holds, and the parameter block's layout: what
-    /// `tests/reflection.rs` checks against the kernel's WGSL.
+    /// [`crate::reflect`] checks against the kernel's WGSL.
     pub bindings: Arc<[BindKind]>,
     pub params_layout: Option<ParamsLayout>,
     /// The parameter block's buffer and offset.

@@ -1,5 +1,5 @@
 //! The kernels' uniform parameter blocks, one `#[repr(C)]` Pod struct per WGSL `struct Params`,
-//! its fields the WGSL members in order (`tests/reflection.rs` checks every kernel variant the
+//! its fields the WGSL members in order (`crate::reflect` checks every kernel variant the
 //! plans use against its WGSL with naga: member names, offsets and the block's size).
 
 use bytemuck::{Pod, Zeroable};
@@ -27,7 +27,7 @@ pub struct Params {
 impl Params {
     pub fn of<P: KernelParams>(p: &P) -> Self {
         Self {
-            words: bytemuck::cast_slice(bytemuck::bytes_of(p)).to_vec(),
+            words: bytemuck::pod_collect_to_vec(bytemuck::bytes_of(p)),
             layout: ParamsLayout {
                 fields: P::FIELDS,
                 size: std::mem::size_of::<P>(),

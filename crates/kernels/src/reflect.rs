@@ -111,6 +111,7 @@ pub fn check_dispatch(ctx: &GpuContext, d: &Dispatch) -> Result<(), String> {
 fn check_flags(source: &ShaderSource) -> Result<(), String> {
     let named: HashSet<&str> = DIRECTIVE_FLAGS
         .into_iter()
+        .map(|(flag, _)| flag)
         .chain(
             source
                 .parts

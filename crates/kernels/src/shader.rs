@@ -14,8 +14,10 @@ pub(crate) const BYTES_WGSL: &str = include_str!("wgsl/bytes.wgsl");
 /// Per-dtype `load_unit` functions (one is selected by a `DT_*` flag).
 pub(crate) const DTYPES_WGSL: &str = include_str!("wgsl/dtypes.wgsl");
 
-/// Flags that `render` turns into WGSL `enable` directives (besides any `#if` reading them).
-pub(crate) const DIRECTIVE_FLAGS: [&str; 2] = ["F16", "COOP"];
+/// Flags that `render` turns into WGSL `enable` directives (besides any `#if` reading them),
+/// with the extension each enables.
+pub(crate) const DIRECTIVE_FLAGS: [(&str, &str); 2] =
+    [("F16", "f16"), ("COOP", "wgpu_cooperative_matrix")];
 
 /// The source of one pipeline variant.
 #[derive(Clone, Debug)]
@@ -66,17 +68,9 @@ impl ShaderSource {
     /// Storage buffers the variant declares. Device features choose code paths, never
     /// bindings, so none are set here.
     pub fn storage_bindings(&self) -> u32 {
-        let none = GpuFeatures {
-            shader_f16: false,
-            subgroups: false,
-            timestamps: false,
-            timestamps_in_passes: false,
-            subgroup_min_size: 0,
-            subgroup_max_size: 0,
-            coop_matmul: false,
-            int8_activations: false,
-        };
-        self.render(&none).matches("var<storage").count() as u32
+        self.render(&GpuFeatures::default())
+            .matches("var<storage")
+            .count() as u32
     }
 
     /// The WGSL text for a device with `features`.
@@ -93,11 +87,8 @@ impl ShaderSource {
             }
         }
         let mut out = String::new();
-        for (flag, extension) in DIRECTIVE_FLAGS
-            .iter()
-            .zip(["f16", "wgpu_cooperative_matrix"])
-        {
-            if flags.contains(*flag) {
+        for (flag, extension) in DIRECTIVE_FLAGS {
+            if flags.contains(flag) {
                 out.push_str(&format!("enable {extension};\n"));
             }
         }
