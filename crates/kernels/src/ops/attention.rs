@@ -1,0 +1,365 @@
+//! The KV store and attention over the cache: batched (prefill), and split over key chunks then combined (decode).
+
+use super::*;
+
+/// Writes `m` rows of `row` values (`src_stride` apart) into `cache` at the rows given by
+/// `positions` (positions at or past `capacity` are dropped).
+pub fn kv_store(
+    ctx: &GpuContext,
+    src: &View,
+    cache: &View,
+    positions: &View,
+    row: u32,
+    m: u32,
+    src_stride: u32,
+) -> Result<Dispatch, GpuError> {
+    src.expect_len32(
+        "kv_store src",
+        u64::from(m.max(1) - 1) * u64::from(src_stride) + u64::from(row),
+    )?;
+    positions.expect_len32("kv_store positions", u64::from(m))?;
+    let capacity = (cache.len32() / u64::from(row.max(1))) as u32;
+    let params = Params::of(&KvStoreParams {
+        row,
+        m,
+        src_stride,
+        capacity,
+    });
+    let source = ShaderSource::new("kv_store", &[KV_STORE_WGSL]);
+    ctx.dispatch(
+        "kv_store",
+        ctx.pipeline(&source),
+        &[
+            Bind::Storage(src),
+            Bind::Storage(cache),
+            Bind::Storage(positions),
+            Bind::Params(params),
+        ],
+        [row.div_ceil(256), m, 1],
+    )
+}
+
+/// Arguments of [`attention`].
+pub struct AttentionArgs<'a> {
+    /// `[tokens, n_head, head_dim]`
+    pub q: &'a View,
+    /// `[capacity, n_kv_head, head_dim]`
+    pub k_cache: &'a View,
+    pub v_cache: &'a View,
+    pub positions: &'a View,
+    /// `[tokens, n_head, head_dim]`
+    pub out: &'a View,
+    pub tokens: u32,
+    pub n_head: u32,
+    pub n_kv_head: u32,
+    pub head_dim: u32,
+    /// Keys visible to a query: the last `window` positions (0: all).
+    pub window: u32,
+    /// Multiplier of q·k.
+    pub scale: f32,
+    /// Softcap of the scores when > 0.
+    pub softcap: f32,
+    /// Floats between consecutive tokens' queries (`n_head * head_dim` when packed).
+    pub q_stride: u32,
+}
+
+/// Causal attention over the KV cache.
+pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, GpuError> {
+    if a.head_dim > MAX_HEAD_DIM
+        || !a.head_dim.is_multiple_of(4)
+        || a.n_kv_head == 0
+        || !a.n_head.is_multiple_of(a.n_kv_head)
+        || a.n_head / a.n_kv_head > MAX_QUERY_GROUP
+    {
+        return Err(shape(format!(
+            "attention: {} heads over {} KV heads of dim {} (max dim {MAX_HEAD_DIM}, max \
+             {MAX_QUERY_GROUP} heads per KV head)",
+            a.n_head, a.n_kv_head, a.head_dim
+        )));
+    }
+    let q_len = u64::from(a.tokens) * u64::from(a.n_head) * u64::from(a.head_dim);
+    if a.q_stride < a.n_head * a.head_dim || !a.q_stride.is_multiple_of(4) {
+        return Err(shape(format!(
+            "attention: q stride {} (at least {}, a multiple of 4)",
+            a.q_stride,
+            a.n_head * a.head_dim
+        )));
+    }
+    a.q.expect_len32(
+        "attention q",
+        u64::from(a.tokens.max(1) - 1) * u64::from(a.q_stride) + u64::from(a.n_head * a.head_dim),
+    )?;
+    a.out.expect_len32("attention out", q_len)?;
+    a.positions
+        .expect_len32("attention positions", u64::from(a.tokens))?;
+    let row = u64::from(a.n_kv_head) * u64::from(a.head_dim);
+    let capacity = a.k_cache.len32() / row;
+    if capacity == 0 || a.v_cache.len32() / row != capacity {
+        return Err(shape(
+            "attention: K and V caches differ or are empty".into(),
+        ));
+    }
+    let params = Params::of(&AttentionParams {
+        n_head: a.n_head,
+        n_kv_head: a.n_kv_head,
+        head_dim: a.head_dim,
+        m: a.tokens,
+        window: a.window,
+        scale: a.scale,
+        softcap: a.softcap,
+        capacity: capacity as u32,
+        q_stride: a.q_stride,
+    });
+    let source = ShaderSource::new("attention", &[ACTIVATIONS_WGSL, ATTENTION_WGSL])
+        .constant("G", f64::from(a.n_head / a.n_kv_head));
+    ctx.dispatch(
+        "attention",
+        ctx.pipeline(&source),
+        &[
+            Bind::Storage(a.q),
+            Bind::Storage(a.k_cache),
+            Bind::Storage(a.v_cache),
+            Bind::Storage(a.positions),
+            Bind::Storage(a.out),
+            Bind::Params(params),
+        ],
+        [a.n_kv_head, a.tokens, 1],
+    )
+}
+
+/// Keys per workgroup of the split decode attention.
+pub const ATTN_CHUNK: u32 = 64;
+
+/// The two dispatches of decode attention: per-chunk partial results, then their merge.
+pub struct DecodeAttention {
+    pub split: Dispatch,
+    pub combine: Dispatch,
+}
+
+impl DecodeAttention {
+    /// Floats of scratch the partial results need.
+    pub fn scratch_floats(n_head: u32, head_dim: u32, capacity: u32) -> u64 {
+        // Per head and chunk, the chunk's output, then its max and sum in a vec4; then room
+        // for the token's K and V on their way to the cache (at most one pair per query head).
+        let chunks = u64::from(n_head) * u64::from(capacity.div_ceil(ATTN_CHUNK));
+        chunks * u64::from(head_dim + 4) + 2 * u64::from(n_head) * u64::from(head_dim)
+    }
+}
+
+/// Attention of one token's queries (at `positions[0]`) over the cache, split over chunks of
+/// keys. `q` starts `q_offset` floats into `a.q`; `a.tokens` must be 1.
+///
+/// With `post`, the split kernel also does [`head_post`]'s work for the token, one dispatch
+/// fewer: `a.q` is then the raw projection `post.qkv` (left as it is), and where `post.kv` is
+/// given its caches must be `a`'s (the merge stores the token's K and V there for later
+/// steps).
+pub fn attention_decode(
+    ctx: &GpuContext,
+    a: &AttentionArgs<'_>,
+    q_offset: u32,
+    scratch: &View,
+    post: Option<&HeadPostArgs<'_>>,
+) -> Result<DecodeAttention, GpuError> {
+    let (split, merge) = attention_split(ctx, a, q_offset, scratch, post)?;
+    let combine = attention_combine(ctx, &merge)?;
+    Ok(DecodeAttention { split, combine })
+}
+
+/// What merges a split decode attention's partial results: [`attention_combine`], or the
+/// product that reads them ([`matvec_after_attention`]).
+pub struct AttentionMerge<'a> {
+    pub(super) attention: &'a AttentionArgs<'a>,
+    pub(super) scratch: &'a View,
+    /// The split left the token's K and V in the scratch for the merge to store.
+    pub(super) store_kv: bool,
+    pub(super) capacity: u32,
+}
+
+/// The first half of [`attention_decode`]: the chunks' partial results in `scratch`, and
+/// the merge that has to follow.
+pub fn attention_split<'a>(
+    ctx: &GpuContext,
+    a: &'a AttentionArgs<'a>,
+    q_offset: u32,
+    scratch: &'a View,
+    post: Option<&HeadPostArgs<'_>>,
+) -> Result<(Dispatch, AttentionMerge<'a>), GpuError> {
+    if a.tokens != 1
+        || a.head_dim > MAX_HEAD_DIM
+        || !a.head_dim.is_multiple_of(4)
+        || a.n_kv_head == 0
+        || !a.n_head.is_multiple_of(a.n_kv_head)
+    {
+        return Err(shape(format!(
+            "attention_decode: {} tokens, {} heads over {} KV heads of dim {}",
+            a.tokens, a.n_head, a.n_kv_head, a.head_dim
+        )));
+    }
+    a.q.expect_len32(
+        "attention q",
+        u64::from(q_offset) + u64::from(a.n_head * a.head_dim),
+    )?;
+    a.out
+        .expect_len32("attention out", u64::from(a.n_head * a.head_dim))?;
+    let row = u64::from(a.n_kv_head * a.head_dim);
+    let capacity = (a.k_cache.len32() / row) as u32;
+    if capacity == 0 || a.v_cache.len32() / row != u64::from(capacity) {
+        return Err(shape(
+            "attention: K and V caches differ or are empty".into(),
+        ));
+    }
+    scratch.expect_len32(
+        "attention scratch",
+        DecodeAttention::scratch_floats(a.n_head, a.head_dim, capacity),
+    )?;
+    let max_chunks = capacity.div_ceil(ATTN_CHUNK);
+    let params = Params::of(&AttnSplitParams {
+        n_head: a.n_head,
+        n_kv_head: a.n_kv_head,
+        head_dim: a.head_dim,
+        window: a.window,
+        max_chunks,
+        capacity,
+        scale: a.scale,
+        softcap: a.softcap,
+        q_offset,
+        n_rot: post.map_or(0, |h| h.n_rot),
+        eps: post.map_or(0.0, |h| h.eps),
+        base: post.map_or(0.0, |h| h.base),
+        freq_scale: post.map_or(0.0, |h| h.freq_scale),
+    });
+    // A sliding layer never sees more than its window: no need to launch past it.
+    let chunks = if a.window > 0 {
+        max_chunks.min(a.window.div_ceil(ATTN_CHUNK) + 1)
+    } else {
+        max_chunks
+    };
+    let parts: &[&'static str] = if post.is_some() {
+        &[
+            ACTIVATIONS_WGSL,
+            REDUCE_WGSL,
+            ROPE_MATH_WGSL,
+            HEAD_MATH_WGSL,
+            ATTN_SPLIT_WGSL,
+        ]
+    } else {
+        &[ACTIVATIONS_WGSL, REDUCE_WGSL, ATTN_SPLIT_WGSL]
+    };
+    let mut source = ShaderSource::new("attn_split", parts).constant("HD", f64::from(a.head_dim));
+    let mut binds = vec![
+        Bind::Storage(a.q),
+        Bind::Storage(a.k_cache),
+        Bind::Storage(a.v_cache),
+        Bind::Storage(a.positions),
+        Bind::Storage(scratch),
+        Bind::Params(params),
+    ];
+    if let Some(h) = post {
+        check_fused_heads(a, q_offset, h)?;
+        let kv = h.kv.as_ref();
+        source = source
+            .flag("HEAD_POST")
+            .flag_if(kv.is_some(), "KV_NEW")
+            .flag_if(kv.is_some_and(|kv| kv.k_is_v), "K_IS_V")
+            .flag_if(kv.is_some_and(|kv| kv.v_norm), "V_NORM")
+            .flag_if(h.freq_factors.is_some(), "FREQ_FACTORS");
+        binds.push(Bind::Storage(h.q_norm));
+        binds.push(Bind::Storage(kv.map_or(h.q_norm, |kv| kv.k_norm)));
+        if let Some(ff) = h.freq_factors {
+            binds.push(Bind::Storage(ff));
+        }
+    }
+    let split = ctx.dispatch(
+        "attn_split",
+        ctx.pipeline(&source),
+        &binds,
+        [a.n_head, chunks, 1],
+    )?;
+    let merge = AttentionMerge {
+        attention: a,
+        scratch,
+        store_kv: post.is_some_and(|h| h.kv.is_some()),
+        capacity,
+    };
+    Ok((split, merge))
+}
+
+/// The merge of [`attention_split`]'s partial results into `a.out` (and the token's K and V
+/// into the caches), one workgroup per query head.
+pub fn attention_combine(
+    ctx: &GpuContext,
+    merge: &AttentionMerge<'_>,
+) -> Result<Dispatch, GpuError> {
+    let a = merge.attention;
+    let params = Params::of(&AttnCombineParams {
+        n_head: a.n_head,
+        n_kv_head: a.n_kv_head,
+        head_dim: a.head_dim,
+        window: a.window,
+        max_chunks: merge.capacity.div_ceil(ATTN_CHUNK),
+        capacity: merge.capacity,
+    });
+    let mut binds = vec![
+        Bind::Storage(merge.scratch),
+        Bind::Storage(a.positions),
+        Bind::Storage(a.out),
+        Bind::Params(params),
+    ];
+    if merge.store_kv {
+        binds.extend([Bind::Storage(a.k_cache), Bind::Storage(a.v_cache)]);
+    }
+    ctx.dispatch(
+        "attn_combine",
+        ctx.pipeline(
+            &ShaderSource::new(
+                "attn_combine",
+                &[REDUCE_WGSL, ATTN_MERGE_WGSL, ATTN_COMBINE_WGSL],
+            )
+            .flag_if(merge.store_kv, "KV_STORE"),
+        ),
+        &binds,
+        [a.n_head, 1, 1],
+    )
+}
+
+/// [`attention_combine`] and the one-token product of its output in one dispatch per weight
+/// tile: each workgroup merges the partial results into its own memory (a few reads from
+/// cache; a dispatch of its own costs a whole GPU round trip), and the first stores the
+/// token's K and V. `w` takes the heads' output (`n_head * head_dim` values), which must fit
+/// in a workgroup's memory ([`matvec_input_fits`]); `a.out` is not written.
+pub fn matvec_after_attention(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    merge: &AttentionMerge<'_>,
+    y: &View,
+    out_offset: u32,
+    out: MatvecOut<'_>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let job = MatvecJob {
+        merge: Some(merge),
+        ..MatvecJob::one_token(w, merge.scratch, y, out_offset, out)?
+    };
+    matvec_dispatches(ctx, w, &job)
+}
+
+/// That the head work fused into [`attention_decode`] is [`head_post`]'s for its one token
+/// and heads, on the projection `a` reads.
+fn check_fused_heads(
+    a: &AttentionArgs<'_>,
+    q_offset: u32,
+    h: &HeadPostArgs<'_>,
+) -> Result<(), GpuError> {
+    check_head_post(h)?;
+    let kv_heads = h.kv.as_ref().map_or(a.n_kv_head, |kv| kv.n_kv);
+    if h.tokens != 1 || h.n_head != a.n_head || h.head_dim != a.head_dim || kv_heads != a.n_kv_head
+    {
+        return Err(shape(format!(
+            "attention_decode: head work for {} tokens, {} heads ({kv_heads} KV) of dim {}",
+            h.tokens, h.n_head, h.head_dim
+        )));
+    }
+    a.q.expect_len32(
+        "attention qkv",
+        u64::from(q_offset) + u64::from(head_post_width(h)),
+    )
+}

@@ -1,0 +1,305 @@
+//! Products of a stored weight and many tokens: the tiled kernels (plain, cooperative-matrix, split over k).
+
+use super::*;
+
+/// Arguments of [`matmul`]: `y[t, r] = sum_k W[r, k] x[t, k]` for tokens t < `m`.
+pub struct MatmulArgs<'a> {
+    pub x: &'a View,
+    pub y: &'a View,
+    pub m: u32,
+    /// Elements between consecutive tokens of x (>= W's columns, a multiple of 4).
+    pub x_stride: u32,
+    /// Elements between consecutive tokens of y (>= `y_offset` + the output's columns).
+    pub y_stride: u32,
+    /// What the rows become: themselves (with an optional softcap) or, for gate/up rows
+    /// interleaved, the gated activation (half as many columns).
+    pub out: MatvecOut<'a>,
+    /// Column of y where row 0 of W (or pair 0) lands (weights side by side in one output).
+    pub y_offset: u32,
+    /// Room for the partial sums of a tiled product split over k ([`matmul_partials_floats`]
+    /// floats); `None`: never split.
+    pub partials: Option<&'a View>,
+}
+
+/// The most tokens [`matmul`] takes through the matrix-vector kernel (one token a grid row)
+/// on this device: [`MATVEC_MAX_TOKENS`] on a GPU, every count on a CPU adapter. lavapipe
+/// compiles the tiled kernel's loads lane by lane, each a store to the stack and a vector
+/// reload: on 2 cores of an AMD EPYC, scoring 38 positions of the real Gemma 3 270M took
+/// 132 s tiled and 26.6 s as matrix-vector products, a 64-token prefill 3.4 -> 4.0 tok/s.
+pub fn matvec_max_tokens(ctx: &GpuContext) -> u32 {
+    if ctx.info.device_type == wgpu::DeviceType::Cpu {
+        u32::MAX
+    } else {
+        MATVEC_MAX_TOKENS
+    }
+}
+
+/// Weight times activations, one dispatch per weight tile (matrix-vector for few tokens,
+/// [`matvec_max_tokens`], tiled matrix-matrix for many), split over k where its tiles alone
+/// would leave most of the GPU idle and `a.partials` is given ([`matmul_parts`]).
+pub fn matmul(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    a: &MatmulArgs<'_>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let parts = match a.partials {
+        _ if a.m <= matvec_max_tokens(ctx) => 0,
+        Some(_) => matmul_parts(ctx, w.cols as u32, w.rows, a.m, a.out.is_geglu()),
+        None => 1,
+    };
+    matmul_in_parts(ctx, w, a, parts)
+}
+
+/// Rows of a tiled product's workgroup: 128 on cooperative matrices, 64 otherwise (64 tokens
+/// either way).
+pub(super) fn matmul_tile_rows(ctx: &GpuContext) -> u64 {
+    if ctx.features.coop_matmul { 128 } else { 64 }
+}
+
+/// Parts over k that [`matmul`] splits a tiled product of `rows` rows of `k` values over `m`
+/// tokens into: 1 where its tiles fill the GPU (256 workgroups or more), or where the tokens
+/// go through matrix-vector products ([`matvec_max_tokens`]). Otherwise enough parts for
+/// about 512 workgroups, each of at least 8 steps of 64 values. In a 512-token prefill on the H100,
+/// E2B ran its 96-tile products (the attention output, the FFN's down) at half the rate of
+/// its 768-tile ones and its 16-tile ones (V, the per-layer gate) at a tenth; split, E4B's
+/// time to first token went from 120 to 105 ms (E2B's, whose products are smaller, moved
+/// less than run-to-run noise). 256 or 1024 workgroups, or parts of 4 steps, measured no
+/// better.
+pub fn matmul_parts(ctx: &GpuContext, k: u32, rows: u64, m: u32, geglu: bool) -> u32 {
+    if geglu || m <= matvec_max_tokens(ctx) {
+        return 1;
+    }
+    let tiles = rows.div_ceil(matmul_tile_rows(ctx)) * u64::from(m.div_ceil(64));
+    if tiles >= 256 {
+        return 1;
+    }
+    let steps = u64::from(k.div_ceil(64));
+    let parts = 512u64.div_ceil(tiles).min(steps / 8).max(1);
+    // Equal parts of whole steps; the last may be shorter.
+    let per = steps.div_ceil(parts);
+    steps.div_ceil(per) as u32
+}
+
+/// Floats of [`MatmulArgs::partials`] that [`matmul`] needs for `w` over up to `max_m` tokens
+/// (0 where it never splits).
+pub fn matmul_partials_floats(ctx: &GpuContext, w: &GpuWeight, max_m: u32) -> u64 {
+    (1..=max_m.div_ceil(64))
+        .map(|t| {
+            let m = (64 * t).min(max_m);
+            match matmul_parts(ctx, w.cols as u32, w.rows, m, false) {
+                1 => 0,
+                parts => u64::from(parts) * u64::from(m) * w.rows,
+            }
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// [`matmul`] split over k into `parts` parts (for tests; 1: not split; 0: matrix-vector
+/// products whatever the token count): each part's sums go to `a.partials`, and one more
+/// dispatch adds them up into y. Up to [`MATVEC_MAX_TOKENS`] tokens are matrix-vector
+/// products on every device.
+pub fn matmul_in_parts(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    a: &MatmulArgs<'_>,
+    parts: u32,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let (k, n) = (w.cols as u32, w.rows as u32);
+    if a.m == 0 {
+        return Ok(Vec::new());
+    }
+    let (geglu, softcap) = match a.out {
+        MatvecOut::Rows { softcap } => (false, softcap),
+        MatvecOut::Geglu | MatvecOut::GegluInt8 => (true, 0.0),
+        MatvecOut::GeluTimes { .. } => (false, 0.0),
+    };
+    let cols = if geglu { n / 2 } else { n };
+    if a.x_stride < k || !a.x_stride.is_multiple_of(4) || a.y_stride < a.y_offset + cols {
+        return Err(shape(format!(
+            "{}: strides x {} / y {} (from column {}) for a {n}x{k} weight",
+            w.name, a.x_stride, a.y_stride, a.y_offset
+        )));
+    }
+    if geglu && !whole_pairs(w) {
+        return Err(shape(format!(
+            "{}: a gated output needs whole gate/up row pairs per tile",
+            w.name
+        )));
+    }
+    a.x.expect_len32(
+        &w.name,
+        u64::from(a.m - 1) * u64::from(a.x_stride) + u64::from(k),
+    )?;
+    a.y.expect_len32(
+        &w.name,
+        u64::from(a.m - 1) * u64::from(a.y_stride) + u64::from(a.y_offset + cols),
+    )?;
+    if parts == 0
+        || a.m <= MATVEC_MAX_TOKENS
+        || matches!(a.out, MatvecOut::GeluTimes { .. } | MatvecOut::GegluInt8)
+    {
+        let job = MatvecJob {
+            m: a.m,
+            x_stride: a.x_stride,
+            y_stride: a.y_stride,
+            out_offset: a.y_offset,
+            ..MatvecJob::new(a.x, a.y, a.out)
+        };
+        return matvec_dispatches(ctx, w, &job);
+    }
+    let steps = k.div_ceil(64);
+    let per = steps.div_ceil(parts.max(1)).max(1);
+    let split = parts > 1;
+    if split && (geglu || steps.div_ceil(per) != parts) {
+        return Err(shape(format!(
+            "{}: {parts} parts over {steps} steps of k, output {:?}",
+            w.name, a.out
+        )));
+    }
+    let part_floats = u64::from(a.m) * u64::from(n);
+    let partials = match a.partials {
+        Some(v) if split => {
+            v.expect_len32(&w.name, u64::from(parts) * part_floats)?;
+            Some(v)
+        }
+        None if split => {
+            return Err(shape(format!(
+                "{}: split over k without room for the parts",
+                w.name
+            )));
+        }
+        _ => None,
+    };
+    let tile_rows = matmul_tile_rows(ctx) as u32;
+    let pipeline = tiled_pipeline(ctx, w.dtype, geglu, Tiles::Plain)?;
+    // Split, the tiles write their rows of each part plainly: [part][token][row].
+    let (y, y_stride, y_offset, tile_softcap) = match partials {
+        Some(v) => (v, n, 0, 0.0),
+        None => (a.y, a.y_stride, a.y_offset, softcap),
+    };
+    let mut dispatches = w
+        .tiles
+        .iter()
+        .map(|tile| {
+            let rows = tile.rows as u32;
+            let params = Params::of(&MatmulParams {
+                k,
+                n: rows,
+                row_bytes: w.row_bytes as u32,
+                out_offset: y_offset + (tile.first_row / if geglu { 2 } else { 1 }) as u32,
+                m: a.m,
+                x_stride: a.x_stride,
+                y_stride,
+                softcap: tile_softcap,
+                k_part: per * 64,
+                part_stride: if split { part_floats as u32 } else { 0 },
+                // Not experts: one slot per input row.
+                x_group: 1,
+                ..MatmulParams::default()
+            });
+            let wv = View::of(&tile.buffer);
+            ctx.dispatch(
+                "matmul",
+                pipeline.clone(),
+                &[
+                    Bind::Storage(&wv),
+                    Bind::Storage(a.x),
+                    Bind::Storage(y),
+                    Bind::Params(params),
+                ],
+                [rows.div_ceil(tile_rows), a.m.div_ceil(64), parts.max(1)],
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(v) = partials {
+        let params = Params::of(&MatmulPartsParams {
+            m: a.m,
+            n,
+            parts,
+            part_stride: part_floats as u32,
+            y_stride: a.y_stride,
+            out_offset: a.y_offset,
+            softcap,
+        });
+        let source = ShaderSource::new("matmul_parts", &[ACTIVATIONS_WGSL, MATMUL_PARTS_WGSL]);
+        dispatches.push(ctx.dispatch(
+            "matmul_parts",
+            ctx.pipeline(&source),
+            &[Bind::Storage(v), Bind::Storage(a.y), Bind::Params(params)],
+            grid(ctx, (part_floats as u32).div_ceil(256), 1),
+        )?);
+    }
+    Ok(dispatches)
+}
+
+/// Which tiled products a pipeline runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Tiles {
+    /// One weight over the tokens in order.
+    Plain,
+    /// The grouped experts' products, 64 slots of an expert a tile.
+    Experts,
+    /// The same, 16 slots a tile (`SMALL_TILES`, tensor cores only).
+    FewSlotExperts,
+}
+
+impl Tiles {
+    /// The grouped experts' tiles for `slots` slots over `n_expert` experts: 16-slot tiles on
+    /// tensor cores when the experts average at most 16 slots (a short prompt: 128 tokens
+    /// give 26B-A4B's 128 experts 8 each). A tile's step costs about the same however many of
+    /// its tokens are real, and most of its cost is the expert's weights, which a small tile
+    /// reads once per 16 slots rather than once per 64.
+    pub(super) fn for_experts(ctx: &GpuContext, slots: u32, n_expert: u32) -> Self {
+        if ctx.features.coop_matmul && u64::from(slots) <= 16 * u64::from(n_expert) {
+            Tiles::FewSlotExperts
+        } else {
+            Tiles::Experts
+        }
+    }
+
+    /// Tokens (slots) a tile takes.
+    pub(super) fn tokens(self) -> u32 {
+        match self {
+            Tiles::FewSlotExperts => 16,
+            Tiles::Plain | Tiles::Experts => 64,
+        }
+    }
+}
+
+/// The tiled product's pipeline for weights of `dtype`: tensor cores where the device has them,
+/// otherwise f32 FMAs ([`matmul_tile_rows`]).
+pub(super) fn tiled_pipeline(
+    ctx: &GpuContext,
+    dtype: GgmlType,
+    geglu: bool,
+    tiles: Tiles,
+) -> Result<Pipeline, GpuError> {
+    let (name, kernel) = if ctx.features.coop_matmul {
+        ("matmul_coop", MATMUL_COOP_WGSL)
+    } else {
+        ("matmul", MATMUL_WGSL)
+    };
+    let wgsl = [
+        ACTIVATIONS_WGSL,
+        BYTES_WGSL,
+        DTYPES_WGSL,
+        MATMUL_IO_WGSL,
+        kernel,
+    ];
+    let source = ShaderSource::new(name, &wgsl)
+        .flag_if(ctx.features.coop_matmul, "COOP")
+        .flag(dtype_flag(dtype)?)
+        .flag_if(geglu, "GEGLU_OUT")
+        .flag_if(tiles != Tiles::Plain, "EXPERTS")
+        .flag_if(tiles == Tiles::FewSlotExperts, "SMALL_TILES");
+    Ok(ctx.pipeline(&source))
+}
+
+/// Whether every tile of `w` holds whole gate/up row pairs.
+pub(super) fn whole_pairs(w: &GpuWeight) -> bool {
+    w.rows.is_multiple_of(2)
+        && w.tiles
+            .iter()
+            .all(|t| t.first_row % 2 == 0 && t.rows % 2 == 0)
+}

@@ -1,0 +1,1051 @@
+//! The matrix-vector kernel and the steps fused into it (residual and norm prologue, int8 inputs, expert mixes, attention merge).
+
+use super::*;
+
+/// What [`matvec`] writes.
+#[derive(Clone, Copy, Debug)]
+pub enum MatvecOut<'a> {
+    /// `y[out_offset + r] = W[r] . x`, with `c * tanh(y / c)` when `softcap` > 0.
+    Rows { softcap: f32 },
+    /// The weight holds gate and up rows interleaved (2i, 2i+1): `y[out_offset + i] =
+    /// gelu_tanh(gate_i . x) * (up_i . x)`.
+    Geglu,
+    /// `y[out_offset + r] = gelu_tanh(W[r] . x) * by[offset + r]`: a gate whose other factor
+    /// is already computed (the per-layer input). One-token products only.
+    GeluTimes { by: &'a View, offset: u32 },
+    /// [`MatvecOut::Geglu`] rounded to 8-bit integers per 32 values, laid out for
+    /// [`matvec_int8_input`] ([`int8_vector_words`] words from y's start). One-token
+    /// products whose workgroups each hold whole 32s ([`int8_activations_fit`]).
+    GegluInt8,
+}
+
+impl MatvecOut<'_> {
+    pub(super) fn is_geglu(&self) -> bool {
+        matches!(self, MatvecOut::Geglu | MatvecOut::GegluInt8)
+    }
+}
+
+/// Words of a vector of `n` values rounded to 8-bit integers as [`MatvecOut::GegluInt8`]
+/// writes it: n / 4 words of four integers, then per 16 values two f32 words (its 32's scale,
+/// and the sum of its 16 integers times that scale).
+pub fn int8_vector_words(n: u32) -> u64 {
+    u64::from(n) / 4 + u64::from(n) / 8
+}
+
+/// Whether one token's gated product of `gate_up` (behind the residual step with `prologue`)
+/// can write its activations rounded ([`MatvecOut::GegluInt8`]) for the `down` product to
+/// read ([`matvec_int8_input`]): K-quant rows of whole 32s, and workgroups of the chosen
+/// shape that each hold whole 32s of outputs in every tile.
+pub fn int8_activations_fit(
+    ctx: &GpuContext,
+    gate_up: &GpuWeight,
+    down: &GpuWeight,
+    prologue: bool,
+) -> bool {
+    let ff = gate_up.rows / 2;
+    let t = MatvecTuning::choose(
+        ctx,
+        gate_up.dtype,
+        gate_up.cols as u32,
+        gate_up.rows,
+        true,
+        prologue,
+    );
+    ctx.features.int8_activations
+        && matches!(down.dtype, GgmlType::Q4K | GgmlType::Q6K)
+        && down.cols == ff
+        && ff.is_multiple_of(32)
+        && whole_32s_per_group(gate_up, t.tpr, t.rpt)
+}
+
+/// Whether every workgroup of `w`'s gated product at `tpr` lanes and `rpt` rows a group
+/// holds whole 32s of outputs (at most 128, `Q8_OUT`'s workgroup buffer), in every tile: a
+/// rounded output takes one scale per 32.
+fn whole_32s_per_group(w: &GpuWeight, tpr: u32, rpt: u32) -> bool {
+    let per = u64::from(256 / tpr * rpt / 2);
+    per.is_multiple_of(32)
+        && per <= 128
+        && w.tiles.iter().all(|tile| {
+            (tile.first_row / 2).is_multiple_of(per) && (tile.rows / 2).is_multiple_of(per)
+        })
+}
+
+/// The step between two blocks of a layer, for `rows` rows of `dim`: the residual stream
+/// becomes `(res + rmsnorm(delta) * post) * scale` in place, and `out = rmsnorm(res) * weight`
+/// is the next block's input.
+#[allow(clippy::too_many_arguments)]
+pub fn residual_norm(
+    ctx: &GpuContext,
+    res: &View,
+    delta: &View,
+    post: &View,
+    weight: &View,
+    out: &View,
+    rows: u32,
+    dim: u32,
+    scale: f32,
+    eps: f32,
+) -> Result<Dispatch, GpuError> {
+    check_norm_dim(dim)?;
+    let n = u64::from(rows) * u64::from(dim);
+    for (what, v, len) in [
+        ("res", res, n),
+        ("delta", delta, n),
+        ("out", out, n),
+        ("post", post, u64::from(dim)),
+        ("weight", weight, u64::from(dim)),
+    ] {
+        v.expect_len32(&format!("residual_norm {what}"), len)?;
+    }
+    let source = ShaderSource::new("rms_norm", &[REDUCE_WGSL, NORM_WGSL])
+        .flag("RESIDUAL_NORM")
+        .flag("WEIGHT");
+    let params = Params::of(&NormParams {
+        dim,
+        rows,
+        eps,
+        x_stride: dim,
+        scale,
+    });
+    ctx.dispatch(
+        "residual_norm",
+        ctx.pipeline(&source),
+        &[
+            Bind::Storage(res),
+            Bind::Storage(out),
+            Bind::Params(params),
+            Bind::Storage(weight),
+            Bind::Storage(delta),
+            Bind::Storage(post),
+        ],
+        grid(ctx, rows, 1),
+    )
+}
+
+/// Experts chosen per slot, for [`expert_matvec`].
+pub struct ExpertSlots<'a> {
+    /// `slots` expert ids (the route kernel's `sel`).
+    pub sel: &'a View,
+    pub slots: u32,
+    /// Rows of one expert in the stacked weight.
+    pub rows_per_expert: u32,
+    /// Slots per input row: slot s reads input row s / x_group.
+    pub x_group: u32,
+}
+
+/// How a matrix-vector product spreads over a workgroup of 256 threads: `tpr` threads per
+/// row group (4..=256, a power of two) and `rpt` rows per group (1, 2 or 4; at least 2 for a
+/// gated output); with `prefetch`, each lane loads a step's weights while it sums the step
+/// before (worth it where lanes take many steps); with `int8_input` (Q4_K and Q6_K), the
+/// input is rounded to 8-bit integers per 32 values and multiplied in integer dot products,
+/// as ggml's quantized dot products do. [`MatvecTuning::choose`] picks one per shape and
+/// device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatvecTuning {
+    pub tpr: u32,
+    pub rpt: u32,
+    pub prefetch: bool,
+    pub int8_input: bool,
+}
+
+impl MatvecTuning {
+    /// The tuning for `rows` rows of `k` values of `dtype`; `prologue`: every workgroup first
+    /// computes the input (the residual step or the attention merge in front of the product).
+    pub fn choose(
+        ctx: &GpuContext,
+        dtype: GgmlType,
+        k: u32,
+        rows: u64,
+        geglu: bool,
+        prologue: bool,
+    ) -> Self {
+        // Threads per row group: one per step of the row where possible (short rows leave no
+        // lane idle, and the rows' loads all start at once). A step is the values the shader
+        // takes at a time for the dtype.
+        let step = match dtype {
+            GgmlType::Q6K => 64,
+            _ => 32,
+        };
+        let steps = k.div_ceil(step);
+        let cpu = ctx.info.device_type == wgpu::DeviceType::Cpu;
+        // A CPU adapter runs a workgroup as one thread's SIMD loop, where a group wider than a
+        // subgroup only adds barriers; without subgroups every halving of a group is one.
+        let max_tpr = match (cpu, ctx.features.subgroups) {
+            (true, true) => ctx.features.subgroup_min_size.clamp(4, 256),
+            (true, false) => 4,
+            (false, _) => 256,
+        };
+        let mut tpr = [4u32, 8, 16, 32, 64, 128, 256]
+            .into_iter()
+            .find(|&t| t >= steps.min(max_tpr))
+            .unwrap_or(256);
+        // Rows per group: 4 shares each input load among 4 rows, but a matrix with few rows then
+        // occupies few workgroups and leaves most of the GPU idle: halve it (down to a gate/up
+        // pair for GEGLU_OUT), then widen the groups, until there are enough workgroups.
+        // A CPU adapter (lavapipe) runs a workgroup per thread: more and smaller ones only add
+        // per-workgroup overhead there.
+        // 192 on a GPU: in whole decode steps on the H100 (`bench-e2e`, 128-token prompt),
+        // 192 against 96: Gemma 3 270M 1,251 -> 1,289 tok/s, E4B 208-209 -> 212-213, E2B
+        // unchanged; 384 was slower on all three. (A product timed alone, each matrix over
+        // and over, had favoured fewer workgroups.)
+        let min_workgroups: u64 = if cpu { 1 } else { 192 };
+        let workgroups = |tpr: u32, rpt: u32| rows.div_ceil(u64::from(256 / tpr * rpt));
+        // A matrix with rows enough to fill the GPU many times over (an output head) is
+        // bandwidth-bound: there, lanes that loop over several steps of a row beat lanes that
+        // start all at once. On the H100 at 262144 x 1536, 4 lanes per row took Q4_K from
+        // 1297 to 1400 GiB/s (against 16) and Q6_K from 1126 to 1339; 16 took Q8_0 from 1870
+        // to 1978 (against 4). Loading a step ahead then took Q4_K to 1620 GiB/s (Q6_K, holding
+        // 60 bytes a row ahead, fell to 959); on E2B's small matrices, where a lane takes one
+        // or two steps, it cost 4% of a decode step. Float weights keep the default (16 lanes
+        // took F32 from 848 to 684). Other dtypes' lanes share a row's steps evenly: Gemma 3
+        // 270M's Q8_0 head (20 steps a row) took 117 us with 16 lanes and 93 with 4.
+        let wide = if matches!(dtype, GgmlType::Q4K | GgmlType::Q6K) {
+            4
+        } else {
+            [16, 8, 4]
+                .into_iter()
+                .find(|t| steps.is_multiple_of(*t))
+                .unwrap_or(4)
+        };
+        let quantized = dtype.block_size() > 1;
+        // 8-bit inputs then took the K-quant heads past the conversion rate that bounded them,
+        // best at 8 lanes per row: Q4_K 1,582 -> 2,103 GiB/s, Q6_K 1,580 -> 2,158.
+        let int8_input = int8_input_fits(ctx, dtype, k, prologue);
+        let wide = if int8_input { 8 } else { wide };
+        if quantized && !cpu && workgroups(wide, 4) >= 512 && max_tpr >= wide {
+            return Self {
+                tpr: wide,
+                rpt: 4,
+                prefetch: dtype == GgmlType::Q4K,
+                int8_input,
+            };
+        }
+        let mut rpt = 4u32;
+        let min_rpt = if geglu { 2 } else { 1 };
+        while rpt > min_rpt && workgroups(tpr, rpt) < min_workgroups {
+            rpt /= 2;
+        }
+        while tpr < 256 && workgroups(tpr, rpt) < min_workgroups {
+            tpr *= 2;
+        }
+        // A prologue is paid once per workgroup, and many workgroups' worth of it costs more
+        // than the product's own reads: where there would be 512 or more (the FFN's gate/up
+        // behind the residual step), 16 lanes a group, each taking several steps of its rows.
+        // Rows of 4096 values or more (the FFN's down product) are spread over more
+        // workgroups instead, one row (or gate/up pair) a group. On the H100 (`bench-e2e`,
+        // both together): E2B decode 295-297 -> 332-336 tok/s, E4B 172-174 -> 204-205.
+        // (Workgroups that each took several blocks of rows, to share a prologue further,
+        // measured no better.)
+        if prologue && !cpu && workgroups(tpr, rpt) >= 512 {
+            tpr = 16;
+        } else if !prologue && !cpu && k >= 4096 {
+            rpt = min_rpt;
+        }
+        // The other products behind a prologue with long rows (over 64 steps) and many
+        // (over 1024: the attention's Q|K behind the residual step, O behind the merge), 32
+        // lanes x 2 rows, each lane a few steps. On the H100 (`bench-e2e`, alternating runs):
+        // 26B-A4B's Q|K (6144 rows of 88 steps) at 16 lanes x 4 rows 207.8-208.3 tok/s, at
+        // 32 x 4 218.4-220.8 (64 lanes 213.7, 128 210-211), at 32 x 2 with E4B's 243.5 ->
+        // 248.8-248.9 (Q|K and O at 80 and 128 steps); E2B's Q|K (48 steps) at 32 x 2 went
+        // 402 -> 394, so it keeps its shape. Products of few rows (routers, per-layer gates)
+        // at 32 x 2 cost 26B-A4B 232 -> 202 tok/s and E4B 243 -> 239.
+        if prologue && !geglu && !cpu && steps > 64 && rows > 1024 {
+            tpr = 32;
+            rpt = 2;
+        }
+        // The gate/up product behind the residual step on 8-bit inputs, as the heads: its
+        // conversions, not its reads, bounded it. On the H100 (`bench-e2e`, 128-token prompt,
+        // alternating runs): E4B 211 -> 235 tok/s, E2B 325-341 -> 350-351. The other products
+        // measured no better (behind the residual step or the merge: E2B 339-355, E4B 233)
+        // or worse (down products, which would round their long rows in every workgroup:
+        // E2B 292-303, E4B 186).
+        let int8_input = prologue
+            && geglu
+            && !cpu
+            && ctx.features.int8_activations
+            && int8_input_fits(ctx, dtype, k, true);
+        Self {
+            tpr,
+            rpt,
+            prefetch: false,
+            int8_input,
+        }
+    }
+
+    /// The tuning for a product whose input comes rounded ([`matvec_int8_input`]): as
+    /// [`MatvecTuning::choose`], but on GPUs rows of 4096 values or more take 128 lanes and 2
+    /// rows a group. On the H100 (`bench-e2e`, 128-token prompt, alternating runs, against
+    /// float activations): E2B 355-361 -> 377 tok/s, E4B 224-228 -> 226-231; the float
+    /// input's one row of 256 lanes gave 359-370 and 216-222.
+    pub fn rounded_input(ctx: &GpuContext, dtype: GgmlType, k: u32, rows: u64) -> Self {
+        let t = Self::choose(ctx, dtype, k, rows, false, false);
+        if ctx.info.device_type == wgpu::DeviceType::Cpu || k < 4096 {
+            return t;
+        }
+        Self {
+            tpr: 128,
+            rpt: 2,
+            ..t
+        }
+    }
+}
+
+/// Whether [`MatvecTuning::int8_input`] serves `dtype` at rows of `k`: a K-quant whose input,
+/// as integers (k bytes) and per-16-value scales and sums (k / 2 bytes), fits in a
+/// workgroup's memory next to its reductions.
+/// With `prologue`, the float input row computed in front of the product (k * 4 bytes) is
+/// held there too.
+pub fn int8_input_fits(ctx: &GpuContext, dtype: GgmlType, k: u32, prologue: bool) -> bool {
+    let row = if prologue { u64::from(k) * 4 } else { 0 };
+    matches!(dtype, GgmlType::Q4K | GgmlType::Q6K)
+        && k.is_multiple_of(32)
+        && u64::from(k) * 3 / 2 + row + 5 * 1024
+            <= u64::from(ctx.limits.max_compute_workgroup_storage_size)
+}
+
+/// One use of the one-token kernel: `m` tokens (or expert slots) of `x`, `x_stride` apart,
+/// into `y` from column `out_offset`, `y_stride` apart.
+pub(super) struct MatvecJob<'a> {
+    pub(super) x: &'a View,
+    pub(super) y: &'a View,
+    pub(super) m: u32,
+    pub(super) x_stride: u32,
+    pub(super) y_stride: u32,
+    pub(super) out_offset: u32,
+    pub(super) out: MatvecOut<'a>,
+    pub(super) experts: Option<&'a ExpertSlots<'a>>,
+    /// With `experts`: the slots' weights, for a product that sums each token's `x_group`
+    /// slots into one row ([`expert_matvec_mixed`]).
+    pub(super) mixed: Option<&'a View>,
+    /// With `experts`: the slots' experts routed in the product ([`ExpertRoute`]).
+    pub(super) route: Option<&'a ExpertRoute<'a>>,
+    pub(super) tuning: Option<MatvecTuning>,
+    /// The residual step computed in front of the product (x is then the stream).
+    pub(super) residual: Option<&'a ResidualStep<'a>>,
+    /// The attention merge computed in front of the product (x is then the split's scratch).
+    pub(super) merge: Option<&'a AttentionMerge<'a>>,
+    /// The input's norm computed in front of the product.
+    pub(super) norm: Option<&'a InputNorm<'a>>,
+    /// x is rounded to 8-bit integers ([`int8_vector_words`]).
+    pub(super) x_int8: bool,
+}
+
+impl<'a> MatvecJob<'a> {
+    pub(super) fn new(x: &'a View, y: &'a View, out: MatvecOut<'a>) -> Self {
+        Self {
+            x,
+            y,
+            m: 1,
+            x_stride: 0,
+            y_stride: 0,
+            out_offset: 0,
+            out,
+            experts: None,
+            mixed: None,
+            route: None,
+            tuning: None,
+            residual: None,
+            merge: None,
+            norm: None,
+            x_int8: false,
+        }
+    }
+
+    /// One token of `w`'s rows into `y` from `out_offset`, whose length is checked.
+    pub(super) fn one_token(
+        w: &GpuWeight,
+        x: &'a View,
+        y: &'a View,
+        out_offset: u32,
+        out: MatvecOut<'a>,
+    ) -> Result<Self, GpuError> {
+        let out_rows = match out {
+            MatvecOut::GegluInt8 => int8_vector_words((w.rows / 2) as u32),
+            _ if out.is_geglu() => w.rows / 2,
+            _ => w.rows,
+        };
+        y.expect_len32(&w.name, u64::from(out_offset) + out_rows)?;
+        Ok(Self {
+            x_stride: w.cols as u32,
+            out_offset,
+            ..Self::new(x, y, out)
+        })
+    }
+}
+
+/// The one-token kernel for `w` as `job` says: one dispatch per tile.
+/// The buffers a matrix-vector product binds, by what they hold. Each variant of
+/// `matvec.wgsl` declares the ones its flags use; `binds` is the one place their binding
+/// numbers are written.
+struct MatvecBindings<'a> {
+    w: &'a View,
+    /// The input, or with `MERGE` the split attention's chunks.
+    x: &'a View,
+    y: &'a View,
+    params: Params,
+    /// `EXPERTS`: each slot's expert.
+    sel: Option<&'a View>,
+    /// `RESIDUAL`: the block's output joining the stream (an experts' dense branch with
+    /// `MOE_DELTA`), its post-norm weight, the updated stream.
+    delta: Option<&'a View>,
+    post: Option<&'a View>,
+    res_out: Option<&'a View>,
+    /// `PRENORM`: the next block's norm weight and its normed input; `NORM_IN`: the input's
+    /// norm weight.
+    pre: Option<&'a View>,
+    normed: Option<&'a View>,
+    /// `GELU_TIMES`: the factor.
+    times: Option<&'a View>,
+    /// `MERGE`: the token's position; `KV_STORE`: the caches.
+    positions: Option<&'a View>,
+    k_cache: Option<&'a View>,
+    v_cache: Option<&'a View>,
+    /// `MOE_DELTA`: the experts' outputs and the two post-norm weights.
+    experts: Option<&'a View>,
+    dense_post: Option<&'a View>,
+    experts_post: Option<&'a View>,
+    /// The experts' weights: written by `ROUTE_IN`, read by `EXPERTS_SUM` and `MOE_WEIGHTED`.
+    expert_w: Option<&'a View>,
+    /// `ROUTE_IN`: the router's logits and the per-expert scale.
+    route_logits: Option<&'a View>,
+    route_scale: Option<&'a View>,
+}
+
+impl<'a> MatvecBindings<'a> {
+    pub(super) fn new(w: &'a View, x: &'a View, y: &'a View, params: Params) -> Self {
+        Self {
+            w,
+            x,
+            y,
+            params,
+            sel: None,
+            delta: None,
+            post: None,
+            res_out: None,
+            pre: None,
+            normed: None,
+            times: None,
+            positions: None,
+            k_cache: None,
+            v_cache: None,
+            experts: None,
+            dense_post: None,
+            experts_post: None,
+            expert_w: None,
+            route_logits: None,
+            route_scale: None,
+        }
+    }
+
+    fn binds(self) -> Vec<Bind<'a>> {
+        let opt = |v: Option<&'a View>| v.map_or(Bind::Skip, Bind::Storage);
+        vec![
+            Bind::Storage(self.w),
+            Bind::Storage(self.x),
+            Bind::Storage(self.y),
+            Bind::Params(self.params),
+            opt(self.sel),
+            opt(self.delta),
+            opt(self.post),
+            opt(self.pre),
+            opt(self.res_out),
+            opt(self.normed),
+            opt(self.times),
+            opt(self.positions),
+            opt(self.k_cache),
+            opt(self.v_cache),
+            opt(self.experts),
+            opt(self.expert_w),
+            opt(self.dense_post),
+            opt(self.experts_post),
+            opt(self.route_logits),
+            opt(self.route_scale),
+        ]
+    }
+}
+
+pub(super) fn matvec_dispatches(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    job: &MatvecJob<'_>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let MatvecJob {
+        x,
+        y,
+        m,
+        x_stride,
+        y_stride,
+        out_offset,
+        out,
+        experts,
+        mixed,
+        route,
+        tuning,
+        residual,
+        merge,
+        norm,
+        x_int8,
+    } = *job;
+    let flag = dtype_flag(w.dtype)?;
+    let k = w.cols as u32;
+    let geglu = out.is_geglu();
+    if geglu && !whole_pairs(w) {
+        return Err(shape(format!(
+            "{}: a gated output needs whole gate/up row pairs per tile",
+            w.name
+        )));
+    }
+    let prologue = residual.is_some() || merge.is_some() || norm.is_some();
+    let moe = residual.and_then(|r| match r.delta {
+        Delta::Moe(mix) => Some(mix),
+        Delta::Row(_) => None,
+    });
+    // Slots a product's rows take, and a row's length as the steps see it: a mixed
+    // product's slots' rows end to end.
+    let (row_slots, row_len) = match (mixed, experts) {
+        (Some(_), Some(e)) => (e.x_group, k * e.x_group),
+        _ => (1, k),
+    };
+    if [residual.is_some(), merge.is_some(), norm.is_some()]
+        .iter()
+        .filter(|&&p| p)
+        .count()
+        > 1
+    {
+        return Err(shape(format!(
+            "{}: one prologue per product (residual step, attention merge or norm)",
+            w.name
+        )));
+    }
+    let MatvecTuning {
+        tpr,
+        rpt,
+        prefetch,
+        int8_input,
+    } = match tuning {
+        Some(t) if [4, 8, 16, 32, 64, 128, 256].contains(&t.tpr) && [1, 2, 4].contains(&t.rpt) => {
+            if geglu && t.rpt < 2 {
+                return Err(shape(format!(
+                    "{}: a gated output needs 2 rows per group",
+                    w.name
+                )));
+            }
+            t
+        }
+        Some(t) => return Err(shape(format!("{}: matvec tuning {t:?}", w.name))),
+        None => {
+            let rows = experts.map_or(w.rows, |e| {
+                u64::from(e.rows_per_expert) * u64::from(e.slots / row_slots)
+            });
+            if x_int8 {
+                MatvecTuning::rounded_input(ctx, w.dtype, k, rows)
+            } else {
+                let t = MatvecTuning::choose(ctx, w.dtype, row_len, rows, geglu, prologue);
+                // The experts' down products (short rows, no prologue) at 2 rows a group:
+                // twice the workgroups, more loads in flight. On the H100, 26B-A4B decode
+                // 194.3-195.2 -> 199.7-200.4 tok/s (three alternating runs each); 16 lanes at
+                // 4 rows and 1 row a group measured between the two. Mixed, whose slots'
+                // rows end to end are long enough for 1 row a group above: 2 rows a group of
+                // 256 lanes took 26B-A4B decode from 199.0-199.3 to 205.6-205.8 tok/s (one
+                // row a slot and the mix behind: 202.8-203.0); 64 lanes x 2 rows 204.6,
+                // 128 x 1 197.8, 32 x 1 or 2 198-200, 16 lanes 191-194.
+                if experts.is_some()
+                    && !prologue
+                    && !geglu
+                    && ctx.info.device_type != wgpu::DeviceType::Cpu
+                {
+                    MatvecTuning {
+                        rpt: if mixed.is_some() { 2 } else { t.rpt.min(2) },
+                        ..t
+                    }
+                } else {
+                    t
+                }
+            }
+        }
+    };
+    // The input rounded by every workgroup, or already rounded.
+    let rounds_input = int8_input && !x_int8;
+    if rounds_input && !int8_input_fits(ctx, w.dtype, k, prologue) {
+        return Err(shape(format!(
+            "{}: 8-bit inputs are for a Q4_K or Q6_K product whose rows fit in workgroup memory",
+            w.name
+        )));
+    }
+    if x_int8
+        && (prologue
+            || experts.is_some()
+            || m != 1
+            || !matches!(w.dtype, GgmlType::Q4K | GgmlType::Q6K)
+            || !k.is_multiple_of(32))
+    {
+        return Err(shape(format!(
+            "{}: a rounded input is for one token's Q4_K or Q6_K product of rows of whole 32s",
+            w.name
+        )));
+    }
+    if x_int8 {
+        x.expect_len32(&format!("{} rounded input", w.name), int8_vector_words(k))?;
+    }
+    // Every entry point has checked y's length against the output it names.
+    let q8_out = matches!(out, MatvecOut::GegluInt8);
+    if q8_out
+        && (experts.is_some() || m != 1 || out_offset != 0 || !whole_32s_per_group(w, tpr, rpt))
+    {
+        return Err(shape(format!(
+            "{}: a rounded gated output is for one token's dense product from column 0, each workgroup holding whole 32s of outputs",
+            w.name
+        )));
+    }
+    let xs_words = if x_int8 {
+        k / 4
+    } else if q8_out {
+        (w.rows / 2) as u32 / 4
+    } else {
+        0
+    };
+    if let Some(mg) = merge {
+        let a = mg.attention;
+        if experts.is_some()
+            || m != 1
+            || k != a.n_head * a.head_dim
+            || a.n_head > 64
+            || !matvec_input_fits(ctx, k)
+        {
+            return Err(shape(format!(
+                "{}: an attention merge runs in front of a one-token dense product whose input row (the {} heads' output) fits in workgroup memory",
+                w.name, a.n_head
+            )));
+        }
+    }
+    let subgroups = ctx.features.subgroups;
+    if let Some(r) = residual {
+        if experts.is_some() || x_stride != k || !matvec_input_fits(ctx, k) {
+            return Err(shape(format!(
+                "{}: the residual step runs in front of a dense product whose input row fits in workgroup memory",
+                w.name
+            )));
+        }
+        let n = u64::from(m) * u64::from(k);
+        let mut views = vec![
+            ("stream", r.res, n),
+            ("stream out", r.res_out, n),
+            ("post", r.post, u64::from(k)),
+        ];
+        match r.delta {
+            Delta::Row(delta) => views.push(("delta", delta, n)),
+            Delta::Moe(mix) => {
+                if m != 1 || mix.tokens != 1 || mix.dim != k || mix.eps != r.eps {
+                    return Err(shape(format!(
+                        "{}: an experts' output joins one token's stream of its width, with the step's eps",
+                        w.name
+                    )));
+                }
+                if !moe_delta_fits(ctx) {
+                    return Err(shape(format!(
+                        "{}: the device binds {} storage buffers, an experts' output in front of a product {}",
+                        w.name,
+                        ctx.limits.max_storage_buffers_per_shader_stage,
+                        moe_delta_buffers()
+                    )));
+                }
+                let kd = u64::from(k);
+                views.extend([
+                    ("dense branch", mix.dense, kd),
+                    ("expert outputs", mix.experts, u64::from(mix.k) * kd),
+                    ("dense post-norm", mix.dense_post, kd),
+                    ("experts' post-norm", mix.experts_post, kd),
+                ]);
+                views.extend(
+                    mix.weight
+                        .map(|wv| ("expert weights", wv, u64::from(mix.k))),
+                );
+            }
+        }
+        if let Some((pre, normed)) = r.next_norm {
+            views.extend([("pre", pre, u64::from(k)), ("normed", normed, n)]);
+        }
+        for (what, v, len) in views {
+            v.expect_len32(&format!("{} residual {what}", w.name), len)?;
+        }
+    }
+    if let Some(nm) = norm {
+        if x_stride != k || !matvec_input_fits(ctx, k) {
+            return Err(shape(format!(
+                "{}: a norm runs in front of a product whose input rows are whole and fit in workgroup memory",
+                w.name
+            )));
+        }
+        nm.weight
+            .expect_len32(&format!("{} input norm", w.name), u64::from(k))?;
+    }
+    if let MatvecOut::GeluTimes { by, offset } = out {
+        // Behind an experts' output it would bind one storage buffer more than
+        // `moe_delta_fits` counts.
+        if experts.is_some() || m != 1 || moe.is_some() {
+            return Err(shape(format!(
+                "{}: a GELU-times output is for one token's dense product, not behind an experts' output",
+                w.name
+            )));
+        }
+        by.expect_len32(&w.name, u64::from(offset) + w.rows)?;
+    }
+    let mut parts = vec![ACTIVATIONS_WGSL, BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL];
+    if prologue || route.is_some() {
+        parts.push(REDUCE_WGSL);
+    }
+    if route.is_some() {
+        parts.push(ROUTE_WGSL);
+    }
+    if merge.is_some() {
+        parts.push(ATTN_MERGE_WGSL);
+    }
+    let mut source = ShaderSource::new("matvec", &parts)
+        .flag(flag)
+        .flag_if(geglu, "GEGLU_OUT")
+        .flag_if(!subgroups, "NO_SUBGROUPS")
+        .flag_if(experts.is_some(), "EXPERTS")
+        .flag_if(mixed.is_some(), "EXPERTS_SUM")
+        .flag_if(route.is_some(), "ROUTE_IN")
+        .flag_if(residual.is_some(), "RESIDUAL")
+        .flag_if(residual.is_some_and(|r| r.next_norm.is_some()), "PRENORM")
+        .flag_if(norm.is_some(), "NORM_IN")
+        .flag_if(moe.is_some(), "MOE_DELTA")
+        .flag_if(moe.is_some_and(|mix| mix.weight.is_some()), "MOE_WEIGHTED")
+        .flag_if(matches!(out, MatvecOut::GeluTimes { .. }), "GELU_TIMES")
+        .flag_if(int8_input || x_int8, "INT8_X")
+        .flag_if(x_int8, "XQ_IN")
+        .flag_if(q8_out, "Q8_OUT")
+        .flag_if(merge.is_some(), "MERGE")
+        .flag_if(merge.is_some_and(|mg| mg.store_kv), "KV_STORE")
+        .constant("TPR", f64::from(tpr))
+        .constant("RPT", f64::from(rpt))
+        // A mixed product's lanes step across its slots' segments, which the prefetch's
+        // one-row stride does not follow.
+        .constant("PREFETCH", f64::from(u8::from(prefetch && mixed.is_none())));
+    if prologue {
+        source = source
+            .constant("XV", f64::from(k / 4))
+            .constant("RV", f64::from(k.div_ceil(1024)));
+    }
+    if let Some(mix) = moe {
+        source = source.constant("MOE_K", f64::from(mix.k));
+    }
+    if rounds_input {
+        source = source
+            .constant("XQ", f64::from(k / 4))
+            .constant("XC", f64::from(k / 16));
+    }
+    if subgroups {
+        source = source.constant("SG", f64::from(ctx.features.subgroup_min_size.clamp(4, 64)));
+    }
+    let pipeline = ctx.pipeline(&source);
+    let softcap = match out {
+        MatvecOut::Rows { softcap } => softcap,
+        MatvecOut::Geglu | MatvecOut::GegluInt8 | MatvecOut::GeluTimes { .. } => 0.0,
+    };
+    let rows_per_group = 256 / tpr * rpt;
+    w.tiles
+        .iter()
+        .enumerate()
+        .map(|(ti, tile)| {
+            let (rows, first, first_expert, experts_here, x_group) = match experts {
+                // Every slot's output starts at its own row 0; the tile's experts say which
+                // slots work here.
+                Some(e) => {
+                    let per = u64::from(e.rows_per_expert);
+                    let first_expert = (tile.first_row / per) as u32;
+                    (
+                        e.rows_per_expert,
+                        0,
+                        first_expert,
+                        (tile.rows / per) as u32,
+                        e.x_group,
+                    )
+                }
+                None => {
+                    let first = if geglu {
+                        tile.first_row / 2
+                    } else {
+                        tile.first_row
+                    };
+                    (tile.rows as u32, first as u32, 0, 0, 1)
+                }
+            };
+            let mut params = MatvecParams {
+                k,
+                n: rows,
+                row_bytes: w.row_bytes as u32,
+                out_offset: out_offset + first,
+                m,
+                x_stride,
+                y_stride,
+                softcap,
+                first_expert,
+                experts_here,
+                x_group,
+                eps: residual.map_or(norm.map_or(0.0, |nm| nm.eps), |r| r.eps),
+                scale: residual.map_or(1.0, |r| r.scale),
+                times_offset: match out {
+                    MatvecOut::GeluTimes { offset, .. } => offset + first,
+                    _ => 0,
+                },
+                xs_words,
+                accumulate: u32::from(mixed.is_some() && ti > 0),
+                n_expert: route.map_or(0, |r| r.n_expert),
+                has_scale: u32::from(route.is_some_and(|r| r.expert_scale.is_some())),
+                ..MatvecParams::default()
+            };
+            if let Some(mg) = merge {
+                let (a, capacity) = (mg.attention, mg.capacity);
+                params.n_head = a.n_head;
+                params.n_kv_head = a.n_kv_head;
+                params.head_dim = a.head_dim;
+                params.window = a.window;
+                params.max_chunks = capacity.div_ceil(ATTN_CHUNK);
+                params.capacity = capacity;
+            }
+            let wv = View::of(&tile.buffer);
+            let mut b = MatvecBindings::new(&wv, x, y, Params::of(&params));
+            b.sel = experts.map(|e| e.sel);
+            if let Some(r) = route {
+                b.route_logits = Some(r.logits);
+                // Without a scale the shader reads none; the binding still needs a buffer.
+                b.route_scale = Some(r.expert_scale.unwrap_or(r.logits));
+                b.expert_w = Some(r.weight);
+            }
+            if let Some(mg) = merge {
+                b.x = mg.scratch;
+                b.positions = Some(mg.attention.positions);
+                if mg.store_kv {
+                    b.k_cache = Some(mg.attention.k_cache);
+                    b.v_cache = Some(mg.attention.v_cache);
+                }
+            }
+            if let Some(r) = residual {
+                match r.delta {
+                    Delta::Row(delta) => b.delta = Some(delta),
+                    Delta::Moe(mix) => {
+                        b.delta = Some(mix.dense);
+                        b.experts = Some(mix.experts);
+                        if let Some(wv) = mix.weight {
+                            b.expert_w = Some(wv);
+                        }
+                        b.dense_post = Some(mix.dense_post);
+                        b.experts_post = Some(mix.experts_post);
+                    }
+                }
+                b.post = Some(r.post);
+                b.res_out = Some(r.res_out);
+                if let Some((pre, normed)) = r.next_norm {
+                    b.pre = Some(pre);
+                    b.normed = Some(normed);
+                }
+            }
+            if let Some(nm) = norm {
+                b.pre = Some(nm.weight);
+            }
+            if let Some(wv) = mixed {
+                b.expert_w = Some(wv);
+            }
+            if let MatvecOut::GeluTimes { by, .. } = out {
+                b.times = Some(by);
+            }
+            let binds = b.binds();
+            ctx.dispatch(
+                match (residual, merge, norm) {
+                    (Some(_), _, _) => "residual_matvec",
+                    (_, Some(_), _) => "merge_matvec",
+                    (_, _, Some(_)) => "normed_matvec",
+                    _ => "matvec",
+                },
+                pipeline.clone(),
+                &binds,
+                grid(ctx, rows.div_ceil(rows_per_group), m),
+            )
+        })
+        .collect()
+}
+
+/// Whether a matrix-vector workgroup can hold an input row of `k` values in its memory, next
+/// to its reductions' (at most 5 KiB without subgroups), and its threads the row's vec4s in
+/// registers (k at most 8192): the condition of [`matvec_after_residual`].
+pub fn matvec_input_fits(ctx: &GpuContext, k: u32) -> bool {
+    k.is_multiple_of(4)
+        && k <= 8192
+        && u64::from(k) * 4 + 5 * 1024 <= u64::from(ctx.limits.max_compute_workgroup_storage_size)
+}
+
+/// A block's output as it joins the residual stream.
+#[derive(Clone, Copy)]
+pub enum Delta<'a> {
+    /// The output row.
+    Row(&'a View),
+    /// A mixture-of-experts FFN's output, computed where it is used, as [`moe_mix`] computes
+    /// it (one token); for devices that bind enough buffers ([`moe_delta_fits`]).
+    Moe(MoeMix<'a>),
+}
+
+/// Storage buffers a product with a residual step whose delta is [`Delta::Moe`] binds at most
+/// (weighted, with the next norm): counted in its WGSL.
+pub(super) fn moe_delta_buffers() -> u32 {
+    static COUNT: OnceLock<u32> = OnceLock::new();
+    *COUNT.get_or_init(|| {
+        let flags = ["RESIDUAL", "PRENORM", "MOE_DELTA", "MOE_WEIGHTED"];
+        matvec_storage_buffers(&[REDUCE_WGSL], &flags)
+    })
+}
+
+/// Storage buffers the matrix-vector variant (of Q4_K weights) with `flags` declares, with
+/// the snippets `extra` besides its own.
+pub(super) fn matvec_storage_buffers(extra: &[&'static str], flags: &[&str]) -> u32 {
+    let mut parts = vec![ACTIVATIONS_WGSL, BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL];
+    parts.extend(extra);
+    let source = ShaderSource::new("matvec", &parts).flag("DT_Q4_K");
+    flags
+        .iter()
+        .fold(source, |source, f| source.flag(*f))
+        .storage_bindings()
+}
+
+/// Whether the device binds enough storage buffers for a [`Delta::Moe`] residual step (12;
+/// browsers commonly offer 8 or 10).
+pub fn moe_delta_fits(ctx: &GpuContext) -> bool {
+    ctx.limits.max_storage_buffers_per_shader_stage >= moe_delta_buffers()
+}
+
+/// The step between two blocks of a layer, for [`matvec_after_residual`]: the stream becomes
+/// `res_out = (res + norm(delta) * post) * scale`; the product's input is `res_out` itself or,
+/// with `next_norm`, the next block's input `norm(res_out) * pre`, also written to `normed`.
+pub struct ResidualStep<'a> {
+    pub res: &'a View,
+    pub delta: Delta<'a>,
+    pub post: &'a View,
+    pub scale: f32,
+    pub eps: f32,
+    /// The updated stream: a buffer other than `res` (the product's workgroups all read `res`).
+    pub res_out: &'a View,
+    /// `(pre, normed)`.
+    pub next_norm: Option<(&'a View, &'a View)>,
+}
+
+/// The residual step and the one-token product of its result in one dispatch per weight tile:
+/// each workgroup computes the step into its own memory (the step's cost is a few vectors of
+/// reads from cache; a dispatch of its own costs a whole GPU round trip), and the first writes
+/// `res_out` (and `normed`). [`residual_norm`] (or a norm added to the stream) followed by
+/// [`matvec`], with one wait fewer.
+pub fn matvec_after_residual(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    step: &ResidualStep<'_>,
+    y: &View,
+    out_offset: u32,
+    out: MatvecOut<'_>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    matvec_after_residual_tuned(ctx, w, step, y, out_offset, out, None)
+}
+
+/// [`matvec_after_residual`] with a given tuning (`None`: the one [`MatvecTuning::choose`]
+/// picks), for tests and kernel tuning.
+pub fn matvec_after_residual_tuned(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    step: &ResidualStep<'_>,
+    y: &View,
+    out_offset: u32,
+    out: MatvecOut<'_>,
+    tuning: Option<MatvecTuning>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let job = MatvecJob {
+        residual: Some(step),
+        tuning,
+        ..MatvecJob::one_token(w, step.res, y, out_offset, out)?
+    };
+    matvec_dispatches(ctx, w, &job)
+}
+
+/// The decode matrix-vector product of one token: `y[out_offset + r] = W[r] . x` (or the gated
+/// activation of interleaved gate/up rows), one dispatch per weight tile.
+pub fn matvec(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    x: &View,
+    y: &View,
+    out_offset: u32,
+    out: MatvecOut<'_>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    x.expect_len32(&w.name, w.cols)?;
+    let job = MatvecJob::one_token(w, x, y, out_offset, out)?;
+    matvec_dispatches(ctx, w, &job)
+}
+
+/// The norm of a product's input, `norm(x) * weight`, for [`matvec_normed`] and
+/// [`expert_matvec`].
+#[derive(Clone, Copy)]
+pub struct InputNorm<'a> {
+    pub weight: &'a View,
+    pub eps: f32,
+}
+
+/// [`rms_norm`] of one token's `x` followed by [`matvec`] of the result in one dispatch per
+/// weight tile: every workgroup normalises the row into its own memory, where the two
+/// dispatches would cost a wait between them. For rows that fit ([`matvec_input_fits`]).
+pub fn matvec_normed(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    x: &View,
+    norm: &InputNorm<'_>,
+    y: &View,
+    out_offset: u32,
+    out: MatvecOut<'_>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    x.expect_len32(&w.name, w.cols)?;
+    let job = MatvecJob {
+        norm: Some(norm),
+        ..MatvecJob::one_token(w, x, y, out_offset, out)?
+    };
+    matvec_dispatches(ctx, w, &job)
+}
+
+/// [`matvec`] of an input rounded to 8-bit integers by the product before it
+/// ([`MatvecOut::GegluInt8`]): every workgroup reads a quarter of the bytes of a float input,
+/// and none rounds it again. For the FFN's down product, whose long input row each of its
+/// many workgroups reads ([`MatvecTuning::rounded_input`] has what it measured).
+pub fn matvec_int8_input(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    xq: &View,
+    y: &View,
+    out_offset: u32,
+    out: MatvecOut<'_>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let job = MatvecJob {
+        x_int8: true,
+        ..MatvecJob::one_token(w, xq, y, out_offset, out)?
+    };
+    matvec_dispatches(ctx, w, &job)
+}
+
+/// The one-token kernel over `tokens` rows of `x`, into consecutive rows of `y`, with a given
+/// tuning (`None`: the one [`MatvecTuning::choose`] picks), for tests and kernel tuning.
+pub fn matvec_tuned(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    x: &View,
+    y: &View,
+    tokens: u32,
+    out: MatvecOut<'_>,
+    tuning: Option<MatvecTuning>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let out_rows = if out.is_geglu() { w.rows / 2 } else { w.rows };
+    x.expect_len32(&w.name, w.cols * u64::from(tokens))?;
+    y.expect_len32(&w.name, out_rows * u64::from(tokens))?;
+    let job = MatvecJob {
+        m: tokens,
+        x_stride: w.cols as u32,
+        y_stride: out_rows as u32,
+        tuning,
+        ..MatvecJob::new(x, y, out)
+    };
+    matvec_dispatches(ctx, w, &job)
+}

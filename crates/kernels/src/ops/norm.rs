@@ -1,0 +1,95 @@
+//! RMS normalisation of rows.
+
+use super::*;
+
+/// Longest row the norm kernels take: each of a workgroup's 256 threads holds 24 values in
+/// registers (Gemma's widest residual stream is 5376).
+pub const MAX_NORM_DIM: u32 = 256 * 24;
+
+pub(super) fn check_norm_dim(dim: u32) -> Result<(), GpuError> {
+    if dim == 0 || dim > MAX_NORM_DIM {
+        return Err(shape(format!(
+            "norm over rows of {dim} (1..={MAX_NORM_DIM})"
+        )));
+    }
+    Ok(())
+}
+
+/// How [`rms_norm`] writes its result.
+pub enum NormOut<'a> {
+    /// `y = norm(x) * w`
+    To(&'a View),
+    /// `x = norm(x) * w`
+    InPlace,
+    /// `res += norm(x) * w` (a post-norm and the residual add in one pass)
+    AddTo(&'a View),
+}
+
+/// RMS normalisation over `rows` rows of `dim` values (`x_stride` apart), with an optional
+/// per-element weight.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm(
+    ctx: &GpuContext,
+    x: &View,
+    out: NormOut<'_>,
+    weight: Option<&View>,
+    rows: u32,
+    dim: u32,
+    x_stride: u32,
+    eps: f32,
+) -> Result<Dispatch, GpuError> {
+    check_norm_dim(dim)?;
+    x.expect_len32(
+        "rms_norm x",
+        u64::from(rows.max(1) - 1) * u64::from(x_stride) + u64::from(dim),
+    )?;
+    if let Some(w) = weight {
+        w.expect_len32("rms_norm weight", u64::from(dim))?;
+    }
+    let (inplace, residual, y) = match &out {
+        NormOut::To(y) => (false, false, Some(*y)),
+        NormOut::InPlace => (true, false, None),
+        NormOut::AddTo(y) => (false, true, Some(*y)),
+    };
+    if let Some(y) = y {
+        y.expect_len32("rms_norm out", u64::from(rows) * u64::from(dim))?;
+    }
+    let source = ShaderSource::new("rms_norm", &[REDUCE_WGSL, NORM_WGSL])
+        .flag_if(inplace, "INPLACE")
+        .flag_if(residual, "RESIDUAL")
+        .flag_if(weight.is_some(), "WEIGHT");
+    let params = Params::of(&NormParams {
+        dim,
+        rows,
+        eps,
+        x_stride,
+        scale: 1.0,
+    });
+    let mut binds = vec![Bind::Storage(x)];
+    if let Some(y) = y {
+        binds.push(Bind::Storage(y));
+    }
+    binds.push(Bind::Params(params));
+    if let Some(w) = weight {
+        binds.push(Bind::Storage(w));
+    }
+    // The shader numbers bindings 0 (x), 1 (y), 2 (params), 3 (weight); in-place has no 1.
+    let binds = renumber(binds, inplace);
+    ctx.dispatch(
+        "rms_norm",
+        ctx.pipeline(&source),
+        &binds,
+        grid(ctx, rows, 1),
+    )
+}
+
+/// Inserts a gap where an optional binding is absent, so positions match binding numbers.
+fn renumber(binds: Vec<Bind<'_>>, gap_at_1: bool) -> Vec<Bind<'_>> {
+    if !gap_at_1 {
+        return binds;
+    }
+    let mut it = binds.into_iter();
+    let mut out = vec![it.next().expect("x is always bound"), Bind::Skip];
+    out.extend(it);
+    out
+}

@@ -1,0 +1,268 @@
+//! Argmax, top-k, penalties and the sampling kernels over logits.
+
+use super::*;
+
+/// Gumbel-max sampling parameters: the argmax then samples softmax(logits / temperature).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Gumbel {
+    pub seed: u32,
+    pub step: u32,
+    pub temperature: f32,
+}
+
+/// The two dispatches of an argmax over `n` values; `result` receives (index, value bits).
+pub struct Argmax {
+    pub partial: Dispatch,
+    pub finish: Dispatch,
+}
+
+impl Argmax {
+    /// Scratch words the first stage needs for `n` values.
+    pub fn scratch_words(n: u32) -> u64 {
+        2 * u64::from(n.div_ceil(ARGMAX_CHUNK))
+    }
+
+    /// Changes the Gumbel step (and seed/temperature) without rebuilding: for decode loops.
+    pub fn set_gumbel(&self, ctx: &GpuContext, n: u32, g: Gumbel) {
+        let params = argmax_params(n, Some(g));
+        self.partial.update_params(ctx, &params);
+    }
+}
+
+fn argmax_params(n: u32, g: Option<Gumbel>) -> Params {
+    let g = g.unwrap_or(Gumbel {
+        seed: 0,
+        step: 0,
+        temperature: 1.0,
+    });
+    Params::of(&ArgmaxParams {
+        n,
+        parts: n.div_ceil(ARGMAX_CHUNK),
+        seed: g.seed,
+        step: g.step,
+        inv_temp: 1.0 / g.temperature.max(1e-6),
+    })
+}
+
+/// Index of the largest of the first `n` values of `x` (or a Gumbel-max sample).
+pub fn argmax(
+    ctx: &GpuContext,
+    x: &View,
+    n: u32,
+    scratch: &View,
+    result: &View,
+    gumbel: Option<Gumbel>,
+) -> Result<Argmax, GpuError> {
+    x.expect_len32("argmax x", u64::from(n))?;
+    scratch.expect_len32("argmax scratch", Argmax::scratch_words(n))?;
+    result.expect_len32("argmax result", 2)?;
+    let params = argmax_params(n, gumbel);
+    let partial = ctx.dispatch(
+        "argmax",
+        ctx.pipeline(
+            &ShaderSource::new("argmax", &[ARGMAX_WGSL])
+                .flag("PARTIAL")
+                .flag_if(gumbel.is_some(), "GUMBEL"),
+        ),
+        &[
+            Bind::Storage(x),
+            Bind::Storage(scratch),
+            Bind::Params(params.clone()),
+        ],
+        [n.div_ceil(ARGMAX_CHUNK), 1, 1],
+    )?;
+    let finish = ctx.dispatch(
+        "argmax_final",
+        ctx.pipeline(&ShaderSource::new("argmax", &[ARGMAX_WGSL])),
+        &[
+            Bind::Storage(result),
+            Bind::Storage(scratch),
+            Bind::Params(params),
+        ],
+        [1, 1, 1],
+    )?;
+    Ok(Argmax { partial, finish })
+}
+
+/// The two dispatches of a top-k; `out` receives k (index, value bits) pairs, best first.
+pub struct TopK {
+    pub partial: Dispatch,
+    pub finish: Dispatch,
+}
+
+impl TopK {
+    /// Scratch words the first stage needs.
+    pub fn scratch_words(n: u32, k: u32) -> u64 {
+        2 * u64::from(n.div_ceil(TOPK_CHUNK)) * u64::from(k)
+    }
+}
+
+/// The `k` largest of the first `n` values of `x`, sorted.
+pub fn top_k(
+    ctx: &GpuContext,
+    x: &View,
+    n: u32,
+    k: u32,
+    scratch: &View,
+    out: &View,
+) -> Result<TopK, GpuError> {
+    if k == 0 || k > TOPK_MAX {
+        return Err(shape(format!("top_k: k = {k} (1..={TOPK_MAX})")));
+    }
+    x.expect_len32("top_k x", u64::from(n))?;
+    scratch.expect_len32("top_k scratch", TopK::scratch_words(n, k))?;
+    out.expect_len32("top_k out", 2 * u64::from(k))?;
+    let parts = n.div_ceil(TOPK_CHUNK);
+    if parts * k > 16 * 256 {
+        return Err(shape(format!(
+            "top_k: {n} values give too many candidates for k = {k}"
+        )));
+    }
+    let partial = ctx.dispatch(
+        "top_k",
+        ctx.pipeline(&ShaderSource::new("top_k", &[TOPK_WGSL]).flag("PARTIAL")),
+        &[
+            Bind::Storage(x),
+            Bind::Storage(scratch),
+            Bind::Params(Params::of(&TopKParams { n, k })),
+        ],
+        [parts, 1, 1],
+    )?;
+    let finish = ctx.dispatch(
+        "top_k_final",
+        ctx.pipeline(&ShaderSource::new("top_k", &[TOPK_WGSL])),
+        &[
+            Bind::Storage(scratch),
+            Bind::Storage(out),
+            Bind::Params(Params::of(&TopKParams { n: parts * k, k })),
+        ],
+        [1, 1, 1],
+    )?;
+    Ok(TopK { partial, finish })
+}
+
+/// Penalty settings of [`penalties`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PenaltyParams {
+    pub repeat: f32,
+    pub frequency: f32,
+    pub presence: f32,
+}
+
+/// Applies repetition/frequency/presence penalties to the logits of the `count` tokens listed in
+/// `tokens` as (id, occurrences) pairs.
+pub fn penalties(
+    ctx: &GpuContext,
+    tokens: &View,
+    count: u32,
+    logits: &View,
+    vocab: u32,
+    p: PenaltyParams,
+) -> Result<Dispatch, GpuError> {
+    tokens.expect_len32("penalty tokens", 2 * u64::from(count))?;
+    logits.expect_len32("penalty logits", u64::from(vocab))?;
+    ctx.dispatch(
+        "penalties",
+        ctx.pipeline(&ShaderSource::new("penalties", &[PENALTY_WGSL])),
+        &[
+            Bind::Storage(tokens),
+            Bind::Storage(logits),
+            Bind::Params(penalty_params(count, vocab, p)),
+        ],
+        [count.max(1).div_ceil(64), 1, 1],
+    )
+}
+
+/// The parameter block of [`penalties`], for updating a prepared dispatch.
+pub fn penalty_params(count: u32, vocab: u32, p: PenaltyParams) -> Params {
+    Params::of(&PenaltyKernelParams {
+        n: count,
+        vocab,
+        repeat: p.repeat,
+        frequency: p.frequency,
+        presence: p.presence,
+    })
+}
+
+/// Capacity of the recent-token ring the penalties read (words: one count, then tokens).
+pub const RING_CAP: u32 = 1024;
+
+/// Settings of the GPU sampling kernels; rewritten each step (the step feeds the random
+/// stream).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SampleParams {
+    pub k: u32,
+    pub seed: u32,
+    pub step: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub last_n: u32,
+    pub penalties: PenaltyParams,
+    pub vocab: u32,
+}
+
+impl SampleParams {
+    pub fn params(&self) -> Params {
+        Params::of(&SampleKernelParams {
+            k: self.k,
+            seed: self.seed,
+            step: self.step,
+            last_n: self.last_n.min(RING_CAP),
+            temperature: self.temperature,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat: self.penalties.repeat,
+            frequency: self.penalties.frequency,
+            presence: self.penalties.presence,
+            vocab: self.vocab,
+            cap: RING_CAP,
+        })
+    }
+}
+
+/// Which of the sampling kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleKernel {
+    /// Draw from top-k candidates into `result[0]`.
+    Draw,
+    /// Append `result[0]` to the ring.
+    RingPush,
+    /// Penalise the logits of the ring's recent tokens.
+    PenaltyRing,
+}
+
+/// One of the GPU sampling kernels. `a` and `b` are, for `Draw`: the top-k output and the
+/// result; for `RingPush`: the result and the ring; for `PenaltyRing`: the ring and the logits.
+pub fn sample_kernel(
+    ctx: &GpuContext,
+    kind: SampleKernel,
+    a: &View,
+    b: &View,
+    p: &SampleParams,
+) -> Result<Dispatch, GpuError> {
+    let (flag, label) = match kind {
+        SampleKernel::Draw => {
+            if p.k == 0 || p.k > TOPK_MAX {
+                return Err(shape(format!("draw: k = {}", p.k)));
+            }
+            a.expect_len32("draw candidates", 2 * u64::from(p.k))?;
+            ("DRAW", "sample_draw")
+        }
+        SampleKernel::RingPush => {
+            b.expect_len32("ring", 1 + u64::from(RING_CAP))?;
+            ("RING_PUSH", "ring_push")
+        }
+        SampleKernel::PenaltyRing => {
+            a.expect_len32("ring", 1 + u64::from(RING_CAP))?;
+            b.expect_len32("logits", u64::from(p.vocab))?;
+            ("PENALTY_RING", "penalty_ring")
+        }
+    };
+    ctx.dispatch(
+        label,
+        ctx.pipeline(&ShaderSource::new("sample", &[SAMPLE_WGSL]).flag(flag)),
+        &[Bind::Storage(a), Bind::Storage(b), Bind::Params(p.params())],
+        [1, 1, 1],
+    )
+}
