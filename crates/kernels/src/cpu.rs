@@ -3,6 +3,9 @@
 
 use crate::ops::PenaltyParams;
 
+mod general;
+pub use general::*;
+
 /// `y[t, r] = sum_k w[r, k] * x[t, k]` for a row-major `n x k` weight and `m` tokens
 /// (accumulated in f64).
 pub fn matmul(w: &[f32], n: usize, k: usize, x: &[f32], m: usize) -> Vec<f32> {

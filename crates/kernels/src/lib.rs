@@ -12,6 +12,7 @@ pub mod params;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod reflect;
 mod shader;
+mod tensor;
 mod weights;
 
 pub use context::{ContextOptions, GpuContext, GpuError, GpuFeatures, Pipeline};
@@ -19,5 +20,6 @@ pub use device_class::DeviceClass;
 pub use gpu::{Bind, BindKind, Dispatch, Profiler, Recorder, View, WaitMode};
 pub use params::{KernelParams, Params};
 pub use shader::ShaderSource;
+pub use tensor::{DType, Layout4, MAX_RANK, Tensor};
 pub use weights::{GPU_DTYPES, GpuWeight, WeightTile};
 pub use wgpu;

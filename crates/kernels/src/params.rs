@@ -316,3 +316,175 @@ kernel_params!(
     /// `topk.wgsl`.
     TopKParams { n: u32, k: u32 }
 );
+
+kernel_params!(
+    /// `pointwise.wgsl`: four sizes, then each operand's four strides and offset.
+    PointwiseParams {
+        n: u32,
+        d0: u32,
+        d1: u32,
+        d2: u32,
+        d3: u32,
+        y0: u32,
+        y1: u32,
+        y2: u32,
+        y3: u32,
+        y_at: u32,
+        a0: u32,
+        a1: u32,
+        a2: u32,
+        a3: u32,
+        a_at: u32,
+        b0: u32,
+        b1: u32,
+        b2: u32,
+        b3: u32,
+        b_at: u32,
+        lo: f32,
+        hi: f32,
+    }
+);
+
+kernel_params!(
+    /// `rows.wgsl`.
+    RowsParams {
+        rows: u32,
+        n: u32,
+        r1: u32,
+        r2: u32,
+        x0: u32,
+        x1: u32,
+        x2: u32,
+        x3: u32,
+        x_at: u32,
+        y0: u32,
+        y1: u32,
+        y2: u32,
+        y3: u32,
+        y_at: u32,
+        w_at: u32,
+        bias_at: u32,
+        eps: f32,
+        scale: f32,
+    }
+);
+
+kernel_params!(
+    /// `product.wgsl`.
+    ProductParams {
+        m: u32,
+        n: u32,
+        k: u32,
+        a0: u32,
+        a1: u32,
+        a2: u32,
+        a_at: u32,
+        b0: u32,
+        b1: u32,
+        b2: u32,
+        b_at: u32,
+        y0: u32,
+        y1: u32,
+        y2: u32,
+        y_at: u32,
+        bias_at: u32,
+        alpha: f32,
+    }
+);
+
+kernel_params!(
+    /// `conv.wgsl`.
+    ConvParams {
+        n: u32,
+        c: u32,
+        h: u32,
+        w: u32,
+        oh: u32,
+        ow: u32,
+        kh: u32,
+        kw: u32,
+        sh: u32,
+        sw: u32,
+        ph: u32,
+        pw: u32,
+        x0: u32,
+        x1: u32,
+        x2: u32,
+        x_at: u32,
+        y0: u32,
+        y1: u32,
+        y2: u32,
+        y_at: u32,
+        w_at: u32,
+        bias_at: u32,
+    }
+);
+
+kernel_params!(
+    /// `row_stats.wgsl`.
+    RowStatsParams {
+        rows: u32,
+        n: u32,
+        x0: u32,
+        x1: u32,
+        x_at: u32,
+        out_at: u32,
+        inv_temp: f32,
+    }
+);
+
+kernel_params!(
+    /// `attend.wgsl`.
+    AttendParams {
+        tq: u32,
+        tk: u32,
+        heads: u32,
+        kv_heads: u32,
+        d: u32,
+        q_pos0: u32,
+        window: u32,
+        prefix: u32,
+        back: u32,
+        ahead: u32,
+        rel_len: u32,
+        scale: f32,
+        softcap: f32,
+        q0: u32,
+        q1: u32,
+        q_at: u32,
+        k0: u32,
+        k1: u32,
+        k_at: u32,
+        v0: u32,
+        v1: u32,
+        v_at: u32,
+        o0: u32,
+        o1: u32,
+        o_at: u32,
+        r0: u32,
+        r1: u32,
+        r_at: u32,
+        q2: u32,
+        k2: u32,
+        v2: u32,
+        o2: u32,
+        r2: u32,
+    }
+);
+
+kernel_params!(
+    /// `rope_axes.wgsl`.
+    RopeAxesParams {
+        pairs: u32,
+        heads: u32,
+        head_dim: u32,
+        axes: u32,
+        n_rot: u32,
+        x0: u32,
+        x1: u32,
+        x2: u32,
+        x_at: u32,
+        base: f32,
+        freq_scale: f32,
+    }
+);

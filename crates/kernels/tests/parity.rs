@@ -12,6 +12,9 @@ use wgemma_kernels::{
     cpu, reflect, wgpu,
 };
 
+#[path = "parity/general.rs"]
+mod general;
+
 /// One context for the whole test binary. No adapter is a skip on a developer machine and a
 /// failure in CI.
 fn ctx() -> Option<&'static GpuContext> {

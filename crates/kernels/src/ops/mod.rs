@@ -6,6 +6,7 @@ use crate::context::{GpuContext, GpuError, Pipeline};
 use crate::gpu::{Bind, Dispatch, View};
 use crate::params::*;
 use crate::shader::{BYTES_WGSL, DTYPES_WGSL, ShaderSource};
+use crate::tensor::{DType, Layout4, Tensor};
 use crate::weights::{GpuWeight, dtype_flag};
 use std::sync::OnceLock;
 use wgemma_gguf::GgmlType;
@@ -66,18 +67,26 @@ pub fn grid(ctx: &GpuContext, groups: u32, z: u32) -> [u32; 3] {
     }
 }
 
+mod attend;
 mod attention;
+mod conv;
 mod elementwise;
 mod embed;
 mod head;
+mod layout;
 mod matmul;
 mod matvec;
 mod moe;
 mod norm;
+mod pointwise;
+mod product;
 mod rope;
+mod rows;
 mod sample;
 
+pub use attend::*;
 pub use attention::*;
+pub use conv::*;
 pub use elementwise::*;
 pub use embed::*;
 pub use head::*;
@@ -85,7 +94,10 @@ pub use matmul::*;
 pub use matvec::*;
 pub use moe::*;
 pub use norm::*;
+pub use pointwise::*;
+pub use product::*;
 pub use rope::*;
+pub use rows::*;
 pub use sample::*;
 
 #[cfg(test)]

@@ -54,3 +54,101 @@ pub fn rope(ctx: &GpuContext, a: &RopeArgs<'_>) -> Result<Dispatch, GpuError> {
     }
     ctx.dispatch("rope", ctx.pipeline(&source), &binds, grid(ctx, rows, 1))
 }
+
+const ROPE_AXES_WGSL: &str = include_str!("../wgsl/rope_axes.wgsl");
+
+/// How [`rope_axes`] pairs the dimensions it rotates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopePairs {
+    /// `(i, i + n_rot / 2)`
+    Neox,
+    /// `(2i, 2i + 1)`
+    Interleaved,
+}
+
+/// Arguments of [`rope_axes`].
+pub struct RopeAxes<'a> {
+    /// `[tokens, heads, head_dim]` (any layout), rotated in place.
+    pub x: &'a Tensor,
+    /// `[tokens, axes]` u32 positions: one axis is 1-D rope; with two, the first half of each
+    /// head turns by axis 0 (the vision tower's column), the second by axis 1 (row).
+    pub positions: &'a Tensor,
+    /// Dimensions rotated in each section (at most the section's width `head_dim / axes`).
+    pub n_rot: u32,
+    pub pairs: RopePairs,
+    pub base: f32,
+    pub freq_scale: f32,
+    /// Per-pair frequency divisors, `n_rot / 2` values.
+    pub freq_factors: Option<&'a Tensor>,
+}
+
+/// Rotary embedding by one or more position axes.
+pub fn rope_axes(ctx: &GpuContext, a: &RopeAxes<'_>) -> Result<Dispatch, GpuError> {
+    a.x.expect_dtype("rope x", crate::DType::F32)?;
+    a.positions
+        .expect_dtype("rope positions", crate::DType::U32)?;
+    if a.x.rank() != 3 || a.positions.rank() != 2 || !a.positions.is_contiguous() {
+        return Err(shape(format!(
+            "rope: x {:?} and positions {:?}: 3-D x, contiguous 2-D positions",
+            a.x.dims(),
+            a.positions.dims()
+        )));
+    }
+    let [tokens, heads, head_dim] = [a.x.dim(0), a.x.dim(1), a.x.dim(2)];
+    let axes = a.positions.dim(1);
+    a.positions.expect_dims("rope positions", &[tokens, axes])?;
+    let section = head_dim.checked_div(axes).unwrap_or(0);
+    if axes == 0
+        || !head_dim.is_multiple_of(axes)
+        || a.n_rot == 0
+        || a.n_rot > section
+        || !a.n_rot.is_multiple_of(2)
+    {
+        return Err(shape(format!(
+            "rope: n_rot {} in {axes} sections of a {head_dim}-wide head",
+            a.n_rot
+        )));
+    }
+    if a.positions.offset() != 0 {
+        return Err(shape("rope positions: must start at their view".into()));
+    }
+    if let Some(ff) = a.freq_factors {
+        super::layout::expect_vector("rope freq factors", ff, a.n_rot / 2)?;
+        if ff.offset() != 0 {
+            return Err(shape("rope freq factors: must start at their view".into()));
+        }
+    }
+    let pairs = super::layout::count(
+        "rope",
+        u64::from(tokens) * u64::from(heads) * u64::from(axes) * u64::from(a.n_rot / 2),
+    )?;
+    let l = a.x.layout4();
+    let params = RopeAxesParams {
+        pairs,
+        heads,
+        head_dim,
+        axes,
+        n_rot: a.n_rot,
+        x0: l.strides[1],
+        x1: l.strides[2],
+        x2: l.strides[3],
+        x_at: l.offset,
+        base: a.base,
+        freq_scale: a.freq_scale,
+    };
+    let source = ShaderSource::new("rope_axes", &[ROPE_AXES_WGSL])
+        .flag_if(a.pairs == RopePairs::Interleaved, "INTERLEAVED")
+        .flag_if(a.freq_factors.is_some(), "FREQ_FACTORS");
+    ctx.dispatch(
+        "rope_axes",
+        ctx.pipeline(&source),
+        &[
+            Bind::Storage(a.x.view()),
+            Bind::Storage(a.positions.view()),
+            Bind::Params(Params::of(&params)),
+            a.freq_factors
+                .map_or(Bind::Skip, |f| Bind::Storage(f.view())),
+        ],
+        grid(ctx, pairs.div_ceil(256), 1),
+    )
+}

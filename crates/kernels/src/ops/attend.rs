@@ -1,0 +1,176 @@
+//! Attention over key and value tensors (with or without a cache) under a mask mode: causal
+//! with an optional window, full, DiffusionGemma's canvas, bidirectional spans (images), and
+//! local (the audio conformer's chunked attention), with an optional relative-position term
+//! and logit softcap. Grouped-query heads everywhere.
+
+use super::*;
+
+const ATTEND_WGSL: &str = include_str!("../wgsl/attend.wgsl");
+
+/// Which keys a query sees. Positions: query row `i` is at `q_pos0 + i`, key `j` at `j`.
+#[derive(Clone, Copy, Debug)]
+pub enum Mask<'a> {
+    /// Keys at or before the query, within `window` positions of it when given.
+    Causal { window: Option<u32> },
+    /// Every key.
+    Full,
+    /// Rows before `prefix` causal (windowed when `window` is given); rows from `prefix` on (the
+    /// canvas) see every key from `prefix` on and the prefix's keys, only its last
+    /// `window - 1` when `window` is given.
+    Canvas { prefix: u32, window: Option<u32> },
+    /// Causal (windowed when given), and bidirectional among the positions of one span: `span`
+    /// holds a u32 per position, 0 outside every span, else the span's id.
+    Spans {
+        span: &'a Tensor,
+        window: Option<u32>,
+    },
+    /// Keys with `-ahead <= query - key <= back`. Chunked local attention (queries in chunks,
+    /// each seeing its chunk and `back` keys before it) masks the same keys when every query
+    /// is limited to `back` keys back, as the audio conformer's is.
+    Local { back: u32, ahead: u32 },
+}
+
+impl Mask<'_> {
+    /// The flag and the (window, prefix, back, ahead) parameters: the one place a mask mode
+    /// becomes WGSL.
+    fn flag_and_params(&self) -> (&'static str, [u32; 4]) {
+        let w = |window: &Option<u32>| window.unwrap_or(0);
+        match self {
+            Self::Causal { window } => ("CAUSAL", [w(window), 0, 0, 0]),
+            Self::Full => ("FULL", [0; 4]),
+            Self::Canvas { prefix, window } => ("CANVAS", [w(window), *prefix, 0, 0]),
+            Self::Spans { window, .. } => ("SPANS", [w(window), 0, 0, 0]),
+            Self::Local { back, ahead } => ("LOCAL", [0, 0, *back, *ahead]),
+        }
+    }
+}
+
+/// Inputs of [`attend`]. `q` is `[tq, heads, d]`, `k` and `v` `[tk, kv_heads, d]`, `out`
+/// `[tq, heads, d]`, all of any layout; `relative`, `[rel_len, heads, d]`, adds `q . r[query -
+/// key]` to the logit for distances below `rel_len`.
+pub struct Attend<'a> {
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+    pub mask: Mask<'a>,
+    /// Position of query row 0.
+    pub q_pos0: u32,
+    pub scale: f32,
+    /// `c * tanh(logit / c)` when positive.
+    pub softcap: f32,
+    pub relative: Option<&'a Tensor>,
+}
+
+fn check_attend(a: &Attend<'_>, out: &Tensor) -> Result<(), GpuError> {
+    for (what, t) in [("q", a.q), ("k", a.k), ("v", a.v), ("out", out)] {
+        t.expect_dtype(what, DType::F32)?;
+        if t.rank() != 3 {
+            return Err(shape(format!("attend {what}: {:?} is not 3-D", t.dims())));
+        }
+    }
+    let [tq, heads, d] = [a.q.dim(0), a.q.dim(1), a.q.dim(2)];
+    let [tk, kv_heads] = [a.k.dim(0), a.k.dim(1)];
+    a.k.expect_dims("attend k", &[tk, kv_heads, d])?;
+    a.v.expect_dims("attend v", &[tk, kv_heads, d])?;
+    out.expect_dims("attend out", &[tq, heads, d])?;
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) || d == 0 || d > MAX_HEAD_DIM {
+        return Err(shape(format!(
+            "attend: {heads} query heads over {kv_heads} KV heads of dimension {d} (at most {MAX_HEAD_DIM})"
+        )));
+    }
+    if [a.q, a.k, a.v].iter().any(|t| t.shares_buffer(out)) {
+        return Err(shape("attend: an input shares the output's buffer".into()));
+    }
+    if let Some(r) = a.relative {
+        r.expect_dtype("attend relative", DType::F32)?;
+        if r.rank() != 3 || r.dim(1) != heads || r.dim(2) != d {
+            return Err(shape(format!(
+                "attend relative: {:?}, expected [len, {heads}, {d}]",
+                r.dims()
+            )));
+        }
+    }
+    if let Mask::Spans { span, .. } = a.mask {
+        span.expect_dtype("attend spans", DType::U32)?;
+        let positions = u64::from(a.q_pos0) + u64::from(tq);
+        if span.rank() != 1
+            || !span.is_contiguous()
+            || u64::from(span.dim(0)) < positions.max(u64::from(tk))
+        {
+            return Err(shape(format!(
+                "attend spans: {:?} for positions up to {}",
+                span.dims(),
+                positions.max(u64::from(tk))
+            )));
+        }
+        if span.offset() != 0 {
+            return Err(shape("attend spans: must start at its view".into()));
+        }
+    }
+    Ok(())
+}
+
+/// The attention dispatch: one workgroup per (query, head).
+pub fn attend(ctx: &GpuContext, a: &Attend<'_>, out: &Tensor) -> Result<Dispatch, GpuError> {
+    check_attend(a, out)?;
+    let (flag, [window, prefix, back, ahead]) = a.mask.flag_and_params();
+    let [ql, kl, vl, ol] = [a.q, a.k, a.v, out].map(Tensor::layout4);
+    let rl = a.relative.map_or(ql, Tensor::layout4);
+    let params = AttendParams {
+        tq: a.q.dim(0),
+        tk: a.k.dim(0),
+        heads: a.q.dim(1),
+        kv_heads: a.k.dim(1),
+        d: a.q.dim(2),
+        q_pos0: a.q_pos0,
+        window,
+        prefix,
+        back,
+        ahead,
+        rel_len: a.relative.map_or(0, |r| r.dim(0)),
+        scale: a.scale,
+        softcap: a.softcap,
+        q0: ql.strides[1],
+        q1: ql.strides[2],
+        q2: ql.strides[3],
+        q_at: ql.offset,
+        k0: kl.strides[1],
+        k1: kl.strides[2],
+        k2: kl.strides[3],
+        k_at: kl.offset,
+        v0: vl.strides[1],
+        v1: vl.strides[2],
+        v2: vl.strides[3],
+        v_at: vl.offset,
+        o0: ol.strides[1],
+        o1: ol.strides[2],
+        o2: ol.strides[3],
+        o_at: ol.offset,
+        r0: rl.strides[1],
+        r1: rl.strides[2],
+        r2: rl.strides[3],
+        r_at: rl.offset,
+    };
+    let source = ShaderSource::new("attend", &[REDUCE_WGSL, ATTEND_WGSL])
+        .flag(flag)
+        .flag_if(a.relative.is_some(), "RELATIVE");
+    let span = match a.mask {
+        Mask::Spans { span, .. } => Bind::Storage(span.view()),
+        _ => Bind::Skip,
+    };
+    let items = params.tq * params.heads;
+    ctx.dispatch(
+        "attend",
+        ctx.pipeline(&source),
+        &[
+            Bind::Storage(a.q.view()),
+            Bind::Storage(a.k.view()),
+            Bind::Storage(a.v.view()),
+            Bind::Storage(out.view()),
+            Bind::Params(Params::of(&params)),
+            span,
+            a.relative.map_or(Bind::Skip, |r| Bind::Storage(r.view())),
+        ],
+        grid(ctx, items, 1),
+    )
+}

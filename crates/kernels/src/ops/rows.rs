@@ -1,0 +1,143 @@
+//! Operations along each row (the last dimension) of a tensor of any layout: LayerNorm,
+//! RMSNorm (with or without weight and bias), softmax, and per-row statistics of logits.
+
+use super::layout::{Input, count, expect_vector};
+use super::*;
+
+const ROWS_WGSL: &str = include_str!("../wgsl/rows.wgsl");
+const ROW_STATS_WGSL: &str = include_str!("../wgsl/row_stats.wgsl");
+
+/// What [`rows`] computes along each row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RowOp {
+    /// `(x - mean) / sqrt(var + eps)`
+    LayerNorm { eps: f32 },
+    /// `x / sqrt(mean(x²) + eps)`
+    RmsNorm { eps: f32 },
+    /// `softmax(x * scale)`
+    Softmax { scale: f32 },
+}
+
+impl RowOp {
+    /// The kernel's flag: RMSNorm is the variant without one.
+    fn flag(self) -> Option<&'static str> {
+        match self {
+            Self::LayerNorm { .. } => Some("LAYER_NORM"),
+            Self::RmsNorm { .. } => None,
+            Self::Softmax { .. } => Some("SOFTMAX"),
+        }
+    }
+}
+
+/// Per-column factors after a norm: `y = norm(x) * weight + bias`, each optional (rows of
+/// the norm's length, contiguous).
+#[derive(Clone, Copy, Default)]
+pub struct Affine<'a> {
+    pub weight: Option<&'a Tensor>,
+    pub bias: Option<&'a Tensor>,
+}
+
+/// `op` along the last dimension of `x` into `y` (same shape; `x` may be `y` itself). Every
+/// row takes one workgroup.
+pub fn rows(
+    ctx: &GpuContext,
+    op: RowOp,
+    affine: Affine<'_>,
+    x: &Tensor,
+    y: &Tensor,
+) -> Result<Dispatch, GpuError> {
+    y.expect_dtype("rows y", DType::F32)?;
+    x.expect_dims("rows x", y.dims())?;
+    let xi = Input::of("rows x", x, y)?;
+    let n = y.dim(-1);
+    let rows = count("rows", y.numel() / u64::from(n.max(1)))?;
+    if matches!(op, RowOp::Softmax { .. }) && (affine.weight.is_some() || affine.bias.is_some()) {
+        return Err(shape("softmax takes no weight or bias".into()));
+    }
+    for (what, t) in [("rows weight", affine.weight), ("rows bias", affine.bias)] {
+        if let Some(t) = t {
+            expect_vector(what, t, n)?;
+        }
+    }
+    let (eps, scale) = match op {
+        RowOp::LayerNorm { eps } | RowOp::RmsNorm { eps } => (eps, 0.0),
+        RowOp::Softmax { scale } => (0.0, scale),
+    };
+    let source = ShaderSource::new("rows", &[REDUCE_WGSL, ROWS_WGSL])
+        .flag_if(op.flag().is_some(), op.flag().unwrap_or_default())
+        .flag_if(xi.in_output(), "X_IN_Y")
+        .flag_if(affine.weight.is_some(), "WEIGHT")
+        .flag_if(affine.bias.is_some(), "BIAS");
+    let (xl, yl) = (xi.layout(y), y.layout4());
+    let params = RowsParams {
+        rows,
+        n,
+        r1: yl.dims[1],
+        r2: yl.dims[2],
+        x0: xl.strides[0],
+        x1: xl.strides[1],
+        x2: xl.strides[2],
+        x3: xl.strides[3],
+        x_at: xl.offset,
+        y0: yl.strides[0],
+        y1: yl.strides[1],
+        y2: yl.strides[2],
+        y3: yl.strides[3],
+        y_at: yl.offset,
+        w_at: affine.weight.map_or(0, Tensor::offset),
+        bias_at: affine.bias.map_or(0, Tensor::offset),
+        eps,
+        scale,
+    };
+    let binds = [
+        xi.bind(),
+        Bind::Storage(y.view()),
+        Bind::Params(Params::of(&params)),
+        affine
+            .weight
+            .map_or(Bind::Skip, |t| Bind::Storage(t.view())),
+        affine.bias.map_or(Bind::Skip, |t| Bind::Storage(t.view())),
+    ];
+    ctx.dispatch("rows", ctx.pipeline(&source), &binds, grid(ctx, rows, 1))
+}
+
+/// Per row of `logits` (`[rows, n]`, any layout): `out[r] = (argmax as u32 bits, max,
+/// log-sum-exp, entropy)` of `softmax(logits[r] / temperature)`; `out` holds `4 * rows` f32.
+/// What an entropy-bound sampler needs of every row at once.
+pub fn row_stats(
+    ctx: &GpuContext,
+    logits: &Tensor,
+    temperature: f32,
+    out: &Tensor,
+) -> Result<Dispatch, GpuError> {
+    logits.expect_dtype("row_stats logits", DType::F32)?;
+    if logits.rank() != 2 || temperature.is_nan() || temperature <= 0.0 {
+        return Err(shape(format!(
+            "row_stats: logits {:?} at temperature {temperature}: 2-D logits and a positive temperature",
+            logits.dims()
+        )));
+    }
+    let rows = logits.dim(0);
+    expect_vector("row_stats out", out, rows * 4)?;
+    let l = logits.layout4();
+    let params = RowStatsParams {
+        rows,
+        n: logits.dim(1),
+        x0: l.strides[2],
+        x1: l.strides[3],
+        x_at: l.offset,
+        out_at: out.offset(),
+        inv_temp: 1.0 / temperature,
+    };
+    let source = ShaderSource::new("row_stats", &[REDUCE_WGSL, ROW_STATS_WGSL]);
+    ctx.dispatch(
+        "row_stats",
+        ctx.pipeline(&source),
+        &[
+            Bind::Storage(logits.view()),
+            Bind::Storage(out.view()),
+            Bind::Params(Params::of(&params)),
+        ],
+        grid(ctx, rows, 1),
+    )
+}

@@ -1,0 +1,102 @@
+// Per-row operations over the last dimension of a tensor of any layout, one workgroup a row:
+// LAYER_NORM ((x - mean) / sqrt(var + eps)), else RMSNorm (x / sqrt(mean(x^2) + eps)), each then
+// times `w` (WEIGHT) and plus `bias` (BIAS); or SOFTMAX of x * scale. Rows are numbered
+// row-major over the first three of the four sizes. X_IN_Y: x lives in y's buffer.
+
+struct Params {
+    rows: u32,
+    n: u32,
+    r1: u32,
+    r2: u32,
+    x0: u32,
+    x1: u32,
+    x2: u32,
+    x3: u32,
+    x_at: u32,
+    y0: u32,
+    y1: u32,
+    y2: u32,
+    y3: u32,
+    y_at: u32,
+    w_at: u32,
+    bias_at: u32,
+    eps: f32,
+    scale: f32,
+}
+
+#if !X_IN_Y
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+#endif
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<uniform> p: Params;
+#if WEIGHT
+@group(0) @binding(3) var<storage, read> w: array<f32>;
+#endif
+#if BIAS
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+#endif
+
+fn read_x(o: u32) -> f32 {
+#if X_IN_Y
+    return y[o];
+#else
+    return x[o];
+#endif
+}
+
+@compute @workgroup_size(256)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let i2 = row % p.r2;
+    let i1 = (row / p.r2) % p.r1;
+    let i0 = row / (p.r2 * p.r1);
+    let xb = p.x_at + i0 * p.x0 + i1 * p.x1 + i2 * p.x2;
+    let yb = p.y_at + i0 * p.y0 + i1 * p.y1 + i2 * p.y2;
+#if SOFTMAX
+    var m = -3.0e38;
+    for (var c = li; c < p.n; c += 256u) {
+        m = max(m, read_x(xb + c * p.x3) * p.scale);
+    }
+    m = wg_max(m, li);
+    var s = 0.0;
+    for (var c = li; c < p.n; c += 256u) {
+        s += exp(read_x(xb + c * p.x3) * p.scale - m);
+    }
+    let inv = 1.0 / wg_sum(s, li);
+    for (var c = li; c < p.n; c += 256u) {
+        y[yb + c * p.y3] = exp(read_x(xb + c * p.x3) * p.scale - m) * inv;
+    }
+#else
+    var mean = 0.0;
+#if LAYER_NORM
+    var s = 0.0;
+    for (var c = li; c < p.n; c += 256u) {
+        s += read_x(xb + c * p.x3);
+    }
+    mean = wg_sum(s, li) / f32(p.n);
+#endif
+    var ss = 0.0;
+    for (var c = li; c < p.n; c += 256u) {
+        let d = read_x(xb + c * p.x3) - mean;
+        ss += d * d;
+    }
+    let inv = inverseSqrt(wg_sum(ss, li) / f32(p.n) + p.eps);
+    for (var c = li; c < p.n; c += 256u) {
+        var v = (read_x(xb + c * p.x3) - mean) * inv;
+#if WEIGHT
+        v *= w[p.w_at + c];
+#endif
+#if BIAS
+        v += bias[p.bias_at + c];
+#endif
+        y[yb + c * p.y3] = v;
+    }
+#endif
+}

@@ -1,0 +1,612 @@
+//! The general ops (tensors of any layout) against their CPU references.
+
+use super::*;
+use wgemma_kernels::ops::{
+    Activation, Affine, Attend, Binary, Mask, Product, RopeAxes, RopePairs, RowOp, Window2d,
+};
+use wgemma_kernels::{DType, Tensor};
+
+/// A contiguous f32 tensor of random values, and the values.
+fn random(ctx: &GpuContext, rng: &mut Rng, dims: &[u32]) -> (Tensor, Vec<f32>) {
+    let n: u32 = dims.iter().product();
+    let data = rng.vec(n as usize, 1.0);
+    (Tensor::new(&upload(ctx, &data), dims).unwrap(), data)
+}
+
+/// A contiguous f32 tensor of NaN.
+fn nan_tensor(ctx: &GpuContext, dims: &[u32]) -> Tensor {
+    let n: u32 = dims.iter().product();
+    Tensor::new(&poisoned(ctx, n as usize), dims).unwrap()
+}
+
+/// The tensor's logical elements as the CPU references take them.
+fn logical(ctx: &GpuContext, t: &Tensor) -> Vec<f32> {
+    cpu::gather(&read(ctx, t.view()), t.dims(), t.strides(), t.offset())
+}
+
+const ACTIVATIONS: [Activation; 9] = [
+    Activation::Identity,
+    Activation::GeluTanh,
+    Activation::GeluErf,
+    Activation::QuickGelu,
+    Activation::Silu,
+    Activation::Relu,
+    Activation::Sigmoid,
+    Activation::Clamp {
+        min: -0.3,
+        max: 0.45,
+    },
+    Activation::Scale(-1.75),
+];
+
+#[test]
+fn pointwise_ops_match_cpu_over_strided_and_broadcast_layouts() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x51ed_2701_9a3c_44f1);
+    // A transposed input: y[i, j] = act(a[j, i]), values spread to ±4 to reach the tails.
+    let data: Vec<f32> = rng.vec(7 * 13, 4.0);
+    let a = Tensor::new(&upload(ctx, &data), &[7, 13]).unwrap();
+    let at = a.transpose(0, 1).unwrap();
+    for act in ACTIVATIONS {
+        let y = nan_tensor(ctx, &[13, 7]);
+        run(ctx, &[&ops::unary(ctx, act, &at, &y).unwrap()]);
+        let want: Vec<f32> = logical(ctx, &at)
+            .iter()
+            .map(|&v| cpu::activation(act, v))
+            .collect();
+        assert_close(&format!("{act:?}"), &read(ctx, y.view()), &want, 2e-6);
+    }
+    // Binary ops with a broadcast row, into a column slice of a wider output.
+    let (a, ad) = random(ctx, &mut rng, &[3, 5, 9]);
+    let (b, bd) = random(ctx, &mut rng, &[9]);
+    for op in [
+        Binary::Add,
+        Binary::Sub,
+        Binary::Mul,
+        Binary::Gated(Activation::Sigmoid),
+        Binary::Gated(Activation::GeluTanh),
+    ] {
+        let wide = nan_tensor(ctx, &[3, 5, 20]);
+        let y = wide.narrow(2, 4, 9).unwrap();
+        run(ctx, &[&ops::binary(ctx, op, &a, &b, &y).unwrap()]);
+        let want: Vec<f32> = ad
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| cpu::binary(op, v, bd[i % 9]))
+            .collect();
+        assert_close(&format!("{op:?}"), &logical(ctx, &y), &want, 2e-6);
+        let untouched = read(ctx, wide.view());
+        assert!(
+            untouched[0].is_nan() && untouched[19].is_nan(),
+            "{op:?} wrote outside its slice"
+        );
+    }
+    // In place: y += b, and the GLU of a row's two halves.
+    let (y, yd) = random(ctx, &mut rng, &[4, 6]);
+    let (b, bd) = random(ctx, &mut rng, &[4, 6]);
+    run(ctx, &[&ops::binary(ctx, Binary::Add, &y, &b, &y).unwrap()]);
+    let want: Vec<f32> = yd.iter().zip(&bd).map(|(a, b)| a + b).collect();
+    assert_close("in-place add", &read(ctx, y.view()), &want, 1e-6);
+    let (x, xd) = random(ctx, &mut rng, &[5, 22]);
+    let out = nan_tensor(ctx, &[5, 11]);
+    let (first, second) = (x.narrow(1, 0, 11).unwrap(), x.narrow(1, 11, 11).unwrap());
+    run(
+        ctx,
+        &[&ops::binary(
+            ctx,
+            Binary::Gated(Activation::Sigmoid),
+            &second,
+            &first,
+            &out,
+        )
+        .unwrap()],
+    );
+    let want: Vec<f32> = (0..55)
+        .map(|i| {
+            xd[(i / 11) * 22 + i % 11]
+                * cpu::activation(Activation::Sigmoid, xd[(i / 11) * 22 + 11 + i % 11])
+        })
+        .collect();
+    assert_close("glu", &read(ctx, out.view()), &want, 2e-6);
+    // Reading one buffer in another layout than the output's would race: refused.
+    assert!(
+        ops::unary(
+            ctx,
+            Activation::Relu,
+            &x.narrow(1, 1, 11).unwrap(),
+            &x.narrow(1, 0, 11).unwrap()
+        )
+        .is_err()
+    );
+    assert!(ops::binary(ctx, Binary::Add, &a, &b, &nan_tensor(ctx, &[3, 5, 8])).is_err());
+}
+
+#[test]
+fn norms_and_softmax_match_cpu_along_rows_of_any_layout() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x0dd5_eed5_1234_5678);
+    for n in [1u32, 37, 300, 1000] {
+        let rows = 5u32;
+        // x is stored [n, rows] and read transposed: each row is strided.
+        let (stored, sd) = random(ctx, &mut rng, &[n, rows]);
+        let x = stored.transpose(0, 1).unwrap();
+        let xd = cpu::gather(&sd, x.dims(), x.strides(), 0);
+        let (w, wd) = random(ctx, &mut rng, &[n]);
+        let (b, bd) = random(ctx, &mut rng, &[n]);
+        let cases: [(RowOp, Affine<'_>, Vec<f32>); 5] = [
+            (
+                RowOp::LayerNorm { eps: 1e-6 },
+                Affine {
+                    weight: Some(&w),
+                    bias: Some(&b),
+                },
+                cpu::layer_norm(&xd, n as usize, Some(&wd), Some(&bd), 1e-6),
+            ),
+            (
+                RowOp::LayerNorm { eps: 1e-5 },
+                Affine::default(),
+                cpu::layer_norm(&xd, n as usize, None, None, 1e-5),
+            ),
+            (
+                RowOp::RmsNorm { eps: 1e-6 },
+                Affine {
+                    weight: Some(&w),
+                    bias: None,
+                },
+                cpu::rms_norm(&xd, n as usize, Some(&wd), 1e-6),
+            ),
+            (
+                RowOp::RmsNorm { eps: 1e-6 },
+                Affine::default(),
+                cpu::rms_norm(&xd, n as usize, None, 1e-6),
+            ),
+            (
+                RowOp::Softmax { scale: 1.7 },
+                Affine::default(),
+                cpu::softmax(&xd, n as usize, 1.7),
+            ),
+        ];
+        for (op, affine, want) in cases {
+            let y = nan_tensor(ctx, &[rows, n]);
+            run(ctx, &[&ops::rows(ctx, op, affine, &x, &y).unwrap()]);
+            // LayerNorm of one value is 0 (its own mean): compare absolutely there.
+            let tol = if n == 1 { 1e-3 } else { 1e-5 };
+            assert_close(&format!("{op:?} n={n}"), &read(ctx, y.view()), &want, tol);
+        }
+    }
+    // In place over a 3-D tensor (per-head norms are rows of the last dimension).
+    let (y, yd) = random(ctx, &mut rng, &[3, 4, 24]);
+    run(
+        ctx,
+        &[&ops::rows(ctx, RowOp::RmsNorm { eps: 1e-6 }, Affine::default(), &y, &y).unwrap()],
+    );
+    assert_close(
+        "in-place rms",
+        &read(ctx, y.view()),
+        &cpu::rms_norm(&yd, 24, None, 1e-6),
+        1e-5,
+    );
+    let (w, _) = random(ctx, &mut rng, &[23]);
+    let bad = Affine {
+        weight: Some(&w),
+        bias: None,
+    };
+    assert!(ops::rows(ctx, RowOp::LayerNorm { eps: 1e-6 }, bad, &y, &y).is_err());
+}
+
+#[test]
+fn row_stats_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x7777_1234_abcd_0001);
+    for (rows, n) in [(1u32, 7u32), (3, 1000), (4, 5003)] {
+        let (x, mut xd) = random(ctx, &mut rng, &[rows, n]);
+        // A tie for the maximum in row 0: the first index wins.
+        let (arg, max) = cpu::argmax(&xd[..n as usize]);
+        if n > 4 {
+            let dup = (arg as usize + 3) % n as usize;
+            xd[dup.max(arg as usize)] = max;
+            xd[dup.min(arg as usize)] = max;
+            ctx.write(&x.view().buffer, 0, bytemuck::cast_slice(&xd));
+        }
+        let out = nan_tensor(ctx, &[rows * 4]);
+        run(ctx, &[&ops::row_stats(ctx, &x, 0.7, &out).unwrap()]);
+        let got = read(ctx, out.view());
+        for (r, want) in cpu::row_stats(&xd, n as usize, 0.7).into_iter().enumerate() {
+            let g = &got[r * 4..][..4];
+            assert_eq!(g[0].to_bits(), want.0, "row {r} of {n}: argmax");
+            assert_eq!(g[1], want.1, "row {r}: max");
+            assert!(
+                (g[2] - want.2).abs() < 1e-4 && (g[3] - want.3).abs() < 1e-4,
+                "row {r} of {n}: {g:?} vs {want:?}"
+            );
+        }
+    }
+    let (x, _) = random(ctx, &mut rng, &[2, 9]);
+    assert!(ops::row_stats(ctx, &x, 0.0, &nan_tensor(ctx, &[8])).is_err());
+}
+
+#[test]
+fn products_of_activations_match_cpu_with_transposes_batches_and_bias() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x1357_9bdf_2468_ace0);
+    let s = cpu::ProductShape {
+        batch: 3,
+        m: 17,
+        n: 19,
+        k: 33,
+    };
+    // a stored [batch, k, m] and read transposed; bt one [n, k] matrix shared by the batch.
+    let (a_stored, ad) = random(ctx, &mut rng, &[3, 33, 17]);
+    let a = a_stored.transpose(1, 2).unwrap();
+    let (b_one, bd) = random(ctx, &mut rng, &[1, 19, 33]);
+    let bt = b_one.broadcast(&[3, 19, 33]).unwrap();
+    let (bias, biasd) = random(ctx, &mut rng, &[19]);
+    let y = nan_tensor(ctx, &[3, 17, 19]);
+    let p = Product {
+        a: &a,
+        bt: &bt,
+        bias: Some(&bias),
+        alpha: 0.6,
+    };
+    run(ctx, &[&ops::product(ctx, &p, &y).unwrap()]);
+    let a_logical = cpu::gather(&ad, a.dims(), a.strides(), 0);
+    let b_logical: Vec<f32> = (0..3).flat_map(|_| bd.clone()).collect();
+    let want = cpu::product(s, &a_logical, &b_logical, Some(&biasd), 0.6);
+    assert_close("product", &read(ctx, y.view()), &want, 1e-5);
+    let wrong = Product {
+        a: &a,
+        bt: &a,
+        bias: None,
+        alpha: 1.0,
+    };
+    assert!(ops::product(ctx, &wrong, &y).is_err());
+}
+
+#[test]
+fn convolutions_and_pooling_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x2468_1357_fdb9_7531);
+    // Conv2d 3x3 stride 2 pad 1 (the audio front end) over an input held channels-last.
+    let (c, h, w, out) = (3u32, 11u32, 9u32, 5u32);
+    let (hwc, hwc_d) = random(ctx, &mut rng, &[h, w, c]);
+    let x = hwc.permute(&[2, 0, 1]).unwrap();
+    let xd = cpu::gather(&hwc_d, x.dims(), x.strides(), 0);
+    let win = Window2d {
+        kernel: [3, 3],
+        stride: [2, 2],
+        pad: [1, 1],
+    };
+    let [oh, ow] = win.output([h, w]).unwrap();
+    let cols = nan_tensor(ctx, &[oh * ow, c * 9]);
+    let (weight, wd) = random(ctx, &mut rng, &[1, out, c * 9]);
+    let y = nan_tensor(ctx, &[1, oh * ow, out]);
+    let p = Product {
+        a: &cols.reshape(&[1, oh * ow, c * 9]).unwrap(),
+        bt: &weight,
+        bias: None,
+        alpha: 1.0,
+    };
+    run(
+        ctx,
+        &[
+            &ops::im2col(ctx, &x, win, &cols).unwrap(),
+            &ops::product(ctx, &p, &y).unwrap(),
+        ],
+    );
+    let want = cpu::conv2d(
+        &xd,
+        [c as usize, h as usize, w as usize],
+        &wd,
+        out as usize,
+        win,
+    );
+    assert_close("conv2d", &read(ctx, y.view()), &want, 1e-5);
+
+    // Causal depthwise conv1d over a column slice, with and without bias.
+    let (t, ch, k) = (13u32, 6u32, 5u32);
+    let (wide, wide_d) = random(ctx, &mut rng, &[t, ch + 3]);
+    let x = wide.narrow(1, 2, ch).unwrap();
+    let xd = cpu::gather(&wide_d, x.dims(), x.strides(), x.offset());
+    let (wk, wkd) = random(ctx, &mut rng, &[ch, k]);
+    let (bias, bd) = random(ctx, &mut rng, &[ch]);
+    for b in [None, Some((&bias, &bd))] {
+        let y = nan_tensor(ctx, &[t, ch]);
+        run(
+            ctx,
+            &[&ops::depthwise_conv1d(ctx, &x, &wk, b.map(|b| b.0), &y).unwrap()],
+        );
+        let want = cpu::depthwise_conv1d(
+            &xd,
+            ch as usize,
+            &wkd,
+            k as usize,
+            b.map(|b| b.1.as_slice()),
+        );
+        assert_close("depthwise", &read(ctx, y.view()), &want, 1e-5);
+    }
+
+    // Average pooling: the vision tower's 3x3 blocks, and an overlapping 2x2 window.
+    let (x, xd) = random(ctx, &mut rng, &[7, 10, 5]);
+    for win in [
+        Window2d {
+            kernel: [3, 3],
+            stride: [3, 3],
+            pad: [0, 0],
+        },
+        Window2d {
+            kernel: [2, 2],
+            stride: [1, 1],
+            pad: [0, 0],
+        },
+    ] {
+        let [oh, ow] = win.output([7, 10]).unwrap();
+        let y = nan_tensor(ctx, &[oh, ow, 5]);
+        run(ctx, &[&ops::avg_pool2d(ctx, &x, win, &y).unwrap()]);
+        assert_close(
+            &format!("pool {win:?}"),
+            &read(ctx, y.view()),
+            &cpu::avg_pool2d(&xd, [7, 10, 5], win),
+            1e-6,
+        );
+    }
+    let huge = Window2d {
+        kernel: [9, 9],
+        stride: [1, 1],
+        pad: [0, 0],
+    };
+    assert!(ops::avg_pool2d(ctx, &x, huge, &nan_tensor(ctx, &[1, 1, 5])).is_err());
+}
+
+/// One attention case: the mask, the CPU's visibility rule, and sizes.
+struct AttendCase<'a> {
+    name: &'static str,
+    mask: Mask<'a>,
+    visible: Box<dyn Fn(usize, usize) -> bool + 'a>,
+    tq: u32,
+    tk: u32,
+    q_pos0: u32,
+    d: u32,
+    softcap: f32,
+    relative: bool,
+}
+
+fn check_attend_case(ctx: &GpuContext, rng: &mut Rng, c: AttendCase<'_>) {
+    let (heads, kv_heads) = (4u32, 2u32);
+    // q stored [heads, tq, d] and read as [tq, heads, d]: a strided query.
+    let (q_stored, q_d) = random(ctx, rng, &[heads, c.tq, c.d]);
+    let q = q_stored.permute(&[1, 0, 2]).unwrap();
+    let qd = cpu::gather(&q_d, q.dims(), q.strides(), 0);
+    let (k, kd) = random(ctx, rng, &[c.tk, kv_heads, c.d]);
+    let (v, vd) = random(ctx, rng, &[c.tk, kv_heads, c.d]);
+    let (r, rd) = random(ctx, rng, &[13, heads, c.d]);
+    let out = nan_tensor(ctx, &[c.tq, heads, c.d]);
+    let scale = 1.0 / (c.d as f32).sqrt();
+    let a = Attend {
+        q: &q,
+        k: &k,
+        v: &v,
+        mask: c.mask,
+        q_pos0: c.q_pos0,
+        scale,
+        softcap: c.softcap,
+        relative: c.relative.then_some(&r),
+    };
+    run(ctx, &[&ops::attend(ctx, &a, &out).unwrap()]);
+    let reference = cpu::AttendRef {
+        q: &qd,
+        k: &kd,
+        v: &vd,
+        heads: heads as usize,
+        kv_heads: kv_heads as usize,
+        d: c.d as usize,
+        q_pos0: c.q_pos0 as usize,
+        scale,
+        softcap: c.softcap,
+        relative: c.relative.then_some(rd.as_slice()),
+    };
+    let want = cpu::attend(&reference, &c.visible);
+    assert_close(c.name, &read(ctx, out.view()), &want, 2e-5);
+}
+
+#[test]
+fn attention_matches_cpu_in_every_mask_mode() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0xa77e_4d00_1111_2222);
+    let causal = |w: usize| move |q: usize, k: usize| k <= q && (w == 0 || q - k < w);
+    // Span ids per position: an "image" at 6..15, another at 20..23.
+    let spans: Vec<u32> = (0..40u32)
+        .map(|p| match p {
+            6..=14 => 1,
+            20..=22 => 2,
+            _ => 0,
+        })
+        .collect();
+    let span = Tensor::of(&upload_u32(ctx, &spans), DType::U32, &[40]).unwrap();
+    let sp = spans.clone();
+    let canvas = |prefix: usize, w: usize| {
+        move |q: usize, k: usize| {
+            if q < prefix {
+                k <= q && (w == 0 || q - k < w)
+            } else {
+                k >= prefix || w == 0 || k + w > prefix
+            }
+        }
+    };
+    let cases = vec![
+        AttendCase {
+            name: "causal, cached prefix",
+            mask: Mask::Causal { window: None },
+            visible: Box::new(causal(0)),
+            tq: 9,
+            tk: 30,
+            q_pos0: 21,
+            d: 40,
+            softcap: 0.0,
+            relative: false,
+        },
+        AttendCase {
+            name: "causal window 7",
+            mask: Mask::Causal { window: Some(7) },
+            visible: Box::new(causal(7)),
+            tq: 19,
+            tk: 19,
+            q_pos0: 0,
+            d: 40,
+            softcap: 0.0,
+            relative: false,
+        },
+        AttendCase {
+            name: "full, 300 keys, head 300",
+            mask: Mask::Full,
+            visible: Box::new(|_, _| true),
+            tq: 5,
+            tk: 300,
+            q_pos0: 0,
+            d: 300,
+            softcap: 0.0,
+            relative: false,
+        },
+        AttendCase {
+            name: "canvas",
+            mask: Mask::Canvas {
+                prefix: 11,
+                window: None,
+            },
+            visible: Box::new(canvas(11, 0)),
+            tq: 30,
+            tk: 30,
+            q_pos0: 0,
+            d: 24,
+            softcap: 0.0,
+            relative: false,
+        },
+        AttendCase {
+            name: "canvas, window 5",
+            mask: Mask::Canvas {
+                prefix: 11,
+                window: Some(5),
+            },
+            visible: Box::new(canvas(11, 5)),
+            tq: 30,
+            tk: 30,
+            q_pos0: 0,
+            d: 24,
+            softcap: 0.0,
+            relative: false,
+        },
+        AttendCase {
+            name: "spans, window 4",
+            mask: Mask::Spans {
+                span: &span,
+                window: Some(4),
+            },
+            visible: Box::new(move |q, k| (k <= q && q - k < 4) || (sp[q] != 0 && sp[q] == sp[k])),
+            tq: 40,
+            tk: 40,
+            q_pos0: 0,
+            d: 16,
+            softcap: 0.0,
+            relative: false,
+        },
+        AttendCase {
+            name: "local with relative term and softcap",
+            mask: Mask::Local { back: 12, ahead: 0 },
+            visible: Box::new(|q, k| k <= q && q - k <= 12),
+            tq: 37,
+            tk: 37,
+            q_pos0: 0,
+            d: 32,
+            softcap: 5.0,
+            relative: true,
+        },
+        AttendCase {
+            name: "local, lookahead 2",
+            mask: Mask::Local { back: 3, ahead: 2 },
+            visible: Box::new(|q, k| k + 3 >= q && k <= q + 2),
+            tq: 17,
+            tk: 17,
+            q_pos0: 0,
+            d: 8,
+            softcap: 0.0,
+            relative: false,
+        },
+    ];
+    for c in cases {
+        check_attend_case(ctx, &mut rng, c);
+    }
+}
+
+#[test]
+fn attention_rejects_mismatched_inputs() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(3);
+    let (q, _) = random(ctx, &mut rng, &[3, 3, 8]);
+    let (k, _) = random(ctx, &mut rng, &[5, 2, 8]);
+    let out = nan_tensor(ctx, &[3, 3, 8]);
+    let a = Attend {
+        q: &q,
+        k: &k,
+        v: &k,
+        mask: Mask::Full,
+        q_pos0: 0,
+        scale: 1.0,
+        softcap: 0.0,
+        relative: None,
+    };
+    assert!(
+        ops::attend(ctx, &a, &out).is_err(),
+        "3 query heads over 2 KV heads"
+    );
+}
+
+#[test]
+fn rope_by_axes_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x0707_0707_3131_3131);
+    let (tokens, heads) = (7u32, 3u32);
+    let cases = [
+        // (head_dim, axes, n_rot, pairs, base, freq factors)
+        (40u32, 1u32, 24u32, RopePairs::Neox, 10000.0f32, true),
+        (40, 1, 40, RopePairs::Interleaved, 500.0, false),
+        (64, 2, 32, RopePairs::Neox, 100.0, false),
+    ];
+    for (head_dim, axes, n_rot, pairs, base, with_ff) in cases {
+        let (x_wide, xd_wide) = random(ctx, &mut rng, &[tokens, heads, head_dim + 4]);
+        let x = x_wide.narrow(2, 4, head_dim).unwrap();
+        let positions: Vec<u32> = (0..tokens * axes).map(|i| (i * 7 + 3) % 23).collect();
+        let pos = Tensor::of(&upload_u32(ctx, &positions), DType::U32, &[tokens, axes]).unwrap();
+        let ffd: Vec<f32> = (0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.37).collect();
+        let ff = Tensor::new(&upload(ctx, &ffd), &[n_rot / 2]).unwrap();
+        let a = RopeAxes {
+            x: &x,
+            positions: &pos,
+            n_rot,
+            pairs,
+            base,
+            freq_scale: 0.9,
+            freq_factors: with_ff.then_some(&ff),
+        };
+        run(ctx, &[&ops::rope_axes(ctx, &a).unwrap()]);
+        let mut want = cpu::gather(&xd_wide, x.dims(), x.strides(), x.offset());
+        let r = cpu::RopeRef {
+            heads: heads as usize,
+            head_dim: head_dim as usize,
+            positions: &positions,
+            axes: axes as usize,
+            n_rot: n_rot as usize,
+            pairs,
+            base,
+            freq_scale: 0.9,
+            freq_factors: with_ff.then_some(ffd.as_slice()),
+        };
+        cpu::rope_axes(&mut want, &r);
+        assert_close(
+            &format!("rope {head_dim}/{axes}/{n_rot} {pairs:?}"),
+            &logical(ctx, &x),
+            &want,
+            2e-5,
+        );
+        let untouched = read(ctx, x_wide.view());
+        assert_eq!(untouched[..4], xd_wide[..4], "rope wrote outside its slice");
+    }
+}
