@@ -57,6 +57,22 @@ fn expect_rank(what: &str, t: &Tensor, rank: usize) -> Result<(), GpuError> {
     Ok(())
 }
 
+/// `p` with x's and y's strides over their last three dimensions and their offsets.
+fn with_io(p: ConvParams, x: &Tensor, y: &Tensor) -> ConvParams {
+    let (xl, yl) = (x.layout4(), y.layout4());
+    ConvParams {
+        x0: xl.strides[1],
+        x1: xl.strides[2],
+        x2: xl.strides[3],
+        x_at: xl.offset,
+        y0: yl.strides[1],
+        y1: yl.strides[2],
+        y2: yl.strides[3],
+        y_at: yl.offset,
+        ..p
+    }
+}
+
 fn conv_dispatch(
     ctx: &GpuContext,
     kind: ConvKind,
@@ -90,29 +106,25 @@ pub fn im2col(
     if x.shares_buffer(cols) {
         return Err(shape("im2col: x shares the output's buffer".into()));
     }
-    let (xl, yl) = (x.layout4(), cols.layout4());
-    let p = ConvParams {
-        n: count("im2col cols", cols.numel())?,
-        c,
-        h,
-        w,
-        oh,
-        ow,
-        kh,
-        kw,
-        sh: window.stride[0],
-        sw: window.stride[1],
-        ph: window.pad[0],
-        pw: window.pad[1],
-        x0: xl.strides[1],
-        x1: xl.strides[2],
-        x2: xl.strides[3],
-        x_at: xl.offset,
-        y1: yl.strides[2],
-        y2: yl.strides[3],
-        y_at: yl.offset,
-        ..ConvParams::default()
-    };
+    let p = with_io(
+        ConvParams {
+            n: count("im2col cols", cols.numel())?,
+            c,
+            h,
+            w,
+            oh,
+            ow,
+            kh,
+            kw,
+            sh: window.stride[0],
+            sw: window.stride[1],
+            ph: window.pad[0],
+            pw: window.pad[1],
+            ..ConvParams::default()
+        },
+        x,
+        cols,
+    );
     let binds = [
         Bind::Storage(x.view()),
         Bind::Storage(cols.view()),
@@ -149,21 +161,18 @@ pub fn depthwise_conv1d(
     if x.shares_buffer(y) {
         return Err(shape("depthwise: x shares the output's buffer".into()));
     }
-    let (xl, yl) = (x.layout4(), y.layout4());
-    let p = ConvParams {
-        n: count("depthwise y", y.numel())?,
-        c,
-        kw: k,
-        x1: xl.strides[2],
-        x2: xl.strides[3],
-        x_at: xl.offset,
-        y1: yl.strides[2],
-        y2: yl.strides[3],
-        y_at: yl.offset,
-        w_at: w.offset(),
-        bias_at: bias.map_or(0, Tensor::offset),
-        ..ConvParams::default()
-    };
+    let p = with_io(
+        ConvParams {
+            n: count("depthwise y", y.numel())?,
+            c,
+            kw: k,
+            w_at: w.offset(),
+            bias_at: bias.map_or(0, Tensor::offset),
+            ..ConvParams::default()
+        },
+        x,
+        y,
+    );
     let binds = [
         Bind::Storage(x.view()),
         Bind::Storage(y.view()),
@@ -196,28 +205,23 @@ pub fn avg_pool2d(
     if x.shares_buffer(y) {
         return Err(shape("avg_pool: x shares the output's buffer".into()));
     }
-    let (xl, yl) = (x.layout4(), y.layout4());
-    let p = ConvParams {
-        n: count("avg_pool y", y.numel())?,
-        c,
-        h,
-        w,
-        oh,
-        ow,
-        kh: window.kernel[0],
-        kw: window.kernel[1],
-        sh: window.stride[0],
-        sw: window.stride[1],
-        x0: xl.strides[1],
-        x1: xl.strides[2],
-        x2: xl.strides[3],
-        x_at: xl.offset,
-        y0: yl.strides[1],
-        y1: yl.strides[2],
-        y2: yl.strides[3],
-        y_at: yl.offset,
-        ..ConvParams::default()
-    };
+    let p = with_io(
+        ConvParams {
+            n: count("avg_pool y", y.numel())?,
+            c,
+            h,
+            w,
+            oh,
+            ow,
+            kh: window.kernel[0],
+            kw: window.kernel[1],
+            sh: window.stride[0],
+            sw: window.stride[1],
+            ..ConvParams::default()
+        },
+        x,
+        y,
+    );
     let binds = [
         Bind::Storage(x.view()),
         Bind::Storage(y.view()),
