@@ -464,108 +464,88 @@ impl<'a> MatvecBindings<'a> {
     }
 }
 
+/// What a matrix-vector job derives once for all its tiles.
+struct MatvecPlan<'j, 'a> {
+    job: &'j MatvecJob<'a>,
+    k: u32,
+    geglu: bool,
+    /// A step runs in front of the product (residual, attention merge or norm).
+    prologue: bool,
+    /// The experts' output joined in the residual step.
+    moe: Option<MoeMix<'a>>,
+    tuning: MatvecTuning,
+    /// The input rounded by every workgroup (not already rounded).
+    rounds_input: bool,
+    /// The gated output rounded to 8-bit integers.
+    q8_out: bool,
+    xs_words: u32,
+}
+
 pub(super) fn matvec_dispatches(
     ctx: &GpuContext,
     w: &GpuWeight,
     job: &MatvecJob<'_>,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    let MatvecJob {
-        x,
-        y,
-        m,
-        x_stride,
-        y_stride,
-        out_offset,
-        out,
-        experts,
-        mixed,
-        route,
-        tuning,
-        residual,
-        merge,
-        norm,
-        x_int8,
-    } = *job;
-    let flag = dtype_flag(w.dtype)?;
+    let plan = plan_matvec(ctx, w, job)?;
+    check_prologue(ctx, w, &plan)?;
+    let pipeline = ctx.pipeline(&matvec_source(ctx, w, &plan)?);
+    let rows_per_group = 256 / plan.tuning.tpr * plan.tuning.rpt;
+    let label = match (job.residual, job.merge, job.norm) {
+        (Some(_), _, _) => "residual_matvec",
+        (_, Some(_), _) => "merge_matvec",
+        (_, _, Some(_)) => "normed_matvec",
+        _ => "matvec",
+    };
+    w.tiles
+        .iter()
+        .enumerate()
+        .map(|(ti, tile)| {
+            let params = tile_params(w, &plan, ti, tile);
+            let wv = View::of(&tile.buffer);
+            let binds = tile_bindings(&wv, job, Params::of(&params)).binds();
+            ctx.dispatch(
+                label,
+                pipeline.clone(),
+                &binds,
+                grid(ctx, params.n.div_ceil(rows_per_group), job.m),
+            )
+        })
+        .collect()
+}
+
+/// The job's derived facts and tuning, after the checks that need no prologue.
+fn plan_matvec<'j, 'a>(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    job: &'j MatvecJob<'a>,
+) -> Result<MatvecPlan<'j, 'a>, GpuError> {
     let k = w.cols as u32;
-    let geglu = out.is_geglu();
+    let geglu = job.out.is_geglu();
     if geglu && !whole_pairs(w) {
         return Err(shape(format!(
             "{}: a gated output needs whole gate/up row pairs per tile",
             w.name
         )));
     }
-    let prologue = residual.is_some() || merge.is_some() || norm.is_some();
-    let moe = residual.and_then(|r| match r.delta {
-        Delta::Moe(mix) => Some(mix),
-        Delta::Row(_) => None,
-    });
-    // Slots a product's rows take, and a row's length as the steps see it: a mixed
-    // product's slots' rows end to end.
-    let (row_slots, row_len) = match (mixed, experts) {
-        (Some(_), Some(e)) => (e.x_group, k * e.x_group),
-        _ => (1, k),
-    };
-    if [residual.is_some(), merge.is_some(), norm.is_some()]
-        .iter()
-        .filter(|&&p| p)
-        .count()
-        > 1
-    {
+    let steps = [
+        job.residual.is_some(),
+        job.merge.is_some(),
+        job.norm.is_some(),
+    ];
+    if steps.iter().filter(|&&p| p).count() > 1 {
         return Err(shape(format!(
             "{}: one prologue per product (residual step, attention merge or norm)",
             w.name
         )));
     }
-    let MatvecTuning {
-        tpr,
-        rpt,
-        prefetch,
-        int8_input,
-    } = match tuning {
-        Some(t) if [4, 8, 16, 32, 64, 128, 256].contains(&t.tpr) && [1, 2, 4].contains(&t.rpt) => {
-            if geglu && t.rpt < 2 {
-                return Err(shape(format!(
-                    "{}: a gated output needs 2 rows per group",
-                    w.name
-                )));
-            }
-            t
-        }
-        Some(t) => return Err(shape(format!("{}: matvec tuning {t:?}", w.name))),
-        None => {
-            let rows = experts.map_or(w.rows, |e| {
-                u64::from(e.rows_per_expert) * u64::from(e.slots / row_slots)
-            });
-            if x_int8 {
-                MatvecTuning::rounded_input(ctx, w.dtype, k, rows)
-            } else {
-                let t = MatvecTuning::choose(ctx, w.dtype, row_len, rows, geglu, prologue);
-                // The experts' down products (short rows, no prologue) at 2 rows a group:
-                // twice the workgroups, more loads in flight. On the H100, 26B-A4B decode
-                // 194.3-195.2 -> 199.7-200.4 tok/s (three alternating runs each); 16 lanes at
-                // 4 rows and 1 row a group measured between the two. Mixed, whose slots'
-                // rows end to end are long enough for 1 row a group above: 2 rows a group of
-                // 256 lanes took 26B-A4B decode from 199.0-199.3 to 205.6-205.8 tok/s (one
-                // row a slot and the mix behind: 202.8-203.0); 64 lanes x 2 rows 204.6,
-                // 128 x 1 197.8, 32 x 1 or 2 198-200, 16 lanes 191-194.
-                if experts.is_some()
-                    && !prologue
-                    && !geglu
-                    && ctx.info.device_type != wgpu::DeviceType::Cpu
-                {
-                    MatvecTuning {
-                        rpt: if mixed.is_some() { 2 } else { t.rpt.min(2) },
-                        ..t
-                    }
-                } else {
-                    t
-                }
-            }
-        }
-    };
-    // The input rounded by every workgroup, or already rounded.
-    let rounds_input = int8_input && !x_int8;
+    let prologue = steps.contains(&true);
+    let moe = job.residual.and_then(|r| match r.delta {
+        Delta::Moe(mix) => Some(mix),
+        Delta::Row(_) => None,
+    });
+    let tuning = matvec_tuning(ctx, w, job, prologue)?;
+    let x_int8 = job.x_int8;
+    let rounds_input = tuning.int8_input && !x_int8;
     if rounds_input && !int8_input_fits(ctx, w.dtype, k, prologue) {
         return Err(shape(format!(
             "{}: 8-bit inputs are for a Q4_K or Q6_K product whose rows fit in workgroup memory",
@@ -574,8 +554,8 @@ pub(super) fn matvec_dispatches(
     }
     if x_int8
         && (prologue
-            || experts.is_some()
-            || m != 1
+            || job.experts.is_some()
+            || job.m != 1
             || !matches!(w.dtype, GgmlType::Q4K | GgmlType::Q6K)
             || !k.is_multiple_of(32))
     {
@@ -585,12 +565,16 @@ pub(super) fn matvec_dispatches(
         )));
     }
     if x_int8 {
-        x.expect_len32(&format!("{} rounded input", w.name), int8_vector_words(k))?;
+        job.x
+            .expect_len32(&format!("{} rounded input", w.name), int8_vector_words(k))?;
     }
     // Every entry point has checked y's length against the output it names.
-    let q8_out = matches!(out, MatvecOut::GegluInt8);
+    let q8_out = matches!(job.out, MatvecOut::GegluInt8);
     if q8_out
-        && (experts.is_some() || m != 1 || out_offset != 0 || !whole_32s_per_group(w, tpr, rpt))
+        && (job.experts.is_some()
+            || job.m != 1
+            || job.out_offset != 0
+            || !whole_32s_per_group(w, tuning.tpr, tuning.rpt))
     {
         return Err(shape(format!(
             "{}: a rounded gated output is for one token's dense product from column 0, each workgroup holding whole 32s of outputs",
@@ -604,10 +588,88 @@ pub(super) fn matvec_dispatches(
     } else {
         0
     };
-    if let Some(mg) = merge {
+    Ok(MatvecPlan {
+        job,
+        k,
+        geglu,
+        prologue,
+        moe,
+        tuning,
+        rounds_input,
+        q8_out,
+        xs_words,
+    })
+}
+
+/// The job's tuning: the one it names (checked), else [`MatvecTuning`]'s choice.
+fn matvec_tuning(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    job: &MatvecJob<'_>,
+    prologue: bool,
+) -> Result<MatvecTuning, GpuError> {
+    let k = w.cols as u32;
+    let geglu = job.out.is_geglu();
+    // Slots a product's rows take, and a row's length as the steps see it: a mixed
+    // product's slots' rows end to end.
+    let (row_slots, row_len) = match (job.mixed, job.experts) {
+        (Some(_), Some(e)) => (e.x_group, k * e.x_group),
+        _ => (1, k),
+    };
+    match job.tuning {
+        Some(t) if [4, 8, 16, 32, 64, 128, 256].contains(&t.tpr) && [1, 2, 4].contains(&t.rpt) => {
+            if geglu && t.rpt < 2 {
+                return Err(shape(format!(
+                    "{}: a gated output needs 2 rows per group",
+                    w.name
+                )));
+            }
+            Ok(t)
+        }
+        Some(t) => Err(shape(format!("{}: matvec tuning {t:?}", w.name))),
+        None => {
+            let rows = job.experts.map_or(w.rows, |e| {
+                u64::from(e.rows_per_expert) * u64::from(e.slots / row_slots)
+            });
+            if job.x_int8 {
+                return Ok(MatvecTuning::rounded_input(ctx, w.dtype, k, rows));
+            }
+            let t = MatvecTuning::choose(ctx, w.dtype, row_len, rows, geglu, prologue);
+            // The experts' down products (short rows, no prologue) at 2 rows a group:
+            // twice the workgroups, more loads in flight. On the H100, 26B-A4B decode
+            // 194.3-195.2 -> 199.7-200.4 tok/s (three alternating runs each); 16 lanes at
+            // 4 rows and 1 row a group measured between the two. Mixed, whose slots'
+            // rows end to end are long enough for 1 row a group above: 2 rows a group of
+            // 256 lanes took 26B-A4B decode from 199.0-199.3 to 205.6-205.8 tok/s (one
+            // row a slot and the mix behind: 202.8-203.0); 64 lanes x 2 rows 204.6,
+            // 128 x 1 197.8, 32 x 1 or 2 198-200, 16 lanes 191-194.
+            let experts_down = job.experts.is_some()
+                && !prologue
+                && !geglu
+                && ctx.info.device_type != wgpu::DeviceType::Cpu;
+            Ok(if experts_down {
+                MatvecTuning {
+                    rpt: if job.mixed.is_some() { 2 } else { t.rpt.min(2) },
+                    ..t
+                }
+            } else {
+                t
+            })
+        }
+    }
+}
+
+/// The checks of the step in front of the product and of a GELU-times output.
+fn check_prologue(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    plan: &MatvecPlan<'_, '_>,
+) -> Result<(), GpuError> {
+    let (job, k) = (plan.job, plan.k);
+    if let Some(mg) = job.merge {
         let a = mg.attention;
-        if experts.is_some()
-            || m != 1
+        if job.experts.is_some()
+            || job.m != 1
             || k != a.n_head * a.head_dim
             || a.n_head > 64
             || !matvec_input_fits(ctx, k)
@@ -618,59 +680,11 @@ pub(super) fn matvec_dispatches(
             )));
         }
     }
-    let subgroups = ctx.features.subgroups;
-    if let Some(r) = residual {
-        if experts.is_some() || x_stride != k || !matvec_input_fits(ctx, k) {
-            return Err(shape(format!(
-                "{}: the residual step runs in front of a dense product whose input row fits in workgroup memory",
-                w.name
-            )));
-        }
-        let n = u64::from(m) * u64::from(k);
-        let mut views = vec![
-            ("stream", r.res, n),
-            ("stream out", r.res_out, n),
-            ("post", r.post, u64::from(k)),
-        ];
-        match r.delta {
-            Delta::Row(delta) => views.push(("delta", delta, n)),
-            Delta::Moe(mix) => {
-                if m != 1 || mix.tokens != 1 || mix.dim != k || mix.eps != r.eps {
-                    return Err(shape(format!(
-                        "{}: an experts' output joins one token's stream of its width, with the step's eps",
-                        w.name
-                    )));
-                }
-                if !moe_delta_fits(ctx) {
-                    return Err(shape(format!(
-                        "{}: the device binds {} storage buffers, an experts' output in front of a product {}",
-                        w.name,
-                        ctx.limits.max_storage_buffers_per_shader_stage,
-                        moe_delta_buffers()
-                    )));
-                }
-                let kd = u64::from(k);
-                views.extend([
-                    ("dense branch", mix.dense, kd),
-                    ("expert outputs", mix.experts, u64::from(mix.k) * kd),
-                    ("dense post-norm", mix.dense_post, kd),
-                    ("experts' post-norm", mix.experts_post, kd),
-                ]);
-                views.extend(
-                    mix.weight
-                        .map(|wv| ("expert weights", wv, u64::from(mix.k))),
-                );
-            }
-        }
-        if let Some((pre, normed)) = r.next_norm {
-            views.extend([("pre", pre, u64::from(k)), ("normed", normed, n)]);
-        }
-        for (what, v, len) in views {
-            v.expect_len32(&format!("{} residual {what}", w.name), len)?;
-        }
+    if let Some(r) = job.residual {
+        check_residual(ctx, w, job, r)?;
     }
-    if let Some(nm) = norm {
-        if x_stride != k || !matvec_input_fits(ctx, k) {
+    if let Some(nm) = job.norm {
+        if job.x_stride != k || !matvec_input_fits(ctx, k) {
             return Err(shape(format!(
                 "{}: a norm runs in front of a product whose input rows are whole and fit in workgroup memory",
                 w.name
@@ -679,10 +693,10 @@ pub(super) fn matvec_dispatches(
         nm.weight
             .expect_len32(&format!("{} input norm", w.name), u64::from(k))?;
     }
-    if let MatvecOut::GeluTimes { by, offset } = out {
+    if let MatvecOut::GeluTimes { by, offset } = job.out {
         // Behind an experts' output it would bind one storage buffer more than
         // `moe_delta_fits` counts.
-        if experts.is_some() || m != 1 || moe.is_some() {
+        if job.experts.is_some() || job.m != 1 || plan.moe.is_some() {
             return Err(shape(format!(
                 "{}: a GELU-times output is for one token's dense product, not behind an experts' output",
                 w.name
@@ -690,40 +704,117 @@ pub(super) fn matvec_dispatches(
         }
         by.expect_len32(&w.name, u64::from(offset) + w.rows)?;
     }
+    Ok(())
+}
+
+/// The residual step's checks: where it can run, and every buffer it reads or writes.
+fn check_residual(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    job: &MatvecJob<'_>,
+    r: &ResidualStep<'_>,
+) -> Result<(), GpuError> {
+    let (k, m) = (w.cols as u32, job.m);
+    if job.experts.is_some() || job.x_stride != k || !matvec_input_fits(ctx, k) {
+        return Err(shape(format!(
+            "{}: the residual step runs in front of a dense product whose input row fits in workgroup memory",
+            w.name
+        )));
+    }
+    let n = u64::from(m) * u64::from(k);
+    let mut views = vec![
+        ("stream", r.res, n),
+        ("stream out", r.res_out, n),
+        ("post", r.post, u64::from(k)),
+    ];
+    match r.delta {
+        Delta::Row(delta) => views.push(("delta", delta, n)),
+        Delta::Moe(mix) => {
+            if m != 1 || mix.tokens != 1 || mix.dim != k || mix.eps != r.eps {
+                return Err(shape(format!(
+                    "{}: an experts' output joins one token's stream of its width, with the step's eps",
+                    w.name
+                )));
+            }
+            if !moe_delta_fits(ctx) {
+                return Err(shape(format!(
+                    "{}: the device binds {} storage buffers, an experts' output in front of a product {}",
+                    w.name,
+                    ctx.limits.max_storage_buffers_per_shader_stage,
+                    moe_delta_buffers()
+                )));
+            }
+            let kd = u64::from(k);
+            views.extend([
+                ("dense branch", mix.dense, kd),
+                ("expert outputs", mix.experts, u64::from(mix.k) * kd),
+                ("dense post-norm", mix.dense_post, kd),
+                ("experts' post-norm", mix.experts_post, kd),
+            ]);
+            views.extend(
+                mix.weight
+                    .map(|wv| ("expert weights", wv, u64::from(mix.k))),
+            );
+        }
+    }
+    if let Some((pre, normed)) = r.next_norm {
+        views.extend([("pre", pre, u64::from(k)), ("normed", normed, n)]);
+    }
+    for (what, v, len) in views {
+        v.expect_len32(&format!("{} residual {what}", w.name), len)?;
+    }
+    Ok(())
+}
+
+/// The kernel variant a plan runs.
+fn matvec_source(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    plan: &MatvecPlan<'_, '_>,
+) -> Result<ShaderSource, GpuError> {
+    let job = plan.job;
+    let (k, moe, t) = (plan.k, plan.moe, plan.tuning);
+    let subgroups = ctx.features.subgroups;
     let mut parts = vec![ACTIVATIONS_WGSL, BYTES_WGSL, DTYPES_WGSL, MATVEC_WGSL];
-    if prologue || route.is_some() {
+    if plan.prologue || job.route.is_some() {
         parts.push(REDUCE_WGSL);
     }
-    if route.is_some() {
+    if job.route.is_some() {
         parts.push(ROUTE_WGSL);
     }
-    if merge.is_some() {
+    if job.merge.is_some() {
         parts.push(ATTN_MERGE_WGSL);
     }
     let mut source = ShaderSource::new("matvec", &parts)
-        .flag(flag)
-        .flag_if(geglu, "GEGLU_OUT")
+        .flag(dtype_flag(w.dtype)?)
+        .flag_if(plan.geglu, "GEGLU_OUT")
         .flag_if(!subgroups, "NO_SUBGROUPS")
-        .flag_if(experts.is_some(), "EXPERTS")
-        .flag_if(mixed.is_some(), "EXPERTS_SUM")
-        .flag_if(route.is_some(), "ROUTE_IN")
-        .flag_if(residual.is_some(), "RESIDUAL")
-        .flag_if(residual.is_some_and(|r| r.next_norm.is_some()), "PRENORM")
-        .flag_if(norm.is_some(), "NORM_IN")
+        .flag_if(job.experts.is_some(), "EXPERTS")
+        .flag_if(job.mixed.is_some(), "EXPERTS_SUM")
+        .flag_if(job.route.is_some(), "ROUTE_IN")
+        .flag_if(job.residual.is_some(), "RESIDUAL")
+        .flag_if(
+            job.residual.is_some_and(|r| r.next_norm.is_some()),
+            "PRENORM",
+        )
+        .flag_if(job.norm.is_some(), "NORM_IN")
         .flag_if(moe.is_some(), "MOE_DELTA")
         .flag_if(moe.is_some_and(|mix| mix.weight.is_some()), "MOE_WEIGHTED")
-        .flag_if(matches!(out, MatvecOut::GeluTimes { .. }), "GELU_TIMES")
-        .flag_if(int8_input || x_int8, "INT8_X")
-        .flag_if(x_int8, "XQ_IN")
-        .flag_if(q8_out, "Q8_OUT")
-        .flag_if(merge.is_some(), "MERGE")
-        .flag_if(merge.is_some_and(|mg| mg.store_kv), "KV_STORE")
-        .constant("TPR", f64::from(tpr))
-        .constant("RPT", f64::from(rpt))
+        .flag_if(matches!(job.out, MatvecOut::GeluTimes { .. }), "GELU_TIMES")
+        .flag_if(t.int8_input || job.x_int8, "INT8_X")
+        .flag_if(job.x_int8, "XQ_IN")
+        .flag_if(plan.q8_out, "Q8_OUT")
+        .flag_if(job.merge.is_some(), "MERGE")
+        .flag_if(job.merge.is_some_and(|mg| mg.store_kv), "KV_STORE")
+        .constant("TPR", f64::from(t.tpr))
+        .constant("RPT", f64::from(t.rpt))
         // A mixed product's lanes step across its slots' segments, which the prefetch's
         // one-row stride does not follow.
-        .constant("PREFETCH", f64::from(u8::from(prefetch && mixed.is_none())));
-    if prologue {
+        .constant(
+            "PREFETCH",
+            f64::from(u8::from(t.prefetch && job.mixed.is_none())),
+        );
+    if plan.prologue {
         source = source
             .constant("XV", f64::from(k / 4))
             .constant("RV", f64::from(k.div_ceil(1024)));
@@ -731,7 +822,7 @@ pub(super) fn matvec_dispatches(
     if let Some(mix) = moe {
         source = source.constant("MOE_K", f64::from(mix.k));
     }
-    if rounds_input {
+    if plan.rounds_input {
         source = source
             .constant("XQ", f64::from(k / 4))
             .constant("XC", f64::from(k / 16));
@@ -739,132 +830,130 @@ pub(super) fn matvec_dispatches(
     if subgroups {
         source = source.constant("SG", f64::from(ctx.features.subgroup_min_size.clamp(4, 64)));
     }
-    let pipeline = ctx.pipeline(&source);
-    let softcap = match out {
+    Ok(source)
+}
+
+/// The parameter block of tile `ti`.
+fn tile_params(
+    w: &GpuWeight,
+    plan: &MatvecPlan<'_, '_>,
+    ti: usize,
+    tile: &crate::WeightTile,
+) -> MatvecParams {
+    let job = plan.job;
+    let (rows, first, first_expert, experts_here, x_group) = match job.experts {
+        // Every slot's output starts at its own row 0; the tile's experts say which
+        // slots work here.
+        Some(e) => {
+            let per = u64::from(e.rows_per_expert);
+            let first_expert = (tile.first_row / per) as u32;
+            (
+                e.rows_per_expert,
+                0,
+                first_expert,
+                (tile.rows / per) as u32,
+                e.x_group,
+            )
+        }
+        None => {
+            let first = if plan.geglu {
+                tile.first_row / 2
+            } else {
+                tile.first_row
+            };
+            (tile.rows as u32, first as u32, 0, 0, 1)
+        }
+    };
+    let softcap = match job.out {
         MatvecOut::Rows { softcap } => softcap,
         MatvecOut::Geglu | MatvecOut::GegluInt8 | MatvecOut::GeluTimes { .. } => 0.0,
     };
-    let rows_per_group = 256 / tpr * rpt;
-    w.tiles
-        .iter()
-        .enumerate()
-        .map(|(ti, tile)| {
-            let (rows, first, first_expert, experts_here, x_group) = match experts {
-                // Every slot's output starts at its own row 0; the tile's experts say which
-                // slots work here.
-                Some(e) => {
-                    let per = u64::from(e.rows_per_expert);
-                    let first_expert = (tile.first_row / per) as u32;
-                    (
-                        e.rows_per_expert,
-                        0,
-                        first_expert,
-                        (tile.rows / per) as u32,
-                        e.x_group,
-                    )
+    let mut params = MatvecParams {
+        k: plan.k,
+        n: rows,
+        row_bytes: w.row_bytes as u32,
+        out_offset: job.out_offset + first,
+        m: job.m,
+        x_stride: job.x_stride,
+        y_stride: job.y_stride,
+        softcap,
+        first_expert,
+        experts_here,
+        x_group,
+        eps: job
+            .residual
+            .map_or(job.norm.map_or(0.0, |nm| nm.eps), |r| r.eps),
+        scale: job.residual.map_or(1.0, |r| r.scale),
+        times_offset: match job.out {
+            MatvecOut::GeluTimes { offset, .. } => offset + first,
+            _ => 0,
+        },
+        xs_words: plan.xs_words,
+        accumulate: u32::from(job.mixed.is_some() && ti > 0),
+        n_expert: job.route.map_or(0, |r| r.n_expert),
+        has_scale: u32::from(job.route.is_some_and(|r| r.expert_scale.is_some())),
+        ..MatvecParams::default()
+    };
+    if let Some(mg) = job.merge {
+        let (a, capacity) = (mg.attention, mg.capacity);
+        params.n_head = a.n_head;
+        params.n_kv_head = a.n_kv_head;
+        params.head_dim = a.head_dim;
+        params.window = a.window;
+        params.max_chunks = capacity.div_ceil(ATTN_CHUNK);
+        params.capacity = capacity;
+    }
+    params
+}
+
+/// The buffers a tile's dispatch binds.
+fn tile_bindings<'a>(wv: &'a View, job: &MatvecJob<'a>, params: Params) -> MatvecBindings<'a> {
+    let mut b = MatvecBindings::new(wv, job.x, job.y, params);
+    b.sel = job.experts.map(|e| e.sel);
+    if let Some(r) = job.route {
+        b.route_logits = Some(r.logits);
+        // Without a scale the shader reads none; the binding still needs a buffer.
+        b.route_scale = Some(r.expert_scale.unwrap_or(r.logits));
+        b.expert_w = Some(r.weight);
+    }
+    if let Some(mg) = job.merge {
+        b.x = mg.scratch;
+        b.positions = Some(mg.attention.positions);
+        if mg.store_kv {
+            b.k_cache = Some(mg.attention.k_cache);
+            b.v_cache = Some(mg.attention.v_cache);
+        }
+    }
+    if let Some(r) = job.residual {
+        match r.delta {
+            Delta::Row(delta) => b.delta = Some(delta),
+            Delta::Moe(mix) => {
+                b.delta = Some(mix.dense);
+                b.experts = Some(mix.experts);
+                if let Some(wv) = mix.weight {
+                    b.expert_w = Some(wv);
                 }
-                None => {
-                    let first = if geglu {
-                        tile.first_row / 2
-                    } else {
-                        tile.first_row
-                    };
-                    (tile.rows as u32, first as u32, 0, 0, 1)
-                }
-            };
-            let mut params = MatvecParams {
-                k,
-                n: rows,
-                row_bytes: w.row_bytes as u32,
-                out_offset: out_offset + first,
-                m,
-                x_stride,
-                y_stride,
-                softcap,
-                first_expert,
-                experts_here,
-                x_group,
-                eps: residual.map_or(norm.map_or(0.0, |nm| nm.eps), |r| r.eps),
-                scale: residual.map_or(1.0, |r| r.scale),
-                times_offset: match out {
-                    MatvecOut::GeluTimes { offset, .. } => offset + first,
-                    _ => 0,
-                },
-                xs_words,
-                accumulate: u32::from(mixed.is_some() && ti > 0),
-                n_expert: route.map_or(0, |r| r.n_expert),
-                has_scale: u32::from(route.is_some_and(|r| r.expert_scale.is_some())),
-                ..MatvecParams::default()
-            };
-            if let Some(mg) = merge {
-                let (a, capacity) = (mg.attention, mg.capacity);
-                params.n_head = a.n_head;
-                params.n_kv_head = a.n_kv_head;
-                params.head_dim = a.head_dim;
-                params.window = a.window;
-                params.max_chunks = capacity.div_ceil(ATTN_CHUNK);
-                params.capacity = capacity;
+                b.dense_post = Some(mix.dense_post);
+                b.experts_post = Some(mix.experts_post);
             }
-            let wv = View::of(&tile.buffer);
-            let mut b = MatvecBindings::new(&wv, x, y, Params::of(&params));
-            b.sel = experts.map(|e| e.sel);
-            if let Some(r) = route {
-                b.route_logits = Some(r.logits);
-                // Without a scale the shader reads none; the binding still needs a buffer.
-                b.route_scale = Some(r.expert_scale.unwrap_or(r.logits));
-                b.expert_w = Some(r.weight);
-            }
-            if let Some(mg) = merge {
-                b.x = mg.scratch;
-                b.positions = Some(mg.attention.positions);
-                if mg.store_kv {
-                    b.k_cache = Some(mg.attention.k_cache);
-                    b.v_cache = Some(mg.attention.v_cache);
-                }
-            }
-            if let Some(r) = residual {
-                match r.delta {
-                    Delta::Row(delta) => b.delta = Some(delta),
-                    Delta::Moe(mix) => {
-                        b.delta = Some(mix.dense);
-                        b.experts = Some(mix.experts);
-                        if let Some(wv) = mix.weight {
-                            b.expert_w = Some(wv);
-                        }
-                        b.dense_post = Some(mix.dense_post);
-                        b.experts_post = Some(mix.experts_post);
-                    }
-                }
-                b.post = Some(r.post);
-                b.res_out = Some(r.res_out);
-                if let Some((pre, normed)) = r.next_norm {
-                    b.pre = Some(pre);
-                    b.normed = Some(normed);
-                }
-            }
-            if let Some(nm) = norm {
-                b.pre = Some(nm.weight);
-            }
-            if let Some(wv) = mixed {
-                b.expert_w = Some(wv);
-            }
-            if let MatvecOut::GeluTimes { by, .. } = out {
-                b.times = Some(by);
-            }
-            let binds = b.binds();
-            ctx.dispatch(
-                match (residual, merge, norm) {
-                    (Some(_), _, _) => "residual_matvec",
-                    (_, Some(_), _) => "merge_matvec",
-                    (_, _, Some(_)) => "normed_matvec",
-                    _ => "matvec",
-                },
-                pipeline.clone(),
-                &binds,
-                grid(ctx, rows.div_ceil(rows_per_group), m),
-            )
-        })
-        .collect()
+        }
+        b.post = Some(r.post);
+        b.res_out = Some(r.res_out);
+        if let Some((pre, normed)) = r.next_norm {
+            b.pre = Some(pre);
+            b.normed = Some(normed);
+        }
+    }
+    if let Some(nm) = job.norm {
+        b.pre = Some(nm.weight);
+    }
+    if let Some(wv) = job.mixed {
+        b.expert_w = Some(wv);
+    }
+    if let MatvecOut::GeluTimes { by, .. } = job.out {
+        b.times = Some(by);
+    }
+    b
 }
 
 /// Whether a matrix-vector workgroup can hold an input row of `k` values in its memory, next
