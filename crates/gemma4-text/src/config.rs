@@ -2,7 +2,7 @@
 //! everything per layer resolved up front (layer type, head size, KV heads, RoPE, KV sharing)
 //! so the forwards never consult metadata.
 
-use wgemma_gguf::{Gguf, MetadataError, Value};
+use wgemma_gguf::{Gguf, Metadata, MetadataError, Value};
 
 /// The text architectures this crate runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,26 +151,16 @@ impl TextConfig {
             .map(|t| t.n_rows() as usize)
             .ok_or_else(|| invalid("token_embd.weight is missing"))?;
 
-        let mut layers = Vec::with_capacity(n_layer);
-        let (attn_scale, v_norm, n_ple);
-        let moe = match m.opt_u32(&key("expert_count"))? {
-            Some(n_expert) if n_expert > 0 => {
-                let n_used = m.get_u32(&key("expert_used_count"))? as usize;
-                let n_ff = m.get_u32(&key("expert_feed_forward_length"))? as usize;
-                if n_used == 0 || n_used > n_expert as usize || n_used > 64 || n_ff == 0 {
-                    return Err(invalid(format!(
-                        "{n_used} of {n_expert} experts of width {n_ff}"
-                    )));
-                }
-                Some(MoeConfig {
-                    n_expert: n_expert as usize,
-                    n_used,
-                    n_ff,
-                })
-            }
-            _ => None,
+        let moe = moe_config(m, &key)?;
+        let common = LayerCommon {
+            sliding: &sliding,
+            n_kv: &n_kv,
+            n_ff: &n_ff,
+            head_dim,
+            rope_base,
+            rope_base_swa,
         };
-        match arch {
+        let (attn_scale, v_norm, n_ple, layers) = match arch {
             Arch::Gemma3 => {
                 // llama.cpp: the 62-layer 27B scales by hidden/heads, the others by head_dim.
                 let scale_dim = if n_layer == 62 {
@@ -178,89 +168,17 @@ impl TextConfig {
                 } else {
                     head_dim
                 };
-                attn_scale = 1.0 / (scale_dim as f32).sqrt();
-                v_norm = false;
-                n_ple = 0;
-                let factor = m
-                    .opt_f32(&key("rope.scaling.factor"))?
-                    .or(m.opt_f32(&key("rope.scale_linear"))?)
-                    .filter(|&f| f > 0.0)
-                    .unwrap_or(1.0);
-                let n_rot = m
-                    .opt_u32(&key("rope.dimension_count"))?
-                    .map_or(head_dim, |v| v as usize);
-                for (il, &swa) in sliding.iter().enumerate() {
-                    layers.push(LayerConfig {
-                        sliding: swa,
-                        head_dim,
-                        n_kv_head: n_kv[il] as usize,
-                        n_ff: n_ff[il] as usize,
-                        n_rot,
-                        rope_base: if swa { rope_base_swa } else { rope_base },
-                        rope_freq_scale: if swa { 1.0 } else { 1.0 / factor },
-                        rope_freq_factors: false,
-                        kv_source: il,
-                    });
-                }
+                let layers = gemma3_layers(m, &key, &common)?;
+                (1.0 / (scale_dim as f32).sqrt(), false, 0, layers)
             }
             Arch::Gemma4 => {
-                attn_scale = 1.0;
-                v_norm = true;
-                n_ple = m
+                let n_ple = m
                     .opt_u32(&key("embedding_length_per_layer_input"))?
                     .unwrap_or(0) as usize;
-                let head_dim_swa = m.get_u32(&key("attention.key_length_swa"))? as usize;
-                let n_rot_full = m
-                    .opt_u32(&key("rope.dimension_count"))?
-                    .map_or(head_dim, |v| v as usize);
-                let n_rot_swa = m
-                    .opt_u32(&key("rope.dimension_count_swa"))?
-                    .map_or(n_rot_full, |v| v as usize);
-                let shared = m.opt_u32(&key("attention.shared_kv_layers"))?.unwrap_or(0) as usize;
-                if shared >= n_layer {
-                    return Err(invalid(format!("{shared} shared KV layers of {n_layer}")));
-                }
-                let first_shared = n_layer - shared;
-                for (il, &swa) in sliding.iter().enumerate() {
-                    // Shared layers read the cache of the last non-shared layer of their type.
-                    let kv_source = if il < first_shared {
-                        il
-                    } else {
-                        (0..first_shared)
-                            .rev()
-                            .find(|&j| sliding[j] == swa)
-                            .ok_or_else(|| {
-                                invalid(format!(
-                                    "shared layer {il} has no earlier layer of its type"
-                                ))
-                            })?
-                    };
-                    layers.push(LayerConfig {
-                        sliding: swa,
-                        head_dim: if swa { head_dim_swa } else { head_dim },
-                        n_kv_head: n_kv[il] as usize,
-                        n_ff: n_ff[il] as usize,
-                        n_rot: if swa { n_rot_swa } else { n_rot_full },
-                        rope_base: if swa { rope_base_swa } else { rope_base },
-                        rope_freq_scale: 1.0,
-                        rope_freq_factors: !swa && g.tensor("rope_freqs.weight").is_some(),
-                        kv_source,
-                    });
-                }
+                (1.0, true, n_ple, gemma4_layers(g, &key, &common)?)
             }
-        }
-        for (il, l) in layers.iter().enumerate() {
-            if l.n_kv_head == 0
-                || !n_head.is_multiple_of(l.n_kv_head)
-                || l.head_dim == 0
-                || l.n_rot > l.head_dim
-            {
-                return Err(invalid(format!(
-                    "layer {il}: {n_head} heads over {} KV heads, head_dim {}, n_rot {}",
-                    l.n_kv_head, l.head_dim, l.n_rot
-                )));
-            }
-        }
+        };
+        check_layers(&layers, n_head)?;
         Ok(Self {
             arch,
             n_layer,
@@ -279,6 +197,140 @@ impl TextConfig {
             layers,
         })
     }
+}
+
+/// What every layer's configuration is read from, besides the architecture's own keys.
+struct LayerCommon<'a> {
+    sliding: &'a [bool],
+    n_kv: &'a [u32],
+    n_ff: &'a [u32],
+    head_dim: usize,
+    rope_base: f32,
+    rope_base_swa: f32,
+}
+
+/// The experts' configuration, when the model has experts.
+fn moe_config(
+    m: &Metadata,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Option<MoeConfig>, ConfigError> {
+    let Some(n_expert) = m.opt_u32(&key("expert_count"))?.filter(|&n| n > 0) else {
+        return Ok(None);
+    };
+    let n_used = m.get_u32(&key("expert_used_count"))? as usize;
+    let n_ff = m.get_u32(&key("expert_feed_forward_length"))? as usize;
+    if n_used == 0 || n_used > n_expert as usize || n_used > 64 || n_ff == 0 {
+        return Err(invalid(format!(
+            "{n_used} of {n_expert} experts of width {n_ff}"
+        )));
+    }
+    Ok(Some(MoeConfig {
+        n_expert: n_expert as usize,
+        n_used,
+        n_ff,
+    }))
+}
+
+/// Gemma 3's layers: linear rope scaling on the global layers.
+fn gemma3_layers(
+    m: &Metadata,
+    key: &dyn Fn(&str) -> String,
+    c: &LayerCommon<'_>,
+) -> Result<Vec<LayerConfig>, ConfigError> {
+    let factor = m
+        .opt_f32(&key("rope.scaling.factor"))?
+        .or(m.opt_f32(&key("rope.scale_linear"))?)
+        .filter(|&f| f > 0.0)
+        .unwrap_or(1.0);
+    let n_rot = m
+        .opt_u32(&key("rope.dimension_count"))?
+        .map_or(c.head_dim, |v| v as usize);
+    Ok(c.sliding
+        .iter()
+        .enumerate()
+        .map(|(il, &swa)| LayerConfig {
+            sliding: swa,
+            head_dim: c.head_dim,
+            n_kv_head: c.n_kv[il] as usize,
+            n_ff: c.n_ff[il] as usize,
+            n_rot,
+            rope_base: if swa { c.rope_base_swa } else { c.rope_base },
+            rope_freq_scale: if swa { 1.0 } else { 1.0 / factor },
+            rope_freq_factors: false,
+            kv_source: il,
+        })
+        .collect())
+}
+
+/// Gemma 4's layers: their own head size and rope on sliding layers, proportional rope
+/// (`rope_freqs`) on global ones, and the last layers reading earlier layers' KV caches.
+fn gemma4_layers(
+    g: &Gguf,
+    key: &dyn Fn(&str) -> String,
+    c: &LayerCommon<'_>,
+) -> Result<Vec<LayerConfig>, ConfigError> {
+    let m = &g.metadata;
+    let n_layer = c.sliding.len();
+    let head_dim_swa = m.get_u32(&key("attention.key_length_swa"))? as usize;
+    let n_rot_full = m
+        .opt_u32(&key("rope.dimension_count"))?
+        .map_or(c.head_dim, |v| v as usize);
+    let n_rot_swa = m
+        .opt_u32(&key("rope.dimension_count_swa"))?
+        .map_or(n_rot_full, |v| v as usize);
+    let shared = m.opt_u32(&key("attention.shared_kv_layers"))?.unwrap_or(0) as usize;
+    if shared >= n_layer {
+        return Err(invalid(format!("{shared} shared KV layers of {n_layer}")));
+    }
+    let first_shared = n_layer - shared;
+    let sliding = c.sliding;
+    sliding
+        .iter()
+        .enumerate()
+        .map(|(il, &swa)| {
+            // Shared layers read the cache of the last non-shared layer of their type.
+            let kv_source = if il < first_shared {
+                il
+            } else {
+                (0..first_shared)
+                    .rev()
+                    .find(|&j| sliding[j] == swa)
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "shared layer {il} has no earlier layer of its type"
+                        ))
+                    })?
+            };
+            Ok(LayerConfig {
+                sliding: swa,
+                head_dim: if swa { head_dim_swa } else { c.head_dim },
+                n_kv_head: c.n_kv[il] as usize,
+                n_ff: c.n_ff[il] as usize,
+                n_rot: if swa { n_rot_swa } else { n_rot_full },
+                rope_base: if swa { c.rope_base_swa } else { c.rope_base },
+                rope_freq_scale: 1.0,
+                rope_freq_factors: !swa && g.tensor("rope_freqs.weight").is_some(),
+                kv_source,
+            })
+        })
+        .collect()
+}
+
+/// Errors unless every layer's heads, head size and rotation fit together.
+fn check_layers(layers: &[LayerConfig], n_head: usize) -> Result<(), ConfigError> {
+    for (il, l) in layers.iter().enumerate() {
+        if l.n_kv_head == 0
+            || !n_head.is_multiple_of(l.n_kv_head)
+            || l.head_dim == 0
+            || l.n_rot > l.head_dim
+        {
+            return Err(invalid(format!(
+                "layer {il}: {n_head} heads over {} KV heads, head_dim {}, n_rot {}",
+                l.n_kv_head, l.head_dim, l.n_rot
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Which layers use sliding-window attention: an explicit per-layer array, or a period n

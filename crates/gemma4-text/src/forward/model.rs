@@ -421,6 +421,184 @@ impl<'a> Loader<'a, '_> {
     }
 }
 
+/// Layer tensors as resolved from the file.
+type LayerTensors<'a> = crate::tensors::Layer<&'a TensorInfo, &'a TensorInfo>;
+type MoeTensors<'a> = crate::tensors::MoeLayer<&'a TensorInfo, &'a TensorInfo>;
+
+/// A layer's weights, allocated (and queued for upload) by `ld`.
+async fn load_layer<'a, R: RangeSource + ?Sized>(
+    ld: &mut Loader<'a, '_>,
+    (g, src): (&'a Gguf, &R),
+    cfg: &TextConfig,
+    lt: &LayerTensors<'a>,
+    streamed: bool,
+) -> Result<Layer, LoadError> {
+    let mut qkv_tensors = vec![lt.q];
+    qkv_tensors.extend(lt.k);
+    qkv_tensors.extend(lt.v);
+    let (qkv, qkv_width) = ld.parts(&qkv_tensors)?;
+    let out_scale = match lt.out_scale {
+        Some(s) => {
+            let bytes = src.read_range(g.tensor_range(s).start, s.n_bytes).await?;
+            dequantize_to_vec(s.dtype, &bytes)?
+                .first()
+                .copied()
+                .unwrap_or(1.0)
+        }
+        None => 1.0,
+    };
+    let experts = match (&lt.moe, cfg.moe) {
+        (Some(m), Some(_)) => Some(load_experts(ld, (g, src), cfg, m, streamed).await?),
+        _ => None,
+    };
+    Ok(Layer {
+        attn_norm: ld.vector(lt.attn_norm),
+        qkv,
+        qkv_width,
+        k_is_v: lt.k.is_some() && lt.v.is_none(),
+        q_norm: ld.vector(lt.q_norm),
+        k_norm: lt.k_norm.map(|k| ld.vector(k)),
+        o: ld.matrix(vec![lt.o], 1)?,
+        post_attn_norm: ld.vector(lt.post_attn_norm),
+        ffn_norm: ld.vector(lt.ffn_norm),
+        gate_up: ld.gate_up(lt.gate, lt.up)?,
+        down: ld.matrix(vec![lt.down], 1)?,
+        post_ffw_norm: ld.vector(lt.post_ffw_norm),
+        out_scale,
+        ple: match &lt.ple {
+            Some(p) => Some(PleLayer {
+                inp_gate: ld.matrix(vec![p.inp_gate], 1)?,
+                proj: ld.matrix(vec![p.proj], 1)?,
+                post_norm: ld.vector(p.post_norm),
+            }),
+            None => None,
+        },
+        experts,
+    })
+}
+
+/// Where each expert's gate and up rows are: one fused tensor (gate rows, then up rows, per
+/// expert) or two.
+fn gate_up_rows<'a>(
+    gate_up: &ExpertGateUp<&'a TensorInfo>,
+    ff: u64,
+) -> (RowSource<'a>, RowSource<'a>) {
+    let rows = |tensor, stride, offset| RowSource {
+        tensor,
+        stride,
+        offset,
+    };
+    match *gate_up {
+        ExpertGateUp::Fused(t) => (rows(t, 2 * ff, 0), rows(t, 2 * ff, ff)),
+        ExpertGateUp::Split { gate, up } => (rows(gate, ff, 0), rows(up, ff, 0)),
+    }
+}
+
+/// A MoE layer's experts: resident on the GPU, or (`streamed`) held on the host and copied
+/// into weights the streamed layers share.
+async fn load_experts<'a, R: RangeSource + ?Sized>(
+    ld: &mut Loader<'a, '_>,
+    (g, src): (&'a Gguf, &R),
+    cfg: &TextConfig,
+    m: &MoeTensors<'a>,
+    streamed: bool,
+) -> Result<Experts, LoadError> {
+    let mc = cfg.moe.ok_or(LoadError::Unsupported {
+        name: m.router.name.clone(),
+        reason: "experts in a model without an expert count".into(),
+    })?;
+    let (ff, n) = (mc.n_ff as u64, mc.n_expert as u64);
+    let (gate, up) = gate_up_rows(&m.gate_up, ff);
+    let d = cfg.n_embd as u64;
+    let (gate_up, down, host) = if streamed {
+        let gate_up = ld.shared(gate.tensor, 2 * ff * n, 2 * ff)?;
+        let down = ld.shared(m.down, m.down.n_rows(), d)?;
+        let mut gate_up_tiles = Vec::with_capacity(gate_up.tiles.len());
+        for tile in &gate_up.tiles {
+            let range = tile.first_row..tile.first_row + tile.rows;
+            gate_up_tiles.push(interleaved_rows(g, src, gate, up, ff, range).await?);
+        }
+        let mut down_tiles = Vec::with_capacity(down.tiles.len());
+        for tile in &down.tiles {
+            let range = tile.first_row..tile.first_row + tile.rows;
+            down_tiles.push(stacked_rows(g, src, &[m.down], range).await?);
+        }
+        let host = HostExperts {
+            gate_up: gate_up.clone(),
+            down: down.clone(),
+            gate_up_tiles,
+            down_tiles,
+        };
+        (gate_up, down, Some(Arc::new(host)))
+    } else {
+        let gate_up = ld.interleaved(gate, up, ff, n)?;
+        (gate_up, ld.matrix(vec![m.down], d)?, None)
+    };
+    let inv_sqrt_d = 1.0 / (cfg.n_embd as f32).sqrt();
+    Ok(Experts {
+        router: ld.matrix(vec![m.router], 1)?,
+        router_scale: ld.vector_scaled(m.router_scale, inv_sqrt_d),
+        pre_norm: ld.vector(m.pre_norm),
+        post_norm_dense: ld.vector(m.post_norm_dense),
+        post_norm_experts: ld.vector(m.post_norm_experts),
+        gate_up,
+        down,
+        down_scale: m.down_scale.map(|s| ld.vector(s)),
+        host,
+    })
+}
+
+/// Reads every job's bytes and writes them into its weight, reporting progress.
+async fn upload<R: RangeSource + ?Sized>(
+    ctx: &GpuContext,
+    (g, src): (&Gguf, &R),
+    jobs: &[Job<'_>],
+    progress: &mut impl FnMut(LoadProgress),
+) -> Result<(), LoadError> {
+    let total: u64 = jobs.iter().map(Job::bytes).sum();
+    let mut done = 0;
+    for job in jobs {
+        match job {
+            Job::Stacked(parts, w) => {
+                for (i, tile) in w.tiles.iter().enumerate() {
+                    let range = tile.first_row..tile.first_row + tile.rows;
+                    let bytes = stacked_rows(g, src, parts, range).await?;
+                    w.write_tile(ctx, i, &bytes)?;
+                    done += bytes.len() as u64;
+                    progress(LoadProgress { done, total });
+                }
+            }
+            Job::Interleaved { gate, up, pairs, w } => {
+                for (i, tile) in w.tiles.iter().enumerate() {
+                    let range = tile.first_row..tile.first_row + tile.rows;
+                    let bytes = interleaved_rows(g, src, *gate, *up, *pairs, range).await?;
+                    w.write_tile(ctx, i, &bytes)?;
+                    done += bytes.len() as u64;
+                    progress(LoadProgress { done, total });
+                }
+            }
+            Job::Vector {
+                tensor,
+                view,
+                scale,
+            } => {
+                let bytes = src
+                    .read_range(g.tensor_range(tensor).start, tensor.n_bytes)
+                    .await?;
+                let mut values = match tensor.dtype {
+                    GgmlType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(&bytes),
+                    dt => dequantize_to_vec(dt, &bytes)?,
+                };
+                values.iter_mut().for_each(|v| *v *= scale);
+                ctx.write(&view.buffer, 0, bytemuck::cast_slice(&values));
+                done += tensor.n_bytes;
+                progress(LoadProgress { done, total });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Reads rows `rows` of the stacked `parts` (the bytes of a weight tile).
 async fn stacked_rows<R: RangeSource + ?Sized>(
     g: &Gguf,
@@ -560,7 +738,6 @@ impl GpuModel {
         let output = t.output.map(|o| ld.matrix(vec![o], 1)).transpose()?;
         let output_norm = ld.vector(t.output_norm);
         let rope_freqs = t.rope_freqs.map(|r| ld.vector(r));
-        let inv_sqrt_d = 1.0 / (cfg.n_embd as f32).sqrt();
         let ple = match (ple_table(g, cfg)?, &t.ple) {
             (Some(info), Some(p)) => Some(PleTable {
                 info: info.clone(),
@@ -573,159 +750,12 @@ impl GpuModel {
         };
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for lt in &t.layers {
-            let mut qkv_tensors = vec![lt.q];
-            qkv_tensors.extend(lt.k);
-            qkv_tensors.extend(lt.v);
-            let (qkv, qkv_width) = ld.parts(&qkv_tensors)?;
-            let out_scale = match lt.out_scale {
-                Some(s) => {
-                    let bytes = src.read_range(g.tensor_range(s).start, s.n_bytes).await?;
-                    dequantize_to_vec(s.dtype, &bytes)?
-                        .first()
-                        .copied()
-                        .unwrap_or(1.0)
-                }
-                None => 1.0,
-            };
-            let experts = match (&lt.moe, cfg.moe) {
-                (Some(m), Some(mc)) => {
-                    let (ff, n) = (mc.n_ff as u64, mc.n_expert as u64);
-                    let (gate, up) = match &m.gate_up {
-                        ExpertGateUp::Fused(t) => (
-                            RowSource {
-                                tensor: t,
-                                stride: 2 * ff,
-                                offset: 0,
-                            },
-                            RowSource {
-                                tensor: t,
-                                stride: 2 * ff,
-                                offset: ff,
-                            },
-                        ),
-                        ExpertGateUp::Split { gate, up } => (
-                            RowSource {
-                                tensor: gate,
-                                stride: ff,
-                                offset: 0,
-                            },
-                            RowSource {
-                                tensor: up,
-                                stride: ff,
-                                offset: 0,
-                            },
-                        ),
-                    };
-                    let d = cfg.n_embd as u64;
-                    let (gate_up, down, host) = if streamed {
-                        let gate_up = ld.shared(gate.tensor, 2 * ff * n, 2 * ff)?;
-                        let down = ld.shared(m.down, m.down.n_rows(), d)?;
-                        let mut gate_up_tiles = Vec::with_capacity(gate_up.tiles.len());
-                        for tile in &gate_up.tiles {
-                            let range = tile.first_row..tile.first_row + tile.rows;
-                            gate_up_tiles
-                                .push(interleaved_rows(g, src, gate, up, ff, range).await?);
-                        }
-                        let mut down_tiles = Vec::with_capacity(down.tiles.len());
-                        for tile in &down.tiles {
-                            let range = tile.first_row..tile.first_row + tile.rows;
-                            down_tiles.push(stacked_rows(g, src, &[m.down], range).await?);
-                        }
-                        let host = HostExperts {
-                            gate_up: gate_up.clone(),
-                            down: down.clone(),
-                            gate_up_tiles,
-                            down_tiles,
-                        };
-                        (gate_up, down, Some(Arc::new(host)))
-                    } else {
-                        let gate_up = ld.interleaved(gate, up, ff, n)?;
-                        (gate_up, ld.matrix(vec![m.down], d)?, None)
-                    };
-                    Some(Experts {
-                        router: ld.matrix(vec![m.router], 1)?,
-                        router_scale: ld.vector_scaled(m.router_scale, inv_sqrt_d),
-                        pre_norm: ld.vector(m.pre_norm),
-                        post_norm_dense: ld.vector(m.post_norm_dense),
-                        post_norm_experts: ld.vector(m.post_norm_experts),
-                        gate_up,
-                        down,
-                        down_scale: m.down_scale.map(|s| ld.vector(s)),
-                        host,
-                    })
-                }
-                _ => None,
-            };
-            layers.push(Layer {
-                attn_norm: ld.vector(lt.attn_norm),
-                qkv,
-                qkv_width,
-                k_is_v: lt.k.is_some() && lt.v.is_none(),
-                q_norm: ld.vector(lt.q_norm),
-                k_norm: lt.k_norm.map(|k| ld.vector(k)),
-                o: ld.matrix(vec![lt.o], 1)?,
-                post_attn_norm: ld.vector(lt.post_attn_norm),
-                ffn_norm: ld.vector(lt.ffn_norm),
-                gate_up: ld.gate_up(lt.gate, lt.up)?,
-                down: ld.matrix(vec![lt.down], 1)?,
-                post_ffw_norm: ld.vector(lt.post_ffw_norm),
-                out_scale,
-                ple: match &lt.ple {
-                    Some(p) => Some(PleLayer {
-                        inp_gate: ld.matrix(vec![p.inp_gate], 1)?,
-                        proj: ld.matrix(vec![p.proj], 1)?,
-                        post_norm: ld.vector(p.post_norm),
-                    }),
-                    None => None,
-                },
-                experts,
-            });
+            layers.push(load_layer(&mut ld, (g, src), cfg, lt, streamed).await?);
         }
-        let total: u64 = ld.jobs.iter().map(Job::bytes).sum();
-        let mut done = 0;
         if opts.weights == WeightBytes::Skip {
             ld.jobs.clear();
         }
-        for job in &ld.jobs {
-            match job {
-                Job::Stacked(parts, w) => {
-                    for (i, tile) in w.tiles.iter().enumerate() {
-                        let bytes =
-                            stacked_rows(g, src, parts, tile.first_row..tile.first_row + tile.rows)
-                                .await?;
-                        w.write_tile(&ctx, i, &bytes)?;
-                        done += bytes.len() as u64;
-                        progress(LoadProgress { done, total });
-                    }
-                }
-                Job::Interleaved { gate, up, pairs, w } => {
-                    for (i, tile) in w.tiles.iter().enumerate() {
-                        let range = tile.first_row..tile.first_row + tile.rows;
-                        let bytes = interleaved_rows(g, src, *gate, *up, *pairs, range).await?;
-                        w.write_tile(&ctx, i, &bytes)?;
-                        done += bytes.len() as u64;
-                        progress(LoadProgress { done, total });
-                    }
-                }
-                Job::Vector {
-                    tensor,
-                    view,
-                    scale,
-                } => {
-                    let bytes = src
-                        .read_range(g.tensor_range(tensor).start, tensor.n_bytes)
-                        .await?;
-                    let mut values = match tensor.dtype {
-                        GgmlType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(&bytes),
-                        dt => dequantize_to_vec(dt, &bytes)?,
-                    };
-                    values.iter_mut().for_each(|v| *v *= scale);
-                    ctx.write(&view.buffer, 0, bytemuck::cast_slice(&values));
-                    done += tensor.n_bytes;
-                    progress(LoadProgress { done, total });
-                }
-            }
-        }
+        upload(&ctx, (g, src), &ld.jobs, &mut progress).await?;
         ctx.check()?;
         Ok(Self {
             cfg: cfg.clone(),
