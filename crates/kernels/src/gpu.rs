@@ -121,6 +121,8 @@ pub struct Dispatch {
     /// What each binding number holds, and the parameter block's layout: what
     /// [`crate::reflect`] checks against the kernel's WGSL.
     pub bindings: Arc<[BindKind]>,
+    /// The bound fields' numbers and WGSL names ([`KernelBindings::NAMES`]).
+    pub binding_names: &'static [(u32, &'static [&'static str])],
     pub params_layout: Option<ParamsLayout>,
     /// The parameter block's buffer and offset.
     params: Option<(wgpu::Buffer, u64)>,
@@ -153,7 +155,53 @@ pub enum BindKind {
     Unused,
 }
 
+/// A kernel's bindings as named fields, each with its binding number and the WGSL variable
+/// names it may have (the variants of one file name a few bindings after what they hold
+/// there). `crate::reflect` checks kinds and names against the shader; the struct is the one
+/// place a kernel's binding numbers are written.
+pub trait KernelBindings<'a> {
+    /// Per bound field: its binding number and the WGSL names it may have.
+    const NAMES: &'static [(u32, &'static [&'static str])];
+    /// The bindings by number (`Bind::Skip` in the gaps).
+    fn into_binds(self) -> Vec<Bind<'a>>;
+}
+
+/// Declares a [`KernelBindings`] struct: each field a [`Bind`] with its binding number,
+/// named as its WGSL variable or given the names it may have (`x: 1 = ["x", "xg"]`).
+macro_rules! kernel_bindings {
+    ($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident: $num:literal $(= [$($alias:literal),+])?),* $(,)? }) => {
+        $(#[$meta])*
+        pub struct $name<'a> {
+            $($(#[$fmeta])* pub $field: $crate::Bind<'a>),*
+        }
+
+        impl<'a> $crate::gpu::KernelBindings<'a> for $name<'a> {
+            const NAMES: &'static [(u32, &'static [&'static str])] =
+                &[$(($num, kernel_bindings!(@names $field $(, [$($alias),+])?))),*];
+
+            fn into_binds(self) -> Vec<$crate::Bind<'a>> {
+                let mut out = Vec::new();
+                $(
+                    if out.len() <= $num {
+                        out.resize_with($num + 1, || $crate::Bind::Skip);
+                    }
+                    out[$num] = self.$field;
+                )*
+                out
+            }
+        }
+    };
+    (@names $field:ident) => { &[stringify!($field)] };
+    (@names $field:ident, [$($alias:literal),+]) => { &[$($alias),+] };
+}
+pub(crate) use kernel_bindings;
+
 impl Bind<'_> {
+    /// A storage binding of `view`, or none.
+    pub fn opt(view: Option<&View>) -> Bind<'_> {
+        view.map_or(Bind::Skip, Bind::Storage)
+    }
+
     fn kind(&self) -> BindKind {
         match self {
             Bind::Storage(_) => BindKind::Storage,
@@ -203,8 +251,22 @@ impl GpuContext {
         }
     }
 
-    /// Builds a dispatch of `source`'s pipeline over `binds` (binding i = `binds[i]`).
-    pub fn dispatch(
+    /// Builds a dispatch of `pipeline` over `bindings`.
+    pub fn dispatch<'a, B: KernelBindings<'a>>(
+        &self,
+        label: &'static str,
+        pipeline: Pipeline,
+        bindings: B,
+        workgroups: [u32; 3],
+    ) -> Result<Dispatch, GpuError> {
+        let binds = bindings.into_binds();
+        let mut d = self.dispatch_binds(label, pipeline, &binds, workgroups)?;
+        d.binding_names = B::NAMES;
+        Ok(d)
+    }
+
+    /// Builds a dispatch of `pipeline` over `binds` (binding i = `binds[i]`).
+    fn dispatch_binds(
         &self,
         label: &'static str,
         pipeline: Pipeline,
@@ -282,6 +344,7 @@ impl GpuContext {
             bind_group,
             workgroups,
             bindings: binds.iter().map(Bind::kind).collect(),
+            binding_names: &[],
             params_layout,
             params: params.into_iter().flatten().next().map(|(b, o, _)| (b, o)),
         })

@@ -17,7 +17,7 @@ mod weights;
 
 pub use context::{ContextOptions, GpuContext, GpuError, GpuFeatures, Pipeline};
 pub use device_class::DeviceClass;
-pub use gpu::{Bind, BindKind, Dispatch, Profiler, Recorder, View, WaitMode};
+pub use gpu::{Bind, BindKind, Dispatch, KernelBindings, Profiler, Recorder, View, WaitMode};
 pub use params::{KernelParams, Params};
 pub use shader::ShaderSource;
 pub use tensor::{DType, Layout4, MAX_RANK, Tensor};

@@ -4,7 +4,7 @@
 //! - every flag the dispatcher set is read by an `#if` of its files (a misspelt flag would
 //!   silently select the other branch);
 //! - the bindings the dispatch fills are the ones the variant declares, storage to storage and
-//!   parameter block to uniform;
+//!   parameter block to uniform, each named as its Rust field says (`KernelBindings::NAMES`);
 //! - the parameter struct's members have the Rust struct's names and offsets, and its size.
 
 use std::collections::{BTreeMap, HashSet};
@@ -31,7 +31,12 @@ pub struct Reflection {
 }
 
 /// A kernel variant as a dispatch binds it.
-type Variant = (Arc<str>, Arc<[BindKind]>, Option<ParamsLayout>);
+type Variant = (
+    Arc<str>,
+    Arc<[BindKind]>,
+    &'static [(u32, &'static [&'static str])],
+    Option<ParamsLayout>,
+);
 
 impl Reflection {
     /// Every problem with those of `dispatches` not checked before.
@@ -42,7 +47,12 @@ impl Reflection {
     ) -> Vec<String> {
         let mut problems = Vec::new();
         for d in dispatches {
-            let key = (d.kernel.clone(), d.bindings.clone(), d.params_layout);
+            let key = (
+                d.kernel.clone(),
+                d.bindings.clone(),
+                d.binding_names,
+                d.params_layout,
+            );
             if !self.seen.insert(key) {
                 continue;
             }
@@ -71,14 +81,15 @@ pub fn check_dispatch(ctx: &GpuContext, d: &Dispatch) -> Result<(), String> {
         .map(|(i, k)| (i as u32, *k))
         .collect();
     let kinds = |m: &BTreeMap<u32, _>| -> Vec<(u32, BindKind)> {
-        m.iter().map(|(i, (k, _))| (*i, *k)).collect()
+        m.iter().map(|(i, (k, _, _))| (*i, *k)).collect()
     };
     let want = kinds(&declared);
     let got: Vec<(u32, BindKind)> = bound.into_iter().collect();
     if got != want {
         return Err(format!("binds {got:?}, the shader declares {want:?}"));
     }
-    let uniform = declared.values().find_map(|(k, ty)| match k {
+    check_names(d, &declared)?;
+    let uniform = declared.values().find_map(|(k, ty, _)| match k {
         BindKind::Uniform => *ty,
         _ => None,
     });
@@ -128,9 +139,29 @@ fn check_flags(source: &ShaderSource) -> Result<(), String> {
     }
 }
 
-type Declared = BTreeMap<u32, (BindKind, Option<naga::Handle<naga::Type>>)>;
+/// Each bound binding is one the dispatch's bindings struct names, under one of the names it
+/// allows.
+fn check_names(d: &Dispatch, declared: &Declared) -> Result<(), String> {
+    for (num, (_, _, name)) in declared {
+        let allowed = d
+            .binding_names
+            .iter()
+            .find(|(n, _)| n == num)
+            .map(|(_, names)| *names)
+            .ok_or_else(|| format!("binding {num} ({name}) is no field of the bindings struct"))?;
+        if !allowed.contains(&name.as_str()) {
+            return Err(format!(
+                "binding {num} is {name} in the shader, {allowed:?} in Rust"
+            ));
+        }
+    }
+    Ok(())
+}
 
-/// The module's bindings (group 0) by number: storage or uniform, and a uniform's type.
+type Declared = BTreeMap<u32, (BindKind, Option<naga::Handle<naga::Type>>, String)>;
+
+/// The module's bindings (group 0) by number: storage or uniform, a uniform's type, and the
+/// variable's name.
 fn declared_bindings(module: &naga::Module) -> Result<Declared, String> {
     let mut out = BTreeMap::new();
     for (_, var) in module.global_variables.iter() {
@@ -145,7 +176,8 @@ fn declared_bindings(module: &naga::Module) -> Result<Declared, String> {
             naga::AddressSpace::Storage { .. } => (BindKind::Storage, None),
             other => return Err(format!("binding {} in {other:?}", binding.binding)),
         };
-        out.insert(binding.binding, kind);
+        let name = var.name.clone().unwrap_or_default();
+        out.insert(binding.binding, (kind.0, kind.1, name));
     }
     Ok(out)
 }
@@ -164,5 +196,70 @@ fn struct_layout(
             *span,
         )),
         other => Err(format!("the uniform is a {other:?}, not a struct")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{Bind, View, kernel_bindings};
+    use crate::params::{ElementwiseParams, Params};
+    use crate::{DeviceClass, GpuContext};
+
+    kernel_bindings!(
+        /// `elementwise.wgsl`'s bindings with `y` misnamed.
+        Misnamed { a: 0, b: 1, out: 2, p: 3 }
+    );
+
+    kernel_bindings!(
+        /// `elementwise.wgsl`'s bindings one short.
+        Short { a: 0, b: 1, y: 2 }
+    );
+
+    /// A bindings struct that names a binding otherwise than the shader, or leaves one out, is
+    /// caught.
+    #[test]
+    fn bindings_named_otherwise_than_the_shader_are_caught() {
+        let ctx = pollster::block_on(GpuContext::emulating(DeviceClass::Lavapipe)).unwrap();
+        let source = ShaderSource::new(
+            "elementwise",
+            &[
+                include_str!("wgsl/activations.wgsl"),
+                include_str!("wgsl/elementwise.wgsl"),
+            ],
+        )
+        .flag("ADD");
+        let [a, y] = [0, 1].map(|i| View::of(&ctx.storage(&format!("t{i}"), 64)));
+        let params = || Bind::Params(Params::of(&ElementwiseParams::over(4, 0.0)));
+        let misnamed = Misnamed {
+            a: Bind::Storage(&a),
+            b: Bind::Skip,
+            out: Bind::Storage(&y),
+            p: params(),
+        };
+        let d = ctx
+            .dispatch("add", ctx.pipeline(&source), misnamed, [1, 1, 1])
+            .unwrap();
+        let e = check_dispatch(&ctx, &d).unwrap_err();
+        assert!(e.contains("binding 2 is y"), "{e}");
+        let short = Short {
+            a: Bind::Storage(&a),
+            b: Bind::Skip,
+            y: Bind::Storage(&y),
+        };
+        // Its kinds made to match (only the names are under test): a struct without the
+        // uniform's field.
+        let mut d = ctx
+            .dispatch("add", ctx.pipeline(&source), short, [1, 1, 1])
+            .unwrap();
+        d.bindings = [
+            BindKind::Storage,
+            BindKind::Unused,
+            BindKind::Storage,
+            BindKind::Uniform,
+        ]
+        .into();
+        let e = check_dispatch(&ctx, &d).unwrap_err();
+        assert!(e.contains("binding 3 (p) is no field"), "{e}");
     }
 }

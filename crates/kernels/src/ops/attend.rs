@@ -7,6 +7,11 @@ use super::*;
 
 const ATTEND_WGSL: &str = include_str!("../wgsl/attend.wgsl");
 
+kernel_bindings!(
+    /// `attend.wgsl`.
+    AttendBindings { q: 0, k: 1, v: 2, o: 3, p: 4, span: 5, r: 6 }
+);
+
 /// Which keys a query sees. Positions: query row `i` is at `q_pos0 + i`, key `j` at `j`.
 #[derive(Clone, Copy, Debug)]
 pub enum Mask<'a> {
@@ -162,15 +167,15 @@ pub fn attend(ctx: &GpuContext, a: &Attend<'_>, out: &Tensor) -> Result<Dispatch
     ctx.dispatch(
         "attend",
         ctx.pipeline(&source),
-        &[
-            Bind::Storage(a.q.view()),
-            Bind::Storage(a.k.view()),
-            Bind::Storage(a.v.view()),
-            Bind::Storage(out.view()),
-            Bind::Params(Params::of(&params)),
+        AttendBindings {
+            q: Bind::Storage(a.q.view()),
+            k: Bind::Storage(a.k.view()),
+            v: Bind::Storage(a.v.view()),
+            o: Bind::Storage(out.view()),
+            p: Bind::Params(Params::of(&params)),
             span,
-            a.relative.map_or(Bind::Skip, |r| Bind::Storage(r.view())),
-        ],
+            r: Bind::opt(a.relative.map(Tensor::view)),
+        },
         grid(ctx, items, 1),
     )
 }

@@ -2,6 +2,55 @@
 
 use super::*;
 
+kernel_bindings!(
+    /// `kv_store.wgsl`.
+    KvStoreBindings {
+        src: 0,
+        cache: 1,
+        positions: 2,
+        p: 3,
+    }
+);
+
+kernel_bindings!(
+    /// `attention.wgsl`.
+    AttentionBindings {
+        q: 0,
+        kc: 1,
+        vc: 2,
+        positions: 3,
+        out: 4,
+        p: 5,
+    }
+);
+
+kernel_bindings!(
+    /// `attn_split.wgsl` (`q_norm`, `k_norm`, `ff` with HEAD_POST).
+    AttnSplitBindings {
+        q: 0,
+        kc: 1,
+        vc: 2,
+        positions: 3,
+        part: 4,
+        p: 5,
+        q_norm: 6,
+        k_norm: 7,
+        ff: 8,
+    }
+);
+
+kernel_bindings!(
+    /// `attn_combine.wgsl` (the caches with KV_STORE).
+    AttnCombineBindings {
+        part: 0,
+        positions: 1,
+        out: 2,
+        p: 3,
+        kc: 4,
+        vc: 5,
+    }
+);
+
 /// Writes `m` rows of `row` values (`src_stride` apart) into `cache` at the rows given by
 /// `positions` (positions at or past `capacity` are dropped).
 pub fn kv_store(
@@ -29,12 +78,12 @@ pub fn kv_store(
     ctx.dispatch(
         "kv_store",
         ctx.pipeline(&source),
-        &[
-            Bind::Storage(src),
-            Bind::Storage(cache),
-            Bind::Storage(positions),
-            Bind::Params(params),
-        ],
+        KvStoreBindings {
+            src: Bind::Storage(src),
+            cache: Bind::Storage(cache),
+            positions: Bind::Storage(positions),
+            p: Bind::Params(params),
+        },
         [row.div_ceil(256), m, 1],
     )
 }
@@ -115,14 +164,14 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
     ctx.dispatch(
         "attention",
         ctx.pipeline(&source),
-        &[
-            Bind::Storage(a.q),
-            Bind::Storage(a.k_cache),
-            Bind::Storage(a.v_cache),
-            Bind::Storage(a.positions),
-            Bind::Storage(a.out),
-            Bind::Params(params),
-        ],
+        AttentionBindings {
+            q: Bind::Storage(a.q),
+            kc: Bind::Storage(a.k_cache),
+            vc: Bind::Storage(a.v_cache),
+            positions: Bind::Storage(a.positions),
+            out: Bind::Storage(a.out),
+            p: Bind::Params(params),
+        },
         [a.n_kv_head, a.tokens, 1],
     )
 }
@@ -246,14 +295,17 @@ pub fn attention_split<'a>(
         &[ACTIVATIONS_WGSL, REDUCE_WGSL, ATTN_SPLIT_WGSL]
     };
     let mut source = ShaderSource::new("attn_split", parts).constant("HD", f64::from(a.head_dim));
-    let mut binds = vec![
-        Bind::Storage(a.q),
-        Bind::Storage(a.k_cache),
-        Bind::Storage(a.v_cache),
-        Bind::Storage(a.positions),
-        Bind::Storage(scratch),
-        Bind::Params(params),
-    ];
+    let mut binds = AttnSplitBindings {
+        q: Bind::Storage(a.q),
+        kc: Bind::Storage(a.k_cache),
+        vc: Bind::Storage(a.v_cache),
+        positions: Bind::Storage(a.positions),
+        part: Bind::Storage(scratch),
+        p: Bind::Params(params),
+        q_norm: Bind::Skip,
+        k_norm: Bind::Skip,
+        ff: Bind::Skip,
+    };
     if let Some(h) = post {
         check_fused_heads(a, q_offset, h)?;
         let kv = h.kv.as_ref();
@@ -263,16 +315,14 @@ pub fn attention_split<'a>(
             .flag_if(kv.is_some_and(|kv| kv.k_is_v), "K_IS_V")
             .flag_if(kv.is_some_and(|kv| kv.v_norm), "V_NORM")
             .flag_if(h.freq_factors.is_some(), "FREQ_FACTORS");
-        binds.push(Bind::Storage(h.q_norm));
-        binds.push(Bind::Storage(kv.map_or(h.q_norm, |kv| kv.k_norm)));
-        if let Some(ff) = h.freq_factors {
-            binds.push(Bind::Storage(ff));
-        }
+        binds.q_norm = Bind::Storage(h.q_norm);
+        binds.k_norm = Bind::Storage(kv.map_or(h.q_norm, |kv| kv.k_norm));
+        binds.ff = Bind::opt(h.freq_factors);
     }
     let split = ctx.dispatch(
         "attn_split",
         ctx.pipeline(&source),
-        &binds,
+        binds,
         [a.n_head, chunks, 1],
     )?;
     let merge = AttentionMerge {
@@ -299,15 +349,21 @@ pub fn attention_combine(
         max_chunks: merge.capacity.div_ceil(ATTN_CHUNK),
         capacity: merge.capacity,
     });
-    let mut binds = vec![
-        Bind::Storage(merge.scratch),
-        Bind::Storage(a.positions),
-        Bind::Storage(a.out),
-        Bind::Params(params),
-    ];
-    if merge.store_kv {
-        binds.extend([Bind::Storage(a.k_cache), Bind::Storage(a.v_cache)]);
-    }
+    let kv = |v| {
+        if merge.store_kv {
+            Bind::Storage(v)
+        } else {
+            Bind::Skip
+        }
+    };
+    let binds = AttnCombineBindings {
+        part: Bind::Storage(merge.scratch),
+        positions: Bind::Storage(a.positions),
+        out: Bind::Storage(a.out),
+        p: Bind::Params(params),
+        kc: kv(a.k_cache),
+        vc: kv(a.v_cache),
+    };
     ctx.dispatch(
         "attn_combine",
         ctx.pipeline(
@@ -317,7 +373,7 @@ pub fn attention_combine(
             )
             .flag_if(merge.store_kv, "KV_STORE"),
         ),
-        &binds,
+        binds,
         [a.n_head, 1, 1],
     )
 }

@@ -6,6 +6,11 @@ use super::*;
 
 const CONV_WGSL: &str = include_str!("../wgsl/conv.wgsl");
 
+kernel_bindings!(
+    /// `conv.wgsl`.
+    ConvBindings { x: 0, y: 1, p: 2, wt: 3, bias: 4 }
+);
+
 /// A 2-D window: kernel size, stride and zero padding, each (rows, columns).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Window2d {
@@ -77,7 +82,7 @@ fn conv_dispatch(
     ctx: &GpuContext,
     kind: ConvKind,
     p: ConvParams,
-    binds: &[Bind<'_>],
+    binds: ConvBindings<'_>,
 ) -> Result<Dispatch, GpuError> {
     ctx.dispatch(
         "conv",
@@ -125,12 +130,14 @@ pub fn im2col(
         x,
         cols,
     );
-    let binds = [
-        Bind::Storage(x.view()),
-        Bind::Storage(cols.view()),
-        Bind::Params(Params::of(&p)),
-    ];
-    conv_dispatch(ctx, ConvKind::Im2col, p, &binds)
+    let binds = ConvBindings {
+        x: Bind::Storage(x.view()),
+        y: Bind::Storage(cols.view()),
+        p: Bind::Params(Params::of(&p)),
+        wt: Bind::Skip,
+        bias: Bind::Skip,
+    };
+    conv_dispatch(ctx, ConvKind::Im2col, p, binds)
 }
 
 /// The causal depthwise convolution over time: `y[t, c] = sum_j w[c, j] * x[t - (k - 1) + j,
@@ -173,17 +180,17 @@ pub fn depthwise_conv1d(
         x,
         y,
     );
-    let binds = [
-        Bind::Storage(x.view()),
-        Bind::Storage(y.view()),
-        Bind::Params(Params::of(&p)),
-        Bind::Storage(w.view()),
-        bias.map_or(Bind::Skip, |b| Bind::Storage(b.view())),
-    ];
+    let binds = ConvBindings {
+        x: Bind::Storage(x.view()),
+        y: Bind::Storage(y.view()),
+        p: Bind::Params(Params::of(&p)),
+        wt: Bind::Storage(w.view()),
+        bias: Bind::opt(bias.map(Tensor::view)),
+    };
     let kind = ConvKind::Depthwise {
         bias: bias.is_some(),
     };
-    conv_dispatch(ctx, kind, p, &binds)
+    conv_dispatch(ctx, kind, p, binds)
 }
 
 /// 2-D average pooling of `x` `[h, w, c]` (channels last, any layout) into `y` `[oh, ow, c]`
@@ -222,10 +229,12 @@ pub fn avg_pool2d(
         x,
         y,
     );
-    let binds = [
-        Bind::Storage(x.view()),
-        Bind::Storage(y.view()),
-        Bind::Params(Params::of(&p)),
-    ];
-    conv_dispatch(ctx, ConvKind::AvgPool, p, &binds)
+    let binds = ConvBindings {
+        x: Bind::Storage(x.view()),
+        y: Bind::Storage(y.view()),
+        p: Bind::Params(Params::of(&p)),
+        wt: Bind::Skip,
+        bias: Bind::Skip,
+    };
+    conv_dispatch(ctx, ConvKind::AvgPool, p, binds)
 }

@@ -2,6 +2,11 @@
 
 use super::*;
 
+kernel_bindings!(
+    /// `elementwise.wgsl`.
+    ElementwiseBindings { a: 0, b: 1, y: 2, p: 3 }
+);
+
 /// Elementwise operations of [`elementwise`].
 pub enum Elementwise<'a> {
     /// `y[r, c] = gelu_tanh(gate[r * gate_stride + c]) * up[r * up_stride + c]` (interleaved
@@ -70,16 +75,16 @@ pub fn elementwise(
         Elementwise::Softcap(c) => ("SOFTCAP", None, None, ElementwiseParams::over(n, c)),
     };
     let source = ShaderSource::new("elementwise", &[ACTIVATIONS_WGSL, ELEMENTWISE_WGSL]).flag(flag);
-    let binds = [
-        a.map_or(Bind::Skip, Bind::Storage),
-        b.map_or(Bind::Skip, Bind::Storage),
-        Bind::Storage(y),
-        Bind::Params(Params::of(&params)),
-    ];
+    let binds = ElementwiseBindings {
+        a: Bind::opt(a),
+        b: Bind::opt(b),
+        y: Bind::Storage(y),
+        p: Bind::Params(Params::of(&params)),
+    };
     ctx.dispatch(
         flag_label(flag),
         ctx.pipeline(&source),
-        &binds,
+        binds,
         grid(ctx, n.div_ceil(256), 1),
     )
 }

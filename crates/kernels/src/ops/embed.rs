@@ -2,6 +2,11 @@
 
 use super::*;
 
+kernel_bindings!(
+    /// `embed.wgsl` (the table read through `bytes.wgsl`).
+    EmbedBindings { w: 0 = ["w", "w4"], ids: 1, out: 2, p: 3 }
+);
+
 /// How [`embed`] writes the rows it gathers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EmbedOut {
@@ -46,12 +51,12 @@ pub fn embed(
             ctx.dispatch(
                 "embed",
                 pipeline.clone(),
-                &[
-                    Bind::Storage(&wv),
-                    Bind::Storage(ids),
-                    Bind::Storage(out),
-                    Bind::Params(params),
-                ],
+                EmbedBindings {
+                    w: Bind::Storage(&wv),
+                    ids: Bind::Storage(ids),
+                    out: Bind::Storage(out),
+                    p: Bind::Params(params),
+                },
                 grid(ctx, m, units.div_ceil(64)),
             )
         })

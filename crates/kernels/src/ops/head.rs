@@ -2,6 +2,20 @@
 
 use super::*;
 
+kernel_bindings!(
+    /// `head_post.wgsl`.
+    HeadPostBindings {
+        qkv: 0,
+        q_norm: 1,
+        k_norm: 2,
+        k_cache: 3,
+        v_cache: 4,
+        positions: 5,
+        p: 6,
+        ff: 7,
+    }
+);
+
 /// Arguments of [`head_post`].
 pub struct HeadPostArgs<'a> {
     /// Per token `[q | k | v]` (v absent when `k_is_v`), `stride` floats apart.
@@ -113,22 +127,20 @@ pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, Gpu
         base: a.base,
         freq_scale: a.freq_scale,
     });
-    let mut binds = vec![
-        Bind::Storage(a.qkv),
-        Bind::Storage(a.q_norm),
-        Bind::Storage(k_norm),
-        Bind::Storage(&kc),
-        Bind::Storage(&vc),
-        Bind::Storage(a.positions),
-        Bind::Params(params),
-    ];
-    if let Some(ff) = a.freq_factors {
-        binds.push(Bind::Storage(ff));
-    }
+    let binds = HeadPostBindings {
+        qkv: Bind::Storage(a.qkv),
+        q_norm: Bind::Storage(a.q_norm),
+        k_norm: Bind::Storage(k_norm),
+        k_cache: Bind::Storage(&kc),
+        v_cache: Bind::Storage(&vc),
+        positions: Bind::Storage(a.positions),
+        p: Bind::Params(params),
+        ff: Bind::opt(a.freq_factors),
+    };
     ctx.dispatch(
         "head_post",
         ctx.pipeline(&source),
-        &binds,
+        binds,
         [a.n_head + n_kv, a.tokens, 1],
     )
 }

@@ -2,6 +2,17 @@
 
 use super::*;
 
+kernel_bindings!(
+    /// `matmul.wgsl` and `matmul_coop.wgsl` (with `matmul_io.wgsl`); `groups` for the
+    /// experts' products.
+    MatmulBindings { w: 0 = ["w", "w4"], x: 1, y: 2, p: 3, groups: 4 }
+);
+
+kernel_bindings!(
+    /// `matmul_parts.wgsl`.
+    MatmulPartsBindings { part: 0, y: 1, p: 2 }
+);
+
 /// Arguments of [`matmul`]: `y[t, r] = sum_k W[r, k] x[t, k]` for tokens t < `m`.
 pub struct MatmulArgs<'a> {
     pub x: &'a View,
@@ -202,12 +213,13 @@ pub fn matmul_in_parts(
             ctx.dispatch(
                 "matmul",
                 pipeline.clone(),
-                &[
-                    Bind::Storage(&wv),
-                    Bind::Storage(a.x),
-                    Bind::Storage(y),
-                    Bind::Params(params),
-                ],
+                MatmulBindings {
+                    w: Bind::Storage(&wv),
+                    x: Bind::Storage(a.x),
+                    y: Bind::Storage(y),
+                    p: Bind::Params(params),
+                    groups: Bind::Skip,
+                },
                 [rows.div_ceil(tile_rows), a.m.div_ceil(64), parts.max(1)],
             )
         })
@@ -226,7 +238,11 @@ pub fn matmul_in_parts(
         dispatches.push(ctx.dispatch(
             "matmul_parts",
             ctx.pipeline(&source),
-            &[Bind::Storage(v), Bind::Storage(a.y), Bind::Params(params)],
+            MatmulPartsBindings {
+                part: Bind::Storage(v),
+                y: Bind::Storage(a.y),
+                p: Bind::Params(params),
+            },
             grid(ctx, (part_floats as u32).div_ceil(256), 1),
         )?);
     }

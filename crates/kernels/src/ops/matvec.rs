@@ -110,14 +110,14 @@ pub fn residual_norm(
     ctx.dispatch(
         "residual_norm",
         ctx.pipeline(&source),
-        &[
-            Bind::Storage(res),
-            Bind::Storage(out),
-            Bind::Params(params),
-            Bind::Storage(weight),
-            Bind::Storage(delta),
-            Bind::Storage(post),
-        ],
+        NormBindings {
+            x: Bind::Storage(res),
+            y: Bind::Storage(out),
+            p: Bind::Params(params),
+            nw: Bind::Storage(weight),
+            delta: Bind::Storage(delta),
+            post: Bind::Storage(post),
+        },
         grid(ctx, rows, 1),
     )
 }
@@ -373,94 +373,70 @@ impl<'a> MatvecJob<'a> {
     }
 }
 
-/// The one-token kernel for `w` as `job` says: one dispatch per tile.
-/// The buffers a matrix-vector product binds, by what they hold. Each variant of
-/// `matvec.wgsl` declares the ones its flags use; `binds` is the one place their binding
-/// numbers are written.
-struct MatvecBindings<'a> {
-    w: &'a View,
-    /// The input, or with `MERGE` the split attention's chunks.
-    x: &'a View,
-    y: &'a View,
-    params: Params,
-    /// `EXPERTS`: each slot's expert.
-    sel: Option<&'a View>,
-    /// `RESIDUAL`: the block's output joining the stream (an experts' dense branch with
-    /// `MOE_DELTA`), its post-norm weight, the updated stream.
-    delta: Option<&'a View>,
-    post: Option<&'a View>,
-    res_out: Option<&'a View>,
-    /// `PRENORM`: the next block's norm weight and its normed input; `NORM_IN`: the input's
-    /// norm weight.
-    pre: Option<&'a View>,
-    normed: Option<&'a View>,
-    /// `GELU_TIMES`: the factor.
-    times: Option<&'a View>,
-    /// `MERGE`: the token's position; `KV_STORE`: the caches.
-    positions: Option<&'a View>,
-    k_cache: Option<&'a View>,
-    v_cache: Option<&'a View>,
-    /// `MOE_DELTA`: the experts' outputs and the two post-norm weights.
-    experts: Option<&'a View>,
-    dense_post: Option<&'a View>,
-    experts_post: Option<&'a View>,
-    /// The experts' weights: written by `ROUTE_IN`, read by `EXPERTS_SUM` and `MOE_WEIGHTED`.
-    expert_w: Option<&'a View>,
-    /// `ROUTE_IN`: the router's logits and the per-expert scale.
-    route_logits: Option<&'a View>,
-    route_scale: Option<&'a View>,
-}
+kernel_bindings!(
+    /// The buffers a matrix-vector product binds, by what they hold. Each variant of
+    /// `matvec.wgsl` declares the ones its flags use.
+    MatvecBindings {
+        w: 0 = ["w", "w4"],
+        /// The input (`xg` rounded to integers), or with `MERGE` the split attention's chunks.
+        x: 1 = ["x", "xg", "part"],
+        /// The output (`yq` rounded to integers).
+        y: 2 = ["y", "yq"],
+        p: 3,
+        /// `EXPERTS`: each slot's expert.
+        sel: 4,
+        /// `RESIDUAL`: the block's output joining the stream (an experts' dense branch with
+        /// `MOE_DELTA`), its post-norm weight, the updated stream.
+        delta: 5,
+        post: 6,
+        /// `PRENORM`: the next block's norm weight (with `normed`, its normed input);
+        /// `NORM_IN`: the input's norm weight.
+        pre: 7,
+        res_out: 8,
+        normed: 9,
+        /// `GELU_TIMES`: the factor.
+        times: 10,
+        /// `MERGE`: the token's position; `KV_STORE`: the caches.
+        positions: 11,
+        k_cache: 12 = ["kc"],
+        v_cache: 13 = ["vc"],
+        /// `MOE_DELTA`: the experts' outputs and the two post-norm weights.
+        experts: 14,
+        /// The experts' weights: written by `ROUTE_IN`, read by `EXPERTS_SUM` and
+        /// `MOE_WEIGHTED`.
+        expert_w: 15,
+        dense_post: 16,
+        experts_post: 17,
+        /// `ROUTE_IN`: the router's logits and the per-expert scale.
+        route_logits: 18,
+        route_scale: 19,
+    }
+);
 
 impl<'a> MatvecBindings<'a> {
     pub(super) fn new(w: &'a View, x: &'a View, y: &'a View, params: Params) -> Self {
         Self {
-            w,
-            x,
-            y,
-            params,
-            sel: None,
-            delta: None,
-            post: None,
-            res_out: None,
-            pre: None,
-            normed: None,
-            times: None,
-            positions: None,
-            k_cache: None,
-            v_cache: None,
-            experts: None,
-            dense_post: None,
-            experts_post: None,
-            expert_w: None,
-            route_logits: None,
-            route_scale: None,
+            w: Bind::Storage(w),
+            x: Bind::Storage(x),
+            y: Bind::Storage(y),
+            p: Bind::Params(params),
+            sel: Bind::Skip,
+            delta: Bind::Skip,
+            post: Bind::Skip,
+            pre: Bind::Skip,
+            res_out: Bind::Skip,
+            normed: Bind::Skip,
+            times: Bind::Skip,
+            positions: Bind::Skip,
+            k_cache: Bind::Skip,
+            v_cache: Bind::Skip,
+            experts: Bind::Skip,
+            expert_w: Bind::Skip,
+            dense_post: Bind::Skip,
+            experts_post: Bind::Skip,
+            route_logits: Bind::Skip,
+            route_scale: Bind::Skip,
         }
-    }
-
-    fn binds(self) -> Vec<Bind<'a>> {
-        let opt = |v: Option<&'a View>| v.map_or(Bind::Skip, Bind::Storage);
-        vec![
-            Bind::Storage(self.w),
-            Bind::Storage(self.x),
-            Bind::Storage(self.y),
-            Bind::Params(self.params),
-            opt(self.sel),
-            opt(self.delta),
-            opt(self.post),
-            opt(self.pre),
-            opt(self.res_out),
-            opt(self.normed),
-            opt(self.times),
-            opt(self.positions),
-            opt(self.k_cache),
-            opt(self.v_cache),
-            opt(self.experts),
-            opt(self.expert_w),
-            opt(self.dense_post),
-            opt(self.experts_post),
-            opt(self.route_logits),
-            opt(self.route_scale),
-        ]
     }
 }
 
@@ -481,6 +457,7 @@ struct MatvecPlan<'j, 'a> {
     xs_words: u32,
 }
 
+/// The one-token kernel for `w` as `job` says: one dispatch per tile.
 pub(super) fn matvec_dispatches(
     ctx: &GpuContext,
     w: &GpuWeight,
@@ -502,11 +479,11 @@ pub(super) fn matvec_dispatches(
         .map(|(ti, tile)| {
             let params = tile_params(w, &plan, ti, tile);
             let wv = View::of(&tile.buffer);
-            let binds = tile_bindings(&wv, job, Params::of(&params)).binds();
+            let binds = tile_bindings(&wv, job, Params::of(&params));
             ctx.dispatch(
                 label,
                 pipeline.clone(),
-                &binds,
+                binds,
                 grid(ctx, params.n.div_ceil(rows_per_group), job.m),
             )
         })
@@ -909,49 +886,49 @@ fn tile_params(
 /// The buffers a tile's dispatch binds.
 fn tile_bindings<'a>(wv: &'a View, job: &MatvecJob<'a>, params: Params) -> MatvecBindings<'a> {
     let mut b = MatvecBindings::new(wv, job.x, job.y, params);
-    b.sel = job.experts.map(|e| e.sel);
+    b.sel = Bind::opt(job.experts.map(|e| e.sel));
     if let Some(r) = job.route {
-        b.route_logits = Some(r.logits);
+        b.route_logits = Bind::Storage(r.logits);
         // Without a scale the shader reads none; the binding still needs a buffer.
-        b.route_scale = Some(r.expert_scale.unwrap_or(r.logits));
-        b.expert_w = Some(r.weight);
+        b.route_scale = Bind::Storage(r.expert_scale.unwrap_or(r.logits));
+        b.expert_w = Bind::Storage(r.weight);
     }
     if let Some(mg) = job.merge {
-        b.x = mg.scratch;
-        b.positions = Some(mg.attention.positions);
+        b.x = Bind::Storage(mg.scratch);
+        b.positions = Bind::Storage(mg.attention.positions);
         if mg.store_kv {
-            b.k_cache = Some(mg.attention.k_cache);
-            b.v_cache = Some(mg.attention.v_cache);
+            b.k_cache = Bind::Storage(mg.attention.k_cache);
+            b.v_cache = Bind::Storage(mg.attention.v_cache);
         }
     }
     if let Some(r) = job.residual {
         match r.delta {
-            Delta::Row(delta) => b.delta = Some(delta),
+            Delta::Row(delta) => b.delta = Bind::Storage(delta),
             Delta::Moe(mix) => {
-                b.delta = Some(mix.dense);
-                b.experts = Some(mix.experts);
+                b.delta = Bind::Storage(mix.dense);
+                b.experts = Bind::Storage(mix.experts);
                 if let Some(wv) = mix.weight {
-                    b.expert_w = Some(wv);
+                    b.expert_w = Bind::Storage(wv);
                 }
-                b.dense_post = Some(mix.dense_post);
-                b.experts_post = Some(mix.experts_post);
+                b.dense_post = Bind::Storage(mix.dense_post);
+                b.experts_post = Bind::Storage(mix.experts_post);
             }
         }
-        b.post = Some(r.post);
-        b.res_out = Some(r.res_out);
+        b.post = Bind::Storage(r.post);
+        b.res_out = Bind::Storage(r.res_out);
         if let Some((pre, normed)) = r.next_norm {
-            b.pre = Some(pre);
-            b.normed = Some(normed);
+            b.pre = Bind::Storage(pre);
+            b.normed = Bind::Storage(normed);
         }
     }
     if let Some(nm) = job.norm {
-        b.pre = Some(nm.weight);
+        b.pre = Bind::Storage(nm.weight);
     }
     if let Some(wv) = job.mixed {
-        b.expert_w = Some(wv);
+        b.expert_w = Bind::Storage(wv);
     }
     if let MatvecOut::GeluTimes { by, .. } = job.out {
-        b.times = Some(by);
+        b.times = Bind::Storage(by);
     }
     b
 }

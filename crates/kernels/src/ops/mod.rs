@@ -3,7 +3,7 @@
 //! the WGSL sources and the limits the families share are here.
 
 use crate::context::{GpuContext, GpuError, Pipeline};
-use crate::gpu::{Bind, Dispatch, View};
+use crate::gpu::{Bind, Dispatch, View, kernel_bindings};
 use crate::params::*;
 use crate::shader::{BYTES_WGSL, DTYPES_WGSL, ShaderSource};
 use crate::tensor::{DType, Layout4, Tensor};

@@ -32,20 +32,34 @@ impl ExpertRoute<'_> {
     }
 }
 
-/// `binds` with route.wgsl's bindings (18 and 19) after them.
-fn route_binds<'a>(
-    mut binds: Vec<Bind<'a>>,
-    logits: &'a View,
-    expert_scale: Option<&'a View>,
-) -> Vec<Bind<'a>> {
-    binds.resize_with(18, || Bind::Skip);
-    // Without a scale the shader reads none; the binding still needs a buffer.
-    binds.extend([
-        Bind::Storage(logits),
-        Bind::Storage(expert_scale.unwrap_or(logits)),
-    ]);
-    binds
-}
+kernel_bindings!(
+    /// `moe.wgsl` with GROUP.
+    MoeGroupBindings { sel: 0, groups: 1, p: 3 }
+);
+
+kernel_bindings!(
+    /// `moe.wgsl` with ROUTE (the logits and scales at `route.wgsl`'s numbers).
+    MoeRouteBindings {
+        sel: 1,
+        weight: 2,
+        p: 3,
+        route_logits: 18,
+        route_scale: 19,
+    }
+);
+
+kernel_bindings!(
+    /// `moe.wgsl` with MIX.
+    MoeMixBindings {
+        y: 0,
+        weight: 1,
+        out: 2,
+        p: 3,
+        dense: 4,
+        dense_post: 5,
+        experts_post: 6,
+    }
+);
 
 /// Storage buffers a routed expert product (normed input, gated output) binds: counted in its
 /// WGSL.
@@ -252,16 +266,15 @@ pub fn moe_group(
     ctx.dispatch(
         "moe_group",
         ctx.pipeline(&ShaderSource::new("moe", &[REDUCE_WGSL, MOE_WGSL]).flag("GROUP")),
-        &[
-            Bind::Storage(slots.sel),
-            Bind::Storage(groups.groups),
-            Bind::Skip,
-            Bind::Params(Params::of(&MoeParams {
+        MoeGroupBindings {
+            sel: Bind::Storage(slots.sel),
+            groups: Bind::Storage(groups.groups),
+            p: Bind::Params(Params::of(&MoeParams {
                 n_expert: n,
                 k: slots.slots,
                 ..MoeParams::default()
             })),
-        ],
+        },
         [1, 1, 1],
     )
 }
@@ -333,13 +346,13 @@ pub fn expert_matmul(
             ctx.dispatch(
                 "expert_matmul",
                 pipeline.clone(),
-                &[
-                    Bind::Storage(&wv),
-                    Bind::Storage(x),
-                    Bind::Storage(y),
-                    Bind::Params(params),
-                    Bind::Storage(groups.groups),
-                ],
+                MatmulBindings {
+                    w: Bind::Storage(&wv),
+                    x: Bind::Storage(x),
+                    y: Bind::Storage(y),
+                    p: Bind::Params(params),
+                    groups: Bind::Storage(groups.groups),
+                },
                 [
                     per.div_ceil(tile_rows),
                     groups.tokens.div_ceil(tiles.tokens()),
@@ -380,16 +393,14 @@ pub fn moe_route(
     ctx.dispatch(
         "moe_route",
         ctx.pipeline(&ShaderSource::new("moe", &[REDUCE_WGSL, ROUTE_WGSL, MOE_WGSL]).flag("ROUTE")),
-        &route_binds(
-            vec![
-                Bind::Skip,
-                Bind::Storage(sel),
-                Bind::Storage(weight),
-                Bind::Params(params),
-            ],
-            logits,
-            expert_scale,
-        ),
+        MoeRouteBindings {
+            sel: Bind::Storage(sel),
+            weight: Bind::Storage(weight),
+            p: Bind::Params(params),
+            route_logits: Bind::Storage(logits),
+            // Without a scale the shader reads none; the binding still needs a buffer.
+            route_scale: Bind::Storage(expert_scale.unwrap_or(logits)),
+        },
         [tokens, 1, 1],
     )
 }
@@ -449,20 +460,20 @@ pub fn moe_mix(ctx: &GpuContext, mix: &MoeMix<'_>, out: &View) -> Result<Dispatc
                 .flag("MIX")
                 .flag_if(weight.is_some(), "WEIGHTED"),
         ),
-        &[
-            Bind::Storage(experts),
-            weight.map_or(Bind::Skip, Bind::Storage),
-            Bind::Storage(out),
-            Bind::Params(Params::of(&MoeParams {
+        MoeMixBindings {
+            y: Bind::Storage(experts),
+            weight: Bind::opt(weight),
+            out: Bind::Storage(out),
+            p: Bind::Params(Params::of(&MoeParams {
                 k,
                 dim,
                 eps,
                 ..MoeParams::default()
             })),
-            Bind::Storage(dense),
-            Bind::Storage(dense_post),
-            Bind::Storage(experts_post),
-        ],
+            dense: Bind::Storage(dense),
+            dense_post: Bind::Storage(dense_post),
+            experts_post: Bind::Storage(experts_post),
+        },
         [tokens, 1, 1],
     )
 }

@@ -65,31 +65,18 @@ pub fn rms_norm(
         x_stride,
         scale: 1.0,
     });
-    let mut binds = vec![Bind::Storage(x)];
-    if let Some(y) = y {
-        binds.push(Bind::Storage(y));
-    }
-    binds.push(Bind::Params(params));
-    if let Some(w) = weight {
-        binds.push(Bind::Storage(w));
-    }
-    // The shader numbers bindings 0 (x), 1 (y), 2 (params), 3 (weight); in-place has no 1.
-    let binds = renumber(binds, inplace);
-    ctx.dispatch(
-        "rms_norm",
-        ctx.pipeline(&source),
-        &binds,
-        grid(ctx, rows, 1),
-    )
+    let binds = NormBindings {
+        x: Bind::Storage(x),
+        y: Bind::opt(y),
+        p: Bind::Params(params),
+        nw: Bind::opt(weight),
+        delta: Bind::Skip,
+        post: Bind::Skip,
+    };
+    ctx.dispatch("rms_norm", ctx.pipeline(&source), binds, grid(ctx, rows, 1))
 }
 
-/// Inserts a gap where an optional binding is absent, so positions match binding numbers.
-fn renumber(binds: Vec<Bind<'_>>, gap_at_1: bool) -> Vec<Bind<'_>> {
-    if !gap_at_1 {
-        return binds;
-    }
-    let mut it = binds.into_iter();
-    let mut out = vec![it.next().expect("x is always bound"), Bind::Skip];
-    out.extend(it);
-    out
-}
+kernel_bindings!(
+    /// `norm.wgsl` (`delta` and `post`: the residual step of [`residual_norm`]).
+    NormBindings { x: 0, y: 1, p: 2, nw: 3, delta: 4, post: 5 }
+);

@@ -8,6 +8,11 @@ const ACT_WGSL: &str = include_str!("../wgsl/act.wgsl");
 const LAYOUT_WGSL: &str = include_str!("../wgsl/layout.wgsl");
 const POINTWISE_WGSL: &str = include_str!("../wgsl/pointwise.wgsl");
 
+kernel_bindings!(
+    /// `pointwise.wgsl`.
+    PointwiseBindings { a: 0, b: 1, y: 2, p: 3 }
+);
+
 /// A function of one value.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Activation {
@@ -158,16 +163,16 @@ fn pointwise(
         lo,
         hi,
     };
-    let binds = [
-        ai.bind(),
-        bi.as_ref().map_or(Bind::Skip, Input::bind),
-        Bind::Storage(y.view()),
-        Bind::Params(Params::of(&params)),
-    ];
+    let binds = PointwiseBindings {
+        a: ai.bind(),
+        b: bi.as_ref().map_or(Bind::Skip, Input::bind),
+        y: Bind::Storage(y.view()),
+        p: Bind::Params(Params::of(&params)),
+    };
     ctx.dispatch(
         "pointwise",
         ctx.pipeline(&source),
-        &binds,
+        binds,
         grid(ctx, n.div_ceil(256), 1),
     )
 }

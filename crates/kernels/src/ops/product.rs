@@ -7,6 +7,11 @@ use super::*;
 
 const PRODUCT_WGSL: &str = include_str!("../wgsl/product.wgsl");
 
+kernel_bindings!(
+    /// `product.wgsl`.
+    ProductBindings { a: 0, bt: 1, y: 2, p: 3, bias: 4 }
+);
+
 /// Operands of [`product`]: `y[b, i, j] = alpha * sum_k a[b, i, k] * bt[b, j, k] + bias[j]`.
 /// Each is 3-D `[batch, rows, cols]` of any layout: a plain `a @ b` passes `b` transposed.
 pub struct Product<'a> {
@@ -62,13 +67,13 @@ pub fn product(ctx: &GpuContext, p: &Product<'_>, y: &Tensor) -> Result<Dispatch
     ctx.dispatch(
         "product",
         ctx.pipeline(&source),
-        &[
-            Bind::Storage(p.a.view()),
-            Bind::Storage(p.bt.view()),
-            Bind::Storage(y.view()),
-            Bind::Params(Params::of(&params)),
-            p.bias.map_or(Bind::Skip, |b| Bind::Storage(b.view())),
-        ],
+        ProductBindings {
+            a: Bind::Storage(p.a.view()),
+            bt: Bind::Storage(p.bt.view()),
+            y: Bind::Storage(y.view()),
+            p: Bind::Params(Params::of(&params)),
+            bias: Bind::opt(p.bias.map(Tensor::view)),
+        },
         [n.div_ceil(16), m.div_ceil(16), batch],
     )
 }

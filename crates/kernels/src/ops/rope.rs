@@ -2,6 +2,11 @@
 
 use super::*;
 
+kernel_bindings!(
+    /// `rope.wgsl` and `rope_axes.wgsl`.
+    RopeBindings { x: 0, positions: 1, p: 2, ff: 3 }
+);
+
 /// Arguments of [`rope`].
 pub struct RopeArgs<'a> {
     /// `[tokens, heads, head_dim]`, rotated in place.
@@ -44,15 +49,13 @@ pub fn rope(ctx: &GpuContext, a: &RopeArgs<'_>) -> Result<Dispatch, GpuError> {
         base: a.base,
         freq_scale: a.freq_scale,
     });
-    let mut binds = vec![
-        Bind::Storage(a.x),
-        Bind::Storage(a.positions),
-        Bind::Params(params),
-    ];
-    if let Some(ff) = a.freq_factors {
-        binds.push(Bind::Storage(ff));
-    }
-    ctx.dispatch("rope", ctx.pipeline(&source), &binds, grid(ctx, rows, 1))
+    let binds = RopeBindings {
+        x: Bind::Storage(a.x),
+        positions: Bind::Storage(a.positions),
+        p: Bind::Params(params),
+        ff: Bind::opt(a.freq_factors),
+    };
+    ctx.dispatch("rope", ctx.pipeline(&source), binds, grid(ctx, rows, 1))
 }
 
 const ROPE_AXES_WGSL: &str = include_str!("../wgsl/rope_axes.wgsl");
@@ -142,13 +145,12 @@ pub fn rope_axes(ctx: &GpuContext, a: &RopeAxes<'_>) -> Result<Dispatch, GpuErro
     ctx.dispatch(
         "rope_axes",
         ctx.pipeline(&source),
-        &[
-            Bind::Storage(a.x.view()),
-            Bind::Storage(a.positions.view()),
-            Bind::Params(Params::of(&params)),
-            a.freq_factors
-                .map_or(Bind::Skip, |f| Bind::Storage(f.view())),
-        ],
+        RopeBindings {
+            x: Bind::Storage(a.x.view()),
+            positions: Bind::Storage(a.positions.view()),
+            p: Bind::Params(Params::of(&params)),
+            ff: Bind::opt(a.freq_factors.map(Tensor::view)),
+        },
         grid(ctx, pairs.div_ceil(256), 1),
     )
 }

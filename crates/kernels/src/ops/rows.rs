@@ -7,6 +7,16 @@ use super::*;
 const ROWS_WGSL: &str = include_str!("../wgsl/rows.wgsl");
 const ROW_STATS_WGSL: &str = include_str!("../wgsl/row_stats.wgsl");
 
+kernel_bindings!(
+    /// `rows.wgsl`.
+    RowsBindings { x: 0, y: 1, p: 2, w: 3, bias: 4 }
+);
+
+kernel_bindings!(
+    /// `row_stats.wgsl`.
+    RowStatsBindings { x: 0, out: 1, p: 2 }
+);
+
 /// What [`rows`] computes along each row.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum RowOp {
@@ -89,16 +99,14 @@ pub fn rows(
         eps,
         scale,
     };
-    let binds = [
-        xi.bind(),
-        Bind::Storage(y.view()),
-        Bind::Params(Params::of(&params)),
-        affine
-            .weight
-            .map_or(Bind::Skip, |t| Bind::Storage(t.view())),
-        affine.bias.map_or(Bind::Skip, |t| Bind::Storage(t.view())),
-    ];
-    ctx.dispatch("rows", ctx.pipeline(&source), &binds, grid(ctx, rows, 1))
+    let binds = RowsBindings {
+        x: xi.bind(),
+        y: Bind::Storage(y.view()),
+        p: Bind::Params(Params::of(&params)),
+        w: Bind::opt(affine.weight.map(Tensor::view)),
+        bias: Bind::opt(affine.bias.map(Tensor::view)),
+    };
+    ctx.dispatch("rows", ctx.pipeline(&source), binds, grid(ctx, rows, 1))
 }
 
 /// Per row of `logits` (`[rows, n]`, any layout): `out[r] = (argmax as u32 bits, max,
@@ -133,11 +141,11 @@ pub fn row_stats(
     ctx.dispatch(
         "row_stats",
         ctx.pipeline(&source),
-        &[
-            Bind::Storage(logits.view()),
-            Bind::Storage(out.view()),
-            Bind::Params(Params::of(&params)),
-        ],
+        RowStatsBindings {
+            x: Bind::Storage(logits.view()),
+            out: Bind::Storage(out.view()),
+            p: Bind::Params(Params::of(&params)),
+        },
         grid(ctx, rows, 1),
     )
 }

@@ -2,6 +2,45 @@
 
 use super::*;
 
+kernel_bindings!(
+    /// `argmax.wgsl` with PARTIAL.
+    ArgmaxPartialBindings { x: 0, part: 1, p: 2 }
+);
+
+kernel_bindings!(
+    /// `argmax.wgsl`'s final stage.
+    ArgmaxFinalBindings { result: 0, part: 1, p: 2 }
+);
+
+kernel_bindings!(
+    /// `topk.wgsl` with PARTIAL.
+    TopKPartialBindings { x: 0, cand: 1, p: 2 }
+);
+
+kernel_bindings!(
+    /// `topk.wgsl`'s final stage.
+    TopKFinalBindings { cand: 0, out: 1, p: 2 }
+);
+
+kernel_bindings!(
+    /// `penalty.wgsl`.
+    PenaltyBindings {
+        tokens: 0,
+        logits: 1,
+        p: 2,
+    }
+);
+
+kernel_bindings!(
+    /// `sample.wgsl`: what `a` and `b` hold depends on the variant (DRAW: candidates and
+    /// result; RING_PUSH: result and ring; PENALTY_RING: ring and logits).
+    SampleBindings {
+        a: 0 = ["cand", "result", "ring"],
+        b: 1 = ["result", "ring", "logits"],
+        p: 2,
+    }
+);
+
 /// Gumbel-max sampling parameters: the argmax then samples softmax(logits / temperature).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Gumbel {
@@ -64,21 +103,21 @@ pub fn argmax(
                 .flag("PARTIAL")
                 .flag_if(gumbel.is_some(), "GUMBEL"),
         ),
-        &[
-            Bind::Storage(x),
-            Bind::Storage(scratch),
-            Bind::Params(params.clone()),
-        ],
+        ArgmaxPartialBindings {
+            x: Bind::Storage(x),
+            part: Bind::Storage(scratch),
+            p: Bind::Params(params.clone()),
+        },
         [n.div_ceil(ARGMAX_CHUNK), 1, 1],
     )?;
     let finish = ctx.dispatch(
         "argmax_final",
         ctx.pipeline(&ShaderSource::new("argmax", &[ARGMAX_WGSL])),
-        &[
-            Bind::Storage(result),
-            Bind::Storage(scratch),
-            Bind::Params(params),
-        ],
+        ArgmaxFinalBindings {
+            result: Bind::Storage(result),
+            part: Bind::Storage(scratch),
+            p: Bind::Params(params),
+        },
         [1, 1, 1],
     )?;
     Ok(Argmax { partial, finish })
@@ -121,21 +160,21 @@ pub fn top_k(
     let partial = ctx.dispatch(
         "top_k",
         ctx.pipeline(&ShaderSource::new("top_k", &[TOPK_WGSL]).flag("PARTIAL")),
-        &[
-            Bind::Storage(x),
-            Bind::Storage(scratch),
-            Bind::Params(Params::of(&TopKParams { n, k })),
-        ],
+        TopKPartialBindings {
+            x: Bind::Storage(x),
+            cand: Bind::Storage(scratch),
+            p: Bind::Params(Params::of(&TopKParams { n, k })),
+        },
         [parts, 1, 1],
     )?;
     let finish = ctx.dispatch(
         "top_k_final",
         ctx.pipeline(&ShaderSource::new("top_k", &[TOPK_WGSL])),
-        &[
-            Bind::Storage(scratch),
-            Bind::Storage(out),
-            Bind::Params(Params::of(&TopKParams { n: parts * k, k })),
-        ],
+        TopKFinalBindings {
+            cand: Bind::Storage(scratch),
+            out: Bind::Storage(out),
+            p: Bind::Params(Params::of(&TopKParams { n: parts * k, k })),
+        },
         [1, 1, 1],
     )?;
     Ok(TopK { partial, finish })
@@ -164,11 +203,11 @@ pub fn penalties(
     ctx.dispatch(
         "penalties",
         ctx.pipeline(&ShaderSource::new("penalties", &[PENALTY_WGSL])),
-        &[
-            Bind::Storage(tokens),
-            Bind::Storage(logits),
-            Bind::Params(penalty_params(count, vocab, p)),
-        ],
+        PenaltyBindings {
+            tokens: Bind::Storage(tokens),
+            logits: Bind::Storage(logits),
+            p: Bind::Params(penalty_params(count, vocab, p)),
+        },
         [count.max(1).div_ceil(64), 1, 1],
     )
 }
@@ -262,7 +301,11 @@ pub fn sample_kernel(
     ctx.dispatch(
         label,
         ctx.pipeline(&ShaderSource::new("sample", &[SAMPLE_WGSL]).flag(flag)),
-        &[Bind::Storage(a), Bind::Storage(b), Bind::Params(p.params())],
+        SampleBindings {
+            a: Bind::Storage(a),
+            b: Bind::Storage(b),
+            p: Bind::Params(p.params()),
+        },
         [1, 1, 1],
     )
 }

@@ -1,6 +1,6 @@
 // Rotary embedding with position axes, in place on x[t, heads, head_dim] (any layout): the
 // head splits into `axes` equal sections, section a rotated by the token's position on axis a
-// (pos[t * axes + a]; one axis is plain 1-D rope, two are the vision tower's column and row).
+// (positions[t * axes + a]; one axis is plain 1-D rope, two are the vision tower's column and row).
 // In each section the first n_rot dimensions rotate in pairs (i, i + n_rot / 2), or (2i, 2i+1)
 // with INTERLEAVED, by pos * freq_scale * base^(-2i / n_rot) (divided by ff[i] with
 // FREQ_FACTORS). One thread per pair.
@@ -20,7 +20,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read_write> x: array<f32>;
-@group(0) @binding(1) var<storage, read> pos: array<u32>;
+@group(0) @binding(1) var<storage, read> positions: array<u32>;
 @group(0) @binding(2) var<uniform> p: Params;
 #if FREQ_FACTORS
 @group(0) @binding(3) var<storage, read> ff: array<f32>;
@@ -37,7 +37,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let a = (id / half) % p.axes;
     let h = (id / (half * p.axes)) % p.heads;
     let t = id / (half * p.axes * p.heads);
-    var theta = f32(pos[t * p.axes + a]) * p.freq_scale * pow(p.base, -2.0 * f32(i) / f32(p.n_rot));
+    var theta = f32(positions[t * p.axes + a]) * p.freq_scale * pow(p.base, -2.0 * f32(i) / f32(p.n_rot));
 #if FREQ_FACTORS
     theta /= ff[i];
 #endif
