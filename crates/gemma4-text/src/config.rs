@@ -67,6 +67,8 @@ pub struct TextConfig {
     pub n_embd: usize,
     pub n_head: usize,
     pub n_vocab: usize,
+    /// The padding token: what per-layer embeddings read at soft-token positions.
+    pub pad_id: u32,
     pub context_length: usize,
     pub eps: f32,
     /// Keys a sliding layer sees, the current one included.
@@ -146,6 +148,7 @@ impl TextConfig {
             .or(m.opt_f32(&key("rope.local.freq_base"))?)
             .unwrap_or(10_000.0);
         let sliding = sliding_pattern(g, arch, n_layer, sliding_window)?;
+        let pad_id = m.opt_u32("tokenizer.ggml.padding_token_id")?.unwrap_or(0);
         let n_vocab = g
             .tensor("token_embd.weight")
             .map(|t| t.n_rows() as usize)
@@ -185,6 +188,7 @@ impl TextConfig {
             n_embd,
             n_head,
             n_vocab,
+            pad_id,
             context_length,
             eps,
             sliding_window,

@@ -15,7 +15,7 @@ pub mod tokenizer;
 pub use config::{Arch, ConfigError, LayerConfig, TextConfig};
 pub use forward::{
     ExpertPlacement, ForwardError, GpuModel, GpuSession, LoadError, LoadOptions, LoadProgress,
-    PleRows, SessionOptions, WeightBytes,
+    PleRows, SessionOptions, SoftTokens, WeightBytes,
 };
-pub use reference::CpuModel;
+pub use reference::{CpuModel, Input};
 pub use sampling::SamplingParams;

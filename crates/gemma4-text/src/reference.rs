@@ -57,6 +57,16 @@ struct PleTable {
 }
 
 /// KV caches and position of a CPU forward.
+/// One position's input to [`CpuModel::forward_inputs`].
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'a> {
+    /// A token id: its embedding row times `sqrt(n_embd)`.
+    Token(u32),
+    /// A soft token (an encoder's output row, `n_embd` values), taken as it is; per-layer
+    /// embeddings read the padding token's row there.
+    Embedding(&'a [f32]),
+}
+
 pub struct CpuState {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
@@ -158,21 +168,36 @@ impl CpuModel {
         state: &mut CpuState,
         tokens: &[u32],
     ) -> Result<Vec<Vec<f32>>, ReadError> {
-        tokens.iter().map(|&t| self.step(state, t)).collect()
+        tokens
+            .iter()
+            .map(|&t| self.step(state, Input::Token(t)))
+            .collect()
     }
 
-    fn step(&self, st: &mut CpuState, token: u32) -> Result<Vec<f32>, ReadError> {
+    /// The input row of `token`: its embedding times `sqrt(n_embd)`.
+    pub fn embed(&self, token: u32) -> Vec<f32> {
+        let row = self.w.token_embd.row(token as usize);
+        row.iter().map(|v| v * self.cfg.embed_scale).collect()
+    }
+
+    /// [`CpuModel::forward`] over token ids and soft tokens.
+    pub fn forward_inputs(
+        &self,
+        state: &mut CpuState,
+        inputs: &[Input<'_>],
+    ) -> Result<Vec<Vec<f32>>, ReadError> {
+        inputs.iter().map(|&i| self.step(state, i)).collect()
+    }
+
+    fn step(&self, st: &mut CpuState, input: Input<'_>) -> Result<Vec<f32>, ReadError> {
         let c = &self.cfg;
         let eps = c.eps;
         let pos = st.pos;
-        let mut x: Vec<f32> = self
-            .w
-            .token_embd
-            .row(token as usize)
-            .iter()
-            .map(|v| v * c.embed_scale)
-            .collect();
-        let ple = self.per_layer_inputs(token, &x)?;
+        let (mut x, ple_token) = match input {
+            Input::Token(token) => (self.embed(token), token),
+            Input::Embedding(row) => (row.to_vec(), c.pad_id),
+        };
+        let ple = self.per_layer_inputs(ple_token, &x)?;
         for (il, (lw, lc)) in self.w.layers.iter().zip(&c.layers).enumerate() {
             let hd = lc.head_dim;
             let h = cpu::rms_norm(&x, c.n_embd, Some(&lw.attn_norm), eps);

@@ -363,3 +363,134 @@ fn streamed_experts_match_resident_experts() {
         assert_eq!(generate(&streamed), generate(&resident));
     }
 }
+
+/// Soft tokens (an encoder's rows in place of some tokens' embeddings) through the GPU forward
+/// agree with the CPU reference, in one chunk and across chunk boundaries, with a span at the
+/// last position; per-layer embeddings read the padding token there.
+#[test]
+fn soft_tokens_match_the_cpu_reference() {
+    use wgemma_kernels::View;
+    use wgemma_text::{Input, SoftTokens};
+    let Some(ctx) = ctx() else { return };
+    for (name, bytes, json) in MODELS {
+        let m = load(bytes.to_vec(), ctx.clone());
+        let d = m.gpu.cfg.n_embd;
+        let tokens: Vec<u32> = golden(json)[0].tokens.iter().copied().take(13).collect();
+        // Rows of an encoder's scale: random, around the size of scaled embeddings.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rows = |n: usize| -> Vec<f32> {
+            (0..n * d)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+                })
+                .collect()
+        };
+        let (a, b) = (rows(4), rows(2));
+        let upload = |v: &[f32]| View::of(&ctx.storage_init("soft", bytemuck::cast_slice(v)));
+        let soft = [
+            SoftTokens {
+                at: 2,
+                rows: upload(&a),
+            },
+            SoftTokens {
+                at: 11,
+                rows: upload(&b),
+            },
+        ];
+        let inputs: Vec<Input<'_>> = (0..tokens.len())
+            .map(|t| match t {
+                2..=5 => Input::Embedding(&a[(t - 2) * d..][..d]),
+                11 | 12 => Input::Embedding(&b[(t - 11) * d..][..d]),
+                _ => Input::Token(tokens[t]),
+            })
+            .collect();
+        let mut st = m.cpu.new_state();
+        let want = m
+            .cpu
+            .forward_inputs(&mut st, &inputs)
+            .unwrap()
+            .pop()
+            .unwrap();
+        for chunk in [4, 12, 32] {
+            let mut s = session_in_chunks(&m.gpu, chunk);
+            s.feed_with(&tokens, &soft).unwrap();
+            let got = pollster::block_on(s.logits()).unwrap();
+            let e = rel_err(&got, &want);
+            assert!(
+                e < 1e-4,
+                "{name}, chunks of {chunk}: soft tokens off the CPU by {e}"
+            );
+            // The session goes on from there as usual.
+            s.feed(&tokens[..1]).unwrap();
+        }
+        if m.gpu.cfg.n_ple == 0 {
+            // Without per-layer embeddings, a token's own scaled row as a soft token is the
+            // token itself.
+            let own: Vec<f32> = tokens[2..6].iter().flat_map(|&t| m.cpu.embed(t)).collect();
+            let mut s = session_in_chunks(&m.gpu, 8);
+            s.feed_with(
+                &tokens,
+                &[SoftTokens {
+                    at: 2,
+                    rows: upload(&own),
+                }],
+            )
+            .unwrap();
+            let as_soft = pollster::block_on(s.logits()).unwrap();
+            let mut s = session_in_chunks(&m.gpu, 8);
+            s.feed(&tokens).unwrap();
+            let as_tokens = pollster::block_on(s.logits()).unwrap();
+            assert!(
+                rel_err(&as_soft, &as_tokens) < 1e-5,
+                "{name}: own rows differ"
+            );
+        }
+    }
+}
+
+/// Spans that do not fit what is fed are refused with an error, and the session stays usable.
+#[test]
+fn bad_soft_token_spans_are_refused() {
+    use wgemma_kernels::View;
+    use wgemma_text::{ForwardError, SoftTokens};
+    let Some(ctx) = ctx() else { return };
+    let m = load(MODELS[2].1.to_vec(), ctx.clone());
+    let d = m.gpu.cfg.n_embd;
+    let rows = |n: usize| View::of(&ctx.storage("soft", (n * d * 4) as u64));
+    let tokens = [2u32, 5, 6, 7, 8];
+    let mut s = session_in_chunks(&m.gpu, 8);
+    let cases = [
+        vec![SoftTokens {
+            at: 4,
+            rows: rows(2),
+        }],
+        vec![
+            SoftTokens {
+                at: 0,
+                rows: rows(3),
+            },
+            SoftTokens {
+                at: 2,
+                rows: rows(1),
+            },
+        ],
+        vec![SoftTokens {
+            at: 1,
+            rows: View::of(&ctx.storage("odd", (d * 4 + 4) as u64)),
+        }],
+        vec![SoftTokens {
+            at: usize::MAX,
+            rows: rows(1),
+        }],
+    ];
+    for soft in cases {
+        let e = s.feed_with(&tokens, &soft).unwrap_err();
+        assert!(matches!(e, ForwardError::SoftTokens(_)), "{e}");
+    }
+    assert_eq!(s.position(), 0);
+    s.feed(&tokens).unwrap();
+    assert_eq!(s.position(), tokens.len());
+}

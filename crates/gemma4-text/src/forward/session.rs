@@ -42,6 +42,26 @@ pub enum ForwardError {
         "the per-layer embedding rows of token {0} were not fetched: call fetch_rows before feeding it"
     )]
     RowsNotFetched(u32),
+    #[error("soft tokens: {0}")]
+    SoftTokens(String),
+}
+
+/// Soft tokens: rows of the model's width (f32, in a buffer of the session's GPU context)
+/// that take the place of the token embeddings at `rows.size / (4 * n_embd)` positions,
+/// starting `at` tokens into what is fed (whose ids there are placeholders, such as the
+/// image token). An encoder's output as it is: not scaled by `sqrt(n_embd)` as token
+/// embeddings are; per-layer embeddings read the padding token's row at those positions.
+#[derive(Clone, Debug)]
+pub struct SoftTokens {
+    pub at: usize,
+    pub rows: View,
+}
+
+/// The rows of a span that fall into one chunk: `rows` go to the chunk's row `row`.
+#[derive(Clone, Debug)]
+struct SoftCopy {
+    row: u32,
+    rows: View,
 }
 
 /// Sizes of a session.
@@ -61,6 +81,20 @@ impl Default for SessionOptions {
             context: 4096,
             max_batch: 512,
         }
+    }
+}
+
+/// What a step's rows start from: token ids (`ids`, staged), and soft tokens' rows copied over
+/// some of their embeddings.
+#[derive(Clone, Copy)]
+struct StepInput<'a> {
+    ids: &'a View,
+    soft: &'a [SoftCopy],
+}
+
+impl<'a> StepInput<'a> {
+    fn ids(ids: &'a View) -> Self {
+        Self { ids, soft: &[] }
     }
 }
 
@@ -404,7 +438,8 @@ impl GpuSession {
             streamed: AtomicU64::new(0),
             router_readback,
         };
-        session.decode = session.plan(1, &session.s.result, LogitsFor::Last, None)?;
+        session.decode =
+            session.plan(1, StepInput::ids(&session.s.result), LogitsFor::Last, None)?;
         ctx.check()?;
         Ok(session)
     }
@@ -566,21 +601,22 @@ impl GpuSession {
     fn plan(
         &self,
         m: u32,
-        ids: &View,
+        input: StepInput<'_>,
         logits: LogitsFor,
         all_logits: Option<&View>,
     ) -> Result<Vec<Op>, GpuError> {
         let ctx = &*self.model.ctx;
-        ctx.with_params_batch(|| self.plan_ops(m, ids, logits, all_logits))
+        ctx.with_params_batch(|| self.plan_ops(m, input, logits, all_logits))
     }
 
     fn plan_ops(
         &self,
         m: u32,
-        ids: &View,
+        input: StepInput<'_>,
         logits: LogitsFor,
         all_logits: Option<&View>,
     ) -> Result<Vec<Op>, GpuError> {
+        let ids = input.ids;
         let model = &*self.model;
         let (ctx, cfg, s) = (&*model.ctx, &model.cfg, &self.s);
         let d = cfg.n_embd as u32;
@@ -632,6 +668,14 @@ impl GpuSession {
             cfg.embed_scale,
             EmbedOut::Write,
         )?);
+        for c in input.soft {
+            let row_bytes = u64::from(d) * 4;
+            ops.borrow_mut().push(Op::Copy {
+                from: c.rows.clone(),
+                to: s.x.slice(u64::from(c.row) * row_bytes, c.rows.size)?,
+                bytes: c.rows.size,
+            });
+        }
         if let Some(ple) = &model.ple {
             // Every layer's per-layer input: (norm(proj x / sqrt(d)) + table row * sqrt(n)) / sqrt(2).
             // The projection's part here (the norm's weight is loaded times 1 / sqrt(2)); the
@@ -1134,7 +1178,7 @@ impl GpuSession {
         let step = if m == 1 {
             self.decode.clone()
         } else {
-            self.plan(m, &self.s.ids, LogitsFor::Last, None)?
+            self.plan(m, StepInput::ids(&self.s.ids), LogitsFor::Last, None)?
         };
         let mut samplers = Vec::new();
         for strategy in [Strategy::Greedy, Strategy::TopK(64)] {
@@ -1165,10 +1209,11 @@ impl GpuSession {
         Ok(())
     }
 
-    /// Writes the ids and positions of a chunk that starts at the current position.
-    fn stage(&self, chunk: &[u32]) -> Result<(), ForwardError> {
+    /// Writes the ids and positions of a chunk that starts at the current position, and the
+    /// per-layer table rows of `ple_ids` (the chunk's ids, the padding token at soft tokens).
+    fn stage(&self, chunk: &[u32], ple_ids: &[u32]) -> Result<(), ForwardError> {
         let ctx = &self.model.ctx;
-        self.stage_ple_rows(chunk)?;
+        self.stage_ple_rows(ple_ids)?;
         let start = self.position() as u32;
         let positions: Vec<u32> = (start..start + chunk.len() as u32).collect();
         ctx.write(
@@ -1325,22 +1370,31 @@ impl GpuSession {
         Ok(())
     }
 
-    /// Records `tokens` through the model, leaving the last one's logits; chunks before the
-    /// last are submitted on their own (ids and positions are rewritten between them).
-    fn feed_into(&mut self, rec: &mut Recorder<'_>, tokens: &[u32]) -> Result<(), ForwardError> {
+    /// Records `tokens` (with `soft` tokens over some of them) through the model, leaving the
+    /// last one's logits; chunks before the last are submitted on their own (ids and positions
+    /// are rewritten between them).
+    fn feed_into(
+        &mut self,
+        rec: &mut Recorder<'_>,
+        tokens: &[u32],
+        soft: &[SoftTokens],
+    ) -> Result<(), ForwardError> {
         self.check_tokens(tokens)?;
+        self.check_soft(tokens.len(), soft)?;
         if self.in_flight() > 0 {
             return Err(ForwardError::Busy);
         }
         self.settle_sample();
-        let chunks: Vec<&[u32]> = tokens.chunks(self.max_batch).collect();
-        for (i, chunk) in chunks.iter().enumerate() {
-            let last = i + 1 == chunks.len();
-            if last && chunk.len() == 1 {
+        let n_chunks = tokens.len().div_ceil(self.max_batch);
+        for (i, chunk) in tokens.chunks(self.max_batch).enumerate() {
+            let last = i + 1 == n_chunks;
+            let first = i * self.max_batch;
+            let (copies, ple_ids) = self.soft_in_chunk(first, chunk, soft)?;
+            if last && chunk.len() == 1 && copies.is_empty() {
                 // One token: the fused decode step, which reads its token from `result`.
                 let ctx = &self.model.ctx;
                 ctx.write(&self.s.result.buffer, 0, bytemuck::bytes_of(&chunk[0]));
-                self.stage(chunk)?;
+                self.stage(chunk, &ple_ids)?;
                 self.record(rec, &self.decode)?;
             } else {
                 let logits = if last {
@@ -1348,8 +1402,12 @@ impl GpuSession {
                 } else {
                     LogitsFor::None
                 };
-                let ops = self.plan(chunk.len() as u32, &self.s.ids, logits, None)?;
-                self.stage(chunk)?;
+                let input = StepInput {
+                    ids: &self.s.ids,
+                    soft: &copies,
+                };
+                let ops = self.plan(chunk.len() as u32, input, logits, None)?;
+                self.stage(chunk, &ple_ids)?;
                 if last {
                     self.record_submitting_early(rec, &ops)?;
                 } else {
@@ -1363,6 +1421,60 @@ impl GpuSession {
         self.write_ring();
         self.has_logits = true;
         Ok(())
+    }
+
+    /// Errors unless every span of soft tokens holds whole rows of the model's width, lies
+    /// inside the `n` tokens fed, and no two overlap.
+    fn check_soft(&self, n: usize, soft: &[SoftTokens]) -> Result<(), ForwardError> {
+        let row_bytes = self.model.cfg.n_embd as u64 * 4;
+        let mut spans: Vec<(usize, usize)> = Vec::with_capacity(soft.len());
+        for (i, span) in soft.iter().enumerate() {
+            let rows = span.rows.size / row_bytes;
+            let end = span.at.checked_add(rows as usize);
+            if rows == 0 || span.rows.size % row_bytes != 0 || end.is_none_or(|e| e > n) {
+                return Err(ForwardError::SoftTokens(format!(
+                    "span {i}: {} bytes at token {} of {n}: whole rows of {row_bytes} bytes inside what is fed",
+                    span.rows.size, span.at
+                )));
+            }
+            spans.push((span.at, rows as usize));
+        }
+        spans.sort_unstable();
+        if spans.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+            return Err(ForwardError::SoftTokens("two spans overlap".into()));
+        }
+        Ok(())
+    }
+
+    /// The soft tokens' rows that fall into the chunk of `chunk` tokens from token `first`,
+    /// and the ids whose per-layer rows the chunk reads (the padding token at soft tokens).
+    fn soft_in_chunk(
+        &self,
+        first: usize,
+        chunk: &[u32],
+        soft: &[SoftTokens],
+    ) -> Result<(Vec<SoftCopy>, Vec<u32>), ForwardError> {
+        let row_bytes = self.model.cfg.n_embd as u64 * 4;
+        let mut ple_ids = chunk.to_vec();
+        let mut copies = Vec::new();
+        let end = first + chunk.len();
+        for span in soft {
+            let span_end = span.at + (span.rows.size / row_bytes) as usize;
+            let (lo, hi) = (span.at.max(first), span_end.min(end));
+            if lo >= hi {
+                continue;
+            }
+            let rows = span.rows.slice(
+                (lo - span.at) as u64 * row_bytes,
+                (hi - lo) as u64 * row_bytes,
+            )?;
+            copies.push(SoftCopy {
+                row: (lo - first) as u32,
+                rows,
+            });
+            ple_ids[lo - first..hi - first].fill(self.model.cfg.pad_id);
+        }
+        Ok((copies, ple_ids))
     }
 
     /// A sampled token that was never fed is dropped when tokens are fed explicitly.
@@ -1385,7 +1497,14 @@ impl GpuSession {
 
     /// Feeds `tokens` (prompt or generated) and leaves the last one's logits on the GPU.
     pub fn feed(&mut self, tokens: &[u32]) -> Result<(), ForwardError> {
-        self.feed_profiled(tokens, None)
+        self.feed_recorded(tokens, &[], None)
+    }
+
+    /// [`GpuSession::feed`] with soft tokens in place of some tokens' embeddings (an image's or
+    /// a clip's encoding). With per-layer embeddings read from an asynchronous source, fetch the
+    /// padding token's rows first ([`GpuSession::fetch_rows`]).
+    pub fn feed_with(&mut self, tokens: &[u32], soft: &[SoftTokens]) -> Result<(), ForwardError> {
+        self.feed_recorded(tokens, soft, None)
     }
 
     /// [`GpuSession::feed`], timing each dispatch of the last chunk with `profiler`.
@@ -1394,13 +1513,23 @@ impl GpuSession {
         tokens: &[u32],
         profiler: Option<&mut Profiler>,
     ) -> Result<(), ForwardError> {
-        let _span = tracing::debug_span!("feed", tokens = tokens.len()).entered();
+        self.feed_recorded(tokens, &[], profiler)
+    }
+
+    fn feed_recorded(
+        &mut self,
+        tokens: &[u32],
+        soft: &[SoftTokens],
+        profiler: Option<&mut Profiler>,
+    ) -> Result<(), ForwardError> {
+        let _span =
+            tracing::debug_span!("feed", tokens = tokens.len(), spans = soft.len()).entered();
         let ctx = self.model.ctx.clone();
         let mut rec = match profiler {
             Some(p) => Recorder::profiled(&ctx, "feed", p),
             None => Recorder::new(&ctx, "feed"),
         };
-        let r = self.feed_into(&mut rec, tokens);
+        let r = self.feed_into(&mut rec, tokens, soft);
         rec.submit();
         r?;
         ctx.check()?;
@@ -1417,7 +1546,7 @@ impl GpuSession {
         let _span = tracing::info_span!("prefill", tokens = tokens.len()).entered();
         let ctx = self.model.ctx.clone();
         let mut rec = Recorder::new(&ctx, "begin");
-        self.feed_into(&mut rec, tokens)?;
+        self.feed_into(&mut rec, tokens, &[])?;
         self.record_sampling(&mut rec, p, step, false)?;
         self.submit_step(rec);
         Ok(())
@@ -1753,8 +1882,13 @@ impl GpuSession {
         let mut out = Vec::with_capacity(tokens.len());
         for chunk in tokens.chunks(rows) {
             self.fetch_rows(chunk).await?;
-            let ops = self.plan(chunk.len() as u32, &self.s.ids, LogitsFor::All, Some(&all))?;
-            self.stage(chunk)?;
+            let ops = self.plan(
+                chunk.len() as u32,
+                StepInput::ids(&self.s.ids),
+                LogitsFor::All,
+                Some(&all),
+            )?;
+            self.stage(chunk, chunk)?;
             let mut rec = Recorder::new(&ctx, "score");
             self.record(&mut rec, &ops)?;
             rec.submit();
