@@ -14,8 +14,8 @@ pub mod tokenizer;
 
 pub use config::{Arch, ConfigError, LayerConfig, TextConfig};
 pub use forward::{
-    ExpertPlacement, ForwardError, GpuModel, GpuSession, LoadError, LoadOptions, LoadProgress,
-    PleRows, SessionOptions, SoftTokens, WeightBytes,
+    ExpertPlacement, ForwardError, Fusions, GpuModel, GpuSession, LoadError, LoadOptions,
+    LoadProgress, PleRows, SessionOptions, SoftTokens, WeightBytes,
 };
 pub use reference::{CpuModel, Input};
 pub use sampling::SamplingParams;

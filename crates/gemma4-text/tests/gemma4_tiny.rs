@@ -494,3 +494,53 @@ fn bad_soft_token_spans_are_refused() {
     s.feed(&tokens).unwrap();
     assert_eq!(s.position(), tokens.len());
 }
+
+/// Every fusion rule against the ops it replaces: the same logits in prefill and decode with
+/// the rule off (and with every rule off), and each rule changes some model's plan here. The
+/// 8-bit activations are for Q4_K and Q6_K products, which these models do not have: their
+/// kernels are held to the CPU in the parity tests, and the pinned E2B and E4B plans use them.
+#[test]
+fn each_fusion_agrees_with_the_ops_it_replaces() {
+    use std::collections::HashSet;
+    use wgemma_text::Fusions;
+    let Some(ctx) = ctx() else { return };
+    let mut changed: HashSet<&str> = HashSet::new();
+    for (name, bytes, json) in MODELS {
+        let m = load(bytes.to_vec(), ctx.clone());
+        let tokens: Vec<u32> = golden(json)[0].tokens.iter().copied().take(12).collect();
+        // The logits after the 6-token prompt and after each token decoded from there, and
+        // the plans of a decode step and an 8-token chunk.
+        let run = |f: Fusions| -> (Vec<Vec<f32>>, Vec<String>) {
+            let mut s = session_in_chunks(&m.gpu, 32);
+            s.set_fusions(f).unwrap();
+            let lines = [s.plan_lines(1).unwrap(), s.plan_lines(8).unwrap()].concat();
+            s.feed(&tokens[..6]).unwrap();
+            let mut rows = vec![pollster::block_on(s.logits()).unwrap()];
+            for &t in &tokens[6..] {
+                s.feed(&[t]).unwrap();
+                rows.push(pollster::block_on(s.logits()).unwrap());
+            }
+            (rows, lines)
+        };
+        let (want, plan) = run(Fusions::ALL);
+        for (rule, f) in Fusions::each_off()
+            .into_iter()
+            .chain([("every", Fusions::NONE)])
+        {
+            let (got, lines) = run(f);
+            if lines != plan {
+                changed.insert(rule);
+            }
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let e = rel_err(g, w);
+                assert!(e < 1e-4, "{name} without {rule}: row {} off by {e}", i + 5);
+            }
+        }
+    }
+    for (rule, _) in Fusions::each_off() {
+        if rule == "int8_activations" {
+            continue;
+        }
+        assert!(changed.contains(rule), "no model here uses {rule}");
+    }
+}

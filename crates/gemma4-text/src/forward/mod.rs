@@ -7,4 +7,4 @@ mod session;
 pub use model::{
     ExpertPlacement, GpuModel, LoadError, LoadOptions, LoadProgress, PleRows, WeightBytes,
 };
-pub use session::{ForwardError, GpuSession, MAX_IN_FLIGHT, SessionOptions, SoftTokens};
+pub use session::{ForwardError, Fusions, GpuSession, MAX_IN_FLIGHT, SessionOptions, SoftTokens};

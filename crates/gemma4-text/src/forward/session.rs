@@ -16,6 +16,7 @@ use crate::sampling::{SamplingParams, Strategy};
 
 mod step;
 
+pub use step::Fusions;
 use step::StepBuilder;
 
 #[derive(Debug, thiserror::Error)]
@@ -278,6 +279,8 @@ pub struct GpuSession {
     /// Natively, for models that stream their experts: where a short step's router choice
     /// (fewer slots than experts) is copied to be read back.
     router_readback: Option<wgpu::Buffer>,
+    /// The fusions the steps use.
+    fusions: Fusions,
 }
 
 fn dispatch_line(d: &Dispatch) -> String {
@@ -435,11 +438,24 @@ impl GpuSession {
             fetched: HashMap::new(),
             streamed: AtomicU64::new(0),
             router_readback,
+            fusions: Fusions::ALL,
         };
         session.decode =
             session.plan(1, StepInput::ids(&session.s.result), LogitsFor::Last, None)?;
         ctx.check()?;
         Ok(session)
+    }
+
+    /// Chooses the fusions the steps use (all by default; fewer for testing the fused kernels
+    /// against the ops they replace). Steps in flight must have been read first.
+    pub fn set_fusions(&mut self, fusions: Fusions) -> Result<(), ForwardError> {
+        if self.in_flight() > 0 {
+            return Err(ForwardError::Busy);
+        }
+        self.fusions = fusions;
+        self.decode = self.plan(1, StepInput::ids(&self.s.result), LogitsFor::Last, None)?;
+        self.model.ctx.check()?;
+        Ok(())
     }
 
     /// Positions in the cache.

@@ -17,6 +17,128 @@ use super::{
 };
 use crate::forward::model::{Experts, GateUp, Layer, PleLayer};
 
+/// The fusions a step may use: all by default, each still under its kernels' fit predicates.
+/// Turning one off gives the unfused ops for the same computation, which must agree with the
+/// fused ones (that is how each rule is tested).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fusions {
+    /// One token's residual step and the next block's norm in the prologue of the block's
+    /// first product (and, behind it, the gated activations as 8-bit integers where the
+    /// device has them).
+    pub residual_prologue: bool,
+    /// The experts' mix computed in the prologue of the product that reads it.
+    pub experts_mix_in_product: bool,
+    /// One token's split attention merged (and its K and V stored) in front of the output
+    /// product.
+    pub merge_in_front: bool,
+    /// One token's gated activations rounded to 8-bit integers for the down product.
+    pub int8_activations: bool,
+    /// One token's router input norm inside the router's product.
+    pub router_norm_in_product: bool,
+    /// The experts' input norm inside their gate/up product.
+    pub expert_norm_in_product: bool,
+    /// The routing inside the experts' gate/up product.
+    pub route_in_product: bool,
+    /// One token's residual add, per-layer gate product and its GELU times the per-layer
+    /// input in one dispatch.
+    pub per_layer_gate: bool,
+}
+
+impl Fusions {
+    /// Every fusion (the default).
+    pub const ALL: Self = Self {
+        residual_prologue: true,
+        experts_mix_in_product: true,
+        merge_in_front: true,
+        int8_activations: true,
+        router_norm_in_product: true,
+        expert_norm_in_product: true,
+        route_in_product: true,
+        per_layer_gate: true,
+    };
+
+    /// No fusion: one dispatch per op.
+    pub const NONE: Self = Self {
+        residual_prologue: false,
+        experts_mix_in_product: false,
+        merge_in_front: false,
+        int8_activations: false,
+        router_norm_in_product: false,
+        expert_norm_in_product: false,
+        route_in_product: false,
+        per_layer_gate: false,
+    };
+
+    /// Each fusion alone turned off, by name.
+    pub fn each_off() -> Vec<(&'static str, Self)> {
+        let all = Self::ALL;
+        vec![
+            (
+                "residual_prologue",
+                Self {
+                    residual_prologue: false,
+                    ..all
+                },
+            ),
+            (
+                "experts_mix_in_product",
+                Self {
+                    experts_mix_in_product: false,
+                    ..all
+                },
+            ),
+            (
+                "merge_in_front",
+                Self {
+                    merge_in_front: false,
+                    ..all
+                },
+            ),
+            (
+                "int8_activations",
+                Self {
+                    int8_activations: false,
+                    ..all
+                },
+            ),
+            (
+                "router_norm_in_product",
+                Self {
+                    router_norm_in_product: false,
+                    ..all
+                },
+            ),
+            (
+                "expert_norm_in_product",
+                Self {
+                    expert_norm_in_product: false,
+                    ..all
+                },
+            ),
+            (
+                "route_in_product",
+                Self {
+                    route_in_product: false,
+                    ..all
+                },
+            ),
+            (
+                "per_layer_gate",
+                Self {
+                    per_layer_gate: false,
+                    ..all
+                },
+            ),
+        ]
+    }
+}
+
+impl Default for Fusions {
+    fn default() -> Self {
+        Self::ALL
+    }
+}
+
 /// The products whose rows are the output as they are.
 const PLAIN: MatvecOut<'static> = MatvecOut::Rows { softcap: 0.0 };
 
@@ -32,9 +154,9 @@ pub(super) struct StepBuilder<'s> {
     ctx: &'s GpuContext,
     /// Tokens of the step.
     m: u32,
-    /// One token's residual step joins the next block's first product where the stream fits
-    /// in a workgroup's memory: one dependent dispatch fewer per block.
-    fuse: bool,
+    /// One token whose stream fits in a workgroup's memory: the one-token fusions can run.
+    one_token: bool,
+    fusions: Fusions,
     ops: Vec<Op>,
     pending: Option<Pending<'s>>,
     /// Where the stream is: `x`, or `x_alt` after an odd number of fused residual steps.
@@ -50,7 +172,8 @@ impl<'s> StepBuilder<'s> {
             session,
             ctx,
             m,
-            fuse: m == 1 && ops::matvec_input_fits(ctx, d),
+            one_token: m == 1 && ops::matvec_input_fits(ctx, d),
+            fusions: session.fusions,
             ops: Vec::new(),
             pending: None,
             alt: false,
@@ -216,9 +339,15 @@ impl<'s> StepBuilder<'s> {
                 ds.push(self.norm(res, NormOut::To(&s.xn), weight)?);
                 false
             }
-            (Some((delta, post, scale)), Some((w, y, col, out))) if self.fuse => {
+            (Some((delta, post, scale)), Some((w, y, col, out)))
+                if self.one_token && self.fusions.residual_prologue =>
+            {
                 let delta = match delta {
-                    Delta::Moe(_) if ops::moe_delta_fits(self.ctx) => delta,
+                    Delta::Moe(_)
+                        if self.fusions.experts_mix_in_product && ops::moe_delta_fits(self.ctx) =>
+                    {
+                        delta
+                    }
                     _ => Delta::Row(delta_row(self.ctx, delta, &s.moe.ffn_out, &mut ds)?),
                 };
                 let step = ResidualStep {
@@ -270,7 +399,8 @@ impl<'s> StepBuilder<'s> {
             let (split, merge) =
                 ops::attention_split(self.ctx, &att, 0, &s.attn_part, Some(&heads))?;
             self.run(vec![split]);
-            if session.model.cfg.n_head <= MERGE_IN_FRONT_HEADS
+            if self.fusions.merge_in_front
+                && session.model.cfg.n_head <= MERGE_IN_FRONT_HEADS
                 && ops::matvec_input_fits(self.ctx, l.o.cols as u32)
             {
                 let ds = ops::matvec_after_attention(self.ctx, &l.o, &merge, &s.o, 0, PLAIN)?;
@@ -304,7 +434,9 @@ impl<'s> StepBuilder<'s> {
         let mut act_int8 = false;
         match &l.gate_up {
             GateUp::Interleaved(w) => {
-                let int8 = self.fuse && ops::int8_activations_fit(self.ctx, w, &l.down, true);
+                let int8 = self.one_token
+                    && self.fusions.int8_activations
+                    && ops::int8_activations_fit(self.ctx, w, &l.down, true);
                 let first = if int8 {
                     (w, &s.act_q, 0, MatvecOut::GegluInt8)
                 } else {
@@ -363,9 +495,10 @@ impl<'s> StepBuilder<'s> {
         let (k, ne) = (mc.n_used as u32, mc.n_expert as u32);
         let mo = &s.moe;
         let tiled = m > ops::MATVEC_MAX_TOKENS && m * k >= TILED_SLOTS_PER_EXPERT * ne;
-        let normed_in = ops::matvec_input_fits(self.ctx, d) && !tiled;
+        let f = self.fusions;
+        let normed_in = f.expert_norm_in_product && ops::matvec_input_fits(self.ctx, d) && !tiled;
         let stream = self.streams().0;
-        if self.fuse {
+        if self.one_token && f.router_norm_in_product {
             let norm = InputNorm {
                 weight: &x.router_scale,
                 eps,
@@ -387,7 +520,7 @@ impl<'s> StepBuilder<'s> {
             expert_scale: x.down_scale.as_ref(),
             n_expert: ne,
         };
-        let route_in = (!tiled && normed_in && x.host.is_none())
+        let route_in = (f.route_in_product && !tiled && normed_in && x.host.is_none())
             .then_some(&route)
             .filter(|_| ops::expert_route_fits(self.ctx, d));
         if route_in.is_none() {
@@ -557,7 +690,7 @@ impl<'s> StepBuilder<'s> {
         let (n, all) = (cfg.n_ple as u32, (cfg.n_ple * cfg.n_layer) as u32);
         let offset = il as u32 * n;
         let (stream, other) = self.streams();
-        if self.fuse {
+        if self.one_token && self.fusions.per_layer_gate {
             // One dispatch: the residual add, the gate's product and its GELU times the
             // per-layer input.
             let step = ResidualStep {
