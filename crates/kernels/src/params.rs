@@ -314,7 +314,12 @@ kernel_params!(
 
 kernel_params!(
     /// `topk.wgsl`.
-    TopKParams { n: u32, k: u32 }
+    TopKParams {
+        n: u32,
+        k: u32,
+        row_stride: u32,
+        x_at: u32,
+    }
 );
 
 kernel_params!(

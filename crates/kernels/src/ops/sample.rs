@@ -145,27 +145,90 @@ pub fn top_k(
     scratch: &View,
     out: &View,
 ) -> Result<TopK, GpuError> {
+    x.expect_len32("top_k x", u64::from(n))?;
+    let rows = TopKRows {
+        n,
+        rows: 1,
+        row_stride: n,
+        x_at: 0,
+    };
+    top_k_dispatches(ctx, x, rows, k, scratch, out)
+}
+
+/// The `k` largest of each row of `logits` (`[rows, n]`, rows of any stride, values
+/// contiguous), sorted: `out[row]` holds k (index, value bits) pairs, best first. What a
+/// sampler over many rows (a diffusion canvas) needs.
+pub fn top_k_rows(
+    ctx: &GpuContext,
+    logits: &Tensor,
+    k: u32,
+    scratch: &View,
+    out: &View,
+) -> Result<TopK, GpuError> {
+    logits.expect_dtype("top_k logits", DType::F32)?;
+    if logits.rank() != 2 || (logits.dim(1) > 1 && logits.strides()[1] != 1) {
+        return Err(shape(format!(
+            "top_k logits: {:?} (strides {:?}): 2-D, each row's values contiguous",
+            logits.dims(),
+            logits.strides()
+        )));
+    }
+    let rows = TopKRows {
+        n: logits.dim(1),
+        rows: logits.dim(0),
+        row_stride: logits.strides()[0],
+        x_at: logits.offset(),
+    };
+    top_k_dispatches(ctx, logits.view(), rows, k, scratch, out)
+}
+
+/// The rows a top-k reads: `rows` of `n` values, `row_stride` apart from `x_at`.
+#[derive(Clone, Copy)]
+struct TopKRows {
+    n: u32,
+    rows: u32,
+    row_stride: u32,
+    x_at: u32,
+}
+
+fn top_k_dispatches(
+    ctx: &GpuContext,
+    x: &View,
+    r: TopKRows,
+    k: u32,
+    scratch: &View,
+    out: &View,
+) -> Result<TopK, GpuError> {
     if k == 0 || k > TOPK_MAX {
         return Err(shape(format!("top_k: k = {k} (1..={TOPK_MAX})")));
     }
-    x.expect_len32("top_k x", u64::from(n))?;
-    scratch.expect_len32("top_k scratch", TopK::scratch_words(n, k))?;
-    out.expect_len32("top_k out", 2 * u64::from(k))?;
-    let parts = n.div_ceil(TOPK_CHUNK);
+    let rows = u64::from(r.rows);
+    scratch.expect_len32("top_k scratch", rows * TopK::scratch_words(r.n, k))?;
+    out.expect_len32("top_k out", rows * 2 * u64::from(k))?;
+    let parts = r.n.div_ceil(TOPK_CHUNK);
     if parts * k > 16 * 256 {
         return Err(shape(format!(
-            "top_k: {n} values give too many candidates for k = {k}"
+            "top_k: {} values give too many candidates for k = {k}",
+            r.n
         )));
     }
+    let params = |n| {
+        Params::of(&TopKParams {
+            n,
+            k,
+            row_stride: r.row_stride,
+            x_at: r.x_at,
+        })
+    };
     let partial = ctx.dispatch(
         "top_k",
         ctx.pipeline(&ShaderSource::new("top_k", &[TOPK_WGSL]).flag("PARTIAL")),
         TopKPartialBindings {
             x: Bind::Storage(x),
             cand: Bind::Storage(scratch),
-            p: Bind::Params(Params::of(&TopKParams { n, k })),
+            p: Bind::Params(params(r.n)),
         },
-        [parts, 1, 1],
+        [parts, r.rows, 1],
     )?;
     let finish = ctx.dispatch(
         "top_k_final",
@@ -173,9 +236,9 @@ pub fn top_k(
         TopKFinalBindings {
             cand: Bind::Storage(scratch),
             out: Bind::Storage(out),
-            p: Bind::Params(Params::of(&TopKParams { n: parts * k, k })),
+            p: Bind::Params(params(parts * k)),
         },
-        [1, 1, 1],
+        [1, r.rows, 1],
     )?;
     Ok(TopK { partial, finish })
 }

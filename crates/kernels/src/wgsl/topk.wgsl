@@ -1,13 +1,16 @@
-// Two-stage top-K (K <= 64), sorted by value descending, ties to the smaller index.
-// Stage PARTIAL: workgroup g takes values [g*4096, (g+1)*4096) and writes its top K as
-// (value bits, index) pairs to cand[(g*K + r)*2 ..]. Stage FINAL: one workgroup reduces the
-// `n` candidate pairs in cand to the overall top K, written to out[2r] = index,
-// out[2r+1] = value bits. Each thread keeps 16 entries; K rounds of a workgroup argmax pick
-// and retire the winners.
+// Two-stage top-K (K <= 64) of each row, sorted by value descending, ties to the smaller
+// index; row `y` is workgroup row y. Stage PARTIAL: workgroup g takes the row's values
+// [g*4096, (g+1)*4096) (the row starts at x_at + y * row_stride) and writes its top K as
+// (value bits, index) pairs to the row's candidates, cand[((y * groups + g)*K + r)*2 ..].
+// Stage FINAL: one workgroup a row reduces its `n` candidate pairs to the row's top K,
+// written to out[(y*K + r)*2] = index, out[(y*K + r)*2 + 1] = value bits. Each thread keeps
+// 16 entries; K rounds of a workgroup argmax pick and retire the winners.
 
 struct Params {
     n: u32,
     k: u32,
+    row_stride: u32,
+    x_at: u32,
 }
 
 const PER_THREAD: u32 = 16u;
@@ -30,7 +33,11 @@ fn better(v: f32, i: u32, ov: f32, oi: u32) -> bool {
 }
 
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
     var vals: array<f32, PER_THREAD>;
     var idxs: array<u32, PER_THREAD>;
     for (var t = 0u; t < PER_THREAD; t++) {
@@ -39,7 +46,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #if PARTIAL
         let i = wg.x * 4096u + t * 256u + li;
         if (i < p.n) {
-            var v = x[i];
+            var v = x[p.x_at + wg.y * p.row_stride + i];
             if (v != v) {
                 v = -3.4e38;
             }
@@ -49,8 +56,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #else
         let c = t * 256u + li;
         if (c < p.n) {
-            vals[t] = bitcast<f32>(cand[2u * c]);
-            idxs[t] = cand[2u * c + 1u];
+            let o = 2u * (wg.y * p.n + c);
+            vals[t] = bitcast<f32>(cand[o]);
+            idxs[t] = cand[o + 1u];
         }
 #endif
     }
@@ -80,12 +88,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let win = bt[0];
         if (li == 0u) {
 #if PARTIAL
-            let o = (wg.x * p.k + r) * 2u;
+            let o = ((wg.y * nwg.x + wg.x) * p.k + r) * 2u;
             cand[o] = bitcast<u32>(bv[0]);
             cand[o + 1u] = bi[0];
 #else
-            out[2u * r] = bi[0];
-            out[2u * r + 1u] = bitcast<u32>(bv[0]);
+            let o = (wg.y * p.k + r) * 2u;
+            out[o] = bi[0];
+            out[o + 1u] = bitcast<u32>(bv[0]);
 #endif
         }
         if (win / PER_THREAD == li) {

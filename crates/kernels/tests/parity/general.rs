@@ -610,3 +610,39 @@ fn rope_by_axes_matches_cpu() {
         assert_eq!(untouched[..4], xd_wide[..4], "rope wrote outside its slice");
     }
 }
+
+#[test]
+fn top_k_of_many_rows_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x70b_4e11_5eed_0042);
+    let (rows, n, stride) = (3u32, 5003u32, 5010u32);
+    let (wide, mut data) = random(ctx, &mut rng, &[rows, stride]);
+    // A tie for row 1's best value: the smaller index first.
+    let row1 = &data[stride as usize..][..n as usize];
+    let (best, top) = cpu::argmax(row1);
+    let twin = (best as usize + 4000) % n as usize;
+    data[stride as usize + twin] = top;
+    ctx.write(&wide.view().buffer, 0, bytemuck::cast_slice(&data));
+    let logits = wide.narrow(1, 2, n).unwrap();
+    for k in [1u32, 7, 64] {
+        let scratch = upload_u32(
+            ctx,
+            &vec![0; (rows as u64 * ops::TopK::scratch_words(n, k)) as usize],
+        );
+        let out = upload_u32(ctx, &vec![u32::MAX; (rows * k * 2) as usize]);
+        let t = ops::top_k_rows(ctx, &logits, k, &scratch, &out).unwrap();
+        run(ctx, &[&t.partial, &t.finish]);
+        let got = pollster::block_on(ctx.read_u32(&out)).unwrap();
+        for r in 0..rows as usize {
+            let row = &data[r * stride as usize + 2..][..n as usize];
+            let want = cpu::top_k(row, k as usize);
+            for (j, (i, v)) in want.into_iter().enumerate() {
+                let g = &got[(r * k as usize + j) * 2..][..2];
+                assert_eq!((g[0], g[1]), (i, v.to_bits()), "row {r}, k = {k}, rank {j}");
+            }
+        }
+    }
+    let bad = wide.transpose(0, 1).unwrap();
+    let scratch = upload_u32(ctx, &[0; 64]);
+    assert!(ops::top_k_rows(ctx, &bad, 4, &scratch, &scratch).is_err());
+}
