@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::{
@@ -258,27 +257,9 @@ fn bad_input_gives_errors_and_leaves_the_session_usable() {
     assert!(e < 1e-5, "rewound session differs from a fresh one by {e}");
 }
 
-fn real_model() -> Option<PathBuf> {
-    let path = std::env::var_os("WGEMMA_GEMMA3_270M")
-        .map(PathBuf::from)
-        .or_else(|| {
-            wgemma_gguf::cache_dir().map(|d| d.join("models").join("gemma-3-270m-q4_k_m.gguf"))
-        })?;
-    if path.is_file() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI is set but {} is missing",
-        path.display()
-    );
-    eprintln!("skipping: {} not found", path.display());
-    None
-}
-
 #[test]
 fn gemma3_270m_gpu_logits_match_the_cpu_reference() {
-    let (Some(ctx), Some(path)) = (ctx(), real_model()) else {
+    let (Some(ctx), Some(path)) = (ctx(), wgemma_test_support::gemma3_270m()) else {
         return;
     };
     let src = Arc::new(MmapSource::open(&path).unwrap());
@@ -329,7 +310,7 @@ fn gemma3_270m_gpu_logits_match_the_cpu_reference() {
 /// transformers' f32 forward of the same file (`xtask/scripts/hf_teacher_forced_golden.py`).
 #[test]
 fn gemma3_270m_agrees_with_llama_cpp_and_transformers() {
-    let (Some(ctx), Some(path)) = (ctx(), real_model()) else {
+    let (Some(ctx), Some(path)) = (ctx(), wgemma_test_support::gemma3_270m()) else {
         return;
     };
     let llama: serde_json::Value =

@@ -1,7 +1,6 @@
 //! The Gemma 3 tokenizer on the real 270M GGUF against llama.cpp's `llama-tokenize` (goldens
 //! recorded by `xtask/scripts/tokenizer_golden.py`), plus decoding, streaming and speed.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -9,31 +8,11 @@ use wgemma_gguf::{Gguf, MmapSource, TensorSource};
 use wgemma_text::chat::{ChatTemplate, Message};
 use wgemma_text::tokenizer::{Algorithm, StreamDecoder, Tokenizer};
 
-/// The real model, fetched by `cargo run -p wgemma -- pull` into the cache. Missing is a skip
-/// on a developer machine and a failure in CI.
-fn real_model() -> Option<PathBuf> {
-    let path = std::env::var_os("WGEMMA_GEMMA3_270M")
-        .map(PathBuf::from)
-        .or_else(|| {
-            wgemma_gguf::cache_dir().map(|d| d.join("models").join("gemma-3-270m-q4_k_m.gguf"))
-        })?;
-    if path.is_file() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI is set but {} is missing: run `cargo run -p wgemma -- pull` first",
-        path.display()
-    );
-    eprintln!("skipping: {} not found", path.display());
-    None
-}
-
 /// Loaded once for all tests of this binary (the vocabulary has 262144 tokens).
 fn tokenizer() -> Option<&'static Tokenizer> {
     static TOK: OnceLock<Option<Tokenizer>> = OnceLock::new();
     TOK.get_or_init(|| {
-        let path = real_model()?;
+        let path = wgemma_test_support::gemma3_270m()?;
         let src = MmapSource::open(&path).unwrap();
         let g = Gguf::parse(src.bytes(0, TensorSource::len(&src)).unwrap()).unwrap();
         let t = Instant::now();

@@ -2,103 +2,23 @@
 //! including sizes that are not multiples of the workgroup or block size. Outputs are
 //! poisoned with NaN first, so an element the kernel fails to write fails the test.
 
-use std::sync::OnceLock;
-
 use wgemma_gguf::{GgmlType, dequantize_to_vec, quantize};
 use wgemma_kernels::ops::{self, AttentionArgs, Elementwise, MatmulArgs, NormOut, RopeArgs};
 use wgemma_kernels::params::ElementwiseParams;
 use wgemma_kernels::{
     ContextOptions, Dispatch, GPU_DTYPES, GpuContext, GpuWeight, Params, Recorder, View, WaitMode,
-    cpu, reflect, wgpu,
+    cpu, wgpu,
+};
+use wgemma_test_support::{
+    Rng, assert_close, gpu, poisoned, read, rel_err_rms as rel_err, run, upload, upload_u32,
 };
 
 #[path = "parity/general.rs"]
 mod general;
 
-/// One context for the whole test binary. No adapter is a skip on a developer machine and a
-/// failure in CI.
+/// The test binary's context (`wgemma_test_support::gpu`).
 fn ctx() -> Option<&'static GpuContext> {
-    static CTX: OnceLock<Option<GpuContext>> = OnceLock::new();
-    CTX.get_or_init(|| {
-        match pollster::block_on(GpuContext::new(ContextOptions::default().with_env())) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                assert!(
-                    std::env::var_os("CI").is_none(),
-                    "CI is set but no GPU adapter: {e}"
-                );
-                eprintln!("skipping GPU tests: {e}");
-                None
-            }
-        }
-    })
-    .as_ref()
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.next() * scale + scale * 0.01).collect()
-    }
-}
-
-fn upload(ctx: &GpuContext, data: &[f32]) -> View {
-    View::of(&ctx.storage_init("test", bytemuck::cast_slice(data)))
-}
-
-fn upload_u32(ctx: &GpuContext, data: &[u32]) -> View {
-    View::of(&ctx.storage_init("test", bytemuck::cast_slice(data)))
-}
-
-fn poisoned(ctx: &GpuContext, n: usize) -> View {
-    upload(ctx, &vec![f32::NAN; n])
-}
-
-/// Runs `dispatches` once each, after checking them against their kernels' WGSL.
-fn run(ctx: &GpuContext, dispatches: &[&Dispatch]) {
-    static CHECKED: std::sync::Mutex<Option<reflect::Reflection>> = std::sync::Mutex::new(None);
-    let problems = CHECKED
-        .lock()
-        .unwrap()
-        .get_or_insert_with(Default::default)
-        .check(ctx, dispatches.iter().copied());
-    assert!(problems.is_empty(), "{}", problems.join("\n"));
-    let mut rec = Recorder::new(ctx, "test");
-    for d in dispatches {
-        rec.run(d);
-    }
-    rec.submit();
-    ctx.wait().expect("GPU work failed");
-}
-
-fn read(ctx: &GpuContext, v: &View) -> Vec<f32> {
-    pollster::block_on(ctx.read_f32(v)).unwrap()
-}
-
-/// Largest absolute difference, relative to the reference's RMS.
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let rms = (want.iter().map(|v| v * v).sum::<f32>() / want.len().max(1) as f32)
-        .sqrt()
-        .max(1e-12);
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| {
-            if g.is_nan() {
-                f32::INFINITY
-            } else {
-                (g - w).abs()
-            }
-        })
-        .fold(0.0, f32::max)
-        / rms
+    gpu().map(|c| &**c)
 }
 
 /// The CPU product the GPU's `ops::matmul` is held to, with its tolerance: on a device with
@@ -143,11 +63,6 @@ fn gated(rows: &[f32]) -> Vec<f32> {
     rows.chunks(2)
         .map(|p| cpu::gelu_tanh(p[0]) * p[1])
         .collect()
-}
-
-fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
-    let e = rel_err(got, want);
-    assert!(e <= tol, "{what}: relative error {e} > {tol}");
 }
 
 #[test]

@@ -80,13 +80,7 @@ fn info_reads_a_file_and_an_ollama_name() {
 
 #[test]
 fn info_on_the_real_gemma3_270m() {
-    let path = wgemma_gguf::cache_dir().map(|d| d.join("models").join("gemma-3-270m-q4_k_m.gguf"));
-    let Some(path) = path.filter(|p| p.is_file()) else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set but the real model is missing"
-        );
-        eprintln!("skipping: the real model is not in the cache");
+    let Some(path) = wgemma_test_support::gemma3_270m() else {
         return;
     };
     let info = json(&wgemma(&["info", path.to_str().unwrap(), "--json"], None));

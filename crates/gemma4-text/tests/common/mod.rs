@@ -3,10 +3,10 @@
 
 #![allow(dead_code)]
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use wgemma_gguf::{BytesSource, Gguf, TensorSource};
-use wgemma_kernels::{ContextOptions, GpuContext};
+use wgemma_kernels::GpuContext;
 use wgemma_text::{
     CpuModel, GpuModel, GpuSession, PleRows, SamplingParams, SessionOptions, TextConfig,
 };
@@ -31,32 +31,14 @@ pub fn generate_pipelined(
     got
 }
 
+/// The test binary's context (`wgemma_test_support::gpu`).
 pub fn ctx() -> Option<Arc<GpuContext>> {
-    static CTX: OnceLock<Option<Arc<GpuContext>>> = OnceLock::new();
-    CTX.get_or_init(|| {
-        match pollster::block_on(GpuContext::new(ContextOptions::default().with_env())) {
-            Ok(c) => Some(Arc::new(c)),
-            Err(e) => {
-                assert!(
-                    std::env::var_os("CI").is_none(),
-                    "CI is set but no GPU adapter: {e}"
-                );
-                eprintln!("skipping GPU tests: {e}");
-                None
-            }
-        }
-    })
-    .clone()
+    wgemma_test_support::gpu().cloned()
 }
 
 /// Largest difference relative to the reference's largest magnitude.
 pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-6);
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| (g - w).abs())
-        .fold(0.0, f32::max)
-        / scale
+    wgemma_test_support::rel_err_max(got, want)
 }
 
 pub struct Loaded {

@@ -5,6 +5,7 @@ use wgemma_kernels::ops::{
     Activation, Affine, Attend, Binary, Mask, Product, RopeAxes, RopePairs, RowOp, Window2d,
 };
 use wgemma_kernels::{DType, Tensor};
+use wgemma_test_support::{Built, ParityCase, check, logical};
 
 /// A contiguous f32 tensor of random values, and the values.
 fn random(ctx: &GpuContext, rng: &mut Rng, dims: &[u32]) -> (Tensor, Vec<f32>) {
@@ -17,11 +18,6 @@ fn random(ctx: &GpuContext, rng: &mut Rng, dims: &[u32]) -> (Tensor, Vec<f32>) {
 fn nan_tensor(ctx: &GpuContext, dims: &[u32]) -> Tensor {
     let n: u32 = dims.iter().product();
     Tensor::new(&poisoned(ctx, n as usize), dims).unwrap()
-}
-
-/// The tensor's logical elements as the CPU references take them.
-fn logical(ctx: &GpuContext, t: &Tensor) -> Vec<f32> {
-    cpu::gather(&read(ctx, t.view()), t.dims(), t.strides(), t.offset())
 }
 
 const ACTIVATIONS: [Activation; 9] = [
@@ -121,57 +117,104 @@ fn pointwise_ops_match_cpu_over_strided_and_broadcast_layouts() {
     assert!(ops::binary(ctx, Binary::Add, &a, &b, &nan_tensor(ctx, &[3, 5, 8])).is_err());
 }
 
+/// A per-row op over `rows` rows of `n` values stored `[n, rows]` (each row strided), with
+/// or without a weight and a bias.
+struct RowsCase {
+    op: RowOp,
+    rows: u32,
+    n: u32,
+    stored: Vec<f32>,
+    weight: Option<Vec<f32>>,
+    bias: Option<Vec<f32>>,
+}
+
+impl RowsCase {
+    fn new(rng: &mut Rng, op: RowOp, (rows, n): (u32, u32), (weight, bias): (bool, bool)) -> Self {
+        let mut vec = |on: bool| on.then(|| rng.vec(n as usize, 1.0));
+        let (weight, bias) = (vec(weight), vec(bias));
+        let stored = rng.vec((rows * n) as usize, 1.0);
+        Self {
+            op,
+            rows,
+            n,
+            stored,
+            weight,
+            bias,
+        }
+    }
+
+    fn x(&self, view: &wgemma_kernels::View) -> Tensor {
+        Tensor::new(view, &[self.n, self.rows])
+            .unwrap()
+            .transpose(0, 1)
+            .unwrap()
+    }
+}
+
+impl ParityCase for RowsCase {
+    fn name(&self) -> String {
+        let (w, b) = (self.weight.is_some(), self.bias.is_some());
+        format!(
+            "{:?} over {} rows of {}, weight {w}, bias {b}",
+            self.op, self.rows, self.n
+        )
+    }
+
+    fn build(&self, ctx: &GpuContext) -> Result<Built, wgemma_kernels::GpuError> {
+        let x = self.x(&upload(ctx, &self.stored));
+        let vector = |v: &Option<Vec<f32>>| {
+            v.as_ref()
+                .map(|v| Tensor::new(&upload(ctx, v), &[self.n]).unwrap())
+        };
+        let (w, b) = (vector(&self.weight), vector(&self.bias));
+        let y = nan_tensor(ctx, &[self.rows, self.n]);
+        let affine = Affine {
+            weight: w.as_ref(),
+            bias: b.as_ref(),
+        };
+        let d = ops::rows(ctx, self.op, affine, &x, &y)?;
+        Ok(Built {
+            dispatches: vec![d],
+            output: y,
+        })
+    }
+
+    fn reference(&self) -> Vec<f32> {
+        // Row r, column c of x is stored at c * rows + r.
+        let (rows, stored) = (self.rows as usize, &self.stored);
+        let xd: Vec<f32> = (0..rows)
+            .flat_map(|r| (0..self.n as usize).map(move |c| stored[c * rows + r]))
+            .collect();
+        let n = self.n as usize;
+        match self.op {
+            RowOp::LayerNorm { eps } => {
+                cpu::layer_norm(&xd, n, self.weight.as_deref(), self.bias.as_deref(), eps)
+            }
+            RowOp::RmsNorm { eps } => cpu::rms_norm(&xd, n, self.weight.as_deref(), eps),
+            RowOp::Softmax { scale } => cpu::softmax(&xd, n, scale),
+        }
+    }
+
+    fn tolerance(&self) -> f32 {
+        // LayerNorm of one value is 0 (its own mean): compare absolutely there.
+        if self.n == 1 { 1e-3 } else { 1e-5 }
+    }
+}
+
 #[test]
 fn norms_and_softmax_match_cpu_along_rows_of_any_layout() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(0x0dd5_eed5_1234_5678);
     for n in [1u32, 37, 300, 1000] {
-        let rows = 5u32;
-        // x is stored [n, rows] and read transposed: each row is strided.
-        let (stored, sd) = random(ctx, &mut rng, &[n, rows]);
-        let x = stored.transpose(0, 1).unwrap();
-        let xd = cpu::gather(&sd, x.dims(), x.strides(), 0);
-        let (w, wd) = random(ctx, &mut rng, &[n]);
-        let (b, bd) = random(ctx, &mut rng, &[n]);
-        let cases: [(RowOp, Affine<'_>, Vec<f32>); 5] = [
-            (
-                RowOp::LayerNorm { eps: 1e-6 },
-                Affine {
-                    weight: Some(&w),
-                    bias: Some(&b),
-                },
-                cpu::layer_norm(&xd, n as usize, Some(&wd), Some(&bd), 1e-6),
-            ),
-            (
-                RowOp::LayerNorm { eps: 1e-5 },
-                Affine::default(),
-                cpu::layer_norm(&xd, n as usize, None, None, 1e-5),
-            ),
-            (
-                RowOp::RmsNorm { eps: 1e-6 },
-                Affine {
-                    weight: Some(&w),
-                    bias: None,
-                },
-                cpu::rms_norm(&xd, n as usize, Some(&wd), 1e-6),
-            ),
-            (
-                RowOp::RmsNorm { eps: 1e-6 },
-                Affine::default(),
-                cpu::rms_norm(&xd, n as usize, None, 1e-6),
-            ),
-            (
-                RowOp::Softmax { scale: 1.7 },
-                Affine::default(),
-                cpu::softmax(&xd, n as usize, 1.7),
-            ),
+        let ops = [
+            (RowOp::LayerNorm { eps: 1e-6 }, (true, true)),
+            (RowOp::LayerNorm { eps: 1e-5 }, (false, false)),
+            (RowOp::RmsNorm { eps: 1e-6 }, (true, false)),
+            (RowOp::RmsNorm { eps: 1e-6 }, (false, false)),
+            (RowOp::Softmax { scale: 1.7 }, (false, false)),
         ];
-        for (op, affine, want) in cases {
-            let y = nan_tensor(ctx, &[rows, n]);
-            run(ctx, &[&ops::rows(ctx, op, affine, &x, &y).unwrap()]);
-            // LayerNorm of one value is 0 (its own mean): compare absolutely there.
-            let tol = if n == 1 { 1e-3 } else { 1e-5 };
-            assert_close(&format!("{op:?} n={n}"), &read(ctx, y.view()), &want, tol);
+        for (op, affine) in ops {
+            check(ctx, &RowsCase::new(&mut rng, op, (5, n), affine));
         }
     }
     // In place over a 3-D tensor (per-head norms are rows of the last dimension).

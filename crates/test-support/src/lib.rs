@@ -1,0 +1,190 @@
+//! What wgemma's tests share (a dev-dependency only): the GPU context, where the real model
+//! file some tests read is, random data, the error measures, and the harness that holds a GPU
+//! case to its CPU reference ([`ParityCase`]).
+//!
+//! Under CI (`CI` set) a missing adapter or model file fails the test that asks for it;
+//! elsewhere it is a skip with a message.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use wgemma_kernels::{
+    ContextOptions, Dispatch, GpuContext, GpuError, Recorder, Tensor, View, cpu, reflect,
+};
+
+/// One GPU context for the whole test binary (`WGEMMA_BACKEND` / `WGEMMA_ADAPTER` and the
+/// feature switches apply), or `None` where there is no adapter outside CI.
+pub fn gpu() -> Option<&'static Arc<GpuContext>> {
+    static CTX: OnceLock<Option<Arc<GpuContext>>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        match pollster::block_on(GpuContext::new(ContextOptions::default().with_env())) {
+            Ok(c) => Some(Arc::new(c)),
+            Err(e) => {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "CI is set but no GPU adapter: {e}"
+                );
+                eprintln!("skipping GPU tests: {e}");
+                None
+            }
+        }
+    })
+    .as_ref()
+}
+
+/// The real Gemma 3 270M GGUF some tests read: `WGEMMA_GEMMA3_270M`, else where `wgemma
+/// pull` puts it. `None` (a skip) when it is missing outside CI.
+pub fn gemma3_270m() -> Option<PathBuf> {
+    let path = std::env::var_os("WGEMMA_GEMMA3_270M")
+        .map(PathBuf::from)
+        .or_else(|| {
+            wgemma_gguf::cache_dir().map(|d| d.join("models").join("gemma-3-270m-q4_k_m.gguf"))
+        })?;
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI is set but {} is missing",
+        path.display()
+    );
+    eprintln!("skipping: {} not found", path.display());
+    None
+}
+
+/// A xorshift generator: the same data on every run and machine.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// A value in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// `n` values in [-scale, scale), shifted off zero.
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| self.uniform() * scale + scale * 0.01)
+            .collect()
+    }
+}
+
+/// A storage buffer holding `data`.
+pub fn upload(ctx: &GpuContext, data: &[f32]) -> View {
+    View::of(&ctx.storage_init("test", bytemuck::cast_slice(data)))
+}
+
+/// A storage buffer holding `data`.
+pub fn upload_u32(ctx: &GpuContext, data: &[u32]) -> View {
+    View::of(&ctx.storage_init("test", bytemuck::cast_slice(data)))
+}
+
+/// `n` NaNs: an output a kernel fails to write stays NaN and fails the comparison.
+pub fn poisoned(ctx: &GpuContext, n: usize) -> View {
+    upload(ctx, &vec![f32::NAN; n])
+}
+
+/// The f32 values of `v`.
+pub fn read(ctx: &GpuContext, v: &View) -> Vec<f32> {
+    pollster::block_on(ctx.read_f32(v)).expect("reading a test buffer back")
+}
+
+/// A tensor's logical elements (row-major over its shape), as the CPU references take them.
+pub fn logical(ctx: &GpuContext, t: &Tensor) -> Vec<f32> {
+    cpu::gather(&read(ctx, t.view()), t.dims(), t.strides(), t.offset())
+}
+
+/// Runs `dispatches` once each, after checking them against their kernels' WGSL (flags,
+/// bindings by number, kind and name, parameter layout), and waits for them.
+pub fn run(ctx: &GpuContext, dispatches: &[&Dispatch]) {
+    static CHECKED: Mutex<Option<reflect::Reflection>> = Mutex::new(None);
+    let problems = CHECKED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert_with(Default::default)
+        .check(ctx, dispatches.iter().copied());
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let mut rec = Recorder::new(ctx, "test");
+    for d in dispatches {
+        rec.run(d);
+    }
+    rec.submit();
+    ctx.wait().expect("GPU work failed");
+}
+
+/// Largest absolute difference relative to the reference's RMS (NaN counts as infinite).
+pub fn rel_err_rms(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len(), "output length");
+    let rms = (want.iter().map(|v| v * v).sum::<f32>() / want.len().max(1) as f32)
+        .sqrt()
+        .max(1e-12);
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| {
+            if g.is_nan() {
+                f32::INFINITY
+            } else {
+                (g - w).abs()
+            }
+        })
+        .fold(0.0, f32::max)
+        / rms
+}
+
+/// Largest absolute difference relative to the reference's largest magnitude.
+pub fn rel_err_max(got: &[f32], want: &[f32]) -> f32 {
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-6);
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| {
+            if g.is_nan() {
+                f32::INFINITY
+            } else {
+                (g - w).abs()
+            }
+        })
+        .fold(0.0, f32::max)
+        / scale
+}
+
+/// Panics unless `got` is within `tol` of `want` ([`rel_err_rms`]).
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    let e = rel_err_rms(got, want);
+    assert!(e <= tol, "{what}: relative error {e} > {tol}");
+}
+
+/// What a case's GPU side is: the dispatches that compute its output, and the output.
+pub struct Built {
+    pub dispatches: Vec<Dispatch>,
+    pub output: Tensor,
+}
+
+/// One GPU-vs-CPU case of a kernel: its name, its GPU side built on a context, its CPU
+/// reference and how close the GPU must come. [`check`] runs it.
+pub trait ParityCase {
+    fn name(&self) -> String;
+    /// Uploads the inputs and builds the dispatches (outputs poisoned with NaN).
+    fn build(&self, ctx: &GpuContext) -> Result<Built, GpuError>;
+    /// The output's logical elements as the CPU computes them.
+    fn reference(&self) -> Vec<f32>;
+    /// The largest [`rel_err_rms`] allowed.
+    fn tolerance(&self) -> f32;
+}
+
+/// Runs `case` on `ctx` and holds its output to the reference.
+pub fn check(ctx: &GpuContext, case: &dyn ParityCase) {
+    let name = case.name();
+    let built = case
+        .build(ctx)
+        .unwrap_or_else(|e| panic!("{name}: building the dispatches: {e}"));
+    run(ctx, &built.dispatches.iter().collect::<Vec<_>>());
+    assert_close(
+        &name,
+        &logical(ctx, &built.output),
+        &case.reference(),
+        case.tolerance(),
+    );
+}
