@@ -187,15 +187,12 @@ fn delta_row<'a>(
 
 /// Query heads up to which a decode step merges the split attention's chunks in front of the
 /// output product (each of its workgroups merging every head) rather than in a dispatch of its
-/// own; measured in `plan_ops`.
+/// own (benches/RESULTS.md, "Matrix-vector tuning rules").
 const MERGE_IN_FRONT_HEADS: usize = 8;
 
 /// Slots per expert on average from which a mixture-of-experts layer's products run tiled,
-/// grouped by expert. A tiled product costs about the same for 1 to 64 slots of an expert,
-/// one product per slot grows with the slots. At 26B-A4B's shapes on the H100 (128 tokens, 8
-/// slots per expert), tiled 1.43 ms a layer against 1.80 one per slot (1.70 with the slots run
-/// expert by expert, not kept). Time to first token, tiled against one product per slot: 57.5
-/// against 39.6 ms for 48 tokens (3 slots per expert), 65.4 against 65.8 for 96 (6).
+/// grouped by expert: a tiled product costs about the same for 1 to 64 slots of an expert, one
+/// product per slot grows with the slots (benches/RESULTS.md, "Matrix-vector tuning rules").
 const TILED_SLOTS_PER_EXPERT: u32 = 6;
 
 /// Mixture-of-experts activations.

@@ -83,6 +83,7 @@ mod product;
 mod rope;
 mod rows;
 mod sample;
+mod tuning;
 
 pub use attend::*;
 pub use attention::*;
@@ -99,6 +100,7 @@ pub use product::*;
 pub use rope::*;
 pub use rows::*;
 pub use sample::*;
+pub use tuning::*;
 
 #[cfg(test)]
 mod tests {

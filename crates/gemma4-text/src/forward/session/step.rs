@@ -390,12 +390,9 @@ impl<'s> StepBuilder<'s> {
         let heads = session.head_post_args(il, self.m);
         if self.m == 1 {
             // The split kernel does the per-head norms and RoPE itself; the merge of its
-            // chunks and the cache store run in front of the output product where its
-            // input fits in a workgroup's memory and its heads are few: every workgroup
-            // of the product repeats the merge of every head. On the H100, E2B's 8 heads
-            // merged in front took decode from 381-397 to 393-402 tok/s; 26B-A4B's 16,
-            // merged in a dispatch of their own, from 220.5-220.8 to 231.9-232.1 (merged
-            // in front only on its sliding layers, of 4096 values: 222.4-222.6).
+            // chunks and the cache store run in front of the output product where its input
+            // fits in a workgroup's memory and its heads are few (`MERGE_IN_FRONT_HEADS`):
+            // every workgroup of the product repeats the merge of every head.
             let (split, merge) =
                 ops::attention_split(self.ctx, &att, 0, &s.attn_part, Some(&heads))?;
             self.run(vec![split]);
