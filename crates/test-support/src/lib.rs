@@ -115,12 +115,9 @@ pub fn run(ctx: &GpuContext, dispatches: &[&Dispatch]) {
     ctx.wait().expect("GPU work failed");
 }
 
-/// Largest absolute difference relative to the reference's RMS (NaN counts as infinite).
-pub fn rel_err_rms(got: &[f32], want: &[f32]) -> f32 {
+/// Largest absolute difference between `got` and `want`, a NaN in `got` counting as infinite.
+fn max_abs_diff(got: &[f32], want: &[f32]) -> f32 {
     assert_eq!(got.len(), want.len(), "output length");
-    let rms = (want.iter().map(|v| v * v).sum::<f32>() / want.len().max(1) as f32)
-        .sqrt()
-        .max(1e-12);
     got.iter()
         .zip(want)
         .map(|(g, w)| {
@@ -131,23 +128,18 @@ pub fn rel_err_rms(got: &[f32], want: &[f32]) -> f32 {
             }
         })
         .fold(0.0, f32::max)
-        / rms
+}
+
+/// Largest absolute difference relative to the reference's RMS.
+pub fn rel_err_rms(got: &[f32], want: &[f32]) -> f32 {
+    let rms = (want.iter().map(|v| v * v).sum::<f32>() / want.len().max(1) as f32).sqrt();
+    max_abs_diff(got, want) / rms.max(1e-12)
 }
 
 /// Largest absolute difference relative to the reference's largest magnitude.
 pub fn rel_err_max(got: &[f32], want: &[f32]) -> f32 {
-    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-6);
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| {
-            if g.is_nan() {
-                f32::INFINITY
-            } else {
-                (g - w).abs()
-            }
-        })
-        .fold(0.0, f32::max)
-        / scale
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    max_abs_diff(got, want) / scale.max(1e-6)
 }
 
 /// Panics unless `got` is within `tol` of `want` ([`rel_err_rms`]).
