@@ -12,6 +12,7 @@ pub mod params;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod reflect;
 mod shader;
+pub mod store;
 mod tensor;
 mod weights;
 

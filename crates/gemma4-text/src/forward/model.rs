@@ -6,9 +6,8 @@
 
 use std::sync::Arc;
 
-use wgemma_gguf::{
-    GgmlType, Gguf, RangeSource, RowFetcher, TensorInfo, TensorSource, dequantize_to_vec,
-};
+use wgemma_gguf::{Gguf, RangeSource, RowFetcher, TensorInfo, TensorSource, dequantize_to_vec};
+use wgemma_kernels::store::{RowSource, StoreError, WeightStore, interleaved_rows, stacked_rows};
 use wgemma_kernels::{GpuContext, GpuError, GpuWeight, View, wgpu};
 
 use crate::config::TextConfig;
@@ -22,6 +21,8 @@ pub enum LoadError {
     Source(#[from] wgemma_gguf::SourceError),
     #[error(transparent)]
     Gpu(#[from] GpuError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
     #[error("tensor {name}: {reason}")]
     Unsupported { name: String, reason: String },
     #[error(
@@ -257,43 +258,6 @@ pub struct GpuModel {
     pub(super) layers: Vec<Layer>,
 }
 
-/// Where a gate/up pair's rows come from: row `i` of group `g` is row
-/// `g * stride + offset + i` of `tensor`.
-#[derive(Clone, Copy)]
-struct RowSource<'a> {
-    tensor: &'a TensorInfo,
-    stride: u64,
-    offset: u64,
-}
-
-/// What the loader copies where.
-enum Job<'a> {
-    /// Tensors stacked by rows into one weight.
-    Stacked(Vec<&'a TensorInfo>, GpuWeight),
-    /// Gate and up rows alternating, in groups of `pairs` pairs (one group per expert).
-    Interleaved {
-        gate: RowSource<'a>,
-        up: RowSource<'a>,
-        pairs: u64,
-        w: GpuWeight,
-    },
-    Vector {
-        tensor: &'a TensorInfo,
-        view: View,
-        scale: f32,
-    },
-}
-
-impl Job<'_> {
-    fn bytes(&self) -> u64 {
-        match self {
-            Job::Stacked(parts, _) => parts.iter().map(|t| t.n_bytes).sum(),
-            Job::Interleaved { w, .. } => w.rows * w.row_bytes,
-            Job::Vector { tensor, .. } => tensor.n_bytes,
-        }
-    }
-}
-
 /// Splits projections that share an input into runs of equal dtype, each one weight.
 fn runs<'a>(tensors: &[&'a TensorInfo]) -> Vec<Vec<&'a TensorInfo>> {
     let mut out: Vec<Vec<&TensorInfo>> = Vec::new();
@@ -306,119 +270,42 @@ fn runs<'a>(tensors: &[&'a TensorInfo]) -> Vec<Vec<&'a TensorInfo>> {
     out
 }
 
-struct Loader<'a, 'c> {
-    ctx: &'c GpuContext,
-    jobs: Vec<Job<'a>>,
-    /// The expert weights streamed layers share, one per (dtype, rows, cols).
-    shared: Vec<GpuWeight>,
+/// A dense layer's gate and up projections: interleaved into one weight where they share a
+/// dtype (its product is the gated activation itself), else two.
+fn gate_up<'a>(
+    ld: &mut WeightStore<'a, '_>,
+    gate: &'a TensorInfo,
+    up: &'a TensorInfo,
+) -> Result<GateUp, LoadError> {
+    if gate.dtype != up.dtype {
+        return Ok(GateUp::Separate {
+            gate: ld.matrix(vec![gate], 1)?,
+            up: ld.matrix(vec![up], 1)?,
+        });
+    }
+    let (g, u) = (RowSource::whole(gate), RowSource::whole(up));
+    Ok(GateUp::Interleaved(ld.interleaved(
+        g,
+        u,
+        gate.n_rows(),
+        1,
+    )?))
 }
 
-impl<'a> Loader<'a, '_> {
-    fn allocate(
-        &self,
-        name: &str,
-        t: &TensorInfo,
-        rows: u64,
-        group: u64,
-    ) -> Result<GpuWeight, LoadError> {
-        GpuWeight::allocate_in_groups(self.ctx, name, t.dtype, t.row_len(), rows, group, None)
-            .map_err(|e| LoadError::Unsupported {
-                name: name.to_string(),
-                reason: e.to_string(),
-            })
+/// Projections side by side: one part per run of equal dtype, with its output column.
+fn parts<'a>(
+    ld: &mut WeightStore<'a, '_>,
+    tensors: &[&'a TensorInfo],
+) -> Result<(Vec<Part>, u32), LoadError> {
+    let mut offset = 0;
+    let mut parts = Vec::new();
+    for run in runs(tensors) {
+        let w = ld.matrix(run, 1)?;
+        let rows = w.rows as u32;
+        parts.push(Part { w, offset });
+        offset += rows;
     }
-
-    fn matrix(&mut self, parts: Vec<&'a TensorInfo>, group: u64) -> Result<GpuWeight, LoadError> {
-        let rows = parts.iter().map(|t| t.n_rows()).sum();
-        let name = parts
-            .iter()
-            .map(|t| t.name.as_str())
-            .collect::<Vec<_>>()
-            .join("+");
-        let w = self.allocate(&name, parts[0], rows, group)?;
-        self.jobs.push(Job::Stacked(parts, w.clone()));
-        Ok(w)
-    }
-
-    fn interleaved(
-        &mut self,
-        gate: RowSource<'a>,
-        up: RowSource<'a>,
-        pairs: u64,
-        groups: u64,
-    ) -> Result<GpuWeight, LoadError> {
-        let name = format!("{}+{}", gate.tensor.name, up.tensor.name);
-        // Experts keep whole experts per tile; a dense pair of projections only whole pairs.
-        let group = if groups > 1 { 2 * pairs } else { 2 };
-        let w = self.allocate(&name, gate.tensor, 2 * pairs * groups, group)?;
-        self.jobs.push(Job::Interleaved {
-            gate,
-            up,
-            pairs,
-            w: w.clone(),
-        });
-        Ok(w)
-    }
-
-    fn gate_up(&mut self, gate: &'a TensorInfo, up: &'a TensorInfo) -> Result<GateUp, LoadError> {
-        if gate.dtype != up.dtype {
-            return Ok(GateUp::Separate {
-                gate: self.matrix(vec![gate], 1)?,
-                up: self.matrix(vec![up], 1)?,
-            });
-        }
-        let whole = |tensor| RowSource {
-            tensor,
-            stride: 0,
-            offset: 0,
-        };
-        Ok(GateUp::Interleaved(self.interleaved(
-            whole(gate),
-            whole(up),
-            gate.n_rows(),
-            1,
-        )?))
-    }
-
-    /// A weight shaped like `t`'s `rows` rows (in groups of `group`) that streamed layers
-    /// share, allocated by the first layer that needs its shape.
-    fn shared(&mut self, t: &TensorInfo, rows: u64, group: u64) -> Result<GpuWeight, LoadError> {
-        let same = |w: &&GpuWeight| w.dtype == t.dtype && w.rows == rows && w.cols == t.row_len();
-        if let Some(w) = self.shared.iter().find(same) {
-            return Ok(w.clone());
-        }
-        let name = format!("streamed experts {} {rows}x{}", t.dtype, t.row_len());
-        let w = self.allocate(&name, t, rows, group)?;
-        self.shared.push(w.clone());
-        Ok(w)
-    }
-
-    fn vector_scaled(&mut self, tensor: &'a TensorInfo, scale: f32) -> View {
-        let view = View::of(&self.ctx.storage(&tensor.name, tensor.n_elements() * 4));
-        self.jobs.push(Job::Vector {
-            tensor,
-            view: view.clone(),
-            scale,
-        });
-        view
-    }
-
-    fn vector(&mut self, t: &'a TensorInfo) -> View {
-        self.vector_scaled(t, 1.0)
-    }
-
-    /// Projections side by side: one part per run of equal dtype, with its output column.
-    fn parts(&mut self, tensors: &[&'a TensorInfo]) -> Result<(Vec<Part>, u32), LoadError> {
-        let mut offset = 0;
-        let mut parts = Vec::new();
-        for run in runs(tensors) {
-            let w = self.matrix(run, 1)?;
-            let rows = w.rows as u32;
-            parts.push(Part { w, offset });
-            offset += rows;
-        }
-        Ok((parts, offset))
-    }
+    Ok((parts, offset))
 }
 
 /// Layer tensors as resolved from the file.
@@ -427,7 +314,7 @@ type MoeTensors<'a> = crate::tensors::MoeLayer<&'a TensorInfo, &'a TensorInfo>;
 
 /// A layer's weights, allocated (and queued for upload) by `ld`.
 async fn load_layer<'a, R: RangeSource + ?Sized>(
-    ld: &mut Loader<'a, '_>,
+    ld: &mut WeightStore<'a, '_>,
     (g, src): (&'a Gguf, &R),
     cfg: &TextConfig,
     lt: &LayerTensors<'a>,
@@ -436,7 +323,7 @@ async fn load_layer<'a, R: RangeSource + ?Sized>(
     let mut qkv_tensors = vec![lt.q];
     qkv_tensors.extend(lt.k);
     qkv_tensors.extend(lt.v);
-    let (qkv, qkv_width) = ld.parts(&qkv_tensors)?;
+    let (qkv, qkv_width) = parts(ld, &qkv_tensors)?;
     let out_scale = match lt.out_scale {
         Some(s) => {
             let bytes = src.read_range(g.tensor_range(s).start, s.n_bytes).await?;
@@ -461,7 +348,7 @@ async fn load_layer<'a, R: RangeSource + ?Sized>(
         o: ld.matrix(vec![lt.o], 1)?,
         post_attn_norm: ld.vector(lt.post_attn_norm),
         ffn_norm: ld.vector(lt.ffn_norm),
-        gate_up: ld.gate_up(lt.gate, lt.up)?,
+        gate_up: gate_up(ld, lt.gate, lt.up)?,
         down: ld.matrix(vec![lt.down], 1)?,
         post_ffw_norm: ld.vector(lt.post_ffw_norm),
         out_scale,
@@ -497,7 +384,7 @@ fn gate_up_rows<'a>(
 /// A MoE layer's experts: resident on the GPU, or (`streamed`) held on the host and copied
 /// into weights the streamed layers share.
 async fn load_experts<'a, R: RangeSource + ?Sized>(
-    ld: &mut Loader<'a, '_>,
+    ld: &mut WeightStore<'a, '_>,
     (g, src): (&'a Gguf, &R),
     cfg: &TextConfig,
     m: &MoeTensors<'a>,
@@ -546,108 +433,6 @@ async fn load_experts<'a, R: RangeSource + ?Sized>(
         down_scale: m.down_scale.map(|s| ld.vector(s)),
         host,
     })
-}
-
-/// Reads every job's bytes and writes them into its weight, reporting progress.
-async fn upload<R: RangeSource + ?Sized>(
-    ctx: &GpuContext,
-    (g, src): (&Gguf, &R),
-    jobs: &[Job<'_>],
-    progress: &mut impl FnMut(LoadProgress),
-) -> Result<(), LoadError> {
-    let total: u64 = jobs.iter().map(Job::bytes).sum();
-    let mut done = 0;
-    for job in jobs {
-        match job {
-            Job::Stacked(parts, w) => {
-                for (i, tile) in w.tiles.iter().enumerate() {
-                    let range = tile.first_row..tile.first_row + tile.rows;
-                    let bytes = stacked_rows(g, src, parts, range).await?;
-                    w.write_tile(ctx, i, &bytes)?;
-                    done += bytes.len() as u64;
-                    progress(LoadProgress { done, total });
-                }
-            }
-            Job::Interleaved { gate, up, pairs, w } => {
-                for (i, tile) in w.tiles.iter().enumerate() {
-                    let range = tile.first_row..tile.first_row + tile.rows;
-                    let bytes = interleaved_rows(g, src, *gate, *up, *pairs, range).await?;
-                    w.write_tile(ctx, i, &bytes)?;
-                    done += bytes.len() as u64;
-                    progress(LoadProgress { done, total });
-                }
-            }
-            Job::Vector {
-                tensor,
-                view,
-                scale,
-            } => {
-                let bytes = src
-                    .read_range(g.tensor_range(tensor).start, tensor.n_bytes)
-                    .await?;
-                let mut values = match tensor.dtype {
-                    GgmlType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(&bytes),
-                    dt => dequantize_to_vec(dt, &bytes)?,
-                };
-                values.iter_mut().for_each(|v| *v *= scale);
-                ctx.write(&view.buffer, 0, bytemuck::cast_slice(&values));
-                done += tensor.n_bytes;
-                progress(LoadProgress { done, total });
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Reads rows `rows` of the stacked `parts` (the bytes of a weight tile).
-async fn stacked_rows<R: RangeSource + ?Sized>(
-    g: &Gguf,
-    src: &R,
-    parts: &[&TensorInfo],
-    rows: std::ops::Range<u64>,
-) -> Result<Vec<u8>, LoadError> {
-    let mut out = Vec::new();
-    let mut first = 0;
-    for t in parts {
-        let (lo, hi) = (rows.start.max(first), rows.end.min(first + t.n_rows()));
-        if lo < hi {
-            let start = g.tensor_range(t).start + (lo - first) * t.row_bytes();
-            out.extend(src.read_range(start, (hi - lo) * t.row_bytes()).await?);
-        }
-        first += t.n_rows();
-    }
-    Ok(out)
-}
-
-/// Reads output rows `rows` (whole groups) of an interleaved gate/up weight: per group, one
-/// range read of its gate rows and one of its up rows, then the rows alternate in memory.
-async fn interleaved_rows<R: RangeSource + ?Sized>(
-    g: &Gguf,
-    src: &R,
-    gate: RowSource<'_>,
-    up: RowSource<'_>,
-    pairs: u64,
-    rows: std::ops::Range<u64>,
-) -> Result<Vec<u8>, LoadError> {
-    let rb = gate.tensor.row_bytes();
-    let mut out = Vec::with_capacity(((rows.end - rows.start) * rb) as usize);
-    let mut row = rows.start;
-    while row < rows.end {
-        let group = row / (2 * pairs);
-        let p0 = (row % (2 * pairs)) / 2;
-        let p1 = pairs.min(p0 + (rows.end - row) / 2);
-        let read = |s: RowSource<'_>| {
-            let first = group * s.stride + s.offset + p0;
-            src.read_range(g.tensor_range(s.tensor).start + first * rb, (p1 - p0) * rb)
-        };
-        let (a, b) = (read(gate).await?, read(up).await?);
-        for (x, y) in a.chunks_exact(rb as usize).zip(b.chunks_exact(rb as usize)) {
-            out.extend_from_slice(x);
-            out.extend_from_slice(y);
-        }
-        row += 2 * (p1 - p0);
-    }
-    Ok(out)
 }
 
 /// Whether every layer's experts fit in GPU memory next to the rest of the weights:
@@ -729,11 +514,7 @@ impl GpuModel {
         if streamed && t.ple.is_some() {
             return Err(LoadError::StreamedExpertsWithPle);
         }
-        let mut ld = Loader {
-            ctx: &ctx,
-            jobs: Vec::new(),
-            shared: Vec::new(),
-        };
+        let mut ld = WeightStore::new(&ctx);
         let token_embd = ld.matrix(vec![t.token_embd], 1)?;
         let output = t.output.map(|o| ld.matrix(vec![o], 1)).transpose()?;
         let output_norm = ld.vector(t.output_norm);
@@ -753,9 +534,12 @@ impl GpuModel {
             layers.push(load_layer(&mut ld, (g, src), cfg, lt, streamed).await?);
         }
         if opts.weights == WeightBytes::Skip {
-            ld.jobs.clear();
+            ld.skip_bytes();
         }
-        upload(&ctx, (g, src), &ld.jobs, &mut progress).await?;
+        ld.upload((g, src), &mut |done, total| {
+            progress(LoadProgress { done, total })
+        })
+        .await?;
         ctx.check()?;
         Ok(Self {
             cfg: cfg.clone(),

@@ -689,3 +689,80 @@ fn top_k_of_many_rows_matches_cpu() {
     let scratch = upload_u32(ctx, &[0; 64]);
     assert!(ops::top_k_rows(ctx, &bad, 4, &scratch, &scratch).is_err());
 }
+
+/// The weight store reads any set of tensors of a GGUF: matrices as stored (stacked and
+/// interleaved), vectors as scaled f32, with progress up to the total; stacking tensors of
+/// two dtypes is refused.
+#[test]
+fn weight_store_uploads_what_the_file_holds() {
+    use wgemma_gguf::{BytesSource, Gguf, TensorSpec, Value, write_gguf};
+    use wgemma_kernels::store::{RowSource, WeightStore};
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5703_e5ee_d000_0001);
+    let f16 = |v: &[f32]| -> Vec<u8> {
+        v.iter()
+            .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+            .collect()
+    };
+    let (a, b, g, u) = (
+        rng.vec(64 * 3, 1.0),
+        rng.vec(64 * 2, 1.0),
+        rng.vec(64 * 4, 1.0),
+        rng.vec(64 * 4, 1.0),
+    );
+    let norm = rng.vec(64, 1.0);
+    let q8 = quantize(GgmlType::Q8_0, &rng.vec(64 * 5, 1.0)).unwrap();
+    let tensors = vec![
+        (TensorSpec::new("a", GgmlType::F16, &[64, 3]), f16(&a)),
+        (TensorSpec::new("b", GgmlType::F16, &[64, 2]), f16(&b)),
+        (TensorSpec::new("gate", GgmlType::F16, &[64, 4]), f16(&g)),
+        (TensorSpec::new("up", GgmlType::F16, &[64, 4]), f16(&u)),
+        (TensorSpec::new("q", GgmlType::Q8_0, &[64, 5]), q8.clone()),
+        (
+            TensorSpec::new("norm", GgmlType::F32, &[64]),
+            bytemuck::cast_slice(&norm).to_vec(),
+        ),
+    ];
+    let meta = [(
+        "general.architecture".to_string(),
+        Value::String("test".into()),
+    )];
+    let file = write_gguf(&meta, &tensors, 32).unwrap();
+    let gguf = Gguf::parse(&file).unwrap();
+    let src = BytesSource::new(file.clone());
+    let t = |name: &str| gguf.tensor(name).unwrap();
+    let mut store = WeightStore::new(ctx);
+    let ab = store.matrix(vec![t("a"), t("b")], 1).unwrap();
+    let gu = store
+        .interleaved(RowSource::whole(t("gate")), RowSource::whole(t("up")), 4, 1)
+        .unwrap();
+    let q = store.matrix(vec![t("q")], 1).unwrap();
+    let nv = store.vector_scaled(t("norm"), 0.5);
+    assert!(
+        store.matrix(vec![t("a"), t("q")], 1).is_err(),
+        "two dtypes stacked"
+    );
+    let mut last = (0, 0);
+    pollster::block_on(store.upload((&gguf, &src), &mut |done, total| last = (done, total)))
+        .unwrap();
+    assert_eq!(last, (store.bytes(), store.bytes()));
+    let bytes = |w: &GpuWeight| -> Vec<u8> {
+        w.tiles
+            .iter()
+            .flat_map(|tile| {
+                let n = tile.rows * w.row_bytes;
+                let raw = pollster::block_on(ctx.read_u32(&View::of(&tile.buffer))).unwrap();
+                bytemuck::cast_slice::<u32, u8>(&raw)[..n as usize].to_vec()
+            })
+            .collect()
+    };
+    assert_eq!(bytes(&ab), [f16(&a), f16(&b)].concat());
+    let rows = |v: &[f32], r: usize| f16(&v[r * 64..(r + 1) * 64]);
+    let want_gu: Vec<u8> = (0..4)
+        .flat_map(|r| [rows(&g, r), rows(&u, r)].concat())
+        .collect();
+    assert_eq!(bytes(&gu), want_gu);
+    assert_eq!(bytes(&q), q8);
+    let want_norm: Vec<f32> = norm.iter().map(|v| v * 0.5).collect();
+    assert_eq!(read(ctx, &nv), want_norm);
+}
