@@ -62,6 +62,8 @@ impl DeviceClass {
         }
     }
 
+    // Read by `GpuContext::emulating`, which the browser build has not.
+    #[cfg(not(target_arch = "wasm32"))]
     pub(crate) fn device_type(self) -> wgpu::DeviceType {
         match self {
             DeviceClass::NvidiaVulkan => wgpu::DeviceType::DiscreteGpu,
@@ -69,6 +71,8 @@ impl DeviceClass {
         }
     }
 
+    // Read by `GpuContext::emulating`, which the browser build has not.
+    #[cfg(not(target_arch = "wasm32"))]
     /// What the kernels use of the device (timestamps do not change a plan and are off).
     pub(crate) fn features(self) -> GpuFeatures {
         let none = GpuFeatures {
@@ -105,6 +109,8 @@ impl DeviceClass {
         }
     }
 
+    // Read by `GpuContext::emulating`, which the browser build has not.
+    #[cfg(not(target_arch = "wasm32"))]
     /// The limits wgpu reports on the class's devices (`cargo xtask plans` prints a real
     /// device's).
     pub(crate) fn limits(self) -> wgpu::Limits {

@@ -532,7 +532,9 @@ impl GpuContext {
     }
 }
 
-/// The longest a sleeping [`GpuContext::wait_for`] holds the context's maintenance lock.
+/// The longest a sleeping [`GpuContext::wait_for`] holds the context's maintenance lock
+/// (natively; the browser never blocks).
+#[cfg(not(target_arch = "wasm32"))]
 pub const WAIT_SLICE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// How [`GpuContext::wait_for`] waits.
