@@ -14,8 +14,10 @@ use wgemma_kernels::{Dispatch, GpuContext, GpuError, Profiler, Recorder, View, w
 use super::model::{GpuModel, HostExperts, PleRows, PleTable};
 use crate::sampling::{SamplingParams, Strategy};
 
+mod kv;
 mod step;
 
+use kv::KvCache;
 pub use step::Fusions;
 use step::StepBuilder;
 
@@ -251,7 +253,7 @@ pub struct GpuSession {
     model: Arc<GpuModel>,
     capacity: usize,
     max_batch: usize,
-    kv: Vec<Option<(View, View)>>,
+    kv: KvCache,
     s: Scratch,
     decode: Vec<Op>,
     sampler: Option<SamplerPlan>,
@@ -384,17 +386,7 @@ impl GpuSession {
             topk_out: buf("topk_out", 2 * u64::from(ops::TOPK_MAX)),
             ring: buf("ring", 1 + u64::from(ops::RING_CAP)),
         };
-        let kv = cfg
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(il, l)| {
-                l.owns_kv(il).then(|| {
-                    let n = capacity as u64 * (l.n_kv_head * l.head_dim) as u64;
-                    (buf("k_cache", n), buf("v_cache", n))
-                })
-            })
-            .collect();
+        let kv = KvCache::new(ctx, cfg, capacity);
         let readback = (0..MAX_IN_FLIGHT)
             .map(|_| {
                 ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -519,8 +511,7 @@ impl GpuSession {
         .iter()
         .map(|v| v.size)
         .sum();
-        let kv: u64 = self.kv.iter().flatten().map(|(k, v)| k.size + v.size).sum();
-        scratch + kv
+        scratch + self.kv.bytes()
     }
 
     /// Forgets everything after the first `pos` tokens (their cache slots are overwritten
@@ -541,7 +532,7 @@ impl GpuSession {
     fn head_post_args<'a>(&'a self, il: usize, m: u32) -> HeadPostArgs<'a> {
         let (cfg, l) = (&self.model.cfg, &self.model.layers[il]);
         let lc = &cfg.layers[il];
-        let kv = match (&l.k_norm, &self.kv[il]) {
+        let kv = match (&l.k_norm, self.kv.written_by(il)) {
             (Some(k_norm), Some((kc, vc))) => Some(HeadPostKv {
                 k_norm,
                 k_cache: kc,
@@ -576,12 +567,7 @@ impl GpuSession {
     fn attention_args<'a>(&'a self, il: usize, m: u32) -> Result<AttentionArgs<'a>, GpuError> {
         let cfg = &self.model.cfg;
         let lc = &cfg.layers[il];
-        let (kc, vc) = self.kv[lc.kv_source].as_ref().ok_or_else(|| {
-            GpuError::Shape(format!(
-                "layer {il} reads layer {}'s missing cache",
-                lc.kv_source
-            ))
-        })?;
+        let (kc, vc) = self.kv.read_by(cfg, il)?;
         Ok(AttentionArgs {
             q: &self.s.qkv,
             k_cache: kc,
