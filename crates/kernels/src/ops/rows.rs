@@ -73,11 +73,13 @@ pub fn rows(
         RowOp::LayerNorm { eps } | RowOp::RmsNorm { eps } => (eps, 0.0),
         RowOp::Softmax { scale } => (0.0, scale),
     };
-    let source = ShaderSource::new("rows", &[REDUCE_WGSL, ROWS_WGSL])
-        .flag_if(op.flag().is_some(), op.flag().unwrap_or_default())
+    let mut source = ShaderSource::new("rows", &[REDUCE_WGSL, ROWS_WGSL])
         .flag_if(xi.in_output(), "X_IN_Y")
         .flag_if(affine.weight.is_some(), "WEIGHT")
         .flag_if(affine.bias.is_some(), "BIAS");
+    if let Some(flag) = op.flag() {
+        source = source.flag(flag);
+    }
     let (xl, yl) = (xi.layout(y), y.layout4());
     let params = RowsParams {
         rows,
