@@ -7,6 +7,7 @@ mod context;
 pub mod cpu;
 mod device_class;
 mod gpu;
+pub mod graph;
 pub mod ops;
 pub mod params;
 #[cfg(not(target_arch = "wasm32"))]

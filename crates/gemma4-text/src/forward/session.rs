@@ -8,18 +8,19 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use wgemma_kernels::ops::{self, AttentionArgs, Delta, HeadPostArgs, HeadPostKv, SampleKernel};
-use wgemma_kernels::{Dispatch, GpuContext, GpuError, Profiler, Recorder, View, wgpu};
+use wgemma_kernels::ops::{self, AttentionArgs, HeadPostArgs, HeadPostKv, SampleKernel};
+use wgemma_kernels::{Dispatch, GpuError, Profiler, Recorder, View, wgpu};
 
 use super::model::{GpuModel, HostExperts, PleRows, PleTable};
 use crate::sampling::{SamplingParams, Strategy};
 
+mod graph;
 mod kv;
-mod step;
 
+use graph::DecoderGraph;
 use kv::KvCache;
-pub use step::Fusions;
-use step::StepBuilder;
+pub use wgemma_kernels::graph::Fusions;
+use wgemma_kernels::graph::PlanOp;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
@@ -99,15 +100,12 @@ impl<'a> StepInput<'a> {
     }
 }
 
-/// One recorded operation of a step.
+/// One recorded operation of a step: a dispatch, a copy, or one of the session's own.
+type Op = PlanOp<HostOp>;
+
+/// The session's own steps within a plan.
 #[derive(Clone, Debug)]
-enum Op {
-    Run(Dispatch),
-    Copy {
-        from: View,
-        to: View,
-        bytes: u64,
-    },
+enum HostOp {
     /// A streamed layer's experts into the weights expert layers share: what is recorded
     /// before is submitted first. With `routed` (the router's choice and its slots), natively
     /// only the chosen experts, read back once that is done.
@@ -169,33 +167,6 @@ struct PleScratch {
     act: View,
     out: View,
 }
-
-/// A block's output as a row: an experts' output is mixed into `out` by a dispatch of its own
-/// (pushed to `ds`), where it cannot be computed inside the product that reads it.
-fn delta_row<'a>(
-    ctx: &GpuContext,
-    delta: Delta<'a>,
-    out: &'a View,
-    ds: &mut Vec<Dispatch>,
-) -> Result<&'a View, GpuError> {
-    Ok(match delta {
-        Delta::Row(v) => v,
-        Delta::Moe(mix) => {
-            ds.push(ops::moe_mix(ctx, &mix, out)?);
-            out
-        }
-    })
-}
-
-/// Query heads up to which a decode step merges the split attention's chunks in front of the
-/// output product (each of its workgroups merging every head) rather than in a dispatch of its
-/// own (benches/RESULTS.md, "Matrix-vector tuning rules").
-const MERGE_IN_FRONT_HEADS: usize = 8;
-
-/// Slots per expert on average from which a mixture-of-experts layer's products run tiled,
-/// grouped by expert: a tiled product costs about the same for 1 to 64 slots of an expert, one
-/// product per slot grows with the slots (benches/RESULTS.md, "Matrix-vector tuning rules").
-const TILED_SLOTS_PER_EXPERT: u32 = 6;
 
 /// Mixture-of-experts activations.
 struct MoeScratch {
@@ -291,11 +262,11 @@ fn op_line(op: &Op) -> String {
     match op {
         Op::Run(d) => dispatch_line(d),
         Op::Copy { bytes, .. } => format!("copy {bytes} bytes"),
-        Op::Upload { routed, .. } => {
+        Op::Host(HostOp::Upload { routed, .. }) => {
             let routed = routed.as_ref().map_or(0, |(_, slots)| *slots);
             format!("upload experts, {routed} routed slots")
         }
-        Op::TokenRows => "per-layer table rows".into(),
+        Op::Host(HostOp::TokenRows) => "per-layer table rows".into(),
     }
 }
 
@@ -595,33 +566,18 @@ impl GpuSession {
     /// block's norm. `all_logits` receives every row's logits when `logits` is
     /// [`LogitsFor::All`]. Their parameter blocks share a few uniform buffers
     /// ([`wgemma_kernels::GpuContext::with_params_batch`]).
-    fn plan(
-        &self,
+    fn plan<'a>(
+        &'a self,
         m: u32,
-        input: StepInput<'_>,
+        input: StepInput<'a>,
         logits: LogitsFor,
-        all_logits: Option<&View>,
+        all_logits: Option<&'a View>,
     ) -> Result<Vec<Op>, GpuError> {
         let ctx = &*self.model.ctx;
-        ctx.with_params_batch(|| self.plan_ops(m, input, logits, all_logits))
-    }
-
-    fn plan_ops(
-        &self,
-        m: u32,
-        input: StepInput<'_>,
-        logits: LogitsFor,
-        all_logits: Option<&View>,
-    ) -> Result<Vec<Op>, GpuError> {
-        let mut step = StepBuilder::new(self, m);
-        step.embed(input)?;
-        for (il, l) in self.model.layers.iter().enumerate() {
-            step.attention(il, l)?;
-            let ffn_out = step.ffn(il, l)?;
-            step.end_layer(il, l, ffn_out)?;
-        }
-        step.logits(logits, all_logits)?;
-        Ok(step.finish())
+        ctx.with_params_batch(|| {
+            let g = DecoderGraph::step(self, m, input, logits, all_logits)?;
+            DecoderGraph::lower(self, &g, self.fusions, Vec::new())
+        })
     }
 
     /// The dispatch sequence of a step over `tokens` positions, one line an op (the kernel
@@ -789,7 +745,7 @@ impl GpuSession {
             match op {
                 Op::Run(d) => rec.run(d),
                 Op::Copy { from, to, bytes } => rec.copy(from, to, *bytes),
-                Op::Upload { host, routed } => {
+                Op::Host(HostOp::Upload { host, routed }) => {
                     // The router's choice goes to the session's staging buffer with the rest
                     // of the step so far (the browser, which cannot wait for the GPU mid-step,
                     // has none and copies every expert).
@@ -814,7 +770,7 @@ impl GpuSession {
                     };
                     self.streamed.fetch_add(bytes, Ordering::Relaxed);
                 }
-                Op::TokenRows => {}
+                Op::Host(HostOp::TokenRows) => {}
             }
         }
         Ok(())
@@ -1062,7 +1018,7 @@ impl GpuSession {
             let at = self
                 .decode
                 .iter()
-                .position(|op| matches!(op, Op::TokenRows))
+                .position(|op| matches!(op, Op::Host(HostOp::TokenRows)))
                 .unwrap_or(0);
             let mut head = Recorder::new(&ctx, "decode head");
             self.record(&mut head, &self.decode[..at])?;

@@ -1,0 +1,967 @@
+//! The lowering: a walk over a graph's nodes that emits each node's dispatches, or one
+//! kernel's for a pattern of nodes where a fusion rule matches and is legal. Every rule's
+//! decision is a pure function of the graph, the step's size and the device (`*_fused`
+//! below), so a node that another takes in knows it without waiting for it.
+
+use super::{Fusions, Graph, Node, Place, PlanOp, Val};
+use crate::ops::{
+    self, Delta, Elementwise, EmbedOut, ExpertGroups, ExpertRoute, ExpertSlots, HeadPostArgs,
+    InputNorm, MatmulArgs, MatvecOut, MoeMix, NormOut, ResidualStep,
+};
+use crate::{GpuContext, GpuError, View};
+
+/// Query heads up to which one token's split attention is merged in front of the output
+/// product (each of its workgroups merging every head) rather than in a dispatch of its own
+/// (benches/RESULTS.md, "Matrix-vector tuning rules").
+pub const MERGE_IN_FRONT_HEADS: u32 = 8;
+
+/// Slots per expert on average from which the experts' products run tiled, grouped by
+/// expert: a tiled product costs about the same for 1 to 64 slots of an expert, one product
+/// per slot grows with the slots (benches/RESULTS.md, "Matrix-vector tuning rules").
+pub const TILED_SLOTS_PER_EXPERT: u32 = 6;
+
+/// Buffers the lowering uses besides the graph's values.
+#[derive(Clone, Copy)]
+pub struct Scratch<'a> {
+    /// The residual stream's two homes; it starts in the first.
+    pub streams: [&'a View; 2],
+    /// Partial sums of tiled products split over k (`ops::matmul_partials_floats`).
+    pub partials: &'a View,
+    /// One token's gated activations as 8-bit integers (`ops::int8_vector_words`).
+    pub int8_act: &'a View,
+    /// One token's split attention's partial results.
+    pub attn_part: &'a View,
+    /// The last row of a many-row step's input to its logits.
+    pub last_row: &'a View,
+}
+
+/// How to lower a graph.
+pub struct Lowering<'a> {
+    pub fusions: Fusions,
+    pub scratch: Scratch<'a>,
+    /// Values to copy out as soon as they are written, and where to (floats from the
+    /// value's first row's first column up to its last row's last, `stride` apart).
+    pub taps: Vec<(Val, View)>,
+}
+
+/// A lowered graph: its plan.
+pub struct Lowered<H> {
+    pub ops: Vec<PlanOp<H>>,
+}
+
+impl<'a> Lowering<'a> {
+    /// The plan of `g`.
+    pub fn lower<H: Clone>(
+        &self,
+        ctx: &GpuContext,
+        g: &Graph<'a, H>,
+    ) -> Result<Lowered<H>, GpuError> {
+        let mut readers = vec![Vec::new(); g.values().count()];
+        let mut producer = vec![None; readers.len()];
+        for (i, n) in g.nodes().iter().enumerate() {
+            for v in n.inputs() {
+                readers[v.0 as usize].push(i);
+            }
+            for v in n.outputs() {
+                producer[v.0 as usize] = Some(i);
+            }
+        }
+        let mut w = Walk {
+            ctx,
+            g,
+            l: self,
+            readers,
+            producer,
+            alt: false,
+            stream: None,
+            ops: Vec::new(),
+            tapped: vec![false; self.taps.len()],
+        };
+        let mut i = 0;
+        while i < g.nodes().len() {
+            i += w.node(i)?;
+        }
+        if let Some((k, _)) = w.tapped.iter().enumerate().find(|(_, done)| !**done) {
+            let name = g.get(self.taps[k].0).name;
+            return Err(GpuError::Shape(format!(
+                "{name} is not written by this plan (a fusion takes it in, or nothing reads it)"
+            )));
+        }
+        Ok(Lowered { ops: w.ops })
+    }
+}
+
+/// The walk's state: where the stream is, and what is emitted so far.
+struct Walk<'g, 'a, H> {
+    ctx: &'g GpuContext,
+    g: &'g Graph<'a, H>,
+    l: &'g Lowering<'a>,
+    /// The nodes that read each value.
+    readers: Vec<Vec<usize>>,
+    /// The node that writes each value.
+    producer: Vec<Option<usize>>,
+    /// The stream is in `streams[1]`.
+    alt: bool,
+    /// The stream's current value.
+    stream: Option<Val>,
+    ops: Vec<PlanOp<H>>,
+    tapped: Vec<bool>,
+}
+
+const PLAIN: MatvecOut<'static> = MatvecOut::Rows { softcap: 0.0 };
+
+impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
+    fn node(&mut self, i: usize) -> Result<usize, GpuError> {
+        match &self.g.nodes()[i] {
+            Node::Embed { .. } | Node::CopyRows { .. } => self.input(i),
+            Node::Norm { .. } => self.norm(i),
+            Node::Linear { .. } => self.linear(i),
+            Node::Gated { gate, up, out } => self.gated(*gate, *up, *out),
+            Node::Residual { .. } => self.residual(i),
+            Node::HeadNormRope { args, out, .. } => {
+                if self.g.tokens == 1
+                    && matches!(self.at(i + 1), Some(Node::Attention { qkv, .. }) if qkv == out)
+                {
+                    return Ok(1 + self.attention(i + 1, Some(args))?);
+                }
+                let d = ops::head_post(self.ctx, args)?;
+                self.run(vec![d]);
+                self.wrote(&[*out])?;
+                Ok(1)
+            }
+            Node::Attention { .. } => self.attention(i, None),
+            Node::Route { .. } => self.route(i),
+            Node::Experts { .. } => self.experts(i),
+            Node::MixExperts { out, .. } => {
+                if self.mix_fused(i) {
+                    return Ok(1);
+                }
+                let d = ops::moe_mix(self.ctx, &self.mix_args(i)?, self.view(*out)?)?;
+                self.run(vec![d]);
+                self.wrote(&[*out])?;
+                Ok(1)
+            }
+            Node::Logits { .. } => self.logits(i),
+            Node::Host(h) => {
+                self.ops.push(PlanOp::Host(h.clone()));
+                Ok(1)
+            }
+        }
+    }
+
+    // --- values ---
+
+    fn at(&self, i: usize) -> Option<&'g Node<'a, H>> {
+        self.g.nodes().get(i)
+    }
+
+    /// Where `v` is now. A stream value is only readable while it is the stream's latest.
+    fn view(&self, v: Val) -> Result<&'a View, GpuError> {
+        match self.g.get(v).place {
+            Place::At { view, .. } => Ok(view),
+            Place::Stream if self.stream == Some(v) => {
+                Ok(self.l.scratch.streams[usize::from(self.alt)])
+            }
+            Place::Stream => Err(GpuError::Shape(format!(
+                "{} is read after the stream has moved on",
+                self.g.get(v).name
+            ))),
+        }
+    }
+
+    /// The stream's other home, where a fused residual step writes.
+    fn other_stream(&self) -> &'a View {
+        self.l.scratch.streams[usize::from(!self.alt)]
+    }
+
+    fn is_stream(&self, v: Val) -> bool {
+        matches!(self.g.get(v).place, Place::Stream)
+    }
+
+    fn cols(&self, v: Val) -> u32 {
+        self.g.get(v).cols
+    }
+
+    /// The node that writes `v`.
+    fn producer(&self, v: Val) -> Option<(usize, &'g Node<'a, H>)> {
+        let i = self.producer[v.0 as usize]?;
+        Some((i, &self.g.nodes()[i]))
+    }
+
+    /// The only node that reads `v`.
+    fn only_reader(&self, v: Val) -> Option<(usize, &'g Node<'a, H>)> {
+        match self.readers[v.0 as usize].as_slice() {
+            [i] => Some((*i, &self.g.nodes()[*i])),
+            _ => None,
+        }
+    }
+
+    fn same_place(&self, a: Val, b: Val) -> bool {
+        match (&self.g.get(a).place, &self.g.get(b).place) {
+            (
+                Place::At {
+                    view: x, col: cx, ..
+                },
+                Place::At {
+                    view: y, col: cy, ..
+                },
+            ) => x.buffer == y.buffer && x.offset == y.offset && cx == cy,
+            (Place::Stream, Place::Stream) => true,
+            _ => false,
+        }
+    }
+
+    fn run(&mut self, ds: Vec<crate::Dispatch>) {
+        self.ops.extend(ds.into_iter().map(PlanOp::Run));
+    }
+
+    /// Copies the tapped ones of `vals`, just written, to their taps.
+    fn wrote(&mut self, vals: &[Val]) -> Result<(), GpuError> {
+        for (k, (v, to)) in self.l.taps.iter().enumerate() {
+            if !vals.contains(v) {
+                continue;
+            }
+            let value = self.g.get(*v);
+            let floats = u64::from(value.rows.max(1) - 1) * u64::from(value.stride())
+                + u64::from(value.cols);
+            let bytes = (floats * 4).min(to.size);
+            let from = self.view(*v)?.slice(u64::from(value.col()) * 4, bytes)?;
+            self.ops.push(PlanOp::Copy {
+                from,
+                to: to.clone(),
+                bytes,
+            });
+            self.tapped[k] = true;
+        }
+        Ok(())
+    }
+
+    /// One token, whose row of `cols` fits in a workgroup's memory: the one-token fusions
+    /// can run.
+    fn one_token(&self, cols: u32) -> bool {
+        self.g.tokens == 1 && ops::matvec_input_fits(self.ctx, cols)
+    }
+
+    // --- the inputs ---
+
+    fn input(&mut self, i: usize) -> Result<usize, GpuError> {
+        let m = self.g.tokens;
+        let out = match &self.g.nodes()[i] {
+            Node::Embed {
+                table,
+                ids,
+                scale,
+                onto,
+                out,
+            } => {
+                let y = self.place_of_new(*out)?;
+                let how = if onto.is_some() {
+                    EmbedOut::Add
+                } else {
+                    EmbedOut::Write
+                };
+                let ds = ops::embed(self.ctx, table, ids, y, m, *scale, how)?;
+                self.run(ds);
+                *out
+            }
+            Node::CopyRows { from, row, x, out } => {
+                let v = self.g.get(*x);
+                let start = (u64::from(*row) * u64::from(v.stride()) + u64::from(v.col())) * 4;
+                let to = self.view(*x)?.slice(start, from.size)?;
+                self.ops.push(PlanOp::Copy {
+                    from: from.clone(),
+                    to,
+                    bytes: from.size,
+                });
+                *out
+            }
+            _ => unreachable!("input() is called on inputs"),
+        };
+        if self.is_stream(out) {
+            self.stream = Some(out);
+        }
+        self.wrote(&[out])?;
+        Ok(1)
+    }
+
+    /// Where a node writes `out`: a new stream value takes the stream's current home.
+    fn place_of_new(&mut self, out: Val) -> Result<&'a View, GpuError> {
+        if self.is_stream(out) {
+            self.stream = Some(out);
+        }
+        self.view(out)
+    }
+
+    // --- norms and products ---
+
+    fn norm(&mut self, i: usize) -> Result<usize, GpuError> {
+        let Node::Norm {
+            x,
+            weight,
+            eps,
+            dim,
+            out,
+        } = &self.g.nodes()[i]
+        else {
+            unreachable!("norm() is called on norms")
+        };
+        if self.router_norm_fused(i) {
+            let Some(Node::Linear { w, out: y, .. }) = self.at(i + 1) else {
+                unreachable!("the rule matched a product")
+            };
+            let norm = InputNorm {
+                weight: weight.ok_or_else(|| GpuError::Shape("a norm without weight".into()))?,
+                eps: *eps,
+            };
+            let col = self.g.get(*y).col();
+            let ds = ops::matvec_normed(
+                self.ctx,
+                w,
+                self.view(*x)?,
+                &norm,
+                self.view(*y)?,
+                col,
+                PLAIN,
+            )?;
+            self.run(ds);
+            self.wrote(&[*y])?;
+            return Ok(2);
+        }
+        if let Some((j, _)) = self.only_reader(*out)
+            && self.expert_norm_fused(j)
+        {
+            return Ok(1);
+        }
+        let xv = self.g.get(*x);
+        let (rows, stride) = if xv.stride() == xv.cols && xv.cols.is_multiple_of(*dim) {
+            (xv.rows * (xv.cols / dim), *dim)
+        } else if xv.cols == *dim {
+            (xv.rows, xv.stride())
+        } else {
+            return Err(GpuError::Shape(format!(
+                "{}: a norm over {dim} of a row of {}",
+                xv.name, xv.cols
+            )));
+        };
+        let x_view = self.view(*x)?;
+        let to = if self.same_place(*x, *out) {
+            NormOut::InPlace
+        } else {
+            NormOut::To(self.view(*out)?)
+        };
+        let d = ops::rms_norm(self.ctx, x_view, to, *weight, rows, *dim, stride, *eps)?;
+        self.run(vec![d]);
+        if self.is_stream(*out) {
+            self.stream = Some(*out);
+        }
+        self.wrote(&[*out])?;
+        Ok(1)
+    }
+
+    fn linear(&mut self, i: usize) -> Result<usize, GpuError> {
+        let Node::Linear { w, x, gated, out } = &self.g.nodes()[i] else {
+            unreachable!("linear() is called on products")
+        };
+        let (xv, yv) = (self.g.get(*x), self.g.get(*out));
+        if xv.col() != 0 {
+            return Err(GpuError::Shape(format!(
+                "{}: a product of a column slice",
+                xv.name
+            )));
+        }
+        let args = MatmulArgs {
+            x: self.view(*x)?,
+            y: self.view(*out)?,
+            m: self.g.tokens,
+            x_stride: xv.stride(),
+            y_stride: yv.stride(),
+            out: if *gated { MatvecOut::Geglu } else { PLAIN },
+            y_offset: yv.col(),
+            partials: Some(self.l.scratch.partials),
+        };
+        let ds = ops::matmul(self.ctx, w, &args)?;
+        self.run(ds);
+        self.wrote(&[*out])?;
+        Ok(1)
+    }
+
+    fn gated(&mut self, gate: Val, up: Val, out: Val) -> Result<usize, GpuError> {
+        let (gv, uv, ov) = (self.g.get(gate), self.g.get(up), self.g.get(out));
+        if gv.col() != 0 || ov.col() != 0 || ov.stride() != ov.cols {
+            return Err(GpuError::Shape(format!(
+                "{}: a gated product of slices",
+                ov.name
+            )));
+        }
+        let op = Elementwise::Geglu {
+            gate: self.view(gate)?,
+            up: self.view(up)?,
+            cols: ov.cols,
+            gate_stride: gv.stride(),
+            up_stride: uv.stride(),
+            up_offset: uv.col(),
+        };
+        let d = ops::elementwise(self.ctx, op, self.view(out)?, self.g.tokens * ov.cols)?;
+        self.run(vec![d]);
+        self.wrote(&[out])?;
+        Ok(1)
+    }
+
+    // --- the residual step ---
+
+    fn residual(&mut self, i: usize) -> Result<usize, GpuError> {
+        let Node::Residual {
+            stream,
+            delta,
+            post,
+            scale,
+            eps,
+            out,
+        } = &self.g.nodes()[i]
+        else {
+            unreachable!("residual() is called on residual steps")
+        };
+        if self.readers[out.0 as usize].is_empty() {
+            // Nothing reads the updated stream (a chunk without logits).
+            return Ok(1);
+        }
+        if self.residual_prologue_fused(i) {
+            return self.residual_into_product(i);
+        }
+        if self.per_layer_gate_fused(i) {
+            return self.residual_into_gate(i);
+        }
+        let (res, dv) = (self.view(*stream)?, self.view(*delta)?);
+        let (m, d) = (self.g.tokens, self.cols(*out));
+        self.stream = Some(*out);
+        if let Some(Node::Norm {
+            x,
+            weight: Some(weight),
+            out: normed,
+            ..
+        }) = self.at(i + 1)
+            && x == out
+        {
+            let d = ops::residual_norm(
+                self.ctx,
+                res,
+                dv,
+                post,
+                weight,
+                self.view(*normed)?,
+                m,
+                d,
+                *scale,
+                *eps,
+            )?;
+            self.run(vec![d]);
+            self.wrote(&[*out, *normed])?;
+            return Ok(2);
+        }
+        if *scale != 1.0 {
+            return Err(GpuError::Shape(format!(
+                "{}: a scaled residual step without a norm after it",
+                self.g.get(*out).name
+            )));
+        }
+        let stride = self.g.get(*delta).stride();
+        let add = ops::rms_norm(
+            self.ctx,
+            dv,
+            NormOut::AddTo(res),
+            Some(post),
+            m,
+            d,
+            stride,
+            *eps,
+        )?;
+        self.run(vec![add]);
+        self.wrote(&[*out])?;
+        Ok(1)
+    }
+
+    /// The step whose residual `i` feeds: the step itself (the stream's other home written),
+    /// its delta and, where `next_norm`, the norm after it.
+    fn residual_step(
+        &self,
+        i: usize,
+        next_norm: Option<(&'a View, &'a View)>,
+    ) -> Result<ResidualStep<'a>, GpuError> {
+        let Node::Residual {
+            stream,
+            delta,
+            post,
+            scale,
+            eps,
+            ..
+        } = &self.g.nodes()[i]
+        else {
+            unreachable!("residual_step() is called on residual steps")
+        };
+        let delta = match self.producer(*delta) {
+            Some((p, _)) if self.mix_fused(p) => Delta::Moe(self.mix_args(p)?),
+            _ => Delta::Row(self.view(*delta)?),
+        };
+        Ok(ResidualStep {
+            res: self.view(*stream)?,
+            delta,
+            post,
+            scale: *scale,
+            eps: *eps,
+            res_out: self.other_stream(),
+            next_norm,
+        })
+    }
+
+    /// Rule `residual_prologue`: residual `i`, the norm of its result, and one token's product
+    /// of that (with, behind a gated product, the down product reading 8-bit activations).
+    fn residual_prologue_fused(&self, i: usize) -> bool {
+        let Some(Node::Residual { out, .. }) = self.at(i) else {
+            return false;
+        };
+        let (
+            Some(Node::Norm {
+                x,
+                out: n,
+                weight: Some(_),
+                ..
+            }),
+            Some(Node::Linear { x: lx, .. }),
+        ) = (self.at(i + 1), self.at(i + 2))
+        else {
+            return false;
+        };
+        self.l.fusions.residual_prologue && x == out && lx == n && self.one_token(self.cols(*out))
+    }
+
+    fn residual_into_product(&mut self, i: usize) -> Result<usize, GpuError> {
+        let (
+            Some(Node::Residual { out, .. }),
+            Some(Node::Norm {
+                weight: Some(weight),
+                out: normed,
+                ..
+            }),
+            Some(Node::Linear {
+                w, gated, out: y, ..
+            }),
+        ) = (self.at(i), self.at(i + 1), self.at(i + 2))
+        else {
+            unreachable!("the rule matched")
+        };
+        let step = self.residual_step(i, Some((weight, self.view(*normed)?)))?;
+        self.alt = !self.alt;
+        self.stream = Some(*out);
+        if let Some(Node::Linear {
+            w: down, out: z, x, ..
+        }) = self.at(i + 3)
+            && x == y
+            && *gated
+            && self.l.fusions.int8_activations
+            && ops::int8_activations_fit(self.ctx, w, down, true)
+        {
+            let q = self.l.scratch.int8_act;
+            let ds = ops::matvec_after_residual(self.ctx, w, &step, q, 0, MatvecOut::GegluInt8)?;
+            self.run(ds);
+            let col = self.g.get(*z).col();
+            let ds = ops::matvec_int8_input(self.ctx, down, q, self.view(*z)?, col, PLAIN)?;
+            self.run(ds);
+            self.wrote(&[*out, *normed, *z])?;
+            return Ok(4);
+        }
+        let kind = if *gated { MatvecOut::Geglu } else { PLAIN };
+        let col = self.g.get(*y).col();
+        let ds = ops::matvec_after_residual(self.ctx, w, &step, self.view(*y)?, col, kind)?;
+        self.run(ds);
+        self.wrote(&[*out, *normed, *y])?;
+        Ok(3)
+    }
+
+    /// Rule `per_layer_gate`: residual `i`, one token's product of its result and that
+    /// product's GELU times another value.
+    fn per_layer_gate_fused(&self, i: usize) -> bool {
+        let Some(Node::Residual { out, .. }) = self.at(i) else {
+            return false;
+        };
+        let (
+            Some(Node::Linear {
+                x,
+                gated: false,
+                out: y,
+                ..
+            }),
+            Some(Node::Gated { gate, .. }),
+        ) = (self.at(i + 1), self.at(i + 2))
+        else {
+            return false;
+        };
+        self.l.fusions.per_layer_gate && x == out && gate == y && self.one_token(self.cols(*out))
+    }
+
+    fn residual_into_gate(&mut self, i: usize) -> Result<usize, GpuError> {
+        let (
+            Some(Node::Residual { out, .. }),
+            Some(Node::Linear { w, .. }),
+            Some(Node::Gated { up, out: act, .. }),
+        ) = (self.at(i), self.at(i + 1), self.at(i + 2))
+        else {
+            unreachable!("the rule matched")
+        };
+        let step = self.residual_step(i, None)?;
+        self.alt = !self.alt;
+        self.stream = Some(*out);
+        let kind = MatvecOut::GeluTimes {
+            by: self.view(*up)?,
+            offset: self.g.get(*up).col(),
+        };
+        let col = self.g.get(*act).col();
+        let ds = ops::matvec_after_residual(self.ctx, w, &step, self.view(*act)?, col, kind)?;
+        self.run(ds);
+        self.wrote(&[*out, *act])?;
+        Ok(3)
+    }
+
+    // --- attention ---
+
+    /// Attention node `i` (with the per-head norms and rope in front of it for one token,
+    /// `heads`): for one token the split kernel, its merge in front of the output product
+    /// where rule `merge_in_front` holds; else the batched kernel.
+    fn attention(&mut self, i: usize, heads: Option<&HeadPostArgs<'_>>) -> Result<usize, GpuError> {
+        let Node::Attention { args, out, .. } = &self.g.nodes()[i] else {
+            unreachable!("attention() is called on attention")
+        };
+        if self.g.tokens != 1 {
+            let d = ops::attention(self.ctx, args)?;
+            self.run(vec![d]);
+            self.wrote(&[*out])?;
+            return Ok(1);
+        }
+        let part = self.l.scratch.attn_part;
+        let (split, merge) = ops::attention_split(self.ctx, args, 0, part, heads)?;
+        self.run(vec![split]);
+        if let Some(Node::Linear {
+            w,
+            x,
+            gated: false,
+            out: y,
+        }) = self.at(i + 1)
+            && x == out
+            && self.l.fusions.merge_in_front
+            && args.n_head <= MERGE_IN_FRONT_HEADS
+            && ops::matvec_input_fits(self.ctx, w.cols as u32)
+        {
+            let col = self.g.get(*y).col();
+            let ds = ops::matvec_after_attention(self.ctx, w, &merge, self.view(*y)?, col, PLAIN)?;
+            self.run(ds);
+            self.wrote(&[*y])?;
+            return Ok(2);
+        }
+        let d = ops::attention_combine(self.ctx, &merge)?;
+        self.run(vec![d]);
+        self.wrote(&[*out])?;
+        Ok(1)
+    }
+
+    // --- experts ---
+
+    /// Rule `router_norm_in_product`: norm `i`, one token's product of it, and the routing
+    /// that reads that.
+    fn router_norm_fused(&self, i: usize) -> bool {
+        let (
+            Some(Node::Norm {
+                x,
+                out,
+                weight: Some(_),
+                ..
+            }),
+            Some(Node::Linear {
+                x: lx,
+                gated: false,
+                out: y,
+                ..
+            }),
+            Some(Node::Route { logits, .. }),
+        ) = (self.at(i), self.at(i + 1), self.at(i + 2))
+        else {
+            return false;
+        };
+        self.l.fusions.router_norm_in_product
+            && lx == out
+            && logits == y
+            && self.one_token(self.cols(*x))
+    }
+
+    /// Whether experts node `j` runs tiled (slots grouped by expert): many tokens, and
+    /// enough slots per expert.
+    fn experts_tiled(&self, j: usize) -> bool {
+        let Some(Node::Experts { w, .. }) = self.at(j) else {
+            return false;
+        };
+        let m = self.g.tokens;
+        m > ops::MATVEC_MAX_TOKENS && m * w.k >= TILED_SLOTS_PER_EXPERT * w.n_expert
+    }
+
+    /// Rule `expert_norm_in_product`: the experts' input is a norm only they read, computed
+    /// inside their per-slot gate/up product.
+    fn expert_norm_fused(&self, j: usize) -> bool {
+        let Some(Node::Experts { x, .. }) = self.at(j) else {
+            return false;
+        };
+        let Some((
+            _,
+            Node::Norm {
+                weight: Some(_), ..
+            },
+        )) = self.producer(*x)
+        else {
+            return false;
+        };
+        self.l.fusions.expert_norm_in_product
+            && self.only_reader(*x).is_some()
+            && ops::matvec_input_fits(self.ctx, self.cols(*x))
+            && !self.experts_tiled(j)
+    }
+
+    /// Rule `route_in_product`: the routing inside the experts' gate/up product, where their
+    /// norm is (nothing of the caller's runs between: a streamed layer's upload needs the
+    /// route first).
+    fn route_fused(&self, j: usize) -> bool {
+        let Some(Node::Experts { sel, x, .. }) = self.at(j) else {
+            return false;
+        };
+        let Some((p, Node::Route { .. })) = self.producer(*sel) else {
+            return false;
+        };
+        let host_between = self.g.nodes()[p..j]
+            .iter()
+            .any(|n| matches!(n, Node::Host(_)));
+        self.l.fusions.route_in_product
+            && self.expert_norm_fused(j)
+            && !host_between
+            && ops::expert_route_fits(self.ctx, self.cols(*x))
+    }
+
+    fn route(&mut self, i: usize) -> Result<usize, GpuError> {
+        let Node::Route {
+            logits,
+            expert_scale,
+            k,
+            sel,
+            weight,
+        } = &self.g.nodes()[i]
+        else {
+            unreachable!("route() is called on routes")
+        };
+        if let Some((j, _)) = self.only_reader(*sel)
+            && self.route_fused(j)
+        {
+            return Ok(1);
+        }
+        let (m, ne) = (self.g.tokens, self.cols(*logits));
+        let (lv, sv, wv) = (self.view(*logits)?, self.view(*sel)?, self.view(*weight)?);
+        let d = ops::moe_route(self.ctx, lv, sv, wv, *expert_scale, m, ne, *k)?;
+        self.run(vec![d]);
+        self.wrote(&[*sel, *weight])?;
+        Ok(1)
+    }
+
+    fn experts(&mut self, j: usize) -> Result<usize, GpuError> {
+        let Node::Experts {
+            w,
+            x,
+            sel,
+            weight,
+            scratch,
+            out,
+        } = &self.g.nodes()[j]
+        else {
+            unreachable!("experts() is called on experts")
+        };
+        let (m, d) = (self.g.tokens, self.cols(*out));
+        let gate_up = ExpertSlots {
+            sel: self.view(*sel)?,
+            slots: m * w.k,
+            rows_per_expert: 2 * w.ff,
+            x_group: w.k,
+        };
+        let down = ExpertSlots {
+            rows_per_expert: d,
+            x_group: 1,
+            ..gate_up
+        };
+        let y = self.view(*out)?;
+        if self.experts_tiled(j) {
+            let groups = ExpertGroups {
+                groups: scratch.groups,
+                n_expert: w.n_expert,
+                tokens: m,
+            };
+            let group = ops::moe_group(self.ctx, &gate_up, &groups)?;
+            self.run(vec![group]);
+            let (xv, act) = (self.view(*x)?, scratch.act);
+            let ds = ops::expert_matmul(
+                self.ctx,
+                w.gate_up,
+                xv,
+                act,
+                w.ff,
+                &gate_up,
+                &groups,
+                MatvecOut::Geglu,
+            )?;
+            self.run(ds);
+            let ds = ops::expert_matmul(self.ctx, w.down, act, y, d, &down, &groups, PLAIN)?;
+            self.run(ds);
+            self.wrote(&[*out])?;
+            return Ok(1);
+        }
+        let (input, norm) = match self.producer(*x) {
+            Some((
+                _,
+                Node::Norm {
+                    x: nx,
+                    weight: Some(nw),
+                    eps,
+                    ..
+                },
+            )) if self.expert_norm_fused(j) => (
+                self.view(*nx)?,
+                Some(InputNorm {
+                    weight: nw,
+                    eps: *eps,
+                }),
+            ),
+            _ => (self.view(*x)?, None),
+        };
+        let route = match self.producer(*sel) {
+            Some((
+                _,
+                Node::Route {
+                    logits,
+                    expert_scale,
+                    ..
+                },
+            )) if self.route_fused(j) => Some(ExpertRoute {
+                logits: self.view(*logits)?,
+                weight: self.view(*weight)?,
+                expert_scale: *expert_scale,
+                n_expert: w.n_expert,
+            }),
+            _ => None,
+        };
+        let ds = ops::expert_matvec(
+            self.ctx,
+            w.gate_up,
+            input,
+            norm.as_ref(),
+            scratch.act,
+            w.ff,
+            &gate_up,
+            route.as_ref(),
+            MatvecOut::Geglu,
+        )?;
+        self.run(ds);
+        let wv = self.view(*weight)?;
+        let ds = ops::expert_matvec_mixed(self.ctx, w.down, scratch.act, wv, y, d, &down, w.k)?;
+        self.run(ds);
+        let routed: &[Val] = if route.is_some() {
+            &[*sel, *weight]
+        } else {
+            &[]
+        };
+        self.wrote(&[&[*out], routed].concat())?;
+        Ok(1)
+    }
+
+    /// Rule `experts_mix_in_product`: mix `p` computed inside the product behind the residual
+    /// step that reads it.
+    fn mix_fused(&self, p: usize) -> bool {
+        let (Some(Node::MixExperts { out, .. }), Some(Node::Residual { delta, .. })) =
+            (self.at(p), self.at(p + 1))
+        else {
+            return false;
+        };
+        self.l.fusions.experts_mix_in_product
+            && delta == out
+            && self.residual_prologue_fused(p + 1)
+            && ops::moe_delta_fits(self.ctx)
+    }
+
+    /// [`ops::moe_mix`]'s arguments for mix node `p`: per slot, or (the per-slot products
+    /// sum them) per token.
+    fn mix_args(&self, p: usize) -> Result<MoeMix<'a>, GpuError> {
+        let Some(Node::MixExperts {
+            dense,
+            dense_post,
+            experts,
+            experts_post,
+            eps,
+            out,
+        }) = self.at(p)
+        else {
+            unreachable!("mix_args() is called on mixes")
+        };
+        let (weight, k) = match self.producer(*experts) {
+            Some((j, Node::Experts { weight, w, .. })) if self.experts_tiled(j) => {
+                (Some(self.view(*weight)?), w.k)
+            }
+            _ => (None, 1),
+        };
+        Ok(MoeMix {
+            experts: self.view(*experts)?,
+            weight,
+            experts_post,
+            dense: self.view(*dense)?,
+            dense_post,
+            tokens: self.g.tokens,
+            k,
+            dim: self.cols(*out),
+            eps: *eps,
+        })
+    }
+
+    // --- logits ---
+
+    fn logits(&mut self, i: usize) -> Result<usize, GpuError> {
+        let Node::Logits {
+            w,
+            x,
+            softcap,
+            all,
+            out,
+        } = &self.g.nodes()[i]
+        else {
+            unreachable!("logits() is called on logits")
+        };
+        let (m, kind) = (self.g.tokens, MatvecOut::Rows { softcap: *softcap });
+        let (xv, y) = (self.view(*x)?, self.view(*out)?);
+        let ds = if *all {
+            let args = MatmulArgs {
+                x: xv,
+                y,
+                m,
+                x_stride: self.g.get(*x).stride(),
+                y_stride: self.g.get(*out).stride(),
+                out: kind,
+                y_offset: 0,
+                partials: None,
+            };
+            ops::matmul(self.ctx, w, &args)?
+        } else if m == 1 {
+            ops::matvec(self.ctx, w, xv, y, 0, kind)?
+        } else {
+            let bytes = u64::from(self.cols(*x)) * 4;
+            let last = u64::from(m - 1) * u64::from(self.g.get(*x).stride()) * 4;
+            let row = self.l.scratch.last_row;
+            self.ops.push(PlanOp::Copy {
+                from: xv.slice(last, bytes)?,
+                to: row.clone(),
+                bytes,
+            });
+            ops::matvec(self.ctx, w, row, y, 0, kind)?
+        };
+        self.run(ds);
+        self.wrote(&[*out])?;
+        Ok(1)
+    }
+}

@@ -1,0 +1,403 @@
+//! A step as a graph of named values, and its lowering into dispatches.
+//!
+//! Model code builds a [`Graph`]: it says what is computed — an embedding gather, norms,
+//! products, the residual step, per-head norms and rope, attention, the experts' routing and
+//! products — over named values ("blk.3.attn_out"), as the reference implementation reads.
+//! [`lower`] turns the graph into a plan of dispatches, copies and the caller's own host
+//! steps. Where one kernel does the work of several nodes it takes them together; each such
+//! fusion rule is a pattern of nodes and a legality check (the kernels' fit predicates and the
+//! step's size), switched by a field of [`Fusions`], so a graph lowered with and without a
+//! rule must compute the same values. Values can be copied out by name as the plan runs
+//! ([`Lowering::taps`]), to compare a step with a CPU reference value by value.
+
+mod lower;
+
+pub use lower::{Lowered, Lowering, Scratch};
+
+use crate::ops::{AttentionArgs, HeadPostArgs};
+use crate::{GpuWeight, View};
+use std::borrow::Cow;
+use std::fmt;
+
+/// A value of a [`Graph`]: an index into its values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Val(u32);
+
+/// Where a value's rows live.
+#[derive(Clone, Debug)]
+pub enum Place<'a> {
+    /// Row r at float `r * stride + col` of `view`.
+    At {
+        view: &'a View,
+        stride: u32,
+        col: u32,
+    },
+    /// The residual stream: one of the two buffers of [`Scratch::streams`], which the lowering
+    /// picks (a residual step fused into a product writes its result to the other one).
+    Stream,
+}
+
+/// A value's name: `blk.N.name` for a layer's, `name` for the step's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Name {
+    pub name: &'static str,
+    pub layer: Option<usize>,
+}
+
+impl fmt::Display for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.layer {
+            Some(l) => write!(f, "blk.{l}.{}", self.name),
+            None => f.write_str(self.name),
+        }
+    }
+}
+
+/// A value: its name, where it lives, and its shape (`rows` of `cols` floats or words).
+#[derive(Clone, Debug)]
+pub struct Value<'a> {
+    pub name: Name,
+    pub place: Place<'a>,
+    pub rows: u32,
+    pub cols: u32,
+}
+
+impl Value<'_> {
+    /// Floats between consecutive rows.
+    pub fn stride(&self) -> u32 {
+        match self.place {
+            Place::At { stride, .. } => stride,
+            Place::Stream => self.cols,
+        }
+    }
+
+    /// The column where row 0 starts.
+    pub fn col(&self) -> u32 {
+        match self.place {
+            Place::At { col, .. } => col,
+            Place::Stream => 0,
+        }
+    }
+}
+
+/// A mixture-of-experts layer's stacked expert weights.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertWeights<'a> {
+    /// Each expert's gate and up rows interleaved (`2 ff` rows an expert).
+    pub gate_up: &'a GpuWeight,
+    /// Each expert's down rows (the model's width an expert).
+    pub down: &'a GpuWeight,
+    pub n_expert: u32,
+    /// Experts per token.
+    pub k: u32,
+    /// An expert's hidden width.
+    pub ff: u32,
+}
+
+/// The buffers the experts' products use between them.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertScratch<'a> {
+    /// The gated activations of every slot.
+    pub act: &'a View,
+    /// The slots grouped by expert (`ops::moe_group`), for many tokens.
+    pub groups: &'a View,
+}
+
+/// One operation of a graph. Values it reads and writes are [`Val`]s; the rest are its
+/// attributes (weights, norm weights, the attention's cache and shape).
+pub enum Node<'a, H> {
+    /// `out[t] = table[ids[t]] * scale`, added to `onto` where given (same place as `out`).
+    Embed {
+        table: Cow<'a, GpuWeight>,
+        ids: &'a View,
+        scale: f32,
+        onto: Option<Val>,
+        out: Val,
+    },
+    /// Rows computed elsewhere (an encoder's soft tokens) over `x`'s rows from `row`: `out`
+    /// (same place as `x`).
+    CopyRows {
+        from: View,
+        row: u32,
+        x: Val,
+        out: Val,
+    },
+    /// RMS norm of every `dim` values of `x`, times `weight`: `out` (which may live where `x`
+    /// does).
+    Norm {
+        x: Val,
+        weight: Option<&'a View>,
+        eps: f32,
+        dim: u32,
+        out: Val,
+    },
+    /// `out = x W^T`; with `gated`, W's rows are gate/up pairs and `out` is the gated
+    /// activation `gelu_tanh(gate) * up` (half as many columns).
+    Linear {
+        w: &'a GpuWeight,
+        x: Val,
+        gated: bool,
+        out: Val,
+    },
+    /// `out = gelu_tanh(gate) * up`
+    Gated { gate: Val, up: Val, out: Val },
+    /// The residual step: `out = (stream + norm(delta) * post) * scale`.
+    Residual {
+        stream: Val,
+        delta: Val,
+        post: &'a View,
+        scale: f32,
+        eps: f32,
+        out: Val,
+    },
+    /// Per-head norms and rope of the queries and keys in `qkv` (in place), and the keys and
+    /// values stored in the cache, as `args` says: `out` (same place as `qkv`).
+    HeadNormRope {
+        args: HeadPostArgs<'a>,
+        qkv: Val,
+        out: Val,
+    },
+    /// Causal attention of the queries in `qkv` over the cache, as `args` says.
+    Attention {
+        args: AttentionArgs<'a>,
+        qkv: Val,
+        out: Val,
+    },
+    /// Each row's `k` most likely experts by `logits` (`sel`, words) and their renormalised
+    /// probabilities times `expert_scale` (`weight`).
+    Route {
+        logits: Val,
+        expert_scale: Option<&'a View>,
+        k: u32,
+        sel: Val,
+        weight: Val,
+    },
+    /// The experts' gated products of `x` and their down products, weighted and summed per
+    /// token.
+    Experts {
+        w: ExpertWeights<'a>,
+        x: Val,
+        sel: Val,
+        weight: Val,
+        scratch: ExpertScratch<'a>,
+        out: Val,
+    },
+    /// `out = norm(dense) * dense_post + norm(experts) * experts_post`
+    MixExperts {
+        dense: Val,
+        dense_post: &'a View,
+        experts: Val,
+        experts_post: &'a View,
+        eps: f32,
+        out: Val,
+    },
+    /// The logits: `out = softcap(x W^T)` of the last row (`all` false) or of every row.
+    Logits {
+        w: &'a GpuWeight,
+        x: Val,
+        softcap: f32,
+        all: bool,
+        out: Val,
+    },
+    /// A step of the caller's own (uploads, waits for the CPU), kept in its place.
+    Host(H),
+}
+
+impl<H> Node<'_, H> {
+    /// The values the node reads.
+    pub fn inputs(&self) -> Vec<Val> {
+        match self {
+            Node::Embed { onto, .. } => onto.iter().copied().collect(),
+            Node::CopyRows { x, .. } => vec![*x],
+            Node::Norm { x, .. } | Node::Linear { x, .. } | Node::Logits { x, .. } => vec![*x],
+            Node::Gated { gate, up, .. } => vec![*gate, *up],
+            Node::Residual { stream, delta, .. } => vec![*stream, *delta],
+            Node::HeadNormRope { qkv, .. } | Node::Attention { qkv, .. } => vec![*qkv],
+            Node::Route { logits, .. } => vec![*logits],
+            Node::Experts { x, sel, weight, .. } => vec![*x, *sel, *weight],
+            Node::MixExperts { dense, experts, .. } => vec![*dense, *experts],
+            Node::Host(_) => Vec::new(),
+        }
+    }
+
+    /// The values the node writes.
+    pub fn outputs(&self) -> Vec<Val> {
+        match self {
+            Node::Embed { out, .. }
+            | Node::CopyRows { out, .. }
+            | Node::Norm { out, .. }
+            | Node::Linear { out, .. }
+            | Node::Gated { out, .. }
+            | Node::Residual { out, .. }
+            | Node::HeadNormRope { out, .. }
+            | Node::Attention { out, .. }
+            | Node::Experts { out, .. }
+            | Node::MixExperts { out, .. }
+            | Node::Logits { out, .. } => vec![*out],
+            Node::Route { sel, weight, .. } => vec![*sel, *weight],
+            Node::Host(_) => Vec::new(),
+        }
+    }
+}
+
+/// A step's computation over `tokens` rows: its values and its nodes in order.
+pub struct Graph<'a, H> {
+    pub tokens: u32,
+    values: Vec<Value<'a>>,
+    nodes: Vec<Node<'a, H>>,
+}
+
+impl<'a, H> Graph<'a, H> {
+    pub fn new(tokens: u32) -> Self {
+        Self {
+            tokens,
+            values: Vec::new(),
+            nodes: Vec::new(),
+        }
+    }
+
+    /// A new value.
+    pub fn value(&mut self, name: Name, place: Place<'a>, rows: u32, cols: u32) -> Val {
+        self.values.push(Value {
+            name,
+            place,
+            rows,
+            cols,
+        });
+        Val(self.values.len() as u32 - 1)
+    }
+
+    /// A new value of the step's rows of `cols` in `view` (`stride` apart, from `col`).
+    pub fn rows_in(&mut self, name: Name, view: &'a View, cols: u32, stride: u32, col: u32) -> Val {
+        let place = Place::At { view, stride, col };
+        self.value(name, place, self.tokens, cols)
+    }
+
+    /// A new value where `v` lives, of its shape: what an in-place node writes.
+    pub fn next(&mut self, v: Val, name: Name) -> Val {
+        let old = self.get(v).clone();
+        self.value(name, old.place, old.rows, old.cols)
+    }
+
+    pub fn get(&self, v: Val) -> &Value<'a> {
+        &self.values[v.0 as usize]
+    }
+
+    pub fn push(&mut self, node: Node<'a, H>) {
+        self.nodes.push(node);
+    }
+
+    pub fn nodes(&self) -> &[Node<'a, H>] {
+        &self.nodes
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = (Val, &Value<'a>)> {
+        (0..).map(Val).zip(&self.values)
+    }
+
+    /// The value named `name` (the last one, where several are).
+    pub fn find(&self, name: &str) -> Option<Val> {
+        self.values()
+            .filter(|(_, v)| v.name.to_string() == name)
+            .map(|(i, _)| i)
+            .last()
+    }
+}
+
+/// An operation of a lowered plan.
+#[derive(Clone, Debug)]
+pub enum PlanOp<H> {
+    Run(crate::Dispatch),
+    Copy { from: View, to: View, bytes: u64 },
+    Host(H),
+}
+
+/// The fusions a lowering may use: all by default, each still under its kernels' fit
+/// predicates. Turning one off gives the unfused ops for the same graph, which must agree with
+/// the fused ones (that is how each rule is tested).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fusions {
+    /// One token's residual step and the next block's norm in the prologue of the block's
+    /// first product (and, behind it, the gated activations as 8-bit integers where the
+    /// device has them).
+    pub residual_prologue: bool,
+    /// The experts' mix computed in the prologue of the product that reads it.
+    pub experts_mix_in_product: bool,
+    /// One token's split attention merged (and its K and V stored) in front of the output
+    /// product.
+    pub merge_in_front: bool,
+    /// One token's gated activations rounded to 8-bit integers for the down product.
+    pub int8_activations: bool,
+    /// One token's router input norm inside the router's product.
+    pub router_norm_in_product: bool,
+    /// The experts' input norm inside their gate/up product.
+    pub expert_norm_in_product: bool,
+    /// The routing inside the experts' gate/up product.
+    pub route_in_product: bool,
+    /// One token's residual add, per-layer gate product and its GELU times the per-layer
+    /// input in one dispatch.
+    pub per_layer_gate: bool,
+}
+
+/// A rule's field of [`Fusions`].
+type Switch = fn(&mut Fusions) -> &mut bool;
+
+impl Fusions {
+    /// Every fusion (the default).
+    pub const ALL: Self = Self {
+        residual_prologue: true,
+        experts_mix_in_product: true,
+        merge_in_front: true,
+        int8_activations: true,
+        router_norm_in_product: true,
+        expert_norm_in_product: true,
+        route_in_product: true,
+        per_layer_gate: true,
+    };
+
+    /// No fusion rule: one dispatch per node, but where a kernel is the only one for a
+    /// pattern (a residual step and the norm after it; one token's per-head norms, rope and
+    /// split attention).
+    pub const NONE: Self = Self {
+        residual_prologue: false,
+        experts_mix_in_product: false,
+        merge_in_front: false,
+        int8_activations: false,
+        router_norm_in_product: false,
+        expert_norm_in_product: false,
+        route_in_product: false,
+        per_layer_gate: false,
+    };
+
+    /// Each rule's name and a switch for it.
+    fn rules() -> [(&'static str, Switch); 8] {
+        [
+            ("residual_prologue", |f| &mut f.residual_prologue),
+            ("experts_mix_in_product", |f| &mut f.experts_mix_in_product),
+            ("merge_in_front", |f| &mut f.merge_in_front),
+            ("int8_activations", |f| &mut f.int8_activations),
+            ("router_norm_in_product", |f| &mut f.router_norm_in_product),
+            ("expert_norm_in_product", |f| &mut f.expert_norm_in_product),
+            ("route_in_product", |f| &mut f.route_in_product),
+            ("per_layer_gate", |f| &mut f.per_layer_gate),
+        ]
+    }
+
+    /// Each rule alone turned off, by name.
+    pub fn each_off() -> Vec<(&'static str, Self)> {
+        Self::rules()
+            .into_iter()
+            .map(|(name, switch)| {
+                let mut f = Self::ALL;
+                *switch(&mut f) = false;
+                (name, f)
+            })
+            .collect()
+    }
+}
+
+impl Default for Fusions {
+    fn default() -> Self {
+        Self::ALL
+    }
+}
