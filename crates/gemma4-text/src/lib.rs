@@ -15,7 +15,7 @@ pub mod tokenizer;
 pub use config::{Arch, ConfigError, LayerConfig, TextConfig};
 pub use forward::{
     ExpertPlacement, ForwardError, Fusions, GpuModel, GpuSession, LoadError, LoadOptions,
-    LoadProgress, PleRows, SessionOptions, SoftTokens, WeightBytes,
+    LoadProgress, PleRows, SessionOptions, SoftTokens, Traced, WeightBytes,
 };
 pub use reference::{CpuModel, Input};
 pub use sampling::SamplingParams;

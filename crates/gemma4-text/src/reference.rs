@@ -170,7 +170,7 @@ impl CpuModel {
     ) -> Result<Vec<Vec<f32>>, ReadError> {
         tokens
             .iter()
-            .map(|&t| self.step(state, Input::Token(t)))
+            .map(|&t| self.step(state, Input::Token(t), &mut |_, _| {}))
             .collect()
     }
 
@@ -186,10 +186,33 @@ impl CpuModel {
         state: &mut CpuState,
         inputs: &[Input<'_>],
     ) -> Result<Vec<Vec<f32>>, ReadError> {
-        inputs.iter().map(|&i| self.step(state, i)).collect()
+        inputs
+            .iter()
+            .map(|&i| self.step(state, i, &mut |_, _| {}))
+            .collect()
     }
 
-    fn step(&self, st: &mut CpuState, input: Input<'_>) -> Result<Vec<f32>, ReadError> {
+    /// [`CpuModel::forward_inputs`], handing `trace` each position's values by the names of
+    /// the GPU decoder's graph ([`crate::GpuSession::trace`]): `inp_embd`, and per layer
+    /// `blk.N.attn_out` (the attention's output product, before its post-norm),
+    /// `blk.N.ffn_inp` (the stream after the attention block), `blk.N.ffn_out` (the
+    /// feed-forward output, experts mixed in, before its post-norm) and `blk.N.out` (the
+    /// layer's output); then `result_norm` and `result_output` (the logits).
+    pub fn forward_traced(
+        &self,
+        state: &mut CpuState,
+        inputs: &[Input<'_>],
+        trace: &mut dyn FnMut(&str, &[f32]),
+    ) -> Result<Vec<Vec<f32>>, ReadError> {
+        inputs.iter().map(|&i| self.step(state, i, trace)).collect()
+    }
+
+    fn step(
+        &self,
+        st: &mut CpuState,
+        input: Input<'_>,
+        trace: &mut dyn FnMut(&str, &[f32]),
+    ) -> Result<Vec<f32>, ReadError> {
         let c = &self.cfg;
         let eps = c.eps;
         let pos = st.pos;
@@ -197,6 +220,7 @@ impl CpuModel {
             Input::Token(token) => (self.embed(token), token),
             Input::Embedding(row) => (row.to_vec(), c.pad_id),
         };
+        trace("inp_embd", &x);
         let ple = self.per_layer_inputs(ple_token, &x)?;
         for (il, (lw, lc)) in self.w.layers.iter().zip(&c.layers).enumerate() {
             let hd = lc.head_dim;
@@ -250,8 +274,10 @@ impl CpuModel {
                 0.0,
             );
             let o = lw.o.apply(&attn);
+            trace(&format!("blk.{il}.attn_out"), &o);
             let o = cpu::rms_norm(&o, c.n_embd, Some(&lw.post_attn_norm), eps);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            trace(&format!("blk.{il}.ffn_inp"), &x);
             let f = cpu::rms_norm(&x, c.n_embd, Some(&lw.ffn_norm), eps);
             let act = cpu::geglu(&lw.gate.apply(&f), &lw.up.apply(&f));
             let mut ffn = lw.down.apply(&act);
@@ -261,6 +287,7 @@ impl CpuModel {
                 let experts = self.experts(m, &x);
                 ffn = dense.iter().zip(&experts).map(|(a, b)| a + b).collect();
             }
+            trace(&format!("blk.{il}.ffn_out"), &ffn);
             let down = cpu::rms_norm(&ffn, c.n_embd, Some(&lw.post_ffw_norm), eps);
             x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
             if let (Some(p), Some(ple)) = (&lw.ple, &ple) {
@@ -272,13 +299,16 @@ impl CpuModel {
             if let Some(s) = &lw.out_scale {
                 x.iter_mut().for_each(|v| *v *= s[0]);
             }
+            trace(&format!("blk.{il}.out"), &x);
         }
         st.pos += 1;
         let out = cpu::rms_norm(&x, c.n_embd, Some(&self.w.output_norm), eps);
+        trace("result_norm", &out);
         let mut logits = self.w.output_matrix().apply(&out);
         if let Some(cap) = c.final_softcap {
             logits.iter_mut().for_each(|v| *v = cpu::softcap(*v, cap));
         }
+        trace("result_output", &logits);
         Ok(logits)
     }
 }

@@ -544,3 +544,62 @@ fn each_fusion_agrees_with_the_ops_it_replaces() {
         assert!(changed.contains(rule), "no model here uses {rule}");
     }
 }
+
+/// The decoder's graph, lowered without fusions, writes every named value; each equals the
+/// CPU reference's value of that name, layer by layer, in a 6-token step and a one-token
+/// step. With fusions, a value that a kernel takes in cannot be traced, and saying so leaves
+/// the session as it was.
+#[test]
+fn every_named_value_agrees_with_the_cpu_reference() {
+    use std::collections::HashMap;
+    use wgemma_text::{Fusions, Input};
+    let Some(ctx) = ctx() else { return };
+    for (name, bytes, json) in MODELS {
+        let m = load(bytes.to_vec(), ctx.clone());
+        let tokens: Vec<u32> = golden(json)[0].tokens.iter().copied().take(7).collect();
+        let inputs: Vec<Input<'_>> = tokens.iter().map(|&t| Input::Token(t)).collect();
+        let mut want: HashMap<String, Vec<Vec<f32>>> = HashMap::new();
+        let mut st = m.cpu.new_state();
+        m.cpu
+            .forward_traced(&mut st, &inputs, &mut |n, v| {
+                want.entry(n.to_string()).or_default().push(v.to_vec());
+            })
+            .unwrap();
+        let mut names = vec!["inp_embd".to_string()];
+        for il in 0..m.gpu.cfg.n_layer {
+            for v in ["attn_out", "ffn_inp", "ffn_out", "out"] {
+                names.push(format!("blk.{il}.{v}"));
+            }
+        }
+        names.extend(["result_norm".into(), "result_output".into()]);
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mut s = session_in_chunks(&m.gpu, 32);
+        s.set_fusions(Fusions::NONE).unwrap();
+        for (first, chunk) in [(0, &tokens[..6]), (6, &tokens[6..])] {
+            let got = pollster::block_on(s.trace(chunk, &names)).unwrap();
+            assert_eq!(got.len(), names.len());
+            for t in got {
+                // The logits are the last row's only.
+                let row0 = first + chunk.len() - t.rows;
+                for r in 0..t.rows {
+                    let w = &want[&t.name][row0 + r];
+                    let e = rel_err(&t.values[r * t.cols..][..t.cols], w);
+                    assert!(e < 1e-4, "{name}: {} at {} off by {e}", t.name, row0 + r);
+                }
+            }
+        }
+        let mut s = session_in_chunks(&m.gpu, 32);
+        s.feed(&tokens[..6]).unwrap();
+        let before = pollster::block_on(s.logits()).unwrap();
+        assert!(pollster::block_on(s.trace(&tokens[6..], &["no.such.value"])).is_err());
+        if m.gpu.cfg.n_head <= 8 {
+            // The merge in front of the output product never writes the attention's output.
+            let e = pollster::block_on(s.trace(&tokens[6..], &["blk.0.kqv_out"])).unwrap_err();
+            assert!(e.to_string().contains("blk.0.kqv_out"), "{e}");
+        }
+        assert_eq!(pollster::block_on(s.logits()).unwrap(), before);
+        s.feed(&tokens[6..]).unwrap();
+        let next = pollster::block_on(s.logits()).unwrap();
+        assert!(rel_err(&next, &want["result_output"][6]) < 1e-4);
+    }
+}

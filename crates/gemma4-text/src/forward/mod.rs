@@ -7,4 +7,6 @@ mod session;
 pub use model::{
     ExpertPlacement, GpuModel, LoadError, LoadOptions, LoadProgress, PleRows, WeightBytes,
 };
-pub use session::{ForwardError, Fusions, GpuSession, MAX_IN_FLIGHT, SessionOptions, SoftTokens};
+pub use session::{
+    ForwardError, Fusions, GpuSession, MAX_IN_FLIGHT, SessionOptions, SoftTokens, Traced,
+};

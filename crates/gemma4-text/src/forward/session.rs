@@ -46,6 +46,8 @@ pub enum ForwardError {
     RowsNotFetched(u32),
     #[error("soft tokens: {0}")]
     SoftTokens(String),
+    #[error("trace: {0}")]
+    Trace(String),
 }
 
 /// Soft tokens: rows of the model's width (f32, in a buffer of the session's GPU context)
@@ -57,6 +59,15 @@ pub enum ForwardError {
 pub struct SoftTokens {
     pub at: usize,
     pub rows: View,
+}
+
+/// A value of a step, as [`GpuSession::trace`] read it: `rows` rows of `cols`.
+#[derive(Clone, Debug)]
+pub struct Traced {
+    pub name: String,
+    pub rows: usize,
+    pub cols: usize,
+    pub values: Vec<f32>,
 }
 
 /// The rows of a span that fall into one chunk: `rows` go to the chunk's row `row`.
@@ -578,6 +589,79 @@ impl GpuSession {
             let g = DecoderGraph::step(self, m, input, logits, all_logits)?;
             DecoderGraph::lower(self, &g, self.fusions, Vec::new())
         })
+    }
+
+    /// Feeds `tokens` as [`GpuSession::feed`] does, in one step (at most the session's batch),
+    /// and returns the step's values named in `names` (`blk.N.attn_out`, `blk.N.ffn_out`,
+    /// `blk.N.out`, `result_norm`, ...: the names of the decoder's graph), as the step wrote
+    /// them. A value that a fusion takes into a kernel is never written: trace under
+    /// [`Fusions::NONE`] to see them all.
+    pub async fn trace(
+        &mut self,
+        tokens: &[u32],
+        names: &[&str],
+    ) -> Result<Vec<Traced>, ForwardError> {
+        self.check_tokens(tokens)?;
+        if tokens.len() > self.max_batch {
+            return Err(ForwardError::Trace(format!(
+                "{} tokens in one step (the batch is {})",
+                tokens.len(),
+                self.max_batch
+            )));
+        }
+        if self.in_flight() > 0 {
+            return Err(ForwardError::Busy);
+        }
+        self.settle_sample();
+        let ctx = self.model.ctx.clone();
+        let m = tokens.len() as u32;
+        let (ops, taps) = ctx.with_params_batch(|| -> Result<_, ForwardError> {
+            let input = StepInput::ids(&self.s.ids);
+            let g = DecoderGraph::step(self, m, input, LogitsFor::Last, None)?;
+            let mut taps = Vec::new();
+            for name in names {
+                let v = g
+                    .find(name)
+                    .ok_or_else(|| ForwardError::Trace(format!("no value named {name}")))?;
+                let value = g.get(v);
+                let floats = u64::from(value.rows.max(1) - 1) * u64::from(value.stride())
+                    + u64::from(value.cols);
+                let to = View::of(&ctx.storage("trace", floats * 4));
+                let shape = (
+                    value.rows as usize,
+                    value.cols as usize,
+                    value.stride() as usize,
+                );
+                taps.push((v, to, shape));
+            }
+            let tap_views = taps.iter().map(|(v, to, _)| (*v, to.clone())).collect();
+            Ok((
+                DecoderGraph::lower(self, &g, self.fusions, tap_views)?,
+                taps,
+            ))
+        })?;
+        self.stage(tokens, tokens)?;
+        let mut rec = Recorder::new(&ctx, "trace");
+        self.record(&mut rec, &ops)?;
+        rec.submit();
+        self.history.extend_from_slice(tokens);
+        self.write_ring();
+        self.has_logits = true;
+        let mut out = Vec::new();
+        for ((_, to, (rows, cols, stride)), name) in taps.iter().zip(names) {
+            let raw = ctx.read_f32(to).await?;
+            let (rows, cols, stride) = (*rows, *cols, *stride);
+            let values = (0..rows)
+                .flat_map(|r| raw[r * stride..r * stride + cols].iter().copied())
+                .collect();
+            out.push(Traced {
+                name: name.to_string(),
+                rows,
+                cols,
+                values,
+            });
+        }
+        Ok(out)
     }
 
     /// The dispatch sequence of a step over `tokens` positions, one line an op (the kernel
