@@ -345,8 +345,21 @@ fn residual_matvec(c: &mut Criterion) {
     ] {
         let (w, _, y, bytes) = matvec_operands(&ctx, GgmlType::Q4K, rows, d).unwrap();
         let mut two = vec![
-            ops::residual_norm(&ctx, res, delta, post, pre, normed, 1, d as u32, 1.0, 1e-6)
-                .unwrap(),
+            ops::residual_norm(
+                &ctx,
+                &ops::ResidualNorm {
+                    res,
+                    delta,
+                    post,
+                    weight: pre,
+                    out: normed,
+                    rows: 1,
+                    dim: d as u32,
+                    scale: 1.0,
+                    eps: 1e-6,
+                },
+            )
+            .unwrap(),
         ];
         two.extend(ops::matvec(&ctx, &w, normed, &y, 0, out).unwrap());
         let one = ops::matvec_after_residual(&ctx, &w, &v.step(), &y, 0, out).unwrap();
@@ -510,7 +523,21 @@ fn dispatch_floor(c: &mut Criterion) {
     group.bench_function("scale/1536", |b| {
         b.iter_custom(|iters| time_in_one_pass(&ctx, &scale, iters))
     });
-    let norm = [ops::residual_norm(&ctx, &x, &delta, &w, &w, &y, 1, d, 1.0, 1e-6).unwrap()];
+    let norm = [ops::residual_norm(
+        &ctx,
+        &ops::ResidualNorm {
+            res: &x,
+            delta: &delta,
+            post: &w,
+            weight: &w,
+            out: &y,
+            rows: 1,
+            dim: d,
+            scale: 1.0,
+            eps: 1e-6,
+        },
+    )
+    .unwrap()];
     group.bench_function("residual_norm/1536", |b| {
         b.iter_custom(|iters| time_in_one_pass(&ctx, &norm, iters))
     });

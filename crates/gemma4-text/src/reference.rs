@@ -234,13 +234,15 @@ impl CpuModel {
             let rope = |v: &mut [f32], heads: usize| {
                 cpu::rope_neox(
                     v,
-                    heads,
-                    hd,
-                    lc.n_rot,
-                    &[pos as u32],
-                    lc.rope_base,
-                    lc.rope_freq_scale,
-                    ff,
+                    &cpu::NeoxRope {
+                        heads,
+                        head_dim: hd,
+                        n_rot: lc.n_rot,
+                        positions: &[pos as u32],
+                        base: lc.rope_base,
+                        freq_scale: lc.rope_freq_scale,
+                        freq_factors: ff,
+                    },
                 );
             };
             rope(&mut q, c.n_head);
@@ -261,18 +263,18 @@ impl CpuModel {
             }
             let src = lc.kv_source;
             let window = if lc.sliding { c.sliding_window } else { 0 };
-            let attn = cpu::attention(
-                &q,
-                &st.k[src],
-                &st.v[src],
-                &[pos as u32],
-                c.n_head,
-                lc.n_kv_head,
-                hd,
+            let attn = cpu::attention(&cpu::CausalAttention {
+                q: &q,
+                k_cache: &st.k[src],
+                v_cache: &st.v[src],
+                positions: &[pos as u32],
+                n_head: c.n_head,
+                n_kv_head: lc.n_kv_head,
+                head_dim: hd,
                 window,
-                c.attn_scale,
-                0.0,
-            );
+                scale: c.attn_scale,
+                softcap: 0.0,
+            });
             let o = lw.o.apply(&attn);
             trace(&format!("blk.{il}.attn_out"), &o);
             let o = cpu::rms_norm(&o, c.n_embd, Some(&lw.post_attn_norm), eps);

@@ -69,18 +69,30 @@ pub fn rms_norm(x: &[f32], dim: usize, weight: Option<&[f32]>, eps: f32) -> Vec<
     y
 }
 
-/// NeoX rotary embedding in place on `[tokens, heads, head_dim]`.
-#[allow(clippy::too_many_arguments)]
-pub fn rope_neox(
-    x: &mut [f32],
-    heads: usize,
-    head_dim: usize,
-    n_rot: usize,
-    positions: &[u32],
-    base: f32,
-    freq_scale: f32,
-    freq_factors: Option<&[f32]>,
-) {
+/// A NeoX rotary embedding of `[tokens, heads, head_dim]` rows at `positions`: the first
+/// `n_rot` dims of each head rotate.
+#[derive(Clone, Copy)]
+pub struct NeoxRope<'a> {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub n_rot: usize,
+    pub positions: &'a [u32],
+    pub base: f32,
+    pub freq_scale: f32,
+    pub freq_factors: Option<&'a [f32]>,
+}
+
+/// NeoX rotary embedding in place, as `r` says.
+pub fn rope_neox(x: &mut [f32], r: &NeoxRope<'_>) {
+    let NeoxRope {
+        heads,
+        head_dim,
+        n_rot,
+        positions,
+        base,
+        freq_scale,
+        freq_factors,
+    } = *r;
     let half = n_rot / 2;
     for (row_i, row) in x.chunks_mut(head_dim).enumerate() {
         let pos = positions[row_i / heads] as f32;
@@ -97,21 +109,37 @@ pub fn rope_neox(
     }
 }
 
+/// Arguments of [`attention`]: queries at `positions`, the cache, the heads' shape, the
+/// window (0: every earlier key), the scale of q·k and the scores' softcap (0: none).
+#[derive(Clone, Copy)]
+pub struct CausalAttention<'a> {
+    pub q: &'a [f32],
+    pub k_cache: &'a [f32],
+    pub v_cache: &'a [f32],
+    pub positions: &'a [u32],
+    pub n_head: usize,
+    pub n_kv_head: usize,
+    pub head_dim: usize,
+    pub window: usize,
+    pub scale: f32,
+    pub softcap: f32,
+}
+
 /// Causal attention of `[tokens, n_head, head_dim]` queries (at `positions`) over a cache of
 /// `[capacity, n_kv_head, head_dim]` keys and values.
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
-    positions: &[u32],
-    n_head: usize,
-    n_kv_head: usize,
-    head_dim: usize,
-    window: usize,
-    scale: f32,
-    softcap: f32,
-) -> Vec<f32> {
+pub fn attention(a: &CausalAttention<'_>) -> Vec<f32> {
+    let CausalAttention {
+        q,
+        k_cache,
+        v_cache,
+        positions,
+        n_head,
+        n_kv_head,
+        head_dim,
+        window,
+        scale,
+        softcap,
+    } = *a;
     let row = n_kv_head * head_dim;
     let group = n_head / n_kv_head;
     let mut out = vec![0.0; q.len()];

@@ -474,8 +474,19 @@ fn rms_norm_in_all_three_forms() {
                 1e-6,
             );
             let y = poisoned(ctx, (rows * dim) as usize);
-            let d =
-                ops::rms_norm(ctx, &xv, NormOut::To(&y), wopt, rows, dim, stride, 1e-6).unwrap();
+            let d = ops::rms_norm(
+                ctx,
+                ops::RmsNorm {
+                    x: &xv,
+                    out: NormOut::To(&y),
+                    weight: wopt,
+                    rows,
+                    dim,
+                    x_stride: stride,
+                    eps: 1e-6,
+                },
+            )
+            .unwrap();
             run(ctx, &[&d]);
             assert_close(&format!("norm {rows}x{dim}"), &read(ctx, &y), &want, 1e-5);
 
@@ -483,13 +494,15 @@ fn rms_norm_in_all_three_forms() {
             let res = upload(ctx, &res0);
             let d = ops::rms_norm(
                 ctx,
-                &xv,
-                NormOut::AddTo(&res),
-                wopt,
-                rows,
-                dim,
-                stride,
-                1e-6,
+                ops::RmsNorm {
+                    x: &xv,
+                    out: NormOut::AddTo(&res),
+                    weight: wopt,
+                    rows,
+                    dim,
+                    x_stride: stride,
+                    eps: 1e-6,
+                },
             )
             .unwrap();
             run(ctx, &[&d]);
@@ -504,13 +517,15 @@ fn rms_norm_in_all_three_forms() {
         let inplace = upload(ctx, &packed);
         let d = ops::rms_norm(
             ctx,
-            &inplace,
-            NormOut::InPlace,
-            Some(&wv),
-            rows,
-            dim,
-            dim,
-            1e-6,
+            ops::RmsNorm {
+                x: &inplace,
+                out: NormOut::InPlace,
+                weight: Some(&wv),
+                rows,
+                dim,
+                x_stride: dim,
+                eps: 1e-6,
+            },
         )
         .unwrap();
         run(ctx, &[&d]);
@@ -525,7 +540,21 @@ fn rms_norm_in_all_three_forms() {
     // Rows longer than the threads' registers hold are refused, not truncated.
     let long = upload(ctx, &vec![1.0; ops::MAX_NORM_DIM as usize + 1]);
     let d = ops::MAX_NORM_DIM + 1;
-    assert!(ops::rms_norm(ctx, &long, NormOut::InPlace, None, 1, d, d, 1e-6).is_err());
+    assert!(
+        ops::rms_norm(
+            ctx,
+            ops::RmsNorm {
+                x: &long,
+                out: NormOut::InPlace,
+                weight: None,
+                rows: 1,
+                dim: d,
+                x_stride: d,
+                eps: 1e-6
+            }
+        )
+        .is_err()
+    );
 }
 
 #[test]
@@ -554,13 +583,15 @@ fn rope_matches_cpu_with_partial_dims_and_freq_factors() {
         let mut want = x.clone();
         cpu::rope_neox(
             &mut want,
-            heads as usize,
-            hd as usize,
-            n_rot as usize,
-            &positions,
-            10000.0,
-            0.5,
-            ff.then_some(factors.as_slice()),
+            &cpu::NeoxRope {
+                heads: heads as usize,
+                head_dim: hd as usize,
+                n_rot: n_rot as usize,
+                positions: &positions,
+                base: 10000.0,
+                freq_scale: 0.5,
+                freq_factors: ff.then_some(factors.as_slice()),
+            },
         );
         let xv = upload(ctx, &x);
         let ffv = upload(ctx, &factors);
@@ -610,18 +641,18 @@ fn attention_matches_cpu_for_prefill_decode_window_and_gqa() {
         let kc = rng.vec((cap * nkv * hd) as usize, 1.0);
         let vc = rng.vec((cap * nkv * hd) as usize, 1.0);
         let scale = 1.0 / (hd as f32).sqrt();
-        let want = cpu::attention(
-            &q,
-            &kc,
-            &vc,
-            &positions,
-            nh as usize,
-            nkv as usize,
-            hd as usize,
-            window as usize,
+        let want = cpu::attention(&cpu::CausalAttention {
+            q: &q,
+            k_cache: &kc,
+            v_cache: &vc,
+            positions: &positions,
+            n_head: nh as usize,
+            n_kv_head: nkv as usize,
+            head_dim: hd as usize,
+            window: window as usize,
             scale,
             softcap,
-        );
+        });
         let out = poisoned(ctx, want.len());
         let args = AttentionArgs {
             q: &upload(ctx, &q),
@@ -1398,15 +1429,17 @@ fn residual_norm_matches_cpu() {
         let (rv, out) = (upload(ctx, &res), poisoned(ctx, n));
         let d = ops::residual_norm(
             ctx,
-            &rv,
-            &upload(ctx, &delta),
-            &upload(ctx, &post),
-            &upload(ctx, &pre),
-            &out,
-            rows,
-            dim,
-            0.5,
-            1e-6,
+            &ops::ResidualNorm {
+                res: &rv,
+                delta: &upload(ctx, &delta),
+                post: &upload(ctx, &post),
+                weight: &upload(ctx, &pre),
+                out: &out,
+                rows,
+                dim,
+                scale: 0.5,
+                eps: 1e-6,
+            },
         )
         .unwrap();
         run(ctx, &[&d]);
@@ -1440,13 +1473,15 @@ fn heads_on_cpu(
     let rope = |x: &mut Vec<f32>, heads| {
         cpu::rope_neox(
             x,
-            heads,
-            hd,
-            s.n_rot as usize,
-            &[pos],
-            10000.0,
-            s.freq_scale,
-            ff,
+            &cpu::NeoxRope {
+                heads,
+                head_dim: hd,
+                n_rot: s.n_rot as usize,
+                positions: &[pos],
+                base: 10000.0,
+                freq_scale: s.freq_scale,
+                freq_factors: ff,
+            },
         )
     };
     let mut q = cpu::rms_norm(&row[..nh * hd], hd, Some(qn), 1e-6);
@@ -1570,13 +1605,15 @@ fn head_post_matches_norm_rope_and_store() {
         let mut q = cpu::rms_norm(&qkv[base..base + q_len], hd as usize, Some(&qn), 1e-6);
         cpu::rope_neox(
             &mut q,
-            nh as usize,
-            hd as usize,
-            64,
-            &positions[ti..ti + 1],
-            10000.0,
-            1.0,
-            None,
+            &cpu::NeoxRope {
+                heads: nh as usize,
+                head_dim: hd as usize,
+                n_rot: 64,
+                positions: &positions[ti..ti + 1],
+                base: 10000.0,
+                freq_scale: 1.0,
+                freq_factors: None,
+            },
         );
         assert_close("shared head_post q", &got[base..base + q_len], &q, 1e-4);
         let rest = base + q_len..base + stride as usize;
@@ -1607,18 +1644,18 @@ fn split_decode_attention_matches_cpu() {
         let q = rng.vec((q_offset + nh * hd) as usize, 1.0);
         let (kc, vc) = (rng.vec(kv, 1.0), rng.vec(kv, 1.0));
         let scale = 0.1;
-        let want = cpu::attention(
-            &q[q_offset as usize..],
-            &kc,
-            &vc,
-            &[pos],
-            nh as usize,
-            nkv as usize,
-            hd as usize,
-            window as usize,
+        let want = cpu::attention(&cpu::CausalAttention {
+            q: &q[q_offset as usize..],
+            k_cache: &kc,
+            v_cache: &vc,
+            positions: &[pos],
+            n_head: nh as usize,
+            n_kv_head: nkv as usize,
+            head_dim: hd as usize,
+            window: window as usize,
             scale,
-            0.0,
-        );
+            softcap: 0.0,
+        });
         let out = poisoned(ctx, want.len());
         let scratch = upload(
             ctx,
@@ -1695,18 +1732,18 @@ fn decode_attention_with_head_work_matches_cpu() {
             want_k[slot..slot + k.len()].copy_from_slice(&k);
             want_v[slot..slot + v.len()].copy_from_slice(&v);
         }
-        let want = cpu::attention(
-            &q,
-            &want_k,
-            &want_v,
-            &[pos],
-            nh as usize,
-            nkv as usize,
-            hd as usize,
-            window as usize,
-            0.1,
-            0.0,
-        );
+        let want = cpu::attention(&cpu::CausalAttention {
+            q: &q,
+            k_cache: &want_k,
+            v_cache: &want_v,
+            positions: &[pos],
+            n_head: nh as usize,
+            n_kv_head: nkv as usize,
+            head_dim: hd as usize,
+            window: window as usize,
+            scale: 0.1,
+            softcap: 0.0,
+        });
         // The merge in its own dispatch, and in front of the output product (Q8_0, 37 rows).
         let (k_in, n) = (u64::from(nh * hd), 37u64);
         let wq = quantize(GgmlType::Q8_0, &rng.vec((k_in * n) as usize, 0.5)).unwrap();
@@ -1992,7 +2029,19 @@ fn check_grouped_experts(ctx: &GpuContext, tokens: u32) {
     };
     let product =
         |w: &GpuWeight, x: &View, y: &View, y_stride, slots: &ops::ExpertSlots<'_>, out| {
-            let ds = ops::expert_matmul(ctx, w, x, y, y_stride, slots, &eg, out).unwrap();
+            let ds = ops::expert_matmul(
+                ctx,
+                w,
+                &ops::ExpertIo {
+                    x,
+                    y,
+                    y_stride,
+                    slots,
+                },
+                &eg,
+                out,
+            )
+            .unwrap();
             run(ctx, &ds.iter().collect::<Vec<_>>());
             read(ctx, y)
         };
@@ -2088,7 +2137,19 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
         let (lv, sv) = (upload(ctx, logits), upload(ctx, scale));
         run(
             ctx,
-            &[&ops::moe_route(ctx, &lv, &sel, &weight, Some(&sv), tokens, n_expert, k).unwrap()],
+            &[&ops::moe_route(
+                ctx,
+                &ops::ExpertRoute {
+                    logits: &lv,
+                    weight: &weight,
+                    expert_scale: Some(&sv),
+                    n_expert,
+                },
+                &sel,
+                tokens,
+                k,
+            )
+            .unwrap()],
         );
         let got_sel = pollster::block_on(ctx.read_u32(&sel)).unwrap();
         let got_w = read(ctx, &weight);
@@ -2141,11 +2202,13 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
             let ds = ops::expert_matvec(
                 ctx,
                 &w,
-                &xv,
+                &ops::ExpertIo {
+                    x: &xv,
+                    y: &out,
+                    y_stride: ff as u32,
+                    slots: &slots,
+                },
                 norm,
-                &out,
-                ff as u32,
-                &slots,
                 None,
                 ops::MatvecOut::Geglu,
             )
@@ -2210,11 +2273,13 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
             ops::expert_matvec(
                 ctx,
                 &w,
-                x,
+                &ops::ExpertIo {
+                    x,
+                    y: &out,
+                    y_stride: ff as u32,
+                    slots: &slots,
+                },
                 Some(&pre_norm),
-                &out,
-                ff as u32,
-                &slots,
                 Some(r),
                 gated,
             )
@@ -2275,11 +2340,13 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
         let ds = ops::expert_matvec_mixed(
             ctx,
             &w,
-            &upload(ctx, &act),
+            &ops::ExpertIo {
+                x: &upload(ctx, &act),
+                y: &out,
+                y_stride: d as u32,
+                slots: &down_slots,
+            },
             weight,
-            &out,
-            d as u32,
-            &down_slots,
             k,
         )
         .unwrap();
@@ -2303,8 +2370,18 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
         // More slots a token than a workgroup holds, or slots that are not whole tokens.
         let av = upload(ctx, &act);
         for bad_k in [ops::MIXED_SLOTS_MAX + 1, slots as u32 + 1] {
-            let mixed =
-                ops::expert_matvec_mixed(ctx, &w, &av, weight, &out, d as u32, &down_slots, bad_k);
+            let mixed = ops::expert_matvec_mixed(
+                ctx,
+                &w,
+                &ops::ExpertIo {
+                    x: &av,
+                    y: &out,
+                    y_stride: d as u32,
+                    slots: &down_slots,
+                },
+                weight,
+                bad_k,
+            );
             assert!(mixed.is_err(), "{what}: {bad_k} slots a token");
         }
     }

@@ -56,15 +56,16 @@ impl<'a> Lowering<'a> {
         ctx: &GpuContext,
         g: &Graph<'a, H>,
     ) -> Result<Lowered<H>, GpuError> {
-        let mut readers = vec![Vec::new(); g.values().count()];
-        let mut producer = vec![None; readers.len()];
+        let n_values = g.values().count();
+        let mut readers = vec![Readers::default(); n_values];
+        let mut producer = vec![None; n_values];
         for (i, n) in g.nodes().iter().enumerate() {
-            for v in n.inputs() {
-                readers[v.0 as usize].push(i);
-            }
-            for v in n.outputs() {
-                producer[v.0 as usize] = Some(i);
-            }
+            n.for_each_input(|v| {
+                let r = &mut readers[v.0 as usize];
+                r.count += 1;
+                r.first.get_or_insert(i);
+            });
+            n.for_each_output(|v| producer[v.0 as usize] = Some(i));
         }
         let mut w = Walk {
             ctx,
@@ -74,7 +75,7 @@ impl<'a> Lowering<'a> {
             producer,
             alt: false,
             stream: None,
-            ops: Vec::new(),
+            ops: Vec::with_capacity(2 * g.nodes().len()),
             tapped: vec![false; self.taps.len()],
         };
         let mut i = 0;
@@ -91,13 +92,20 @@ impl<'a> Lowering<'a> {
     }
 }
 
+/// How many nodes read a value, and the first of them.
+#[derive(Clone, Copy, Default)]
+struct Readers {
+    count: u32,
+    first: Option<usize>,
+}
+
 /// The walk's state: where the stream is, and what is emitted so far.
 struct Walk<'g, 'a, H> {
     ctx: &'g GpuContext,
     g: &'g Graph<'a, H>,
     l: &'g Lowering<'a>,
     /// The nodes that read each value.
-    readers: Vec<Vec<usize>>,
+    readers: Vec<Readers>,
     /// The node that writes each value.
     producer: Vec<Option<usize>>,
     /// The stream is in `streams[1]`.
@@ -190,8 +198,11 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
 
     /// The only node that reads `v`.
     fn only_reader(&self, v: Val) -> Option<(usize, &'g Node<'a, H>)> {
-        match self.readers[v.0 as usize].as_slice() {
-            [i] => Some((*i, &self.g.nodes()[*i])),
+        match self.readers[v.0 as usize] {
+            Readers {
+                count: 1,
+                first: Some(i),
+            } => Some((i, &self.g.nodes()[i])),
             _ => None,
         }
     }
@@ -349,7 +360,18 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         } else {
             NormOut::To(self.view(*out)?)
         };
-        let d = ops::rms_norm(self.ctx, x_view, to, *weight, rows, *dim, stride, *eps)?;
+        let d = ops::rms_norm(
+            self.ctx,
+            ops::RmsNorm {
+                x: x_view,
+                out: to,
+                weight: *weight,
+                rows,
+                dim: *dim,
+                x_stride: stride,
+                eps: *eps,
+            },
+        )?;
         self.run(vec![d]);
         if self.is_stream(*out) {
             self.stream = Some(*out);
@@ -421,7 +443,7 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         else {
             unreachable!("residual() is called on residual steps")
         };
-        if self.readers[out.0 as usize].is_empty() {
+        if self.readers[out.0 as usize].count == 0 {
             // Nothing reads the updated stream (a chunk without logits).
             return Ok(1);
         }
@@ -444,15 +466,17 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         {
             let d = ops::residual_norm(
                 self.ctx,
-                res,
-                dv,
-                post,
-                weight,
-                self.view(*normed)?,
-                m,
-                d,
-                *scale,
-                *eps,
+                &ops::ResidualNorm {
+                    res,
+                    delta: dv,
+                    post,
+                    weight,
+                    out: self.view(*normed)?,
+                    rows: m,
+                    dim: d,
+                    scale: *scale,
+                    eps: *eps,
+                },
             )?;
             self.run(vec![d]);
             self.wrote(&[*out, *normed])?;
@@ -467,13 +491,15 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         let stride = self.g.get(*delta).stride();
         let add = ops::rms_norm(
             self.ctx,
-            dv,
-            NormOut::AddTo(res),
-            Some(post),
-            m,
-            d,
-            stride,
-            *eps,
+            ops::RmsNorm {
+                x: dv,
+                out: NormOut::AddTo(res),
+                weight: Some(post),
+                rows: m,
+                dim: d,
+                x_stride: stride,
+                eps: *eps,
+            },
         )?;
         self.run(vec![add]);
         self.wrote(&[*out])?;
@@ -759,7 +785,18 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         }
         let (m, ne) = (self.g.tokens, self.cols(*logits));
         let (lv, sv, wv) = (self.view(*logits)?, self.view(*sel)?, self.view(*weight)?);
-        let d = ops::moe_route(self.ctx, lv, sv, wv, *expert_scale, m, ne, *k)?;
+        let d = ops::moe_route(
+            self.ctx,
+            &ops::ExpertRoute {
+                logits: lv,
+                weight: wv,
+                expert_scale: *expert_scale,
+                n_expert: ne,
+            },
+            sv,
+            m,
+            *k,
+        )?;
         self.run(vec![d]);
         self.wrote(&[*sel, *weight])?;
         Ok(1)
@@ -802,15 +839,28 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
             let ds = ops::expert_matmul(
                 self.ctx,
                 w.gate_up,
-                xv,
-                act,
-                w.ff,
-                &gate_up,
+                &ops::ExpertIo {
+                    x: xv,
+                    y: act,
+                    y_stride: w.ff,
+                    slots: &gate_up,
+                },
                 &groups,
                 MatvecOut::Geglu,
             )?;
             self.run(ds);
-            let ds = ops::expert_matmul(self.ctx, w.down, act, y, d, &down, &groups, PLAIN)?;
+            let ds = ops::expert_matmul(
+                self.ctx,
+                w.down,
+                &ops::ExpertIo {
+                    x: act,
+                    y,
+                    y_stride: d,
+                    slots: &down,
+                },
+                &groups,
+                PLAIN,
+            )?;
             self.run(ds);
             self.wrote(&[*out])?;
             return Ok(1);
@@ -852,17 +902,30 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         let ds = ops::expert_matvec(
             self.ctx,
             w.gate_up,
-            input,
+            &ops::ExpertIo {
+                x: input,
+                y: scratch.act,
+                y_stride: w.ff,
+                slots: &gate_up,
+            },
             norm.as_ref(),
-            scratch.act,
-            w.ff,
-            &gate_up,
             route.as_ref(),
             MatvecOut::Geglu,
         )?;
         self.run(ds);
         let wv = self.view(*weight)?;
-        let ds = ops::expert_matvec_mixed(self.ctx, w.down, scratch.act, wv, y, d, &down, w.k)?;
+        let ds = ops::expert_matvec_mixed(
+            self.ctx,
+            w.down,
+            &ops::ExpertIo {
+                x: scratch.act,
+                y,
+                y_stride: d,
+                slots: &down,
+            },
+            wv,
+            w.k,
+        )?;
         self.run(ds);
         let routed: &[Val] = if route.is_some() {
             &[*sel, *weight]

@@ -204,24 +204,24 @@ pub enum Node<'a, H> {
 }
 
 impl<H> Node<'_, H> {
-    /// The values the node reads.
-    pub fn inputs(&self) -> Vec<Val> {
+    /// Calls `f` with each value the node reads.
+    pub fn for_each_input(&self, mut f: impl FnMut(Val)) {
         match self {
-            Node::Embed { onto, .. } => onto.iter().copied().collect(),
-            Node::CopyRows { x, .. } => vec![*x],
-            Node::Norm { x, .. } | Node::Linear { x, .. } | Node::Logits { x, .. } => vec![*x],
-            Node::Gated { gate, up, .. } => vec![*gate, *up],
-            Node::Residual { stream, delta, .. } => vec![*stream, *delta],
-            Node::HeadNormRope { qkv, .. } | Node::Attention { qkv, .. } => vec![*qkv],
-            Node::Route { logits, .. } => vec![*logits],
-            Node::Experts { x, sel, weight, .. } => vec![*x, *sel, *weight],
-            Node::MixExperts { dense, experts, .. } => vec![*dense, *experts],
-            Node::Host(_) => Vec::new(),
+            Node::Embed { onto, .. } => onto.iter().copied().for_each(f),
+            Node::CopyRows { x, .. } => f(*x),
+            Node::Norm { x, .. } | Node::Linear { x, .. } | Node::Logits { x, .. } => f(*x),
+            Node::Gated { gate, up, .. } => [*gate, *up].into_iter().for_each(f),
+            Node::Residual { stream, delta, .. } => [*stream, *delta].into_iter().for_each(f),
+            Node::HeadNormRope { qkv, .. } | Node::Attention { qkv, .. } => f(*qkv),
+            Node::Route { logits, .. } => f(*logits),
+            Node::Experts { x, sel, weight, .. } => [*x, *sel, *weight].into_iter().for_each(f),
+            Node::MixExperts { dense, experts, .. } => [*dense, *experts].into_iter().for_each(f),
+            Node::Host(_) => {}
         }
     }
 
-    /// The values the node writes.
-    pub fn outputs(&self) -> Vec<Val> {
+    /// Calls `f` with each value the node writes.
+    pub fn for_each_output(&self, mut f: impl FnMut(Val)) {
         match self {
             Node::Embed { out, .. }
             | Node::CopyRows { out, .. }
@@ -233,9 +233,12 @@ impl<H> Node<'_, H> {
             | Node::Attention { out, .. }
             | Node::Experts { out, .. }
             | Node::MixExperts { out, .. }
-            | Node::Logits { out, .. } => vec![*out],
-            Node::Route { sel, weight, .. } => vec![*sel, *weight],
-            Node::Host(_) => Vec::new(),
+            | Node::Logits { out, .. } => f(*out),
+            Node::Route { sel, weight, .. } => {
+                f(*sel);
+                f(*weight);
+            }
+            Node::Host(_) => {}
         }
     }
 }
@@ -254,6 +257,12 @@ impl<'a, H> Graph<'a, H> {
             values: Vec::new(),
             nodes: Vec::new(),
         }
+    }
+
+    /// Room for `nodes` more nodes and twice as many values.
+    pub fn reserve(&mut self, nodes: usize) {
+        self.nodes.reserve(nodes);
+        self.values.reserve(2 * nodes);
     }
 
     /// A new value.
@@ -399,5 +408,31 @@ impl Fusions {
 impl Default for Fusions {
     fn default() -> Self {
         Self::ALL
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Fusions;
+
+    #[test]
+    fn each_rule_switches_one_fusion_of_its_own() {
+        let offs = Fusions::each_off();
+        let mut names: Vec<&str> = offs.iter().map(|(n, _)| *n).collect();
+        names.dedup();
+        assert_eq!(names.len(), 8);
+        for (i, (name, f)) in offs.iter().enumerate() {
+            assert_ne!(*f, Fusions::ALL, "{name}");
+            assert!(offs.iter().skip(i + 1).all(|(_, g)| g != f), "{name}");
+        }
+        let all_off = offs.iter().fold(Fusions::ALL, |mut acc, (_, f)| {
+            for (_, switch) in Fusions::rules() {
+                if !*switch(&mut f.clone()) {
+                    *switch(&mut acc) = false;
+                }
+            }
+            acc
+        });
+        assert_eq!(all_off, Fusions::NONE);
     }
 }

@@ -70,22 +70,35 @@ fn whole_32s_per_group(w: &GpuWeight, tpr: u32, rpt: u32) -> bool {
         })
 }
 
+/// Arguments of [`residual_norm`].
+#[derive(Clone, Copy)]
+pub struct ResidualNorm<'a> {
+    pub res: &'a View,
+    pub delta: &'a View,
+    pub post: &'a View,
+    pub weight: &'a View,
+    pub out: &'a View,
+    pub rows: u32,
+    pub dim: u32,
+    pub scale: f32,
+    pub eps: f32,
+}
+
 /// The step between two blocks of a layer, for `rows` rows of `dim`: the residual stream
 /// becomes `(res + rmsnorm(delta) * post) * scale` in place, and `out = rmsnorm(res) * weight`
 /// is the next block's input.
-#[allow(clippy::too_many_arguments)]
-pub fn residual_norm(
-    ctx: &GpuContext,
-    res: &View,
-    delta: &View,
-    post: &View,
-    weight: &View,
-    out: &View,
-    rows: u32,
-    dim: u32,
-    scale: f32,
-    eps: f32,
-) -> Result<Dispatch, GpuError> {
+pub fn residual_norm(ctx: &GpuContext, a: &ResidualNorm<'_>) -> Result<Dispatch, GpuError> {
+    let ResidualNorm {
+        res,
+        delta,
+        post,
+        weight,
+        out,
+        rows,
+        dim,
+        scale,
+        eps,
+    } = *a;
     check_norm_dim(dim)?;
     let n = u64::from(rows) * u64::from(dim);
     for (what, v, len) in [
@@ -123,6 +136,7 @@ pub fn residual_norm(
 }
 
 /// Experts chosen per slot, for [`expert_matvec`].
+#[derive(Clone, Copy)]
 pub struct ExpertSlots<'a> {
     /// `slots` expert ids (the route kernel's `sel`).
     pub sel: &'a View,

@@ -80,25 +80,37 @@ pub fn expert_route_fits(ctx: &GpuContext, k: u32) -> bool {
         && u64::from(k) * 4 + 8 * 1024 <= u64::from(ctx.limits.max_compute_workgroup_storage_size)
 }
 
+/// The input and output of the experts' products: slot s reads row `s / slots.x_group` of
+/// `x` and writes its row of `y` (`y_stride` apart).
+#[derive(Clone, Copy)]
+pub struct ExpertIo<'a> {
+    pub x: &'a View,
+    pub y: &'a View,
+    pub y_stride: u32,
+    pub slots: &'a ExpertSlots<'a>,
+}
+
 /// Products of the experts chosen per slot: slot s multiplies expert `sel[s]` (its
 /// `rows_per_expert` rows of the stacked `w`) by input row `s / x_group` of `x`, into row s of
 /// `y` (`y_stride` apart). With [`MatvecOut::Geglu`] each expert's rows are gate/up pairs.
 /// With `norm`, each input row is normalised first, in every workgroup (rows that fit,
 /// [`matvec_input_fits`]). With `route`, the slots' experts are routed here and written to
 /// `sel` rather than read from it (a token's `x_group` slots; [`expert_route_fits`]).
-#[allow(clippy::too_many_arguments)]
 pub fn expert_matvec(
     ctx: &GpuContext,
     w: &GpuWeight,
-    x: &View,
+    io: &ExpertIo<'_>,
     norm: Option<&InputNorm<'_>>,
-    y: &View,
-    y_stride: u32,
-    slots: &ExpertSlots<'_>,
     route: Option<&ExpertRoute<'_>>,
     out: MatvecOut<'_>,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    check_expert_io(w, x, y, y_stride, slots, out)?;
+    let ExpertIo {
+        x,
+        y,
+        y_stride,
+        slots,
+    } = *io;
+    check_expert_io(w, io, out)?;
     if let Some(r) = route {
         let k = slots.x_group;
         if !slots.slots.is_multiple_of(k) || !expert_route_fits(ctx, w.cols as u32) {
@@ -131,17 +143,19 @@ pub const MIXED_SLOTS_MAX: u32 = 64;
 /// token: `y[t * y_stride + r] = sum_j weight[t k + j] * (W_sel[t k + j] . x[t k + j])[r]`,
 /// each slot with its input row (`slots.x_group` is 1). The mixture's sum happens in the
 /// product, so its reader takes one row rather than weighing `k` (an experts' down product).
-#[allow(clippy::too_many_arguments)]
 pub fn expert_matvec_mixed(
     ctx: &GpuContext,
     w: &GpuWeight,
-    x: &View,
+    io: &ExpertIo<'_>,
     weight: &View,
-    y: &View,
-    y_stride: u32,
-    slots: &ExpertSlots<'_>,
     k: u32,
 ) -> Result<Vec<Dispatch>, GpuError> {
+    let ExpertIo {
+        x,
+        y,
+        y_stride,
+        slots,
+    } = *io;
     check_expert_tiles(w, slots)?;
     if slots.x_group != 1
         || k == 0
@@ -199,14 +213,13 @@ fn check_expert_tiles(w: &GpuWeight, slots: &ExpertSlots<'_>) -> Result<(), GpuE
 
 /// The checks [`expert_matvec`] and [`expert_matmul`] share: tiles of whole experts, and
 /// inputs and outputs long enough for every slot.
-fn check_expert_io(
-    w: &GpuWeight,
-    x: &View,
-    y: &View,
-    y_stride: u32,
-    slots: &ExpertSlots<'_>,
-    out: MatvecOut<'_>,
-) -> Result<(), GpuError> {
+fn check_expert_io(w: &GpuWeight, io: &ExpertIo<'_>, out: MatvecOut<'_>) -> Result<(), GpuError> {
+    let ExpertIo {
+        x,
+        y,
+        y_stride,
+        slots,
+    } = *io;
     check_expert_tiles(w, slots)?;
     let per = u64::from(slots.rows_per_expert);
     let out_rows = if out.is_geglu() { per / 2 } else { per };
@@ -282,18 +295,20 @@ pub fn moe_group(
 /// [`expert_matvec`] for many tokens on the tiled kernel: each expert's weights are read once
 /// per 64 of the slots routed to it ([`moe_group`] has grouped them), where one product per
 /// slot reads them once per slot. Rows out or gate/up pairs ([`MatvecOut::Geglu`]) only.
-#[allow(clippy::too_many_arguments)]
 pub fn expert_matmul(
     ctx: &GpuContext,
     w: &GpuWeight,
-    x: &View,
-    y: &View,
-    y_stride: u32,
-    slots: &ExpertSlots<'_>,
+    io: &ExpertIo<'_>,
     groups: &ExpertGroups<'_>,
     out: MatvecOut<'_>,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    check_expert_io(w, x, y, y_stride, slots, out)?;
+    let ExpertIo {
+        x,
+        y,
+        y_stride,
+        slots,
+    } = *io;
+    check_expert_io(w, io, out)?;
     let geglu = match out {
         MatvecOut::Rows { softcap: 0.0 } => false,
         MatvecOut::Geglu => true,
@@ -365,24 +380,20 @@ pub fn expert_matmul(
 
 /// Routes each of `tokens` tokens to its `k` experts: `sel` gets the expert ids and `weight`
 /// their renormalised probabilities (times `expert_scale` when given).
-#[allow(clippy::too_many_arguments)]
 pub fn moe_route(
     ctx: &GpuContext,
-    logits: &View,
+    route: &ExpertRoute<'_>,
     sel: &View,
-    weight: &View,
-    expert_scale: Option<&View>,
     tokens: u32,
-    n_expert: u32,
     k: u32,
 ) -> Result<Dispatch, GpuError> {
-    ExpertRoute {
+    let ExpertRoute {
         logits,
         weight,
         expert_scale,
         n_expert,
-    }
-    .check(tokens, k)?;
+    } = *route;
+    route.check(tokens, k)?;
     sel.expect_len32("expert ids", u64::from(tokens * k))?;
     let params = Params::of(&MoeParams {
         n_expert,

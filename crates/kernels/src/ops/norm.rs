@@ -25,19 +25,29 @@ pub enum NormOut<'a> {
     AddTo(&'a View),
 }
 
-/// RMS normalisation over `rows` rows of `dim` values (`x_stride` apart), with an optional
-/// per-element weight.
-#[allow(clippy::too_many_arguments)]
-pub fn rms_norm(
-    ctx: &GpuContext,
-    x: &View,
-    out: NormOut<'_>,
-    weight: Option<&View>,
-    rows: u32,
-    dim: u32,
-    x_stride: u32,
-    eps: f32,
-) -> Result<Dispatch, GpuError> {
+/// Arguments of [`rms_norm`]: `rows` rows of `dim` values of `x`, `x_stride` apart, with an
+/// optional per-element weight.
+pub struct RmsNorm<'a> {
+    pub x: &'a View,
+    pub out: NormOut<'a>,
+    pub weight: Option<&'a View>,
+    pub rows: u32,
+    pub dim: u32,
+    pub x_stride: u32,
+    pub eps: f32,
+}
+
+/// RMS normalisation of rows, as [`RmsNorm`] says.
+pub fn rms_norm(ctx: &GpuContext, a: RmsNorm<'_>) -> Result<Dispatch, GpuError> {
+    let RmsNorm {
+        x,
+        out,
+        weight,
+        rows,
+        dim,
+        x_stride,
+        eps,
+    } = a;
     check_norm_dim(dim)?;
     x.expect_len32(
         "rms_norm x",

@@ -39,9 +39,12 @@ pub(super) struct DecoderGraph<'s> {
 
 impl<'s> DecoderGraph<'s> {
     pub(super) fn new(session: &'s GpuSession, m: u32) -> Self {
+        let mut g = Graph::new(m);
+        // About 16 nodes a layer (the experts' and per-layer inputs' included).
+        g.reserve(16 * session.model.layers.len() + 8);
         Self {
             session,
-            g: Graph::new(m),
+            g,
             x: None,
             ple_all: None,
             table_rows_added: false,
