@@ -5,6 +5,7 @@
 pub mod chat;
 pub mod config;
 pub mod forward;
+pub mod lora;
 pub mod plans;
 pub mod reference;
 pub mod sampling;
@@ -14,7 +15,7 @@ pub mod tokenizer;
 
 pub use config::{Arch, ConfigError, LayerConfig, TextConfig};
 pub use forward::{
-    ExpertPlacement, ForwardError, Fusions, GpuModel, GpuSession, LoadError, LoadOptions,
+    ExpertPlacement, ForwardError, Fusions, GpuLora, GpuModel, GpuSession, LoadError, LoadOptions,
     LoadProgress, PleRows, SessionOptions, SoftTokens, Traced, WeightBytes,
 };
 pub use reference::{CpuModel, Input};

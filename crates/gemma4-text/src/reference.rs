@@ -8,6 +8,7 @@ use wgemma_gguf::{Gguf, ReadError, TensorInfo, TensorSource, read_row_f32, read_
 use wgemma_kernels::cpu;
 
 use crate::config::TextConfig;
+use crate::lora::{LoraAdapter, LoraError, Proj};
 use crate::tensors::{ExpertGateUp, Model, ModelTensors, MoeLayer, ple_table};
 
 /// A row-major f32 matrix (`rows` outputs of `cols` inputs).
@@ -48,6 +49,8 @@ pub struct CpuModel {
     w: Model<Matrix, Vec<f32>>,
     /// The per-layer token table, read a row per token (it is too large to hold as f32).
     ple_table: Option<PleTable>,
+    /// LoRA adapters applied to the projections, each with its scale.
+    adapters: Vec<(LoraAdapter, f32)>,
 }
 
 struct PleTable {
@@ -96,7 +99,30 @@ impl CpuModel {
             cfg: cfg.clone(),
             w,
             ple_table,
+            adapters: Vec::new(),
         })
+    }
+
+    /// Applies `adapters` (each with its scale) to the projections from now on.
+    pub fn set_adapters(&mut self, adapters: Vec<(LoraAdapter, f32)>) -> Result<(), LoraError> {
+        for (a, _) in &adapters {
+            a.check(&self.cfg)?;
+        }
+        self.adapters = adapters;
+        Ok(())
+    }
+
+    /// Layer `il`'s projection `proj` of `x`: `x W^T`, plus each adapter's delta.
+    fn project(&self, il: usize, proj: Proj, w: &Matrix, x: &[f32]) -> Vec<f32> {
+        let mut y = w.apply(x);
+        for (a, s) in &self.adapters {
+            if let Some(pair) = a.pairs.get(&(il, proj)) {
+                y.iter_mut()
+                    .zip(pair.delta(x, *s))
+                    .for_each(|(v, d)| *v += d);
+            }
+        }
+        y
     }
 
     /// Every layer's per-layer input for `token` (Gemma 4 E2B/E4B): `n_layer * n_ple` values,
@@ -225,7 +251,12 @@ impl CpuModel {
         for (il, (lw, lc)) in self.w.layers.iter().zip(&c.layers).enumerate() {
             let hd = lc.head_dim;
             let h = cpu::rms_norm(&x, c.n_embd, Some(&lw.attn_norm), eps);
-            let mut q = cpu::rms_norm(&lw.q.apply(&h), hd, Some(&lw.q_norm), eps);
+            let mut q = cpu::rms_norm(
+                &self.project(il, Proj::Q, &lw.q, &h),
+                hd,
+                Some(&lw.q_norm),
+                eps,
+            );
             let ff = if lc.rope_freq_factors {
                 self.w.rope_freqs.as_deref()
             } else {
@@ -247,10 +278,10 @@ impl CpuModel {
             };
             rope(&mut q, c.n_head);
             if let (Some(wk), Some(k_norm)) = (&lw.k, &lw.k_norm) {
-                let k_raw = wk.apply(&h);
+                let k_raw = self.project(il, Proj::K, wk, &h);
                 let v_raw =
                     lw.v.as_ref()
-                        .map_or_else(|| k_raw.clone(), |wv| wv.apply(&h));
+                        .map_or_else(|| k_raw.clone(), |wv| self.project(il, Proj::V, wv, &h));
                 let mut k = cpu::rms_norm(&k_raw, hd, Some(k_norm), eps);
                 rope(&mut k, lc.n_kv_head);
                 let v = if c.v_norm {
@@ -275,14 +306,15 @@ impl CpuModel {
                 scale: c.attn_scale,
                 softcap: 0.0,
             });
-            let o = lw.o.apply(&attn);
+            let o = self.project(il, Proj::O, &lw.o, &attn);
             trace(&format!("blk.{il}.attn_out"), &o);
             let o = cpu::rms_norm(&o, c.n_embd, Some(&lw.post_attn_norm), eps);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             trace(&format!("blk.{il}.ffn_inp"), &x);
             let f = cpu::rms_norm(&x, c.n_embd, Some(&lw.ffn_norm), eps);
-            let act = cpu::geglu(&lw.gate.apply(&f), &lw.up.apply(&f));
-            let mut ffn = lw.down.apply(&act);
+            let gate = self.project(il, Proj::Gate, &lw.gate, &f);
+            let act = cpu::geglu(&gate, &self.project(il, Proj::Up, &lw.up, &f));
+            let mut ffn = self.project(il, Proj::Down, &lw.down, &act);
             if let Some(m) = &lw.moe {
                 // The dense branch and the experts, each normed, then summed.
                 let dense = cpu::rms_norm(&ffn, c.n_embd, Some(&m.post_norm_dense), eps);

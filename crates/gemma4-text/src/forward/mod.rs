@@ -1,9 +1,11 @@
 //! The GPU forward: the weights ([`GpuModel`]) and a conversation's state and steps
 //! ([`GpuSession`]).
 
+mod lora;
 mod model;
 mod session;
 
+pub use lora::GpuLora;
 pub use model::{
     ExpertPlacement, GpuModel, LoadError, LoadOptions, LoadProgress, PleRows, WeightBytes,
 };

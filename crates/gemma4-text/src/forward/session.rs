@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use wgemma_kernels::ops::{self, AttentionArgs, HeadPostArgs, HeadPostKv, SampleKernel};
 use wgemma_kernels::{Dispatch, GpuError, Profiler, Recorder, View, wgpu};
 
+use super::lora::GpuLora;
 use super::model::{GpuModel, HostExperts, PleRows, PleTable};
 use crate::sampling::{SamplingParams, Strategy};
 
@@ -48,6 +49,8 @@ pub enum ForwardError {
     SoftTokens(String),
     #[error("trace: {0}")]
     Trace(String),
+    #[error(transparent)]
+    Lora(#[from] crate::lora::LoraError),
 }
 
 /// Soft tokens: rows of the model's width (f32, in a buffer of the session's GPU context)
@@ -262,6 +265,17 @@ pub struct GpuSession {
     router_readback: Option<wgpu::Buffer>,
     /// The fusions the steps use.
     fusions: Fusions,
+    /// The adapters the steps apply, each with its scale (none of scale 0).
+    adapters: Vec<(Arc<GpuLora>, f32)>,
+    /// Room for the adapters' deltas.
+    lora: Option<LoraBuffers>,
+}
+
+/// A session's buffers for LoRA deltas (`wgemma_kernels::graph::LoraScratch`).
+struct LoraBuffers {
+    t: View,
+    d: View,
+    raw: View,
 }
 
 fn dispatch_line(d: &Dispatch) -> String {
@@ -410,6 +424,8 @@ impl GpuSession {
             streamed: AtomicU64::new(0),
             router_readback,
             fusions: Fusions::ALL,
+            adapters: Vec::new(),
+            lora: None,
         };
         session.decode =
             session.plan(1, StepInput::ids(&session.s.result), LogitsFor::Last, None)?;
@@ -424,6 +440,38 @@ impl GpuSession {
             return Err(ForwardError::Busy);
         }
         self.fusions = fusions;
+        self.decode = self.plan(1, StepInput::ids(&self.s.result), LogitsFor::Last, None)?;
+        self.model.ctx.check()?;
+        Ok(())
+    }
+
+    /// Applies `adapters` (each uploaded for this session's model, with its scale) to the
+    /// steps from now on, in place of the ones before: the base model stays loaded, and no
+    /// adapter at all is the base model. An adapter of scale 0 is left out, so it gives the
+    /// base model's logits exactly. Positions already in the cache keep what the adapters
+    /// before computed (rewind to recompute them).
+    pub fn set_adapters(&mut self, adapters: &[(Arc<GpuLora>, f32)]) -> Result<(), ForwardError> {
+        if self.in_flight() > 0 {
+            return Err(ForwardError::Busy);
+        }
+        let kept: Vec<(Arc<GpuLora>, f32)> = adapters
+            .iter()
+            .filter(|(_, s)| *s != 0.0)
+            .cloned()
+            .collect();
+        let rank = kept.iter().map(|(a, _)| a.max_rank()).max().unwrap_or(0);
+        let (rows, ff) = kept.iter().fold((0, 0), |(r, f), (a, _)| {
+            let (ar, af) = a.max_rows();
+            (r.max(ar), f.max(af))
+        });
+        let ctx = &self.model.ctx;
+        let floats = |n: u32| u64::from(n) * self.max_batch as u64 * 4;
+        self.lora = (!kept.is_empty()).then(|| LoraBuffers {
+            t: View::of(&ctx.storage("lora t", floats(rank))),
+            d: View::of(&ctx.storage("lora d", floats(rows))),
+            raw: View::of(&ctx.storage("lora raw", floats(2 * ff))),
+        });
+        self.adapters = kept;
         self.decode = self.plan(1, StepInput::ids(&self.s.result), LogitsFor::Last, None)?;
         self.model.ctx.check()?;
         Ok(())

@@ -3,12 +3,12 @@
 //! decision is a pure function of the graph, the step's size and the device (`*_fused`
 //! below), so a node that another takes in knows it without waiting for it.
 
-use super::{Fusions, Graph, Node, Place, PlanOp, Val};
+use super::{Fusions, Graph, LoraTarget, LoraTerm, Node, Place, PlanOp, Val};
 use crate::ops::{
-    self, Delta, Elementwise, EmbedOut, ExpertGroups, ExpertRoute, ExpertSlots, HeadPostArgs,
-    InputNorm, MatmulArgs, MatvecOut, MoeMix, NormOut, ResidualStep,
+    self, Activation, Binary, Delta, Elementwise, EmbedOut, ExpertGroups, ExpertRoute, ExpertSlots,
+    HeadPostArgs, InputNorm, MatmulArgs, MatvecOut, MoeMix, NormOut, Product, ResidualStep,
 };
-use crate::{GpuContext, GpuError, View};
+use crate::{DType, GpuContext, GpuError, Tensor, View};
 
 /// Query heads up to which one token's split attention is merged in front of the output
 /// product (each of its workgroups merging every head) rather than in a dispatch of its own
@@ -33,6 +33,18 @@ pub struct Scratch<'a> {
     pub attn_part: &'a View,
     /// The last row of a many-row step's input to its logits.
     pub last_row: &'a View,
+    /// Room for LoRA deltas, where a graph's products have adapters.
+    pub lora: Option<LoraScratch<'a>>,
+}
+
+/// The buffers LoRA deltas use: `t` (`x A^T`: the steps's rows of the largest rank), `d` (`t
+/// B^T`: of the widest adapted output) and `raw` (a gated product's gate and up rows before
+/// the activation: twice the widest gated output).
+#[derive(Clone, Copy)]
+pub struct LoraScratch<'a> {
+    pub t: &'a View,
+    pub d: &'a View,
+    pub raw: &'a View,
 }
 
 /// How to lower a graph.
@@ -381,7 +393,14 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
     }
 
     fn linear(&mut self, i: usize) -> Result<usize, GpuError> {
-        let Node::Linear { w, x, gated, out } = &self.g.nodes()[i] else {
+        let Node::Linear {
+            w,
+            x,
+            gated,
+            adapters,
+            out,
+        } = &self.g.nodes()[i]
+        else {
             unreachable!("linear() is called on products")
         };
         let (xv, yv) = (self.g.get(*x), self.g.get(*out));
@@ -391,7 +410,7 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
                 xv.name
             )));
         }
-        let args = MatmulArgs {
+        let mut args = MatmulArgs {
             x: self.view(*x)?,
             y: self.view(*out)?,
             m: self.g.tokens,
@@ -401,10 +420,95 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
             y_offset: yv.col(),
             partials: Some(self.l.scratch.partials),
         };
-        let ds = ops::matmul(self.ctx, w, &args)?;
-        self.run(ds);
+        if adapters.is_empty() {
+            let ds = ops::matmul(self.ctx, w, &args)?;
+            self.run(ds);
+        } else if *gated {
+            // The adapters join the gate and up rows before the activation: the product
+            // writes them as they are, interleaved, and the activation follows.
+            let raw = self.lora_scratch()?.raw;
+            (args.y, args.y_stride, args.y_offset, args.out) = (raw, 2 * yv.cols, 0, PLAIN);
+            let ds = ops::matmul(self.ctx, w, &args)?;
+            self.run(ds);
+            let (m, n) = (self.g.tokens, yv.cols);
+            let rows = |first| Tensor::strided(raw, DType::F32, &[1, m, n], &[0, 2 * n, 2], first);
+            let (gate, up) = (rows(0)?, rows(1)?);
+            let x = self.tensor(*x)?;
+            for term in adapters {
+                let y = if term.target == LoraTarget::Up {
+                    &up
+                } else {
+                    &gate
+                };
+                self.lora_delta(term, &x, y)?;
+            }
+            let y = self.tensor(*out)?;
+            let d = ops::binary(
+                self.ctx,
+                Binary::Gated(Activation::GeluTanh),
+                &gate,
+                &up,
+                &y,
+            )?;
+            self.run(vec![d]);
+        } else {
+            let ds = ops::matmul(self.ctx, w, &args)?;
+            self.run(ds);
+            let (x, y) = (self.tensor(*x)?, self.tensor(*out)?);
+            for term in adapters {
+                let LoraTarget::Cols(col) = term.target else {
+                    return Err(GpuError::Shape(format!(
+                        "{}: gate or up rows of a product that is not gated",
+                        yv.name
+                    )));
+                };
+                self.lora_delta(term, &x, &y.narrow(2, col, term.rows)?)?;
+            }
+        }
         self.wrote(&[*out])?;
         Ok(1)
+    }
+
+    fn lora_scratch(&self) -> Result<LoraScratch<'a>, GpuError> {
+        self.l.scratch.lora.ok_or_else(|| {
+            GpuError::Shape("a product with adapters, and no room for their deltas".into())
+        })
+    }
+
+    /// `v` as a `[1, rows, cols]` tensor (its rows `stride` apart from its column).
+    fn tensor(&self, v: Val) -> Result<Tensor, GpuError> {
+        let value = self.g.get(v);
+        let (rows, cols, stride) = (value.rows, value.cols, value.stride());
+        let dims = [1, rows, cols];
+        let strides = [rows * stride, stride, 1];
+        Tensor::strided(self.view(v)?, DType::F32, &dims, &strides, value.col())
+    }
+
+    /// `y += scale * (x A^T) B^T`: two products through the scratch and an add in place.
+    fn lora_delta(&mut self, term: &LoraTerm<'_>, x: &Tensor, y: &Tensor) -> Result<(), GpuError> {
+        let lora = self.lora_scratch()?;
+        let (m, k) = (x.dim(1), x.dim(2));
+        let t = Tensor::new(lora.t, &[1, m, term.rank])?;
+        let a = Tensor::new(term.a, &[1, term.rank, k])?;
+        let xa = Product {
+            a: x,
+            bt: &a,
+            bias: None,
+            alpha: 1.0,
+        };
+        let first = ops::product(self.ctx, &xa, &t)?;
+        let d = Tensor::new(lora.d, &[1, m, term.rows])?;
+        let b = Tensor::new(term.b, &[1, term.rows, term.rank])?;
+        let tb = Product {
+            a: &t,
+            bt: &b,
+            bias: None,
+            alpha: term.scale,
+        };
+        let second = ops::product(self.ctx, &tb, &d)?;
+        let add = ops::binary(self.ctx, Binary::Add, y, &d, y)?;
+        self.run(vec![first, second, add]);
+        Ok(())
     }
 
     fn gated(&mut self, gate: Val, up: Val, out: Val) -> Result<usize, GpuError> {
@@ -552,12 +656,18 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
                 weight: Some(_),
                 ..
             }),
-            Some(Node::Linear { x: lx, .. }),
+            Some(Node::Linear {
+                x: lx, adapters, ..
+            }),
         ) = (self.at(i + 1), self.at(i + 2))
         else {
             return false;
         };
-        self.l.fusions.residual_prologue && x == out && lx == n && self.one_token(self.cols(*out))
+        self.l.fusions.residual_prologue
+            && x == out
+            && lx == n
+            && adapters.is_empty()
+            && self.one_token(self.cols(*out))
     }
 
     fn residual_into_product(&mut self, i: usize) -> Result<usize, GpuError> {
@@ -579,9 +689,14 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         self.alt = !self.alt;
         self.stream = Some(*out);
         if let Some(Node::Linear {
-            w: down, out: z, x, ..
+            w: down,
+            out: z,
+            x,
+            adapters,
+            ..
         }) = self.at(i + 3)
             && x == y
+            && adapters.is_empty()
             && *gated
             && self.l.fusions.int8_activations
             && ops::int8_activations_fit(self.ctx, w, down, true)
@@ -614,6 +729,7 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
                 x,
                 gated: false,
                 out: y,
+                adapters,
                 ..
             }),
             Some(Node::Gated { gate, .. }),
@@ -621,7 +737,11 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         else {
             return false;
         };
-        self.l.fusions.per_layer_gate && x == out && gate == y && self.one_token(self.cols(*out))
+        self.l.fusions.per_layer_gate
+            && x == out
+            && gate == y
+            && adapters.is_empty()
+            && self.one_token(self.cols(*out))
     }
 
     fn residual_into_gate(&mut self, i: usize) -> Result<usize, GpuError> {
@@ -670,8 +790,10 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
             x,
             gated: false,
             out: y,
+            adapters,
         }) = self.at(i + 1)
             && x == out
+            && adapters.is_empty()
             && self.l.fusions.merge_in_front
             && args.n_head <= MERGE_IN_FRONT_HEADS
             && ops::matvec_input_fits(self.ctx, w.cols as u32)
@@ -704,6 +826,7 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
                 x: lx,
                 gated: false,
                 out: y,
+                adapters,
                 ..
             }),
             Some(Node::Route { logits, .. }),
@@ -711,7 +834,8 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         else {
             return false;
         };
-        self.l.fusions.router_norm_in_product
+        adapters.is_empty()
+            && self.l.fusions.router_norm_in_product
             && lx == out
             && logits == y
             && self.one_token(self.cols(*x))

@@ -12,7 +12,7 @@
 
 mod lower;
 
-pub use lower::{Lowered, Lowering, Scratch};
+pub use lower::{LoraScratch, Lowered, Lowering, Scratch};
 
 use crate::ops::{AttentionArgs, HeadPostArgs};
 use crate::{GpuWeight, View};
@@ -94,6 +94,30 @@ pub struct ExpertWeights<'a> {
     pub ff: u32,
 }
 
+/// One adapter's low-rank delta on a product: `scale * (x A^T) B^T`, `a` `[rank, in]` and `b`
+/// `[rows, rank]` f32, row-major.
+#[derive(Clone, Copy, Debug)]
+pub struct LoraTerm<'a> {
+    pub a: &'a View,
+    pub b: &'a View,
+    pub rank: u32,
+    pub rows: u32,
+    pub scale: f32,
+    pub target: LoraTarget,
+}
+
+/// Which outputs of a product a delta joins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoraTarget {
+    /// `rows` columns from this one of the product's output (several projections stacked in
+    /// one weight).
+    Cols(u32),
+    /// The gate rows of a gated product.
+    Gate,
+    /// The up rows of a gated product.
+    Up,
+}
+
 /// The buffers the experts' products use between them.
 #[derive(Clone, Copy, Debug)]
 pub struct ExpertScratch<'a> {
@@ -131,12 +155,15 @@ pub enum Node<'a, H> {
         dim: u32,
         out: Val,
     },
-    /// `out = x W^T`; with `gated`, W's rows are gate/up pairs and `out` is the gated
-    /// activation `gelu_tanh(gate) * up` (half as many columns).
+    /// `out = x W^T` plus each adapter's `scale * (x A^T) B^T`; with `gated`, W's rows are
+    /// gate/up pairs and `out` is the gated activation `gelu_tanh(gate) * up` (half as many
+    /// columns), the adapters joining the gate or the up rows before it. Every projection of a
+    /// model goes through here: this is where LoRA deltas join.
     Linear {
         w: &'a GpuWeight,
         x: Val,
         gated: bool,
+        adapters: Vec<LoraTerm<'a>>,
         out: Val,
     },
     /// `out = gelu_tanh(gate) * up`

@@ -6,12 +6,14 @@
 use std::borrow::Cow;
 
 use wgemma_kernels::graph::{
-    ExpertScratch, ExpertWeights, Fusions, Graph, Lowering, Name, Node, Place, Scratch, Val,
+    ExpertScratch, ExpertWeights, Fusions, Graph, LoraScratch, LoraTarget, LoraTerm, Lowering,
+    Name, Node, Place, Scratch, Val,
 };
 use wgemma_kernels::{GpuError, GpuWeight, View, WeightTile};
 
 use super::{GpuSession, HostOp, LogitsFor, Op, StepInput};
 use crate::forward::model::{Experts, GateUp, Layer, PleLayer};
+use crate::lora::Proj;
 
 fn step_value(name: &'static str) -> Name {
     Name { name, layer: None }
@@ -86,6 +88,11 @@ impl<'s> DecoderGraph<'s> {
                 int8_act: &s.act_q,
                 attn_part: &s.attn_part,
                 last_row: &s.last_n,
+                lora: session.lora.as_ref().map(|b| LoraScratch {
+                    t: &b.t,
+                    d: &b.d,
+                    raw: &b.raw,
+                }),
             },
             taps,
         };
@@ -137,13 +144,29 @@ impl<'s> DecoderGraph<'s> {
     }
 
     fn linear(&mut self, w: &'s GpuWeight, x: Val, out: Val) -> Val {
+        self.adapted(w, x, out, Vec::new())
+    }
+
+    /// [`DecoderGraph::linear`] with the session's adapters' terms: the one place their
+    /// deltas join a product.
+    fn adapted(&mut self, w: &'s GpuWeight, x: Val, out: Val, adapters: Vec<LoraTerm<'s>>) -> Val {
         self.g.push(Node::Linear {
             w,
             x,
             gated: false,
+            adapters,
             out,
         });
         out
+    }
+
+    /// The session's adapters' terms for layer `il`'s projections, each at its target.
+    fn terms(&self, il: usize, projs: &[(Proj, LoraTarget)]) -> Vec<LoraTerm<'s>> {
+        let adapters = &self.session.adapters;
+        adapters
+            .iter()
+            .flat_map(|(a, s)| projs.iter().filter_map(move |&(p, t)| a.term(il, p, t, *s)))
+            .collect()
     }
 
     /// `stream = (stream + norm(delta) * post) * scale`.
@@ -251,15 +274,23 @@ impl<'s> DecoderGraph<'s> {
         let (session, s) = (self.session, &self.session.s);
         let m = self.m();
         let xn = self.norm(self.stream()?, &l.attn_norm, layer_value("attn_norm", il));
+        let lc = &session.model.cfg.layers[il];
+        let (q_rows, kv_rows) = (
+            (session.model.cfg.n_head * lc.head_dim) as u32,
+            (lc.n_kv_head * lc.head_dim) as u32,
+        );
+        let columns = [(Proj::Q, 0), (Proj::K, q_rows), (Proj::V, q_rows + kv_rows)];
         for (p, name) in l.qkv.iter().zip(QKV_PARTS) {
-            let out = self.rows(
-                layer_value(name, il),
-                &s.qkv,
-                p.w.rows as u32,
-                l.qkv_width,
-                p.offset,
-            );
-            self.linear(&p.w, xn, out);
+            let rows = p.w.rows as u32;
+            let out = self.rows(layer_value(name, il), &s.qkv, rows, l.qkv_width, p.offset);
+            // The projections stacked in this weight, at their columns of its output.
+            let within: Vec<(Proj, LoraTarget)> = columns
+                .iter()
+                .filter(|&&(_, col)| (p.offset..p.offset + rows).contains(&col))
+                .map(|&(proj, col)| (proj, LoraTarget::Cols(col - p.offset)))
+                .collect();
+            let terms = self.terms(il, &within);
+            self.adapted(&p.w, xn, out, terms);
         }
         let w = l.qkv_width;
         let qkv = self.rows(layer_value("qkv", il), &s.qkv, w, w, 0);
@@ -278,7 +309,8 @@ impl<'s> DecoderGraph<'s> {
         });
         let d = self.width();
         let o = self.rows(layer_value("attn_out", il), &s.o, d, d, 0);
-        self.linear(&l.o, kqv, o);
+        let terms = self.terms(il, &[(Proj::O, LoraTarget::Cols(0))]);
+        self.adapted(&l.o, kqv, o, terms);
         self.residual(o, &l.post_attn_norm, 1.0, layer_value("ffn_inp", il))?;
         Ok(())
     }
@@ -292,17 +324,24 @@ impl<'s> DecoderGraph<'s> {
         let xn = self.norm(x, &l.ffn_norm, layer_value("ffn_norm", il));
         let act = self.rows(layer_value("ffn_act", il), &s.act, ff, ff, 0);
         match &l.gate_up {
-            GateUp::Interleaved(w) => self.g.push(Node::Linear {
-                w,
-                x: xn,
-                gated: true,
-                out: act,
-            }),
+            GateUp::Interleaved(w) => {
+                let pairs = [(Proj::Gate, LoraTarget::Gate), (Proj::Up, LoraTarget::Up)];
+                let adapters = self.terms(il, &pairs);
+                self.g.push(Node::Linear {
+                    w,
+                    x: xn,
+                    gated: true,
+                    adapters,
+                    out: act,
+                });
+            }
             GateUp::Separate { gate, up } => {
                 let g = self.rows(layer_value("ffn_gate", il), &s.gate, ff, ff, 0);
-                self.linear(gate, xn, g);
+                let terms = self.terms(il, &[(Proj::Gate, LoraTarget::Cols(0))]);
+                self.adapted(gate, xn, g, terms);
                 let u = self.rows(layer_value("ffn_up", il), &s.up, ff, ff, 0);
-                self.linear(up, xn, u);
+                let terms = self.terms(il, &[(Proj::Up, LoraTarget::Cols(0))]);
+                self.adapted(up, xn, u, terms);
                 self.g.push(Node::Gated {
                     gate: g,
                     up: u,
@@ -316,7 +355,8 @@ impl<'s> DecoderGraph<'s> {
             "ffn_out"
         };
         let down = self.rows(layer_value(name, il), &s.down, d, d, 0);
-        self.linear(&l.down, act, down);
+        let terms = self.terms(il, &[(Proj::Down, LoraTarget::Cols(0))]);
+        self.adapted(&l.down, act, down, terms);
         match &l.experts {
             Some(e) => self.experts(il, e, x, down),
             None => Ok(down),

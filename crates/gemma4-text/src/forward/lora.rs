@@ -1,0 +1,115 @@
+//! Adapters on the GPU: each pair's A and B as f32 buffers of the model's context, joined to a
+//! session's products through the graph's one projection hook (`Node::Linear`'s adapters).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use wgemma_kernels::View;
+use wgemma_kernels::graph::{LoraTarget, LoraTerm};
+
+use super::model::GpuModel;
+use super::session::ForwardError;
+use crate::lora::{LoraAdapter, LoraError, Proj};
+
+/// One pair on the GPU.
+pub(crate) struct GpuPair {
+    a: View,
+    b: View,
+    rank: u32,
+    rows: u32,
+    scale: f32,
+}
+
+/// An adapter uploaded for one model ([`GpuModel::upload_adapter`]); a session applies it with
+/// a scale ([`crate::GpuSession::set_adapters`]).
+pub struct GpuLora {
+    pairs: BTreeMap<(usize, Proj), GpuPair>,
+}
+
+impl GpuLora {
+    /// The largest rank of its pairs.
+    pub(crate) fn max_rank(&self) -> u32 {
+        self.pairs.values().map(|p| p.rank).max().unwrap_or(0)
+    }
+
+    /// The widest output of its pairs, and of its gate/up pairs.
+    pub(crate) fn max_rows(&self) -> (u32, u32) {
+        let gated = |p: &Proj| matches!(p, Proj::Gate | Proj::Up);
+        let all = self.pairs.values().map(|p| p.rows).max().unwrap_or(0);
+        let ff = self
+            .pairs
+            .iter()
+            .filter(|((_, p), _)| gated(p))
+            .map(|(_, pair)| pair.rows)
+            .max()
+            .unwrap_or(0);
+        (all, ff)
+    }
+
+    /// The term of layer `il`'s projection `proj` at `target`, scaled by `s`.
+    pub(crate) fn term(
+        &self,
+        il: usize,
+        proj: Proj,
+        target: LoraTarget,
+        s: f32,
+    ) -> Option<LoraTerm<'_>> {
+        let p = self.pairs.get(&(il, proj))?;
+        Some(LoraTerm {
+            a: &p.a,
+            b: &p.b,
+            rank: p.rank,
+            rows: p.rows,
+            scale: p.scale * s,
+            target,
+        })
+    }
+}
+
+impl GpuModel {
+    /// Whether layer `il` has projection `proj` of its own, for an adapter to change: layers
+    /// that read another layer's KV cache have no K and V, and some layers' V is their K.
+    pub fn has_projection(&self, il: usize, proj: Proj) -> bool {
+        let Some(l) = self.layers.get(il) else {
+            return false;
+        };
+        match proj {
+            Proj::K | Proj::V if !self.cfg.layers[il].owns_kv(il) => false,
+            Proj::V => !l.k_is_v,
+            _ => true,
+        }
+    }
+
+    /// Uploads `adapter`'s pairs after checking that each fits the projection it changes.
+    pub fn upload_adapter(&self, adapter: &LoraAdapter) -> Result<Arc<GpuLora>, ForwardError> {
+        adapter.check(&self.cfg)?;
+        let ctx = &self.ctx;
+        let mut pairs = BTreeMap::new();
+        for (&(il, proj), pair) in &adapter.pairs {
+            if !self.has_projection(il, proj) {
+                let (rows, cols) = (pair.rows, pair.cols);
+                return Err(LoraError::Shape {
+                    name: format!("blk.{il}.attn_v"),
+                    proj,
+                    layer: il,
+                    got: (rows, cols),
+                    want: (0, 0),
+                }
+                .into());
+            }
+            let upload =
+                |what: &str, v: &[f32]| View::of(&ctx.storage_init(what, bytemuck::cast_slice(v)));
+            pairs.insert(
+                (il, proj),
+                GpuPair {
+                    a: upload("lora a", &pair.a),
+                    b: upload("lora b", &pair.b),
+                    rank: pair.rank as u32,
+                    rows: pair.rows as u32,
+                    scale: pair.scale,
+                },
+            );
+        }
+        Ok(Arc::new(GpuLora { pairs }))
+    }
+}
