@@ -23,6 +23,7 @@
 #              measured against: `BASE=REV bash benches/prepare-h100.sh`), into tables
 #              named base-M; run them in the call that runs `ours` / `moe`
 #   start, finish   the CUDA and CPU builds + ours, then the tiny E2B fixture + llama-bench
+#   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
 # them: each device call gets an empty $OUT, so a table made in a later call on the same
 # machine (while it is held) still sees the earlier calls' runs.
@@ -159,6 +160,17 @@ finish() {
   fi
   llama
   table
+}
+
+# The PEFT LoRA goldens of the tiny E2B fixture (torch, transformers and peft are here), into
+# $OUT/lora/ (each adapter's files as VARIANT.FILE).
+lora() {
+  python3 xtask/scripts/gemma4_lora_golden.py 2>&1 | tail -n 5 | tee "$OUT/lora.txt"
+  mkdir -p "$OUT/lora"
+  for v in lora rslora; do
+    for f in crates/gemma4-text/tests/fixtures/gemma4_tiny_e2b_$v/*; do cp "$f" "$OUT/lora/$v.$(basename "$f")"; done
+  done
+  cp crates/gemma4-text/tests/golden/gemma4_tiny_e2b_lora.json "$OUT/lora/"
 }
 
 # Our side of 26B-A4B alone.

@@ -411,6 +411,12 @@ struct PeftConfig {
     #[serde(default)]
     fan_in_fan_out: bool,
     #[serde(default)]
+    lora_bias: bool,
+    #[serde(default)]
+    modules_to_save: Option<Vec<String>>,
+    #[serde(default)]
+    target_parameters: Option<Vec<String>>,
+    #[serde(default)]
     rank_pattern: serde_json::Map<String, serde_json::Value>,
     #[serde(default)]
     alpha_pattern: serde_json::Map<String, serde_json::Value>,
@@ -427,6 +433,19 @@ impl PeftConfig {
         }
         if self.fan_in_fan_out {
             return unsupported("fan_in_fan_out");
+        }
+        if self.lora_bias {
+            return unsupported("lora_bias");
+        }
+        if self.modules_to_save.as_ref().is_some_and(|m| !m.is_empty()) {
+            return unsupported("modules_to_save (whole modules saved besides the adapter)");
+        }
+        if self
+            .target_parameters
+            .as_ref()
+            .is_some_and(|m| !m.is_empty())
+        {
+            return unsupported("target_parameters");
         }
         if !self.rank_pattern.is_empty() || !self.alpha_pattern.is_empty() {
             return unsupported("a per-module rank_pattern or alpha_pattern");
@@ -616,6 +635,12 @@ mod tests {
                 "rank_pattern",
             ),
             ("peft_type", "IA3".into(), "IA3"),
+            ("lora_bias", true.into(), "lora_bias"),
+            (
+                "modules_to_save",
+                serde_json::json!(["lm_head"]),
+                "modules_to_save",
+            ),
         ] {
             let e = with(k, v).unwrap_err().to_string();
             assert!(e.contains(says), "{k}: {e}");

@@ -692,3 +692,40 @@ fn adapters_agree_with_the_cpu_reference() {
         }
     }
 }
+
+/// PEFT adapters made by transformers + PEFT on the tiny E2B model
+/// (`xtask/scripts/gemma4_lora_golden.py`: every projection at r 4, and an rsLoRA one on q and
+/// down) give transformers + PEFT's logits, on the GPU and on the CPU reference.
+#[test]
+fn peft_adapters_match_transformers_and_peft() {
+    use wgemma_text::lora::LoraAdapter;
+    let Some(ctx) = ctx() else { return };
+    let mut m = load(MODELS[0].1.to_vec(), ctx.clone());
+    let golden: serde_json::Value =
+        serde_json::from_str(include_str!("golden/gemma4_tiny_e2b_lora.json")).unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    for (variant, v) in golden["variants"].as_object().unwrap() {
+        let adapter =
+            LoraAdapter::from_peft_dir(&root.join(v["adapter"].as_str().unwrap())).unwrap();
+        m.cpu.set_adapters(vec![(adapter.clone(), 1.0)]).unwrap();
+        let gpu = [(m.gpu.upload_adapter(&adapter).unwrap(), 1.0)];
+        for case in v["cases"].as_array().unwrap() {
+            let tokens: Vec<u32> = serde_json::from_value(case["tokens"].clone()).unwrap();
+            let cpu = m.cpu.forward(&mut m.cpu.new_state(), &tokens).unwrap();
+            let mut s = session_in_chunks(&m.gpu, 32);
+            s.set_adapters(&gpu).unwrap();
+            for (pos, row) in case["rows"].as_object().unwrap() {
+                let pos: usize = pos.parse().unwrap();
+                let want: Vec<f32> = serde_json::from_value(row.clone()).unwrap();
+                s.rewind(0).unwrap();
+                s.feed(&tokens[..=pos]).unwrap();
+                let got = pollster::block_on(s.logits()).unwrap();
+                let (eg, ec) = (rel_err(&got, &want), rel_err(&cpu[pos], &want));
+                assert!(
+                    eg < 1e-4 && ec < 1e-4,
+                    "{variant} at {pos}: GPU off by {eg}, CPU by {ec}"
+                );
+            }
+        }
+    }
+}

@@ -28,6 +28,8 @@ pub enum Error {
     Request(String),
     #[error("the session is busy with another generation")]
     Busy,
+    #[error("LoRA adapter: {0}")]
+    Adapter(#[from] wgemma_text::lora::LoraError),
 }
 
 impl Error {
@@ -46,6 +48,7 @@ impl Error {
             Error::Chat(_) => "chat",
             Error::Forward(F::ContextOverflow { .. }) => "context_overflow",
             Error::Forward(F::Gpu(_)) | Error::Gpu(_) => "gpu",
+            Error::Adapter(_) | Error::Forward(F::Lora(_)) => "adapter",
             Error::Forward(_) => "forward",
             Error::EmptyPrompt => "empty_prompt",
             Error::Request(_) => "bad_request",

@@ -29,7 +29,7 @@ mod web;
 pub use error::Error;
 pub use info::ModelInfo;
 pub use json::session_options_from_json;
-pub use model::{LoadOptions, Model};
+pub use model::{Adapter, LoadOptions, Model};
 pub use session::{
     CancelHandle, Event, GenerateRequest, Prompt, Session, StepProfile, StopReason, Timings,
 };

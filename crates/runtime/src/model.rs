@@ -5,6 +5,7 @@ use std::sync::Arc;
 use wgemma_gguf::{Gguf, RangeSource, read_header};
 use wgemma_kernels::{ContextOptions, GpuContext};
 use wgemma_text::chat::ChatTemplate;
+use wgemma_text::lora::LoraAdapter;
 use wgemma_text::tokenizer::Tokenizer;
 use wgemma_text::{
     ExpertPlacement, GpuModel, GpuSession, LoadProgress, PleRows, SessionOptions, TextConfig,
@@ -36,6 +37,13 @@ pub(crate) struct Inner {
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
     pub info: ModelInfo,
+}
+
+/// A LoRA adapter uploaded for one model; sessions of that model apply it with a scale
+/// ([`Session::set_adapters`]). Cheap to clone.
+#[derive(Clone)]
+pub struct Adapter {
+    pub(crate) gpu: Arc<wgemma_text::GpuLora>,
 }
 
 /// A loaded model; cheap to clone, shared by its sessions.
@@ -123,6 +131,49 @@ impl Model {
         let map = Arc::new(map);
         opts.rows = Some(PleRows::Mapped(map.clone()));
         Self::load(&map, opts).await
+    }
+
+    /// Reads a LoRA adapter for this model from the bytes of a llama.cpp GGUF adapter, and
+    /// uploads it (checked against the model's projections).
+    pub fn adapter_from_gguf(&self, bytes: Vec<u8>) -> Result<Adapter, Error> {
+        let g = Gguf::parse(&bytes)?;
+        let lora = LoraAdapter::from_gguf(&g, &wgemma_gguf::BytesSource::new(bytes))?;
+        self.adapter(lora)
+    }
+
+    /// Reads a PEFT adapter for this model from its `adapter_config.json` and
+    /// `adapter_model.safetensors`, and uploads it.
+    pub fn adapter_from_peft(&self, config: &[u8], safetensors: &[u8]) -> Result<Adapter, Error> {
+        self.adapter(LoraAdapter::from_peft(config, safetensors)?)
+    }
+
+    /// Uploads an adapter read already.
+    pub fn adapter(&self, lora: LoraAdapter) -> Result<Adapter, Error> {
+        Ok(Adapter {
+            gpu: self.inner.gpu.upload_adapter(&lora)?,
+        })
+    }
+
+    /// Reads a LoRA adapter from a path: a PEFT adapter's directory, or a GGUF adapter file.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn load_adapter(&self, path: impl AsRef<std::path::Path>) -> Result<Adapter, Error> {
+        let path = path.as_ref();
+        let lora = if path.is_dir() {
+            LoraAdapter::from_peft_dir(path)?
+        } else {
+            let open = |e: String| crate::source::SourceError::Open {
+                path: path.display().to_string(),
+                reason: e,
+            };
+            let map = wgemma_gguf::MmapSource::open(path).map_err(|e| open(e.to_string()))?;
+            let g = Gguf::parse(wgemma_gguf::TensorSource::bytes(
+                &map,
+                0,
+                wgemma_gguf::TensorSource::len(&map),
+            )?)?;
+            LoraAdapter::from_gguf(&g, &map)?
+        };
+        self.adapter(lora)
     }
 
     /// A new conversation with its own KV cache.

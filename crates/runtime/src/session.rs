@@ -12,7 +12,7 @@ use wgemma_text::{ForwardError, GpuSession, SamplingParams};
 
 use crate::clock::now_ms;
 use crate::error::Error;
-use crate::model::Model;
+use crate::model::{Adapter, Model};
 
 /// What to generate from.
 #[derive(Clone, Debug)]
@@ -173,6 +173,16 @@ impl Session {
 
     pub fn model(&self) -> &Model {
         &self.model
+    }
+
+    /// Applies LoRA adapters (uploaded for this session's model), each with its scale, to
+    /// what the session computes from now on, in place of the ones before; none is the base
+    /// model. Positions already in the cache keep what they were computed with: call
+    /// [`Session::reset`] to recompute a conversation under new adapters.
+    pub async fn set_adapters(&mut self, adapters: &[(Adapter, f32)]) -> Result<(), Error> {
+        self.gpu.drain().await?;
+        let gpu: Vec<_> = adapters.iter().map(|(a, s)| (a.gpu.clone(), *s)).collect();
+        Ok(self.gpu.set_adapters(&gpu)?)
     }
 
     /// Tokens in the KV cache.

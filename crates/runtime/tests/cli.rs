@@ -88,3 +88,69 @@ fn info_on_the_real_gemma3_270m() {
     assert_eq!(info["tensor_count"], 236);
     assert_eq!(info["parameter_count"], 268_098_176u64);
 }
+
+/// `--lora` on `score`: a GGUF adapter and the same adapter as a PEFT directory give the same
+/// predictions, which differ from the base model's; at scale 0 the base model's exactly;
+/// a missing file or a file that is no adapter is an error that names it.
+#[test]
+fn score_applies_lora_adapters_from_gguf_and_peft() {
+    use wgemma_text::TextConfig;
+    use wgemma_text::lora::{LoraAdapter, LoraPair, Proj};
+    let dir = scratch_dir("lora");
+    let bytes = synthetic_bytes(&SynthSpec::tiny_gemma4(GgmlType::Q8_0)).unwrap();
+    let model = dir.join("tiny.gguf");
+    std::fs::write(&model, &bytes).unwrap();
+    let cfg = TextConfig::from_gguf(&wgemma_gguf::Gguf::parse(&bytes).unwrap()).unwrap();
+    let mut rng = wgemma_test_support::Rng(11);
+    let mut adapter = LoraAdapter::default();
+    for il in 0..cfg.n_layer {
+        for p in [Proj::Q, Proj::O, Proj::Down] {
+            let (rows, cols) = p.shape(&cfg, il);
+            let pair = LoraPair {
+                a: rng.vec(4 * cols, 1.0),
+                b: rng.vec(rows * 4, 1.0),
+                rank: 4,
+                cols,
+                rows,
+                scale: 2.0,
+            };
+            adapter.pairs.insert((il, p), pair);
+        }
+    }
+    let gguf = dir.join("adapter.gguf");
+    std::fs::write(&gguf, adapter.to_gguf("gemma4").unwrap()).unwrap();
+    let peft = dir.join("peft");
+    std::fs::create_dir_all(&peft).unwrap();
+    let (config, tensors) = adapter.to_peft("tiny").unwrap();
+    std::fs::write(peft.join("adapter_config.json"), config).unwrap();
+    std::fs::write(peft.join("adapter_model.safetensors"), tensors).unwrap();
+    let score = |lora: &[&str]| {
+        let mut args = vec![
+            "score",
+            "--model",
+            model.to_str().unwrap(),
+            "--tokens",
+            "2,17,300,41,9,77",
+        ];
+        for l in lora {
+            args.extend(["--lora", l]);
+        }
+        wgemma(&args, None)
+    };
+    let base = json(&score(&[]));
+    let (g, p) = (gguf.to_str().unwrap(), peft.to_str().unwrap());
+    let with_gguf = json(&score(&[g]));
+    assert_ne!(with_gguf, base, "the adapter changed nothing");
+    assert_eq!(json(&score(&[p])), with_gguf);
+    assert_eq!(json(&score(&[&format!("{g}:0")])), base);
+    for (bad, says) in [
+        (dir.join("none.gguf"), "none.gguf"),
+        (model.clone(), "general.type"),
+    ] {
+        let out = score(&[bad.to_str().unwrap()]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -6,13 +6,15 @@ use std::io::{BufRead, Write};
 use wgemma::{GenerateRequest, Message, Prompt, Role};
 
 use super::CliError;
-use super::load::{ModelArg, load};
+use super::load::{AdapterArgs, ModelArg, load};
 use super::run::{GenArgs, print_stats, stream_reply};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    adapters: AdapterArgs,
     #[command(flatten)]
     gen_args: GenArgs,
     /// A system prompt for the conversation.
@@ -26,6 +28,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<(), CliError> {
     let model = load(&args.model, false)?;
     let mut session = model.session(args.gen_args.session())?;
+    args.adapters.apply(&model, &mut session)?;
     let mut messages: Vec<Message> = Vec::new();
     if let Some(system) = &args.system {
         messages.push(Message {

@@ -53,3 +53,65 @@ pub fn load(arg: &ModelArg, quiet: bool) -> Result<Model, CliError> {
     bar.finish_and_clear();
     Ok(model)
 }
+
+/// `--lora PATH[:SCALE]` shared by the subcommands that generate or score.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct AdapterArgs {
+    /// A LoRA adapter to apply: a llama.cpp GGUF adapter file or a PEFT adapter directory
+    /// (adapter_config.json + adapter_model.safetensors), with its scale after a colon (1 by
+    /// default). Repeat it for several adapters.
+    #[arg(long = "lora", value_name = "PATH[:SCALE]", value_parser = parse_adapter)]
+    pub lora: Vec<(std::path::PathBuf, f32)>,
+}
+
+/// `PATH[:SCALE]`: the text after the last colon is the scale where it is a number, else
+/// part of the path.
+fn parse_adapter(s: &str) -> Result<(std::path::PathBuf, f32), String> {
+    let (path, scale) = match s.rsplit_once(':') {
+        Some((path, scale)) if !path.is_empty() => match scale.parse::<f32>() {
+            Ok(v) if v.is_finite() => (path, v),
+            Ok(_) => return Err(format!("{scale}: the scale must be a finite number")),
+            Err(_) => (s, 1.0),
+        },
+        _ => (s, 1.0),
+    };
+    if path.is_empty() {
+        return Err("an adapter path is needed".into());
+    }
+    Ok((path.into(), scale))
+}
+
+impl AdapterArgs {
+    /// Reads the adapters for `model` and applies them to `session`.
+    pub fn apply(&self, model: &Model, session: &mut wgemma::Session) -> Result<(), CliError> {
+        if self.lora.is_empty() {
+            return Ok(());
+        }
+        let mut adapters = Vec::new();
+        for (path, scale) in &self.lora {
+            let a = model
+                .load_adapter(path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            adapters.push((a, *scale));
+        }
+        pollster::block_on(session.set_adapters(&adapters))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_adapter;
+
+    #[test]
+    fn an_adapter_argument_is_a_path_and_an_optional_scale() {
+        let p = |s: &str| parse_adapter(s).map(|(p, v)| (p.display().to_string(), v));
+        assert_eq!(p("a.gguf"), Ok(("a.gguf".into(), 1.0)));
+        assert_eq!(p("a.gguf:0.5"), Ok(("a.gguf".into(), 0.5)));
+        assert_eq!(p("dir/x:y"), Ok(("dir/x:y".into(), 1.0)));
+        assert_eq!(p("c:/a:-2"), Ok(("c:/a".into(), -2.0)));
+        assert_eq!(p(":2"), Ok((":2".into(), 1.0)));
+        assert!(p("a:inf").is_err());
+        assert!(p("").is_err());
+    }
+}

@@ -9,7 +9,7 @@ use wgemma::{
 };
 
 use super::CliError;
-use super::load::{ModelArg, load};
+use super::load::{AdapterArgs, ModelArg, load};
 
 /// Sampling and length settings shared by `run` and `chat`.
 #[derive(clap::Args, Clone, Debug)]
@@ -62,6 +62,8 @@ pub struct Args {
     #[command(flatten)]
     model: ModelArg,
     #[command(flatten)]
+    adapters: AdapterArgs,
+    #[command(flatten)]
     gen_args: GenArgs,
     /// Feed the prompt as plain text (no chat template) and print only the generated text.
     #[arg(long)]
@@ -76,6 +78,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<(), CliError> {
     let model = load(&args.model, args.raw)?;
     let mut session = model.session(args.gen_args.session())?;
+    args.adapters.apply(&model, &mut session)?;
     let prompt = if args.raw {
         Prompt::Text(args.prompt)
     } else {

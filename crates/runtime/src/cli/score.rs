@@ -1,12 +1,14 @@
 //! `wgemma score --model M --tokens 2,818,...`: teacher-forced predictions at every position.
 
 use super::CliError;
-use super::load::{ModelArg, load};
+use super::load::{AdapterArgs, ModelArg, load};
 
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     model: ModelArg,
+    #[command(flatten)]
+    adapters: AdapterArgs,
     /// Comma-separated token ids, fed exactly as given.
     #[arg(long, value_delimiter = ',', required = true)]
     tokens: Vec<u32>,
@@ -19,6 +21,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         context,
         max_batch: 256,
     })?;
+    args.adapters.apply(&model, &mut session)?;
     let scored = pollster::block_on(session.score(&args.tokens))?;
     let positions: Vec<serde_json::Value> = scored
         .iter()
