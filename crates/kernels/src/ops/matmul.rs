@@ -33,16 +33,9 @@ pub struct MatmulArgs<'a> {
 }
 
 /// The most tokens [`matmul`] takes through the matrix-vector kernel (one token a grid row)
-/// on this device: [`MATVEC_MAX_TOKENS`] on a GPU, every count on a CPU adapter. lavapipe
-/// compiles the tiled kernel's loads lane by lane, each a store to the stack and a vector
-/// reload: on 2 cores of an AMD EPYC, scoring 38 positions of the real Gemma 3 270M took
-/// 132 s tiled and 26.6 s as matrix-vector products, a 64-token prefill 3.4 -> 4.0 tok/s.
+/// on this device ([`MatmulRouting`]).
 pub fn matvec_max_tokens(ctx: &GpuContext) -> u32 {
-    if ctx.info.device_type == wgpu::DeviceType::Cpu {
-        u32::MAX
-    } else {
-        MATVEC_MAX_TOKENS
-    }
+    MatmulRouting::of(ctx).matvec_max_tokens
 }
 
 /// Weight times activations, one dispatch per weight tile (matrix-vector for few tokens,
@@ -68,24 +61,20 @@ pub(super) fn matmul_tile_rows(ctx: &GpuContext) -> u64 {
 }
 
 /// Parts over k that [`matmul`] splits a tiled product of `rows` rows of `k` values over `m`
-/// tokens into: 1 where its tiles fill the GPU (256 workgroups or more), or where the tokens
-/// go through matrix-vector products ([`matvec_max_tokens`]). Otherwise enough parts for
-/// about 512 workgroups, each of at least 8 steps of 64 values. In a 512-token prefill on the H100,
-/// E2B ran its 96-tile products (the attention output, the FFN's down) at half the rate of
-/// its 768-tile ones and its 16-tile ones (V, the per-layer gate) at a tenth; split, E4B's
-/// time to first token went from 120 to 105 ms (E2B's, whose products are smaller, moved
-/// less than run-to-run noise). 256 or 1024 workgroups, or parts of 4 steps, measured no
-/// better.
+/// tokens into: 1 where its tiles fill the device, or where the tokens go through
+/// matrix-vector products; otherwise enough parts for the routing's target of workgroups,
+/// each of at least its fewest steps ([`MatmulRouting`]).
 pub fn matmul_parts(ctx: &GpuContext, k: u32, rows: u64, m: u32, geglu: bool) -> u32 {
-    if geglu || m <= matvec_max_tokens(ctx) {
+    let r = MatmulRouting::of(ctx);
+    if geglu || m <= r.matvec_max_tokens {
         return 1;
     }
     let tiles = rows.div_ceil(matmul_tile_rows(ctx)) * u64::from(m.div_ceil(64));
-    if tiles >= 256 {
+    if tiles >= r.fill {
         return 1;
     }
     let steps = u64::from(k.div_ceil(64));
-    let parts = 512u64.div_ceil(tiles).min(steps / 8).max(1);
+    let parts = r.target.div_ceil(tiles).min(steps / r.min_steps).max(1);
     // Equal parts of whole steps; the last may be shorter.
     let per = steps.div_ceil(parts);
     steps.div_ceil(per) as u32

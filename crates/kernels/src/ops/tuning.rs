@@ -49,6 +49,42 @@ impl TuningClass {
     }
 }
 
+/// How [`matmul`] routes a product of a stored weight and activations: matrix-vector products
+/// up to `matvec_max_tokens` tokens, tiled above; a tiled product whose tiles leave the device
+/// idle (fewer than `fill` workgroups) split over k into parts for about `target` workgroups,
+/// each part at least `min_steps` steps of 64 values. The measurements behind the numbers are
+/// in `benches/RESULTS.md` under the names of [`MatmulRouting::RULES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulRouting {
+    pub matvec_max_tokens: u32,
+    pub fill: u64,
+    pub target: u64,
+    pub min_steps: u64,
+}
+
+impl MatmulRouting {
+    /// The rules' names: a CPU adapter takes every token count as matrix-vector products;
+    /// the split over k.
+    pub const RULES: [&'static str; 2] = ["matmul-cpu-matvec", "matmul-split-k"];
+
+    const GPU: Self = Self {
+        matvec_max_tokens: MATVEC_MAX_TOKENS,
+        fill: 256,
+        target: 512,
+        min_steps: 8,
+    };
+
+    pub fn of(ctx: &GpuContext) -> Self {
+        match TuningClass::of(ctx) {
+            TuningClass::Gpu => Self::GPU,
+            TuningClass::CpuAdapter => Self {
+                matvec_max_tokens: u32::MAX,
+                ..Self::GPU
+            },
+        }
+    }
+}
+
 /// A product as the rules see it: `rows` rows of `k` values of `dtype`; `geglu`: gate/up
 /// pairs out; `prologue`: every workgroup first computes the input (the residual step or the
 /// attention merge in front of the product).
@@ -361,7 +397,10 @@ mod tests {
             .nth(1)
             .expect("RESULTS.md has a section on the matrix-vector tuning rules");
         let section = section.split("\n## ").next().unwrap_or(section);
-        for name in MatvecTuning::rule_names() {
+        for name in MatvecTuning::rule_names()
+            .into_iter()
+            .chain(MatmulRouting::RULES)
+        {
             assert!(
                 section.contains(&format!("`{name}`")),
                 "rule {name} has no entry in RESULTS.md's tuning section"

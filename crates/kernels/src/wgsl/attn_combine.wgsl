@@ -12,6 +12,11 @@ struct Params {
     capacity: u32,
 }
 
+// The split's shape for attn_merge.wgsl.
+fn split_of_p() -> Split {
+    return Split(p.n_head, p.n_kv_head, p.head_dim, p.window, p.max_chunks, p.capacity);
+}
+
 @group(0) @binding(0) var<storage, read> part: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> positions: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
@@ -26,12 +31,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let h = wg.x;
     let hd = p.head_dim;
     let pos = positions[0];
-    let chunks = visible_chunks(pos);
-    let s = chunk_stats(h, chunks, li, 256u);
+    let chunks = visible_chunks(pos, split_of_p());
+    let s = chunk_stats(h, chunks, li, 256u, split_of_p());
     let m = wg_max(s.x, li);
     let l = wg_sum(s.y * exp(s.x - m), li);
     for (var d4 = li; d4 < hd / 4u; d4 += 256u) {
-        let v = merged4(h, d4, chunks, m) / l;
+        let v = merged4(h, d4, chunks, m, split_of_p()) / l;
         for (var i = 0u; i < 4u; i++) {
             out[h * hd + 4u * d4 + i] = v[i];
         }
@@ -39,7 +44,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #if KV_STORE
     let group = p.n_head / p.n_kv_head;
     if (h % group == 0u && pos < p.capacity) {
-        store_kv(pos, (h / group) * hd, hd, li);
+        store_kv(pos, (h / group) * hd, hd, li, split_of_p());
     }
 #endif
 }

@@ -28,6 +28,13 @@ struct Params {
     freq_scale: f32,
 }
 
+#if HEAD_POST
+// The head's numbers for head_math.wgsl.
+fn head_of_p() -> Head {
+    return Head(p.head_dim, p.eps, Rope(p.n_rot, p.base, p.freq_scale));
+}
+#endif
+
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> kc: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> vc: array<vec4<f32>>;
@@ -117,18 +124,18 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #endif
     }
     workgroupBarrier();
-    norm_row(HQ, li, 1u);
-    rope_row(HQ, li, f32(pos));
+    norm_row(HQ, li, 1u, head_of_p());
+    rope_row(HQ, li, f32(pos), head_of_p());
     for (var d = li; d < hd / 4u; d += 256u) {
         qs[d] = head4(HQ, d) * p.scale;
     }
 #if KV_NEW
     if (has_new) {
 #if V_NORM
-        norm_row(HV, li, 0u);
+        norm_row(HV, li, 0u, head_of_p());
 #endif
-        norm_row(HK, li, 2u);
-        rope_row(HK, li, f32(pos));
+        norm_row(HK, li, 2u, head_of_p());
+        rope_row(HK, li, f32(pos), head_of_p());
         if (h % (p.n_head / p.n_kv_head) == 0u) {
             // After every head's chunks: [k: n_kv * hd | v: n_kv * hd].
             let kv_out = p.n_head * p.max_chunks * (hd / 4u + 1u) + kvh * hd / 4u;

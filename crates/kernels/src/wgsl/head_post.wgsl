@@ -19,6 +19,11 @@ struct Params {
     freq_scale: f32,
 }
 
+// The head's numbers for head_math.wgsl.
+fn head_of_p() -> Head {
+    return Head(p.head_dim, p.eps, Rope(p.n_rot, p.base, p.freq_scale));
+}
+
 @group(0) @binding(0) var<storage, read_write> qkv: array<f32>;
 @group(0) @binding(1) var<storage, read> q_norm: array<f32>;
 @group(0) @binding(2) var<storage, read> k_norm: array<f32>;
@@ -46,8 +51,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             heads[0][d] = qkv[o + d];
         }
         workgroupBarrier();
-        norm_row(0u, li, 1u);
-        rope_row(0u, li, f32(pos));
+        norm_row(0u, li, 1u, head_of_p());
+        rope_row(0u, li, f32(pos), head_of_p());
         for (var d = li; d < hd; d += 256u) {
             qkv[o + d] = heads[0][d];
         }
@@ -68,7 +73,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     workgroupBarrier();
 #if V_NORM
-    norm_row(0u, li, 0u);
+    norm_row(0u, li, 0u, head_of_p());
 #endif
     if (in_cache) {
         for (var d = li; d < hd; d += 256u) {
@@ -80,8 +85,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         heads[0][d] = qkv[ko + d];
     }
     workgroupBarrier();
-    norm_row(0u, li, 2u);
-    rope_row(0u, li, f32(pos));
+    norm_row(0u, li, 2u, head_of_p());
+    rope_row(0u, li, f32(pos), head_of_p());
     if (in_cache) {
         for (var d = li; d < hd; d += 256u) {
             k_cache[slot + d] = heads[0][d];

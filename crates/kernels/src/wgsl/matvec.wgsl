@@ -531,6 +531,11 @@ fn norm_prologue(xb: u32, li: u32) {
 #endif
 
 #if MERGE
+// The split attention's shape for attn_merge.wgsl.
+fn split_of_p() -> Split {
+    return Split(p.n_head, p.n_kv_head, p.head_dim, p.window, p.max_chunks, p.capacity);
+}
+
 @group(0) @binding(11) var<storage, read> positions: array<u32>;
 #if KV_STORE
 @group(0) @binding(12) var<storage, read_write> kc: array<f32>;
@@ -544,10 +549,10 @@ var<workgroup> head_ml: array<vec2<f32>, 64>;
 fn merge_prologue(li: u32, writer: bool) {
     let hd = p.head_dim;
     let pos = positions[0];
-    let chunks = visible_chunks(pos);
+    let chunks = visible_chunks(pos, split_of_p());
 #if SUBGROUP32
     for (var h = li / 32u; h < p.n_head; h += 8u) {
-        let s = chunk_stats(h, chunks, li % 32u, 32u);
+        let s = chunk_stats(h, chunks, li % 32u, 32u, split_of_p());
         let m = subgroupMax(s.x);
         let l = subgroupAdd(s.y * exp(s.x - m));
         if (li % 32u == 0u) {
@@ -556,7 +561,7 @@ fn merge_prologue(li: u32, writer: bool) {
     }
 #else
     for (var h = 0u; h < p.n_head; h++) {
-        let s = chunk_stats(h, chunks, li, 256u);
+        let s = chunk_stats(h, chunks, li, 256u, split_of_p());
         let m = wg_max(s.x, li);
         let l = wg_sum(s.y * exp(s.x - m), li);
         if (li == 0u) {
@@ -570,12 +575,12 @@ fn merge_prologue(li: u32, writer: bool) {
         if (i < p.k / 4u) {
             let h = 4u * i / hd;
             let ml = head_ml[h];
-            xsh[i] = merged4(h, i % (hd / 4u), chunks, ml.x) * ml.y;
+            xsh[i] = merged4(h, i % (hd / 4u), chunks, ml.x, split_of_p()) * ml.y;
         }
     }
 #if KV_STORE
     if (writer && pos < p.capacity) {
-        store_kv(pos, 0u, p.n_kv_head * hd, li);
+        store_kv(pos, 0u, p.n_kv_head * hd, li, split_of_p());
     }
 #endif
 }

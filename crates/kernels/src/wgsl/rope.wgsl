@@ -28,7 +28,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let hr = p.n_rot / 2u;
     let ro = row * p.head_dim;
     for (var i = li; i < hr; i += 64u) {
-        let r = rotated(vec2<f32>(x[ro + i], x[ro + i + hr]), i, pos);
+        let r = rotated(vec2<f32>(x[ro + i], x[ro + i + hr]), i, pos, Rope(p.n_rot, p.base, p.freq_scale));
         x[ro + i] = r.x;
         x[ro + i + hr] = r.y;
     }
