@@ -4,7 +4,7 @@
 //! reads the token the previous step sampled into `result`, so steps can be queued back to
 //! back while the CPU reads earlier tokens back.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -17,9 +17,12 @@ use crate::sampling::{SamplingParams, Strategy};
 
 mod graph;
 mod kv;
+mod queue;
 
 use graph::DecoderGraph;
 use kv::KvCache;
+pub use queue::MAX_IN_FLIGHT;
+use queue::{Ledger, Sampled, StepQueue};
 pub use wgemma_kernels::graph::Fusions;
 use wgemma_kernels::graph::PlanOp;
 
@@ -216,23 +219,6 @@ enum LogitsFor {
     All,
 }
 
-/// A recorded step of a per-layer-embedding model that waits for its input token (still being
-/// sampled by the step before it) to stage that token's table row, then is submitted.
-struct Deferred {
-    slot: usize,
-    commands: wgpu::CommandBuffer,
-}
-
-/// A step whose sampled token is on its way back.
-struct InFlight {
-    slot: usize,
-    submission: wgpu::SubmissionIndex,
-    mapped: futures::channel::oneshot::Receiver<Result<(), wgpu::BufferAsyncError>>,
-}
-
-/// Steps that may be queued before the oldest token must be read back.
-pub const MAX_IN_FLIGHT: usize = 4;
-
 /// A conversation's state on the GPU: KV cache, scratch, and the prepared decode step.
 pub struct GpuSession {
     model: Arc<GpuModel>,
@@ -242,18 +228,11 @@ pub struct GpuSession {
     s: Scratch,
     decode: Vec<Op>,
     sampler: Option<SamplerPlan>,
-    /// Tokens of the cache positions whose token the CPU knows, in order.
-    history: Vec<u32>,
-    /// Positions fed with sampled tokens not read back yet (the last ones).
-    fed_unknown: usize,
-    /// A sampled token read back but not fed yet.
-    known_unfed: Option<u32>,
-    /// Whether `result` holds a sampled token not fed yet.
-    has_sample: bool,
-    readback: Vec<wgpu::Buffer>,
-    in_flight: VecDeque<InFlight>,
-    deferred: Option<Deferred>,
-    next_slot: usize,
+    /// The tokens in the cache and the newest sampled one, as the CPU knows them.
+    ledger: Ledger,
+    /// The steps queued on the GPU whose tokens are on their way back.
+    queue: StepQueue,
+    /// Whether `logits` holds the last fed position's logits.
     has_logits: bool,
     /// Per-layer embedding rows fetched ahead of the steps that feed their tokens (models
     /// whose rows come from an asynchronous source).
@@ -383,16 +362,7 @@ impl GpuSession {
             ring: buf("ring", 1 + u64::from(ops::RING_CAP)),
         };
         let kv = KvCache::new(ctx, cfg, capacity);
-        let readback = (0..MAX_IN_FLIGHT)
-            .map(|_| {
-                ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("token readback"),
-                    size: 8,
-                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                })
-            })
-            .collect();
+
         let router_readback =
             (model.streams_experts() && cfg!(not(target_arch = "wasm32"))).then(|| {
                 let n_expert = cfg.moe.map_or(1, |mc| mc.n_expert) as u64;
@@ -411,14 +381,8 @@ impl GpuSession {
             s,
             decode: Vec::new(),
             sampler: None,
-            history: Vec::new(),
-            fed_unknown: 0,
-            known_unfed: None,
-            has_sample: false,
-            readback,
-            in_flight: VecDeque::new(),
-            deferred: None,
-            next_slot: 0,
+            ledger: Ledger::new(),
+            queue: StepQueue::new(ctx),
             has_logits: false,
             fetched: HashMap::new(),
             streamed: AtomicU64::new(0),
@@ -479,13 +443,13 @@ impl GpuSession {
 
     /// Positions in the cache.
     pub fn position(&self) -> usize {
-        self.history.len() + self.fed_unknown
+        self.ledger.position()
     }
 
     /// The tokens in the cache whose ids are known, in order (all of them once no step is in
     /// flight).
     pub fn tokens(&self) -> &[u32] {
-        &self.history
+        self.ledger.tokens()
     }
 
     pub fn capacity(&self) -> usize {
@@ -494,7 +458,7 @@ impl GpuSession {
 
     /// Steps queued whose tokens are not read back yet.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.len() + usize::from(self.deferred.is_some())
+        self.queue.len()
     }
 
     /// Bytes this session holds on the GPU (KV cache and scratch; weights are the model's).
@@ -551,10 +515,7 @@ impl GpuSession {
         if self.in_flight() > 0 {
             return Err(ForwardError::Busy);
         }
-        self.history.truncate(pos);
-        self.fed_unknown = 0;
-        self.known_unfed = None;
-        self.has_sample = false;
+        self.ledger.rewind(pos);
         self.has_logits = false;
         Ok(())
     }
@@ -660,7 +621,6 @@ impl GpuSession {
         if self.in_flight() > 0 {
             return Err(ForwardError::Busy);
         }
-        self.settle_sample();
         let ctx = self.model.ctx.clone();
         let m = tokens.len() as u32;
         let (ops, taps) = ctx.with_params_batch(|| -> Result<_, ForwardError> {
@@ -692,7 +652,7 @@ impl GpuSession {
         let mut rec = Recorder::new(&ctx, "trace");
         self.record(&mut rec, &ops)?;
         rec.submit();
-        self.history.extend_from_slice(tokens);
+        self.ledger.feed(tokens);
         self.write_ring();
         self.has_logits = true;
         let mut out = Vec::new();
@@ -944,7 +904,6 @@ impl GpuSession {
         if self.in_flight() > 0 {
             return Err(ForwardError::Busy);
         }
-        self.settle_sample();
         let n_chunks = tokens.len().div_ceil(self.max_batch);
         for (i, chunk) in tokens.chunks(self.max_batch).enumerate() {
             let last = i + 1 == n_chunks;
@@ -976,7 +935,7 @@ impl GpuSession {
                     r.submit();
                 }
             }
-            self.history.extend_from_slice(chunk);
+            self.ledger.feed(chunk);
         }
         self.write_ring();
         self.has_logits = true;
@@ -1037,16 +996,11 @@ impl GpuSession {
         Ok((copies, ple_ids))
     }
 
-    /// A sampled token that was never fed is dropped when tokens are fed explicitly.
-    fn settle_sample(&mut self) {
-        self.has_sample = false;
-        self.known_unfed = None;
-    }
-
     /// The recent-token ring the penalties read: the last tokens of the history.
     fn write_ring(&self) {
         let cap = ops::RING_CAP as usize;
-        let recent = &self.history[self.history.len().saturating_sub(cap)..];
+        let history = self.ledger.tokens();
+        let recent = &history[history.len().saturating_sub(cap)..];
         let mut ring = vec![0u32; 1 + cap];
         ring[0] = recent.len() as u32;
         ring[1..1 + recent.len()].copy_from_slice(recent);
@@ -1108,14 +1062,14 @@ impl GpuSession {
         let mut rec = Recorder::new(&ctx, "begin");
         self.feed_into(&mut rec, tokens, &[])?;
         self.record_sampling(&mut rec, p, step, false)?;
-        self.submit_step(rec);
+        self.submit_step(rec)?;
         Ok(())
     }
 
     /// Queues one decode step: feeds the last sampled token (still on the GPU) and samples
     /// the next. Does not wait: read tokens back with [`GpuSession::next_token`].
     pub fn advance(&mut self, p: &SamplingParams, step: u32) -> Result<(), ForwardError> {
-        if !self.has_sample {
+        if self.ledger.sampled() == Sampled::None {
             return Err(ForwardError::NothingSampled);
         }
         if self.in_flight() >= self.pipeline_depth() {
@@ -1130,11 +1084,15 @@ impl GpuSession {
         }
         // Per-layer embeddings need the fed token's table row: staged now when the token is
         // known, else when the step sampling it is read back (`next_token`).
-        let defer = self.needs_token_on_cpu() && self.known_unfed.is_none();
-        if defer && (self.deferred.is_some() || self.in_flight.len() != 1) {
+        let known = match self.ledger.sampled() {
+            Sampled::Known(t) => Some(t),
+            Sampled::OnGpu | Sampled::None => None,
+        };
+        let defer = self.needs_token_on_cpu() && known.is_none();
+        if defer && (self.queue.has_waiting() || self.queue.submitted() != 1) {
             return Err(ForwardError::Busy);
         }
-        if let (true, Some(t)) = (self.needs_token_on_cpu(), self.known_unfed) {
+        if let (true, Some(t)) = (self.needs_token_on_cpu(), known) {
             self.stage_ple_rows(&[t])?;
         }
         let ctx = self.model.ctx.clone();
@@ -1161,109 +1119,49 @@ impl GpuSession {
         }
         self.record_sampling(&mut rec, p, step, true)?;
         // The token fed here joins the history when its id is known.
-        match self.known_unfed.take() {
-            Some(t) => self.history.push(t),
-            None => self.fed_unknown += 1,
-        }
+        self.ledger.feed_sampled();
         self.has_logits = true;
+        let (slot, commands) = self.queue.finish(rec, &self.s.result)?;
         if defer {
-            let (slot, commands) = self.finish_step(rec);
-            self.deferred = Some(Deferred { slot, commands });
+            self.queue.hold(slot, commands);
         } else {
-            self.submit_step(rec);
+            self.queue.launch(&self.model.ctx, slot, commands);
         }
         Ok(())
     }
 
-    /// Copies `result` to the next readback slot and ends the recording.
-    fn finish_step(&mut self, mut rec: Recorder<'_>) -> (usize, wgpu::CommandBuffer) {
-        let slot = self.next_slot;
-        self.next_slot = (slot + 1) % MAX_IN_FLIGHT;
-        let staging = View::of(&self.readback[slot]);
-        rec.copy(
-            &self.s.result.slice(0, 8).expect("result holds two words"),
-            &staging,
-            8,
-        );
-        (slot, rec.finish())
-    }
-
-    /// Records the readback of the step's token, submits, and starts mapping it.
-    fn submit_step(&mut self, rec: Recorder<'_>) {
-        let (slot, commands) = self.finish_step(rec);
-        self.launch(slot, commands);
-    }
-
-    fn launch(&mut self, slot: usize, commands: wgpu::CommandBuffer) {
-        let submission = self.model.ctx.submit([commands]);
-        let (tx, rx) = futures::channel::oneshot::channel();
-        self.readback[slot]
-            .slice(..)
-            .map_async(wgpu::MapMode::Read, move |r| {
-                let _ = tx.send(r);
-            });
-        self.in_flight.push_back(InFlight {
-            slot,
-            submission,
-            mapped: rx,
-        });
-        self.has_sample = true;
+    /// Records the readback of the step's token, submits, and starts mapping it: the step
+    /// samples the newest token.
+    fn submit_step(&mut self, rec: Recorder<'_>) -> Result<(), ForwardError> {
+        let (slot, commands) = self.queue.finish(rec, &self.s.result)?;
+        self.queue.launch(&self.model.ctx, slot, commands);
+        self.ledger.sampling();
+        Ok(())
     }
 
     /// Waits for the oldest queued step and returns the token it sampled.
     pub async fn next_token(&mut self) -> Result<u32, ForwardError> {
-        let f = self
-            .in_flight
-            .pop_front()
-            .ok_or(ForwardError::NothingSampled)?;
         let ctx = self.model.ctx.clone();
-        // A step recorded for the token waits to be submitted as soon as it is read.
-        #[cfg(not(target_arch = "wasm32"))]
-        ctx.wait_for(
-            f.submission,
-            match self.deferred {
-                Some(_) => ctx.urgent_wait(),
-                None => wgemma_kernels::WaitMode::Sleep,
-            },
-        )?;
-        #[cfg(target_arch = "wasm32")]
-        let _ = f.submission;
-        let mapped = f
-            .mapped
-            .await
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
-        ctx.check()?;
-        mapped.map_err(|e| GpuError::Readback(e.to_string()))?;
-        let buf = &self.readback[f.slot];
-        let token = {
-            let view = buf
-                .slice(..)
-                .get_mapped_range()
-                .map_err(|e| GpuError::Readback(e.to_string()))?;
-            u32::from_le_bytes([view[0], view[1], view[2], view[3]])
-        };
-        buf.unmap();
-        if self.fed_unknown > 0 {
-            self.history.push(token);
-            self.fed_unknown -= 1;
-        } else {
-            self.known_unfed = Some(token);
-        }
+        let token = self
+            .queue
+            .read_oldest(&ctx)
+            .await?
+            .ok_or(ForwardError::NothingSampled)?;
+        self.ledger.read_back(token);
         if self.needs_token_on_cpu()
             && let Err(e) = self.fetch_rows(&[token]).await
         {
             // The step recorded for this token cannot run: forget it, so the token is
             // sampled but not fed, as if that step had never been queued.
-            if self.deferred.take().is_some() {
-                self.history.pop();
-                self.known_unfed = Some(token);
+            if self.queue.drop_waiting() {
+                self.ledger.unfeed(token);
             }
             return Err(e);
         }
         // A recorded step was waiting for exactly this token.
-        if let Some(d) = self.deferred.take() {
+        if self.queue.has_waiting() {
             self.stage_ple_rows(&[token])?;
-            self.launch(d.slot, d.commands);
+            self.queue.release(&ctx);
         }
         Ok(token)
     }
@@ -1299,7 +1197,7 @@ impl GpuSession {
         let ctx = self.model.ctx.clone();
         let mut rec = Recorder::new(&ctx, "sample");
         self.record_sampling(&mut rec, p, step, false)?;
-        self.submit_step(rec);
+        self.submit_step(rec)?;
         self.next_token().await
     }
 
@@ -1433,7 +1331,6 @@ impl GpuSession {
         if self.in_flight() > 0 {
             return Err(ForwardError::Busy);
         }
-        self.settle_sample();
         let ctx = self.model.ctx.clone();
         let vocab = self.model.cfg.n_vocab;
         // Rows of logits per pass: bounded so the buffer stays small.
@@ -1452,7 +1349,7 @@ impl GpuSession {
             let mut rec = Recorder::new(&ctx, "score");
             self.record(&mut rec, &ops)?;
             rec.submit();
-            self.history.extend_from_slice(chunk);
+            self.ledger.feed(chunk);
             let logits = ctx
                 .read_f32(&all.slice(0, (chunk.len() * vocab * 4) as u64)?)
                 .await?;

@@ -1,0 +1,240 @@
+//! The decode pipeline's state, as two types with explicit states: what the CPU knows of the
+//! tokens in the cache and of the newest sampled token ([`Ledger`]), and the steps queued on
+//! the GPU whose sampled tokens are on their way back ([`StepQueue`]).
+
+use std::collections::VecDeque;
+
+use wgemma_kernels::{GpuContext, GpuError, Recorder, View, WaitMode, wgpu};
+
+/// Where the newest sampled token is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Sampled {
+    /// None waits to be fed: the next step starts from tokens the caller gives.
+    None,
+    /// On the GPU (the session's `result`), not read back yet: a decode step can feed it.
+    OnGpu,
+    /// Read back, and still on the GPU: the next decode step feeds it.
+    Known(u32),
+}
+
+/// The tokens in the cache as the CPU knows them.
+pub(super) struct Ledger {
+    /// Tokens of the cache positions whose token the CPU knows, in order.
+    history: Vec<u32>,
+    /// Positions fed with sampled tokens not read back yet (the last ones).
+    fed_unknown: usize,
+    sampled: Sampled,
+}
+
+impl Ledger {
+    pub(super) fn new() -> Self {
+        Self {
+            history: Vec::new(),
+            fed_unknown: 0,
+            sampled: Sampled::None,
+        }
+    }
+
+    /// Positions in the cache.
+    pub(super) fn position(&self) -> usize {
+        self.history.len() + self.fed_unknown
+    }
+
+    /// The known tokens, in order.
+    pub(super) fn tokens(&self) -> &[u32] {
+        &self.history
+    }
+
+    pub(super) fn sampled(&self) -> Sampled {
+        self.sampled
+    }
+
+    /// Tokens the caller feeds: a sampled token never fed is dropped.
+    pub(super) fn feed(&mut self, tokens: &[u32]) {
+        self.sampled = Sampled::None;
+        self.history.extend_from_slice(tokens);
+    }
+
+    /// A step was queued that samples the next token.
+    pub(super) fn sampling(&mut self) {
+        self.sampled = Sampled::OnGpu;
+    }
+
+    /// A decode step feeds the newest sampled token, known or not, and samples the next.
+    pub(super) fn feed_sampled(&mut self) {
+        match self.sampled {
+            Sampled::Known(t) => self.history.push(t),
+            Sampled::OnGpu | Sampled::None => self.fed_unknown += 1,
+        }
+        self.sampled = Sampled::OnGpu;
+    }
+
+    /// The oldest queued step's token was read back: fed already (by a step queued after
+    /// it), or the newest sampled token.
+    pub(super) fn read_back(&mut self, token: u32) {
+        if self.fed_unknown > 0 {
+            self.history.push(token);
+            self.fed_unknown -= 1;
+        } else {
+            self.sampled = Sampled::Known(token);
+        }
+    }
+
+    /// The step recorded to feed `token` (just read back) will not run.
+    pub(super) fn unfeed(&mut self, token: u32) {
+        self.history.pop();
+        self.sampled = Sampled::Known(token);
+    }
+
+    /// Forgets positions from `pos` on, and any sampled token.
+    pub(super) fn rewind(&mut self, pos: usize) {
+        self.history.truncate(pos);
+        self.fed_unknown = 0;
+        self.sampled = Sampled::None;
+    }
+}
+
+/// A recorded step of a per-layer-embedding model that waits for its input token (still being
+/// sampled by the step before it) to stage that token's table row, then is submitted.
+struct Waiting {
+    slot: usize,
+    commands: wgpu::CommandBuffer,
+}
+
+/// A step whose sampled token is on its way back.
+struct InFlight {
+    slot: usize,
+    submission: wgpu::SubmissionIndex,
+    mapped: futures::channel::oneshot::Receiver<Result<(), wgpu::BufferAsyncError>>,
+}
+
+/// Steps that may be queued before the oldest token must be read back.
+pub const MAX_IN_FLIGHT: usize = 4;
+
+/// The steps queued on the GPU: submitted ones, whose tokens come back through a ring of
+/// mappable buffers in order, and at most one recorded step waiting for its input token.
+pub(super) struct StepQueue {
+    ring: Vec<wgpu::Buffer>,
+    next: usize,
+    in_flight: VecDeque<InFlight>,
+    waiting: Option<Waiting>,
+}
+
+impl StepQueue {
+    pub(super) fn new(ctx: &GpuContext) -> Self {
+        let ring = (0..MAX_IN_FLIGHT)
+            .map(|_| {
+                ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("token readback"),
+                    size: 8,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            })
+            .collect();
+        Self {
+            ring,
+            next: 0,
+            in_flight: VecDeque::new(),
+            waiting: None,
+        }
+    }
+
+    /// Steps queued whose tokens are not read back yet, the waiting one included.
+    pub(super) fn len(&self) -> usize {
+        self.in_flight.len() + usize::from(self.waiting.is_some())
+    }
+
+    /// Steps submitted whose tokens are not read back yet.
+    pub(super) fn submitted(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    pub(super) fn has_waiting(&self) -> bool {
+        self.waiting.is_some()
+    }
+
+    /// Copies the step's token (`result`, two words) to the next ring buffer and ends the
+    /// recording.
+    pub(super) fn finish(
+        &mut self,
+        mut rec: Recorder<'_>,
+        result: &View,
+    ) -> Result<(usize, wgpu::CommandBuffer), GpuError> {
+        let slot = self.next;
+        self.next = (slot + 1) % MAX_IN_FLIGHT;
+        rec.copy(&result.slice(0, 8)?, &View::of(&self.ring[slot]), 8);
+        Ok((slot, rec.finish()))
+    }
+
+    /// Submits a finished step and starts mapping its token.
+    pub(super) fn launch(&mut self, ctx: &GpuContext, slot: usize, commands: wgpu::CommandBuffer) {
+        let submission = ctx.submit([commands]);
+        let (tx, rx) = futures::channel::oneshot::channel();
+        self.ring[slot]
+            .slice(..)
+            .map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+        self.in_flight.push_back(InFlight {
+            slot,
+            submission,
+            mapped: rx,
+        });
+    }
+
+    /// Holds a finished step until its input token is known ([`StepQueue::release`]).
+    pub(super) fn hold(&mut self, slot: usize, commands: wgpu::CommandBuffer) {
+        self.waiting = Some(Waiting { slot, commands });
+    }
+
+    /// Submits the waiting step, if any; returns whether there was one.
+    pub(super) fn release(&mut self, ctx: &GpuContext) -> bool {
+        match self.waiting.take() {
+            Some(w) => {
+                self.launch(ctx, w.slot, w.commands);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops the waiting step, if any; returns whether there was one.
+    pub(super) fn drop_waiting(&mut self) -> bool {
+        self.waiting.take().is_some()
+    }
+
+    /// Waits for the oldest submitted step and returns its token (`None`: nothing submitted).
+    /// With a step waiting for that token, natively the wait is urgent.
+    pub(super) async fn read_oldest(&mut self, ctx: &GpuContext) -> Result<Option<u32>, GpuError> {
+        let Some(f) = self.in_flight.pop_front() else {
+            return Ok(None);
+        };
+        #[cfg(not(target_arch = "wasm32"))]
+        ctx.wait_for(
+            f.submission,
+            match self.waiting {
+                Some(_) => ctx.urgent_wait(),
+                None => WaitMode::Sleep,
+            },
+        )?;
+        #[cfg(target_arch = "wasm32")]
+        let _ = (f.submission, WaitMode::Sleep);
+        let mapped = f
+            .mapped
+            .await
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        ctx.check()?;
+        mapped.map_err(|e| GpuError::Readback(e.to_string()))?;
+        let buf = &self.ring[f.slot];
+        let token = {
+            let view = buf
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| GpuError::Readback(e.to_string()))?;
+            u32::from_le_bytes([view[0], view[1], view[2], view[3]])
+        };
+        buf.unmap();
+        Ok(Some(token))
+    }
+}
