@@ -96,6 +96,8 @@ pub enum LoraError {
         got: (usize, usize),
         want: (usize, usize),
     },
+    #[error("the adapter was uploaded for another model: upload it for this one")]
+    OtherModel,
     #[error(transparent)]
     Read(#[from] wgemma_gguf::ReadError),
     #[error(transparent)]

@@ -679,6 +679,14 @@ fn adapters_agree_with_the_cpu_reference() {
                 6 + i
             );
         }
+        // An adapter uploaded for another model is refused, and the session stays as it was.
+        let other = load(MODELS[(name == "e2b") as usize].1.to_vec(), ctx.clone());
+        let foreign = other
+            .gpu
+            .upload_adapter(&random_adapter(&other.gpu, 2, &[Proj::Q], 9));
+        let e = s.set_adapters(&[(foreign.unwrap(), 1.0)]).unwrap_err();
+        assert!(e.to_string().contains("another model"), "{e}");
+        assert_eq!(pollster::block_on(s.logits()).unwrap(), got[got.len() - 1]);
         // Scale 0, and no adapter: the base model's plan and logits, bit for bit.
         let mut plain = session_in_chunks(&m.gpu, 8);
         plain.feed(&tokens).unwrap();

@@ -4,11 +4,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use wgemma_kernels::View;
 use wgemma_kernels::graph::{LoraTarget, LoraTerm};
+use wgemma_kernels::{GpuContext, View};
 
 use super::model::GpuModel;
 use super::session::ForwardError;
+use crate::config::TextConfig;
 use crate::lora::{LoraAdapter, LoraError, Proj};
 
 /// One pair on the GPU.
@@ -24,9 +25,18 @@ pub(crate) struct GpuPair {
 /// a scale ([`crate::GpuSession::set_adapters`]).
 pub struct GpuLora {
     pairs: BTreeMap<(usize, Proj), GpuPair>,
+    /// The model it was uploaded for: its context and shapes.
+    ctx: Arc<GpuContext>,
+    cfg: TextConfig,
 }
 
 impl GpuLora {
+    /// Whether it was uploaded for `model` (its buffers live on that model's device, its
+    /// pairs fit that model's projections).
+    pub fn fits(&self, model: &GpuModel) -> bool {
+        Arc::ptr_eq(&self.ctx, &model.ctx) && self.cfg == model.cfg
+    }
+
     /// The largest rank of its pairs.
     pub(crate) fn max_rank(&self) -> u32 {
         self.pairs.values().map(|p| p.rank).max().unwrap_or(0)
@@ -110,6 +120,10 @@ impl GpuModel {
                 },
             );
         }
-        Ok(Arc::new(GpuLora { pairs }))
+        Ok(Arc::new(GpuLora {
+            pairs,
+            ctx: self.ctx.clone(),
+            cfg: self.cfg.clone(),
+        }))
     }
 }

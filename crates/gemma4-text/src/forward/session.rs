@@ -418,6 +418,9 @@ impl GpuSession {
         if self.in_flight() > 0 {
             return Err(ForwardError::Busy);
         }
+        if !adapters.iter().all(|(a, _)| a.fits(&self.model)) {
+            return Err(crate::lora::LoraError::OtherModel.into());
+        }
         let kept: Vec<(Arc<GpuLora>, f32)> = adapters
             .iter()
             .filter(|(_, s)| *s != 0.0)
