@@ -287,7 +287,9 @@ impl LoraAdapter {
         Ok(Self { pairs })
     }
 
-    /// Checks that every pair fits the model's projection it changes.
+    /// Checks that every pair fits the model's projection it changes. Pairs on the K and V of
+    /// a layer that reads another layer's cache fit but change nothing
+    /// ([`LoraAdapter::applies`]).
     pub fn check(&self, cfg: &TextConfig) -> Result<(), LoraError> {
         for (&(layer, proj), p) in &self.pairs {
             let name = format!("blk.{layer}.{}", proj.gguf_name());
@@ -298,8 +300,7 @@ impl LoraAdapter {
                 ));
             }
             let want = proj.shape(cfg, layer);
-            let shared_kv = cfg.layers[layer].kv_source != layer;
-            if (p.rows, p.cols) != want || (shared_kv && matches!(proj, Proj::K | Proj::V)) {
+            if (p.rows, p.cols) != want {
                 return Err(LoraError::Shape {
                     name,
                     proj,
@@ -310,6 +311,15 @@ impl LoraAdapter {
             }
         }
         Ok(())
+    }
+
+    /// Whether a pair on layer `layer`'s `proj` changes the model's output: not on the K or V
+    /// of a layer that reads another layer's cache (Gemma 4 E2B/E4B's last layers). Those
+    /// layers still hold K and V weights in transformers, so PEFT adapters trained on them
+    /// carry pairs there, but transformers never runs those products.
+    pub fn applies(cfg: &TextConfig, layer: usize, proj: Proj) -> bool {
+        !matches!(proj, Proj::K | Proj::V)
+            || cfg.layers.get(layer).is_some_and(|l| l.owns_kv(layer))
     }
 
     /// The pairs of layer `il`.

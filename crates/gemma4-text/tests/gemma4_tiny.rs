@@ -605,7 +605,8 @@ fn every_named_value_agrees_with_the_cpu_reference() {
 }
 
 /// A random adapter on every projection the model has (rank `rank`), small enough to keep
-/// the logits finite, large enough to move them.
+/// the logits finite, large enough to move them; with pairs on the K and V of shared-KV layers
+/// too, as PEFT trains them (they change nothing).
 fn random_adapter(
     gpu: &wgemma_text::GpuModel,
     rank: usize,
@@ -617,7 +618,8 @@ fn random_adapter(
     let mut a = LoraAdapter::default();
     for il in 0..gpu.cfg.n_layer {
         for &p in projs {
-            if !gpu.has_projection(il, p) {
+            let unused = !wgemma_text::lora::LoraAdapter::applies(&gpu.cfg, il, p);
+            if !gpu.has_projection(il, p) && !unused {
                 continue;
             }
             let (rows, cols) = p.shape(&gpu.cfg, il);
@@ -678,6 +680,24 @@ fn adapters_agree_with_the_cpu_reference() {
                 "{name}: with adapters, position {} off by {e}",
                 6 + i
             );
+        }
+        // Pairs on shared-KV layers' K and V change nothing, as in transformers.
+        let mut used = every.clone();
+        used.pairs
+            .retain(|&(il, p), _| wgemma_text::lora::LoraAdapter::applies(&m.gpu.cfg, il, p));
+        assert_eq!(name == "e2b", used.pairs.len() < every.pairs.len());
+        if used.pairs.len() < every.pairs.len() {
+            let mut only_used = session_in_chunks(&m.gpu, 8);
+            let used = m.gpu.upload_adapter(&used).unwrap();
+            only_used
+                .set_adapters(&[(used, scales[0]), uploaded[1].clone()])
+                .unwrap();
+            only_used.feed(&tokens[..7]).unwrap();
+            for &t in &tokens[7..] {
+                only_used.feed(&[t]).unwrap();
+            }
+            let same = pollster::block_on(only_used.logits()).unwrap();
+            assert_eq!(same, got[got.len() - 1], "{name}: unused pairs changed the logits");
         }
         // An adapter uploaded for another model is refused, and the session stays as it was.
         let other = load(MODELS[(name == "e2b") as usize].1.to_vec(), ctx.clone());

@@ -90,12 +90,18 @@ impl GpuModel {
         }
     }
 
-    /// Uploads `adapter`'s pairs after checking that each fits the projection it changes.
+    /// Uploads `adapter`'s pairs after checking that each fits the projection it changes
+    /// (leaving out those that change nothing, [`LoraAdapter::applies`]).
     pub fn upload_adapter(&self, adapter: &LoraAdapter) -> Result<Arc<GpuLora>, ForwardError> {
         adapter.check(&self.cfg)?;
         let ctx = &self.ctx;
         let mut pairs = BTreeMap::new();
+        let mut unused = 0;
         for (&(il, proj), pair) in &adapter.pairs {
+            if !LoraAdapter::applies(&self.cfg, il, proj) {
+                unused += 1;
+                continue;
+            }
             if !self.has_projection(il, proj) {
                 let (rows, cols) = (pair.rows, pair.cols);
                 return Err(LoraError::Shape {
@@ -119,6 +125,9 @@ impl GpuModel {
                     scale: pair.scale,
                 },
             );
+        }
+        if unused > 0 {
+            tracing::info!(unused, "LoRA pairs on K/V of shared-KV layers have no effect");
         }
         Ok(Arc::new(GpuLora {
             pairs,
