@@ -147,7 +147,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     let bytes_per_token = model.bytes_per_token();
     let floor_ms = bytes_per_token as f64 / (a.floor_tbps * 1e12) * 1e3;
     let step_ms = 1e3 / decode;
-    let memory = model.gpu_bytes() + session.gpu_bytes();
+    let memory = model.gpu_bytes() + session.gpu_bytes() + session.arena_bytes();
     let name = g
         .metadata
         .opt_str("general.name")?

@@ -757,3 +757,68 @@ fn peft_adapters_match_transformers_and_peft() {
         }
     }
 }
+
+/// Sessions of one model share one arena of batched-step activations, each keeping one row's
+/// worth for its decode steps: prefills of two sessions interleaved, one between the other's
+/// queued decode steps, and both from two threads at once, give each session what it gets
+/// alone, bit for bit.
+#[test]
+fn sessions_of_one_model_share_the_batch_activations() {
+    use wgemma_text::SamplingParams;
+    let Some(ctx) = ctx() else { return };
+    for (name, bytes, json) in MODELS {
+        let m = load(bytes.to_vec(), ctx.clone());
+        let tokens: Vec<u32> = golden(json)[0].tokens.iter().copied().take(20).collect();
+        let other: Vec<u32> = tokens.iter().rev().copied().collect();
+        // Fed in the same pieces, for the same chunks' rounding.
+        let alone = |pieces: [&[u32]; 2]| {
+            let mut s = session_in_chunks(&m.gpu, 8);
+            pieces.iter().for_each(|t| s.feed(t).unwrap());
+            pollster::block_on(s.logits()).unwrap()
+        };
+        let want_a = alone([&tokens[..11], &tokens[11..]]);
+        let want_b = alone([&other[..13], &other[13..]]);
+        let (mut a, mut b) = (session_in_chunks(&m.gpu, 8), session_in_chunks(&m.gpu, 8));
+        assert!(a.shares_arena(&b), "{name}");
+        let wide = session_in_chunks(&m.gpu, 16);
+        assert!(!wide.shares_arena(&a) && session_in_chunks(&m.gpu, 4).shares_arena(&wide));
+        assert!(a.gpu_bytes() + a.arena_bytes() > a.gpu_bytes());
+        a.feed(&tokens[..11]).unwrap();
+        b.feed(&other[..13]).unwrap();
+        a.feed(&tokens[11..]).unwrap();
+        b.feed(&other[13..]).unwrap();
+        assert_eq!(pollster::block_on(a.logits()).unwrap(), want_a, "{name}");
+        assert_eq!(pollster::block_on(b.logits()).unwrap(), want_b, "{name}");
+        // A prefill between another session's queued decode steps.
+        let p = SamplingParams::default();
+        let mut plain = session_in_chunks(&m.gpu, 8);
+        let want = generate_pipelined(&mut plain, &tokens, &p, 6);
+        a.rewind(0).unwrap();
+        b.rewind(0).unwrap();
+        a.begin(&tokens, &p, 0).unwrap();
+        let mut got = Vec::new();
+        for step in 1..6 {
+            a.advance(&p, step).unwrap();
+            b.feed(&other[..9 + step as usize]).unwrap();
+            b.rewind(0).unwrap();
+            got.push(pollster::block_on(a.next_token()).unwrap());
+        }
+        got.push(pollster::block_on(a.next_token()).unwrap());
+        assert_eq!(got, want, "{name}: decode with another session's prefills between");
+        // Two threads at once.
+        std::thread::scope(|scope| {
+            for (t, cut, want) in [(&tokens, 11, &want_a), (&other, 13, &want_b)] {
+                let gpu = m.gpu.clone();
+                scope.spawn(move || {
+                    let mut s = session_in_chunks(&gpu, 8);
+                    for _ in 0..4 {
+                        s.rewind(0).unwrap();
+                        s.feed(&t[..cut]).unwrap();
+                        s.feed(&t[cut..]).unwrap();
+                        assert_eq!(&pollster::block_on(s.logits()).unwrap(), want);
+                    }
+                });
+            }
+        });
+    }
+}

@@ -256,6 +256,8 @@ pub struct GpuModel {
     pub(super) rope_freqs: Option<View>,
     pub(super) ple: Option<PleTable>,
     pub(super) layers: Vec<Layer>,
+    /// Batched steps' activations, shared by the sessions (while one holds them).
+    pub(super) arena: super::session::ArenaSlot,
 }
 
 /// Splits projections that share an input into runs of equal dtype, each one weight.
@@ -550,6 +552,7 @@ impl GpuModel {
             rope_freqs,
             ple,
             layers,
+            arena: Default::default(),
         })
     }
 

@@ -15,10 +15,13 @@ use super::lora::GpuLora;
 use super::model::{GpuModel, HostExperts, PleRows, PleTable};
 use crate::sampling::{SamplingParams, Strategy};
 
+mod arena;
 mod graph;
 mod kv;
 mod queue;
 
+pub(super) use arena::ArenaSlot;
+use arena::{Activations, Arena};
 use graph::DecoderGraph;
 use kv::KvCache;
 pub use queue::MAX_IN_FLIGHT;
@@ -135,35 +138,20 @@ enum HostOp {
     TokenRows,
 }
 
-/// Activations, allocated once at the largest batch. `x` is the residual stream, `xn` the
-/// normed input of the next block. Buffers a model does not use are one word.
+/// A session's own buffers besides the KV cache: one row's activations for its decode steps,
+/// and what outlives a step (the logits, the sampled token, the penalty ring).
 struct Scratch {
-    ple: PleScratch,
-    moe: MoeScratch,
-    x: View,
+    /// The decode step's activations (batched steps use the model's [`Arena`]).
+    own: Activations,
     /// The other home of a decode step's stream: a product fused with the residual step reads
     /// the stream from one and writes the update to the other.
     x_alt: View,
-    xn: View,
-    qkv: View,
-    attn: View,
     attn_part: View,
-    o: View,
-    /// Gate and up products of a layer whose gate and up weights differ in dtype (same-dtype
-    /// pairs are interleaved into one weight whose product is the activation itself).
-    gate: View,
-    up: View,
-    act: View,
     /// One token's activations rounded to 8-bit integers for the down product
     /// (`ops::MatvecOut::GegluInt8`).
     act_q: View,
-    down: View,
-    /// Partial sums of prefill products split over k (`ops::matmul_parts`).
-    partials: View,
     last_n: View,
     logits: View,
-    ids: View,
-    positions: View,
     argmax_scratch: View,
     result: View,
     topk_scratch: View,
@@ -171,33 +159,25 @@ struct Scratch {
     ring: View,
 }
 
-/// Per-layer-embedding activations: the tokens' raw table rows, their dequantized values, the
-/// projection of the embedding they join, and the per-layer injection.
-struct PleScratch {
-    /// The table rows of the step's tokens, as the file stores them.
-    rows: View,
-    /// 0, 1, 2, ...: the staged rows are gathered in order.
-    iota: View,
-    /// Every layer's per-layer inputs of the step's tokens.
-    all: View,
-    gate: View,
-    act: View,
-    out: View,
-}
-
-/// Mixture-of-experts activations.
-struct MoeScratch {
-    /// The router's or the experts' input, where a norm runs before its product.
-    normed: View,
-    logits: View,
-    sel: View,
-    weight: View,
-    /// The slots grouped by expert, for many tokens (`ops::moe_group`).
-    groups: View,
-    act: View,
-    out: View,
-    /// The dense branch and the experts' mix, normalised and added.
-    ffn_out: View,
+impl Scratch {
+    fn bytes(&self) -> u64 {
+        let own: u64 = [
+            &self.x_alt,
+            &self.attn_part,
+            &self.act_q,
+            &self.last_n,
+            &self.logits,
+            &self.argmax_scratch,
+            &self.result,
+            &self.topk_scratch,
+            &self.topk_out,
+            &self.ring,
+        ]
+        .iter()
+        .map(|v| v.size)
+        .sum();
+        own + self.own.bytes()
+    }
 }
 
 /// The sampling dispatches for one strategy, built on first use and reused every step.
@@ -226,6 +206,8 @@ pub struct GpuSession {
     max_batch: usize,
     kv: KvCache,
     s: Scratch,
+    /// Batched steps' activations, shared with the model's other sessions.
+    arena: Arc<Arena>,
     decode: Vec<Op>,
     sampler: Option<SamplerPlan>,
     /// The tokens in the cache and the newest sampled one, as the CPU knows them.
@@ -284,74 +266,22 @@ impl GpuSession {
         let ctx = &model.ctx;
         let cfg = &model.cfg;
         let capacity = opts.context.clamp(1, cfg.context_length.max(1));
-        let b = opts.max_batch.clamp(1, capacity) as u64;
+        let b = opts.max_batch.clamp(1, capacity);
         let buf = |name: &str, floats: u64| View::of(&ctx.storage(name, floats * 4));
         let d = cfg.n_embd as u64;
-        let max_qkv = u64::from(model.layers.iter().map(|l| l.qkv_width).max().unwrap_or(0));
-        let max_q = cfg
-            .layers
-            .iter()
-            .map(|l| cfg.n_head * l.head_dim)
-            .max()
-            .unwrap_or(0) as u64;
-        let max_ff = cfg.layers.iter().map(|l| l.n_ff).max().unwrap_or(0) as u64;
+        let max_ff = cfg.layers.iter().map(|l| l.n_ff).max().unwrap_or(0) as u32;
         let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0) as u32;
         let vocab = cfg.n_vocab as u64;
-        // Per-layer embeddings: every layer's inputs for each token.
-        let (n_ple, n_all) = (cfg.n_ple as u64, (cfg.n_ple * cfg.n_layer) as u64);
-        let row_bytes = model.ple.as_ref().map_or(0, |p| p.info.row_bytes());
-        let iota: Vec<u32> = (0..b as u32).collect();
-        let ple = PleScratch {
-            rows: View::of(&ctx.storage("ple_rows", b * row_bytes + 16)),
-            iota: View::of(&ctx.storage_init("ple_iota", bytemuck::cast_slice(&iota))),
-            all: buf("ple_all", b * n_all),
-            gate: buf("ple_gate", b * n_ple),
-            act: buf("ple_act", b * n_ple),
-            out: buf("ple_out", if n_ple > 0 { b * d } else { 1 }),
-        };
-        let (k, e, ffe) = cfg.moe.map_or((0, 0, 0), |m| {
-            (m.n_used as u64, m.n_expert as u64, m.n_ff as u64)
-        });
-        let moe_d = if k > 0 { b * d } else { 1 };
-        let moe = MoeScratch {
-            normed: buf("moe_normed", moe_d),
-            logits: buf("moe_logits", b * e),
-            sel: buf("moe_sel", b * k),
-            weight: buf("moe_weight", b * k),
-            groups: buf("moe_groups", 2 * e + b * k),
-            act: buf("moe_act", b * k * ffe),
-            out: buf("moe_out", b * k * d),
-            ffn_out: buf("moe_ffn_out", moe_d),
-        };
-        let partials = model
-            .matrices()
-            .iter()
-            .map(|(w, _)| ops::matmul_partials_floats(ctx, w, b as u32))
-            .max()
-            .unwrap_or(0);
         let s = Scratch {
-            ple,
-            moe,
-            x: buf("x", b * d),
+            own: Activations::new(&model, 1),
             x_alt: buf("x_alt", d),
-            xn: buf("xn", b * d),
-            qkv: buf("qkv", b * max_qkv),
-            attn: buf("attn", b * max_q),
             attn_part: buf(
                 "attn_part",
                 ops::DecodeAttention::scratch_floats(cfg.n_head as u32, max_hd, capacity as u32),
             ),
-            o: buf("o", b * d),
-            gate: buf("gate", b * max_ff),
-            up: buf("up", b * max_ff),
-            act: buf("act", b * max_ff),
-            act_q: buf("act_q", ops::int8_vector_words(max_ff as u32)),
-            down: buf("down", b * d),
-            partials: buf("partials", partials.max(1)),
+            act_q: buf("act_q", ops::int8_vector_words(max_ff)),
             last_n: buf("last_n", d),
             logits: buf("logits", vocab),
-            ids: buf("ids", b),
-            positions: buf("positions", b),
             argmax_scratch: buf("argmax_scratch", ops::Argmax::scratch_words(vocab as u32)),
             result: buf("result", 2),
             topk_scratch: buf(
@@ -361,6 +291,7 @@ impl GpuSession {
             topk_out: buf("topk_out", 2 * u64::from(ops::TOPK_MAX)),
             ring: buf("ring", 1 + u64::from(ops::RING_CAP)),
         };
+        let arena = Arena::for_model(&model, b);
         let kv = KvCache::new(ctx, cfg, capacity);
 
         let router_readback =
@@ -376,9 +307,10 @@ impl GpuSession {
         let mut session = Self {
             model: model.clone(),
             capacity,
-            max_batch: b as usize,
+            max_batch: b,
             kv,
             s,
+            arena,
             decode: Vec::new(),
             sampler: None,
             ledger: Ledger::new(),
@@ -464,51 +396,35 @@ impl GpuSession {
         self.queue.len()
     }
 
-    /// Bytes this session holds on the GPU (KV cache and scratch; weights are the model's).
+    /// Bytes this session holds on the GPU: its KV cache and scratch (weights are the
+    /// model's, and so is the arena of batched steps' activations, [`GpuSession::arena_bytes`]).
     pub fn gpu_bytes(&self) -> u64 {
-        let s = &self.s;
-        let scratch: u64 = [
-            &s.x,
-            &s.x_alt,
-            &s.xn,
-            &s.qkv,
-            &s.attn,
-            &s.attn_part,
-            &s.o,
-            &s.gate,
-            &s.up,
-            &s.act,
-            &s.act_q,
-            &s.down,
-            &s.partials,
-            &s.last_n,
-            &s.logits,
-            &s.ids,
-            &s.positions,
-            &s.argmax_scratch,
-            &s.result,
-            &s.topk_scratch,
-            &s.topk_out,
-            &s.ring,
-            &s.ple.rows,
-            &s.ple.iota,
-            &s.ple.all,
-            &s.ple.gate,
-            &s.ple.act,
-            &s.ple.out,
-            &s.moe.normed,
-            &s.moe.logits,
-            &s.moe.sel,
-            &s.moe.weight,
-            &s.moe.groups,
-            &s.moe.act,
-            &s.moe.out,
-            &s.moe.ffn_out,
-        ]
-        .iter()
-        .map(|v| v.size)
-        .sum();
-        scratch + self.kv.bytes()
+        let lora = self
+            .lora
+            .as_ref()
+            .map_or(0, |l| l.t.size + l.d.size + l.raw.size);
+        self.s.bytes() + self.kv.bytes() + lora
+    }
+
+    /// Bytes of the batched steps' activations, which the model's sessions share.
+    pub fn arena_bytes(&self) -> u64 {
+        self.arena.acts.bytes()
+    }
+
+    /// Whether this session and `other` share their batched steps' activations: sessions of
+    /// one model do, unless one asked for a larger batch than the other's arena holds.
+    pub fn shares_arena(&self, other: &GpuSession) -> bool {
+        Arc::ptr_eq(&self.arena, &other.arena)
+    }
+
+    /// The activations of a step over `m` tokens: the session's own for one, the shared
+    /// arena's for more (whose lease the caller holds while it records and submits the step).
+    fn acts(&self, m: usize) -> &Activations {
+        if m <= self.s.own.rows {
+            &self.s.own
+        } else {
+            &self.arena.acts
+        }
     }
 
     /// Forgets everything after the first `pos` tokens (their cache slots are overwritten
@@ -537,11 +453,12 @@ impl GpuSession {
             }),
             _ => None,
         };
+        let a = self.acts(m as usize);
         HeadPostArgs {
-            qkv: &self.s.qkv,
+            qkv: &a.qkv,
             q_norm: &l.q_norm,
             kv,
-            positions: &self.s.positions,
+            positions: &a.positions,
             tokens: m,
             n_head: cfg.n_head as u32,
             head_dim: lc.head_dim as u32,
@@ -562,12 +479,13 @@ impl GpuSession {
         let cfg = &self.model.cfg;
         let lc = &cfg.layers[il];
         let (kc, vc) = self.kv.read_by(cfg, il)?;
+        let a = self.acts(m as usize);
         Ok(AttentionArgs {
-            q: &self.s.qkv,
+            q: &a.qkv,
             k_cache: kc,
             v_cache: vc,
-            positions: &self.s.positions,
-            out: &self.s.attn,
+            positions: &a.positions,
+            out: &a.attn,
             tokens: m,
             n_head: cfg.n_head as u32,
             n_kv_head: lc.n_kv_head as u32,
@@ -627,7 +545,7 @@ impl GpuSession {
         let ctx = self.model.ctx.clone();
         let m = tokens.len() as u32;
         let (ops, taps) = ctx.with_params_batch(|| -> Result<_, ForwardError> {
-            let input = StepInput::ids(&self.s.ids);
+            let input = StepInput::ids(&self.acts(tokens.len()).ids);
             let g = DecoderGraph::step(self, m, input, LogitsFor::Last, None)?;
             let mut taps = Vec::new();
             for name in names {
@@ -651,10 +569,13 @@ impl GpuSession {
                 taps,
             ))
         })?;
+        let arena = self.arena.clone();
+        let lease = arena.lease();
         self.stage(tokens, tokens)?;
         let mut rec = Recorder::new(&ctx, "trace");
         self.record(&mut rec, &ops)?;
         rec.submit();
+        drop(lease);
         self.ledger.feed(tokens);
         self.write_ring();
         self.has_logits = true;
@@ -701,7 +622,8 @@ impl GpuSession {
         let step = if m == 1 {
             self.decode.clone()
         } else {
-            self.plan(m, StepInput::ids(&self.s.ids), LogitsFor::Last, None)?
+            let ids = &self.acts(m as usize).ids;
+            self.plan(m, StepInput::ids(ids), LogitsFor::Last, None)?
         };
         let mut samplers = Vec::new();
         for strategy in [Strategy::Greedy, Strategy::TopK(64)] {
@@ -739,14 +661,11 @@ impl GpuSession {
         self.stage_ple_rows(ple_ids)?;
         let start = self.position() as u32;
         let positions: Vec<u32> = (start..start + chunk.len() as u32).collect();
+        let a = self.acts(chunk.len());
+        ctx.write(&a.ids.buffer, a.ids.offset, bytemuck::cast_slice(chunk));
         ctx.write(
-            &self.s.ids.buffer,
-            self.s.ids.offset,
-            bytemuck::cast_slice(chunk),
-        );
-        ctx.write(
-            &self.s.positions.buffer,
-            self.s.positions.offset,
+            &a.positions.buffer,
+            a.positions.offset,
             bytemuck::cast_slice(&positions),
         );
         Ok(())
@@ -774,7 +693,8 @@ impl GpuSession {
                 }
             }
         }
-        self.model.ctx.write(&self.s.ple.rows.buffer, 0, &rows);
+        let staged = &self.acts(tokens.len()).ple.rows;
+        self.model.ctx.write(&staged.buffer, 0, &rows);
         Ok(())
     }
 
@@ -925,7 +845,7 @@ impl GpuSession {
                     LogitsFor::None
                 };
                 let input = StepInput {
-                    ids: &self.s.ids,
+                    ids: &self.acts(chunk.len()).ids,
                     soft: &copies,
                 };
                 let ops = self.plan(chunk.len() as u32, input, logits, None)?;
@@ -1046,8 +966,11 @@ impl GpuSession {
             Some(p) => Recorder::profiled(&ctx, "feed", p),
             None => Recorder::new(&ctx, "feed"),
         };
+        let arena = self.arena.clone();
+        let lease = arena.lease();
         let r = self.feed_into(&mut rec, tokens, soft);
         rec.submit();
+        drop(lease);
         r?;
         ctx.check()?;
         Ok(())
@@ -1063,6 +986,8 @@ impl GpuSession {
         let _span = tracing::info_span!("prefill", tokens = tokens.len()).entered();
         let ctx = self.model.ctx.clone();
         let mut rec = Recorder::new(&ctx, "begin");
+        let arena = self.arena.clone();
+        let _lease = arena.lease();
         self.feed_into(&mut rec, tokens, &[])?;
         self.record_sampling(&mut rec, p, step, false)?;
         self.submit_step(rec)?;
@@ -1100,11 +1025,8 @@ impl GpuSession {
         }
         let ctx = self.model.ctx.clone();
         let pos = self.position() as u32;
-        ctx.write(
-            &self.s.positions.buffer,
-            self.s.positions.offset,
-            bytemuck::bytes_of(&pos),
-        );
+        let own = &self.s.own.positions;
+        ctx.write(&own.buffer, own.offset, bytemuck::bytes_of(&pos));
         let mut rec = Recorder::new(&ctx, "decode");
         if defer {
             // What comes before the token's table rows runs while the token is read back.
@@ -1344,14 +1266,17 @@ impl GpuSession {
             self.fetch_rows(chunk).await?;
             let ops = self.plan(
                 chunk.len() as u32,
-                StepInput::ids(&self.s.ids),
+                StepInput::ids(&self.acts(chunk.len()).ids),
                 LogitsFor::All,
                 Some(&all),
             )?;
+            let arena = self.arena.clone();
+            let lease = arena.lease();
             self.stage(chunk, chunk)?;
             let mut rec = Recorder::new(&ctx, "score");
             self.record(&mut rec, &ops)?;
             rec.submit();
+            drop(lease);
             self.ledger.feed(chunk);
             let logits = ctx
                 .read_f32(&all.slice(0, (chunk.len() * vocab * 4) as u64)?)

@@ -11,7 +11,7 @@ use wgemma_kernels::graph::{
 };
 use wgemma_kernels::{GpuError, GpuWeight, View, WeightTile};
 
-use super::{GpuSession, HostOp, LogitsFor, Op, StepInput};
+use super::{Activations, GpuSession, HostOp, LogitsFor, Op, StepInput};
 use crate::forward::model::{Experts, GateUp, Layer, PleLayer};
 use crate::lora::Proj;
 
@@ -31,6 +31,8 @@ const QKV_PARTS: [&str; 3] = ["qkv_0", "qkv_1", "qkv_2"];
 
 pub(super) struct DecoderGraph<'s> {
     session: &'s GpuSession,
+    /// Where the step's activations live (the session's own row or the shared arena).
+    acts: &'s Activations,
     g: Graph<'s, HostOp>,
     /// The stream's latest value.
     x: Option<Val>,
@@ -46,6 +48,7 @@ impl<'s> DecoderGraph<'s> {
         g.reserve(16 * session.model.layers.len() + 8);
         Self {
             session,
+            acts: session.acts(m as usize),
             g,
             x: None,
             ple_all: None,
@@ -79,12 +82,12 @@ impl<'s> DecoderGraph<'s> {
         fusions: Fusions,
         taps: Vec<(Val, View)>,
     ) -> Result<Vec<Op>, GpuError> {
-        let s = &session.s;
+        let (s, acts) = (&session.s, session.acts(g.tokens as usize));
         let lowering = Lowering {
             fusions,
             scratch: Scratch {
-                streams: [&s.x, &s.x_alt],
-                partials: &s.partials,
+                streams: [&acts.x, &s.x_alt],
+                partials: &acts.partials,
                 int8_act: &s.act_q,
                 attn_part: &s.attn_part,
                 last_row: &s.last_n,
@@ -132,7 +135,7 @@ impl<'s> DecoderGraph<'s> {
     /// `norm(x) * weight` into `xn`.
     fn norm(&mut self, x: Val, weight: &'s View, name: Name) -> Val {
         let d = self.width();
-        let out = self.rows(name, &self.session.s.xn, d, d, 0);
+        let out = self.rows(name, &self.acts.xn, d, d, 0);
         self.g.push(Node::Norm {
             x,
             weight: Some(weight),
@@ -196,7 +199,7 @@ impl<'s> DecoderGraph<'s> {
     /// needs them. The norm of `proj x / sqrt(d)` is the norm of `proj x` with `eps * d` in
     /// place of `eps`: no node scales it first.
     pub(super) fn embed(&mut self, input: StepInput<'s>) -> Result<(), GpuError> {
-        let (model, s) = (&*self.session.model, &self.session.s);
+        let (model, s) = (&*self.session.model, self.acts);
         let cfg = &model.cfg;
         let mut x = self.new_stream(step_value("inp_embd"));
         self.g.push(Node::Embed {
@@ -236,7 +239,7 @@ impl<'s> DecoderGraph<'s> {
     /// The table rows staged for this step's tokens join the per-layer inputs: after
     /// `HostOp::TokenRows`, so that a decode step can start before its token is on the CPU.
     fn add_table_rows(&mut self) -> Result<(), GpuError> {
-        let (model, s) = (&*self.session.model, &self.session.s);
+        let (model, s) = (&*self.session.model, self.acts);
         let (Some(ple), Some(all)) = (&model.ple, self.ple_all) else {
             return Ok(());
         };
@@ -271,7 +274,7 @@ impl<'s> DecoderGraph<'s> {
     /// Layer `il`'s attention block: the norm, the q/k/v products, per-head norms, rope and
     /// the KV store, attention, the output product, the residual step.
     pub(super) fn attention(&mut self, il: usize, l: &'s Layer) -> Result<(), GpuError> {
-        let (session, s) = (self.session, &self.session.s);
+        let (session, s) = (self.session, self.acts);
         let m = self.m();
         let xn = self.norm(self.stream()?, &l.attn_norm, layer_value("attn_norm", il));
         let lc = &session.model.cfg.layers[il];
@@ -318,7 +321,7 @@ impl<'s> DecoderGraph<'s> {
     /// Layer `il`'s feed-forward block (GeGLU), and its experts where it has them: the
     /// block's output, before its post-norm.
     pub(super) fn ffn(&mut self, il: usize, l: &'s Layer) -> Result<Val, GpuError> {
-        let s = &self.session.s;
+        let s = self.acts;
         let (d, ff) = (self.width(), self.session.model.cfg.layers[il].n_ff as u32);
         let x = self.stream()?;
         let xn = self.norm(x, &l.ffn_norm, layer_value("ffn_norm", il));
@@ -367,7 +370,7 @@ impl<'s> DecoderGraph<'s> {
     /// experts, whose gated and down products are weighted and summed; both are normed and
     /// added.
     fn experts(&mut self, il: usize, e: &'s Experts, x: Val, dense: Val) -> Result<Val, GpuError> {
-        let s = &self.session.s;
+        let s = self.acts;
         let Some(mc) = self.session.model.cfg.moe else {
             return Ok(dense);
         };
@@ -471,7 +474,7 @@ impl<'s> DecoderGraph<'s> {
 
     /// `proj(gelu(x W_gate) * per-layer input)`.
     fn per_layer_input(&mut self, il: usize, p: &'s PleLayer, x: Val) -> Result<Val, GpuError> {
-        let (cfg, s) = (&self.session.model.cfg, &self.session.s);
+        let (cfg, s) = (&self.session.model.cfg, self.acts);
         let (n, all) = (cfg.n_ple as u32, (cfg.n_ple * cfg.n_layer) as u32);
         let gate = self.rows(layer_value("inp_gate", il), &s.ple.gate, n, n, 0);
         self.linear(&p.inp_gate, x, gate);
