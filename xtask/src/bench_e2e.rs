@@ -95,7 +95,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         // Prefill alone: every prompt position through the batched kernels.
         session.rewind(0)?;
         let t0 = Instant::now();
-        session.feed(&prompt)?;
+        pollster::block_on(session.feed(&prompt))?;
         let prefill_cpu_s = t0.elapsed().as_secs_f64();
         ctx.wait()?;
         let prefill_s = t0.elapsed().as_secs_f64();
@@ -103,7 +103,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         // queued back to back while earlier tokens are read.
         session.rewind(0)?;
         let t0 = Instant::now();
-        session.begin(&prompt, &greedy, 0)?;
+        pollster::block_on(session.begin(&prompt, &greedy, 0))?;
         pollster::block_on(session.next_token())?;
         let first_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
@@ -114,7 +114,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
             while session.in_flight() < session.pipeline_depth() && (submitted as usize) < a.decode
             {
                 let tr = Instant::now();
-                session.advance(&greedy, submitted)?;
+                pollster::block_on(session.advance(&greedy, submitted))?;
                 record_s += tr.elapsed().as_secs_f64();
                 submitted += 1;
             }
@@ -223,7 +223,7 @@ fn profile(
         if what == "prefill" {
             session.rewind(0)?;
         }
-        session.feed_profiled(tokens, Some(&mut profiler))?;
+        pollster::block_on(session.feed_profiled(tokens, Some(&mut profiler)))?;
         let each_row = pollster::block_on(profiler.read_each(ctx))?;
         if each {
             for (i, (label, workgroups, us)) in each_row.iter().enumerate() {
@@ -255,11 +255,11 @@ fn profile(
     if steps == 0 {
         return Ok(());
     }
-    session.feed(&prompt[..1])?;
+    pollster::block_on(session.feed(&prompt[..1]))?;
     ctx.wait()?;
     let t = Instant::now();
     for _ in 0..steps {
-        session.feed(&prompt[..1])?;
+        pollster::block_on(session.feed(&prompt[..1]))?;
     }
     ctx.wait()?;
     eprintln!(

@@ -92,7 +92,7 @@ fn tiny_models_match_the_cpu_reference_through_prefill_and_decode() {
                 },
             )
             .unwrap();
-            s.feed(&tokens).unwrap();
+            pollster::block_on(s.feed(&tokens)).unwrap();
             let got = pollster::block_on(s.logits()).unwrap();
             let e = rel_err(&got, want.last().unwrap());
             assert!(
@@ -103,7 +103,7 @@ fn tiny_models_match_the_cpu_reference_through_prefill_and_decode() {
             let mut cpu_state2 = m.cpu.new_state();
             m.cpu.forward(&mut cpu_state2, &tokens).unwrap();
             for t in [5u32, 300, 17] {
-                s.feed(&[t]).unwrap();
+                pollster::block_on(s.feed(&[t])).unwrap();
                 let got = pollster::block_on(s.logits()).unwrap();
                 let want = m.cpu.forward(&mut cpu_state2, &[t]).unwrap().pop().unwrap();
                 let e = rel_err(&got, &want);
@@ -169,13 +169,13 @@ fn sampling_on_the_gpu_matches_the_cpu_sampler() {
             },
         )
         .unwrap();
-        s.feed(&tokens).unwrap();
+        pollster::block_on(s.feed(&tokens)).unwrap();
         for step in 0..4u32 {
             let logits = pollster::block_on(s.logits()).unwrap();
             let want = sample_cpu(&logits, &p, s.tokens(), step);
             let got = pollster::block_on(s.sample(&p, step)).unwrap();
             assert_eq!(got, want, "{p:?} step {step}");
-            s.feed(&[got]).unwrap();
+            pollster::block_on(s.feed(&[got])).unwrap();
         }
     }
     // Same seed, same input: the same continuation; another seed: (almost surely) not.
@@ -219,18 +219,21 @@ fn bad_input_gives_errors_and_leaves_the_session_usable() {
         },
     )
     .unwrap();
-    assert!(matches!(s.feed(&[]), Err(ForwardError::Empty)));
     assert!(matches!(
-        s.feed(&[1, 99_999]),
+        pollster::block_on(s.feed(&[])),
+        Err(ForwardError::Empty)
+    ));
+    assert!(matches!(
+        pollster::block_on(s.feed(&[1, 99_999])),
         Err(ForwardError::BadToken { id: 99_999, .. })
     ));
     assert!(matches!(
         pollster::block_on(s.logits()),
         Err(ForwardError::NoLogits)
     ));
-    s.feed(&prompt(10, 512)).unwrap();
+    pollster::block_on(s.feed(&prompt(10, 512))).unwrap();
     assert!(matches!(
-        s.feed(&prompt(7, 512)),
+        pollster::block_on(s.feed(&prompt(7, 512))),
         Err(ForwardError::ContextOverflow {
             need: 17,
             capacity: 16
@@ -239,7 +242,7 @@ fn bad_input_gives_errors_and_leaves_the_session_usable() {
     assert_eq!(s.position(), 10);
     // Still usable: rewind and continue, and the result equals a fresh run.
     s.rewind(4).unwrap();
-    s.feed(&[7, 8]).unwrap();
+    pollster::block_on(s.feed(&[7, 8])).unwrap();
     let a = pollster::block_on(s.logits()).unwrap();
     let mut fresh = GpuSession::new(
         m.gpu.clone(),
@@ -251,7 +254,7 @@ fn bad_input_gives_errors_and_leaves_the_session_usable() {
     .unwrap();
     let mut toks = prompt(4, 512);
     toks.extend([7, 8]);
-    fresh.feed(&toks).unwrap();
+    pollster::block_on(fresh.feed(&toks)).unwrap();
     // Different batch splits take different kernels (matvec or tiled), so allow rounding.
     let e = rel_err(&a, &pollster::block_on(fresh.logits()).unwrap());
     assert!(e < 1e-5, "rewound session differs from a fresh one by {e}");
@@ -277,7 +280,7 @@ fn gemma3_270m_gpu_logits_match_the_cpu_reference() {
     let mut st = cpu.new_state();
     let want = cpu.forward(&mut st, &tokens).unwrap();
     let mut s = GpuSession::new(gpu, SessionOptions::default()).unwrap();
-    s.feed(&tokens).unwrap();
+    pollster::block_on(s.feed(&tokens)).unwrap();
     let got = pollster::block_on(s.logits()).unwrap();
     let e = rel_err(&got, want.last().unwrap());
     assert!(e < 1e-3, "prefill: relative error {e}");
@@ -293,7 +296,7 @@ fn gemma3_270m_gpu_logits_match_the_cpu_reference() {
         1e-3
     };
     for t in [9079u32, 236761] {
-        s.feed(&[t]).unwrap();
+        pollster::block_on(s.feed(&[t])).unwrap();
         let got = pollster::block_on(s.logits()).unwrap();
         let want = cpu.forward(&mut st, &[t]).unwrap().pop().unwrap();
         let e = rel_err(&got, &want);
@@ -352,7 +355,7 @@ fn gemma3_270m_agrees_with_llama_cpp_and_transformers() {
         // Positions before the last prompt token need no logits; score from there on.
         let start = prompt.len() - 1;
         if start > 0 {
-            s.feed(&all[..start]).unwrap();
+            pollster::block_on(s.feed(&all[..start])).unwrap();
         }
         let scored = pollster::block_on(s.score(&all[start..all.len() - 1])).unwrap();
         let (lt, ht) = (
@@ -465,7 +468,7 @@ fn pipelined_generation_matches(
         let mut fetched = GpuSession::new(fetching.clone(), opts).unwrap();
         if spec.gemma4.is_some() {
             assert!(matches!(
-                fetched.begin(&tokens, &p, 0),
+                pollster::block_on(fetched.begin(&tokens, &p, 0)),
                 Err(ForwardError::RowsNotFetched(_))
             ));
         }
@@ -477,7 +480,7 @@ fn pipelined_generation_matches(
         // Both caches hold the prompt and the first nine generated tokens.
         assert_eq!(many.tokens(), one.tokens());
         assert_eq!(many.position(), tokens.len() + 9);
-        assert!(matches!(many.advance(&p, 10), Ok(())));
+        assert!(matches!(pollster::block_on(many.advance(&p, 10)), Ok(())));
         assert!(
             many.rewind(3).is_err(),
             "rewinding with steps in flight is refused"

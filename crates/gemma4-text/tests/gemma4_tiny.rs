@@ -151,10 +151,10 @@ fn gpu_forward_agrees_with_transformers_and_llama_cpp() {
             // transformers row where the golden holds one.
             let first = case.hf_rows.iter().map(|(t, _)| *t).min().unwrap();
             let mut s = scoring_session(&m.gpu);
-            s.feed(&case.tokens[..=first]).unwrap();
+            pollster::block_on(s.feed(&case.tokens[..=first])).unwrap();
             for t in first..case.tokens.len() {
                 if t > first {
-                    s.feed(&case.tokens[t..=t]).unwrap();
+                    pollster::block_on(s.feed(&case.tokens[t..=t])).unwrap();
                 }
                 let got = pollster::block_on(s.logits()).unwrap();
                 check_position(
@@ -323,9 +323,9 @@ fn streamed_experts_match_resident_experts() {
             } else {
                 &case.tokens[t..=t]
             };
-            a.feed(fed).unwrap();
+            pollster::block_on(a.feed(fed)).unwrap();
             let before = b.experts_streamed_bytes();
-            b.feed(fed).unwrap();
+            pollster::block_on(b.feed(fed)).unwrap();
             let copied = b.experts_streamed_bytes() - before;
             if t == first {
                 all_layers = copied;
@@ -416,7 +416,7 @@ fn soft_tokens_match_the_cpu_reference() {
             .unwrap();
         for chunk in [4, 12, 32] {
             let mut s = session_in_chunks(&m.gpu, chunk);
-            s.feed_with(&tokens, &soft).unwrap();
+            pollster::block_on(s.feed_with(&tokens, &soft)).unwrap();
             let got = pollster::block_on(s.logits()).unwrap();
             let e = rel_err(&got, &want);
             assert!(
@@ -424,24 +424,24 @@ fn soft_tokens_match_the_cpu_reference() {
                 "{name}, chunks of {chunk}: soft tokens off the CPU by {e}"
             );
             // The session goes on from there as usual.
-            s.feed(&tokens[..1]).unwrap();
+            pollster::block_on(s.feed(&tokens[..1])).unwrap();
         }
         if m.gpu.cfg.n_ple == 0 {
             // Without per-layer embeddings, a token's own scaled row as a soft token is the
             // token itself.
             let own: Vec<f32> = tokens[2..6].iter().flat_map(|&t| m.cpu.embed(t)).collect();
             let mut s = session_in_chunks(&m.gpu, 8);
-            s.feed_with(
+            pollster::block_on(s.feed_with(
                 &tokens,
                 &[SoftTokens {
                     at: 2,
                     rows: upload(&own),
                 }],
-            )
+            ))
             .unwrap();
             let as_soft = pollster::block_on(s.logits()).unwrap();
             let mut s = session_in_chunks(&m.gpu, 8);
-            s.feed(&tokens).unwrap();
+            pollster::block_on(s.feed(&tokens)).unwrap();
             let as_tokens = pollster::block_on(s.logits()).unwrap();
             assert!(
                 rel_err(&as_soft, &as_tokens) < 1e-5,
@@ -487,11 +487,11 @@ fn bad_soft_token_spans_are_refused() {
         }],
     ];
     for soft in cases {
-        let e = s.feed_with(&tokens, &soft).unwrap_err();
+        let e = pollster::block_on(s.feed_with(&tokens, &soft)).unwrap_err();
         assert!(matches!(e, ForwardError::SoftTokens(_)), "{e}");
     }
     assert_eq!(s.position(), 0);
-    s.feed(&tokens).unwrap();
+    pollster::block_on(s.feed(&tokens)).unwrap();
     assert_eq!(s.position(), tokens.len());
 }
 
@@ -514,10 +514,10 @@ fn each_fusion_agrees_with_the_ops_it_replaces() {
             let mut s = session_in_chunks(&m.gpu, 32);
             s.set_fusions(f).unwrap();
             let lines = [s.plan_lines(1).unwrap(), s.plan_lines(8).unwrap()].concat();
-            s.feed(&tokens[..6]).unwrap();
+            pollster::block_on(s.feed(&tokens[..6])).unwrap();
             let mut rows = vec![pollster::block_on(s.logits()).unwrap()];
             for &t in &tokens[6..] {
-                s.feed(&[t]).unwrap();
+                pollster::block_on(s.feed(&[t])).unwrap();
                 rows.push(pollster::block_on(s.logits()).unwrap());
             }
             (rows, lines)
@@ -589,7 +589,7 @@ fn every_named_value_agrees_with_the_cpu_reference() {
             }
         }
         let mut s = session_in_chunks(&m.gpu, 32);
-        s.feed(&tokens[..6]).unwrap();
+        pollster::block_on(s.feed(&tokens[..6])).unwrap();
         let before = pollster::block_on(s.logits()).unwrap();
         assert!(pollster::block_on(s.trace(&tokens[6..], &["no.such.value"])).is_err());
         if m.gpu.cfg.n_head <= 8 {
@@ -598,7 +598,7 @@ fn every_named_value_agrees_with_the_cpu_reference() {
             assert!(e.to_string().contains("blk.0.kqv_out"), "{e}");
         }
         assert_eq!(pollster::block_on(s.logits()).unwrap(), before);
-        s.feed(&tokens[6..]).unwrap();
+        pollster::block_on(s.feed(&tokens[6..])).unwrap();
         let next = pollster::block_on(s.logits()).unwrap();
         assert!(rel_err(&next, &want["result_output"][6]) < 1e-4);
     }
@@ -667,10 +667,10 @@ fn adapters_agree_with_the_cpu_reference() {
         ];
         let mut s = session_in_chunks(&m.gpu, 8);
         s.set_adapters(&uploaded).unwrap();
-        s.feed(&tokens[..7]).unwrap();
+        pollster::block_on(s.feed(&tokens[..7])).unwrap();
         let mut got = vec![pollster::block_on(s.logits()).unwrap()];
         for &t in &tokens[7..] {
-            s.feed(&[t]).unwrap();
+            pollster::block_on(s.feed(&[t])).unwrap();
             got.push(pollster::block_on(s.logits()).unwrap());
         }
         for (i, g) in got.iter().enumerate() {
@@ -692,12 +692,16 @@ fn adapters_agree_with_the_cpu_reference() {
             only_used
                 .set_adapters(&[(used, scales[0]), uploaded[1].clone()])
                 .unwrap();
-            only_used.feed(&tokens[..7]).unwrap();
+            pollster::block_on(only_used.feed(&tokens[..7])).unwrap();
             for &t in &tokens[7..] {
-                only_used.feed(&[t]).unwrap();
+                pollster::block_on(only_used.feed(&[t])).unwrap();
             }
             let same = pollster::block_on(only_used.logits()).unwrap();
-            assert_eq!(same, got[got.len() - 1], "{name}: unused pairs changed the logits");
+            assert_eq!(
+                same,
+                got[got.len() - 1],
+                "{name}: unused pairs changed the logits"
+            );
         }
         // An adapter uploaded for another model is refused, and the session stays as it was.
         let other = load(MODELS[(name == "e2b") as usize].1.to_vec(), ctx.clone());
@@ -709,13 +713,13 @@ fn adapters_agree_with_the_cpu_reference() {
         assert_eq!(pollster::block_on(s.logits()).unwrap(), got[got.len() - 1]);
         // Scale 0, and no adapter: the base model's plan and logits, bit for bit.
         let mut plain = session_in_chunks(&m.gpu, 8);
-        plain.feed(&tokens).unwrap();
+        pollster::block_on(plain.feed(&tokens)).unwrap();
         let want_base = pollster::block_on(plain.logits()).unwrap();
         for adapters in [vec![(uploaded[0].0.clone(), 0.0)], vec![]] {
             s.set_adapters(&adapters).unwrap();
             assert_eq!(s.plan_lines(1).unwrap(), plain.plan_lines(1).unwrap());
             s.rewind(0).unwrap();
-            s.feed(&tokens).unwrap();
+            pollster::block_on(s.feed(&tokens)).unwrap();
             assert_eq!(pollster::block_on(s.logits()).unwrap(), want_base, "{name}");
         }
     }
@@ -746,7 +750,7 @@ fn peft_adapters_match_transformers_and_peft() {
                 let pos: usize = pos.parse().unwrap();
                 let want: Vec<f32> = serde_json::from_value(row.clone()).unwrap();
                 s.rewind(0).unwrap();
-                s.feed(&tokens[..=pos]).unwrap();
+                pollster::block_on(s.feed(&tokens[..=pos])).unwrap();
                 let got = pollster::block_on(s.logits()).unwrap();
                 let (eg, ec) = (rel_err(&got, &want), rel_err(&cpu[pos], &want));
                 assert!(
@@ -773,7 +777,9 @@ fn sessions_of_one_model_share_the_batch_activations() {
         // Fed in the same pieces, for the same chunks' rounding.
         let alone = |pieces: [&[u32]; 2]| {
             let mut s = session_in_chunks(&m.gpu, 8);
-            pieces.iter().for_each(|t| s.feed(t).unwrap());
+            pieces
+                .iter()
+                .for_each(|t| pollster::block_on(s.feed(t)).unwrap());
             pollster::block_on(s.logits()).unwrap()
         };
         let want_a = alone([&tokens[..11], &tokens[11..]]);
@@ -783,10 +789,10 @@ fn sessions_of_one_model_share_the_batch_activations() {
         let wide = session_in_chunks(&m.gpu, 16);
         assert!(!wide.shares_arena(&a) && session_in_chunks(&m.gpu, 4).shares_arena(&wide));
         assert!(a.gpu_bytes() + a.arena_bytes() > a.gpu_bytes());
-        a.feed(&tokens[..11]).unwrap();
-        b.feed(&other[..13]).unwrap();
-        a.feed(&tokens[11..]).unwrap();
-        b.feed(&other[13..]).unwrap();
+        pollster::block_on(a.feed(&tokens[..11])).unwrap();
+        pollster::block_on(b.feed(&other[..13])).unwrap();
+        pollster::block_on(a.feed(&tokens[11..])).unwrap();
+        pollster::block_on(b.feed(&other[13..])).unwrap();
         assert_eq!(pollster::block_on(a.logits()).unwrap(), want_a, "{name}");
         assert_eq!(pollster::block_on(b.logits()).unwrap(), want_b, "{name}");
         // A prefill between another session's queued decode steps.
@@ -795,16 +801,19 @@ fn sessions_of_one_model_share_the_batch_activations() {
         let want = generate_pipelined(&mut plain, &tokens, &p, 6);
         a.rewind(0).unwrap();
         b.rewind(0).unwrap();
-        a.begin(&tokens, &p, 0).unwrap();
+        pollster::block_on(a.begin(&tokens, &p, 0)).unwrap();
         let mut got = Vec::new();
         for step in 1..6 {
-            a.advance(&p, step).unwrap();
-            b.feed(&other[..9 + step as usize]).unwrap();
+            pollster::block_on(a.advance(&p, step)).unwrap();
+            pollster::block_on(b.feed(&other[..9 + step as usize])).unwrap();
             b.rewind(0).unwrap();
             got.push(pollster::block_on(a.next_token()).unwrap());
         }
         got.push(pollster::block_on(a.next_token()).unwrap());
-        assert_eq!(got, want, "{name}: decode with another session's prefills between");
+        assert_eq!(
+            got, want,
+            "{name}: decode with another session's prefills between"
+        );
         // Two threads at once.
         std::thread::scope(|scope| {
             for (t, cut, want) in [(&tokens, 11, &want_a), (&other, 13, &want_b)] {
@@ -813,12 +822,28 @@ fn sessions_of_one_model_share_the_batch_activations() {
                     let mut s = session_in_chunks(&gpu, 8);
                     for _ in 0..4 {
                         s.rewind(0).unwrap();
-                        s.feed(&t[..cut]).unwrap();
-                        s.feed(&t[cut..]).unwrap();
+                        pollster::block_on(s.feed(&t[..cut])).unwrap();
+                        pollster::block_on(s.feed(&t[cut..])).unwrap();
                         assert_eq!(&pollster::block_on(s.logits()).unwrap(), want);
                     }
                 });
             }
         });
     }
+}
+
+/// The session's futures can move between threads, as a multi-threaded async runtime (a
+/// server's) moves them: checked when this compiles.
+#[allow(dead_code)]
+fn session_futures_are_send(s: &mut wgemma_text::GpuSession, p: &wgemma_text::SamplingParams) {
+    fn send<T: Send>(_: T) {}
+    send(s.feed(&[]));
+    send(s.feed_with(&[], &[]));
+    send(s.begin(&[], p, 0));
+    send(s.advance(p, 0));
+    send(s.next_token());
+    send(s.sample(p, 0));
+    send(s.score(&[]));
+    send(s.trace(&[], &[]));
+    send(s.fetch_rows(&[]));
 }

@@ -90,7 +90,8 @@ impl TensorSource for MmapSource {
 
 /// Asynchronous byte-range reads: what an HTTP Range reader or a local-file reader implements.
 ///
-/// The futures need not be `Send` (browser futures are not).
+/// Natively the futures are `Send`, so that a multi-threaded async runtime can move the tasks
+/// that await them; in the browser they need not be (browser futures are not).
 pub trait RangeSource {
     /// Total length in bytes.
     fn len(&self) -> u64;
@@ -104,7 +105,7 @@ pub trait RangeSource {
         &self,
         offset: u64,
         len: u64,
-    ) -> impl Future<Output = Result<Vec<u8>, SourceError>>;
+    ) -> impl Future<Output = Result<Vec<u8>, SourceError>> + MaybeSend;
 }
 
 impl<T: TensorSource> RangeSource for T {
@@ -116,7 +117,7 @@ impl<T: TensorSource> RangeSource for T {
         &self,
         offset: u64,
         len: u64,
-    ) -> impl Future<Output = Result<Vec<u8>, SourceError>> {
+    ) -> impl Future<Output = Result<Vec<u8>, SourceError>> + MaybeSend {
         std::future::ready(self.bytes(offset, len).map(<[u8]>::to_vec))
     }
 }
@@ -134,7 +135,23 @@ pub trait MaybeSendSync {}
 #[cfg(target_arch = "wasm32")]
 impl<T: ?Sized> MaybeSendSync for T {}
 
-/// The future of [`RowFetcher::fetch`]: every range's bytes, in order.
+/// `Send` natively; no bound on wasm32.
+#[cfg(not(target_arch = "wasm32"))]
+pub trait MaybeSend: Send {}
+#[cfg(not(target_arch = "wasm32"))]
+impl<T: Send + ?Sized> MaybeSend for T {}
+/// `Send` natively; no bound on wasm32.
+#[cfg(target_arch = "wasm32")]
+pub trait MaybeSend {}
+#[cfg(target_arch = "wasm32")]
+impl<T: ?Sized> MaybeSend for T {}
+
+/// The future of [`RowFetcher::fetch`]: every range's bytes, in order (`Send` natively).
+#[cfg(not(target_arch = "wasm32"))]
+pub type FetchedRows<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<Vec<u8>>, SourceError>> + Send + 'a>>;
+/// The future of [`RowFetcher::fetch`]: every range's bytes, in order (`Send` natively).
+#[cfg(target_arch = "wasm32")]
 pub type FetchedRows<'a> = Pin<Box<dyn Future<Output = Result<Vec<Vec<u8>>, SourceError>> + 'a>>;
 
 /// Scattered reads while a model runs (Gemma 4's per-layer embedding rows: kilobytes per token

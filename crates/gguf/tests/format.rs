@@ -1,6 +1,6 @@
 //! Reader/writer round trips and hostile input.
 
-use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use wgemma_gguf::*;
 
@@ -368,8 +368,8 @@ fn hostile_headers_give_typed_errors() {
 /// A range source that counts its requests and checks they stay inside the header.
 struct CountingSource {
     bytes: Vec<u8>,
-    requests: Cell<usize>,
-    max_end: Cell<u64>,
+    requests: AtomicUsize,
+    max_end: AtomicU64,
 }
 
 impl RangeSource for CountingSource {
@@ -378,8 +378,8 @@ impl RangeSource for CountingSource {
     }
 
     async fn read_range(&self, offset: u64, len: u64) -> Result<Vec<u8>, SourceError> {
-        self.requests.set(self.requests.get() + 1);
-        self.max_end.set(self.max_end.get().max(offset + len));
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.max_end.fetch_max(offset + len, Ordering::Relaxed);
         Ok(self.bytes[offset as usize..(offset + len) as usize].to_vec())
     }
 }
@@ -398,25 +398,25 @@ fn header_through_a_range_source_reads_only_the_header() {
     let expected = Gguf::parse(&bytes).unwrap();
     let src = CountingSource {
         bytes,
-        requests: Cell::new(0),
-        max_end: Cell::new(0),
+        requests: AtomicUsize::new(0),
+        max_end: AtomicU64::new(0),
     };
     let (g, requests) = futures::executor::block_on(read_header(&src)).unwrap();
     assert_eq!(g, expected);
-    assert_eq!(requests, src.requests.get());
+    assert_eq!(requests, src.requests.load(Ordering::Relaxed));
     assert!(requests <= 4, "{requests} requests");
     // Never more than twice the header: the 8 MiB of tensor data stays unread.
     assert!(
-        src.max_end.get() <= 2 * g.data_offset,
+        src.max_end.load(Ordering::Relaxed) <= 2 * g.data_offset,
         "read up to {}",
-        src.max_end.get()
+        src.max_end.load(Ordering::Relaxed)
     );
 
     // A source shorter than its header gives a clean error, not a loop.
     let short = CountingSource {
         bytes: src.bytes[..(3 << 20)].to_vec(),
-        requests: Cell::new(0),
-        max_end: Cell::new(0),
+        requests: AtomicUsize::new(0),
+        max_end: AtomicU64::new(0),
     };
     let e = futures::executor::block_on(read_header(&short)).unwrap_err();
     assert!(

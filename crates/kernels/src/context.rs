@@ -189,13 +189,12 @@ pub struct GpuContext {
     shader_checks: bool,
     /// [`ContextOptions::busy_wait`], on a GPU adapter.
     pub(crate) busy_wait: bool,
-    /// Held around every submit and poll ([`GpuContext::submit`], [`GpuContext::poll`]).
-    /// wgpu-core's device maintenance (run by both) reads the finished submission index
-    /// before it retires finished submissions; another thread retiring newer ones in between
-    /// leaves it with an empty queue and an older index, and a wait then panics inside wgpu-core
-    /// ("If the queue is empty, the current submission index ... should be at least the wait
-    /// submission index"), as the parity tests' threads did on an H200.
-    pub(crate) maintenance: Mutex<()>,
+    /// Held around every submit and poll ([`GpuContext::submit`], [`GpuContext::poll`]):
+    /// [`crate::poller::Maintenance`] says why.
+    pub(crate) maintenance: Arc<crate::poller::Maintenance>,
+    /// Natively, the thread that polls the device while async waits are pending.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) poller: crate::poller::Poller,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -311,6 +310,9 @@ impl GpuContext {
         );
         let busy_wait =
             options.busy_wait && !options.cpu_adapter && info.device_type != wgpu::DeviceType::Cpu;
+        let maintenance = Arc::new(crate::poller::Maintenance::default());
+        #[cfg(not(target_arch = "wasm32"))]
+        let poller = crate::poller::Poller::new(device.clone(), maintenance.clone());
         Ok(Self {
             device,
             queue,
@@ -323,7 +325,9 @@ impl GpuContext {
             unused: std::sync::OnceLock::new(),
             shader_checks: options.shader_checks,
             busy_wait,
-            maintenance: Mutex::new(()),
+            maintenance,
+            #[cfg(not(target_arch = "wasm32"))]
+            poller,
         })
     }
 

@@ -2,7 +2,7 @@
 //! encoder and one compute pass.
 
 use std::cell::RefCell;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use crate::context::{GpuContext, GpuError, Pipeline};
 use crate::params::{Params, ParamsLayout};
@@ -419,8 +419,7 @@ impl GpuContext {
             .map_async(wgpu::MapMode::Read, move |r| {
                 let _ = tx.send(r);
             });
-        #[cfg(not(target_arch = "wasm32"))]
-        self.wait_all()?;
+        self.done(None, WaitMode::Sleep).await?;
         let mapped = rx.await.map_err(|e| GpuError::Readback(e.to_string()))?;
         self.check()?;
         mapped.map_err(|e| GpuError::Readback(e.to_string()))?;
@@ -463,10 +462,7 @@ impl GpuContext {
         &self,
         commands: impl IntoIterator<Item = wgpu::CommandBuffer>,
     ) -> wgpu::SubmissionIndex {
-        let _maintenance = self
-            .maintenance
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _maintenance = self.maintenance.hold();
         self.queue.submit(commands)
     }
 
@@ -475,15 +471,28 @@ impl GpuContext {
     /// for at most that long.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn poll(&self, poll: wgpu::PollType) -> Result<wgpu::PollStatus, wgpu::PollError> {
-        let _maintenance = self
-            .maintenance
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _maintenance = self.maintenance.hold();
         self.device.poll(poll)
     }
 
-    /// Waits until `submission` has finished on the GPU (native; in the browser, mapping a
-    /// buffer is the wait).
+    /// Resolves once `submission` (`None`: everything submitted so far) has finished on the
+    /// GPU; a buffer mapped after that work is mapped by then. Natively a background thread
+    /// polls the device meanwhile ([`crate::poller`]), so the caller's thread is never held;
+    /// in the browser, mapping a buffer is the wait and this is ready at once.
+    pub async fn done(
+        &self,
+        submission: Option<wgpu::SubmissionIndex>,
+        mode: WaitMode,
+    ) -> Result<(), GpuError> {
+        #[cfg(not(target_arch = "wasm32"))]
+        self.poller.done(submission, mode).await?;
+        #[cfg(target_arch = "wasm32")]
+        let _ = (submission, mode);
+        Ok(())
+    }
+
+    /// Waits until `submission` has finished on the GPU, holding the caller's thread (native;
+    /// async callers use [`GpuContext::done`]).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn wait_for(
         &self,

@@ -4,12 +4,15 @@
 //! a CPU reference of every kernel in [`cpu`].
 
 mod context;
+// The browser polls by itself: only `Maintenance` is used there.
 pub mod cpu;
 mod device_class;
 mod gpu;
 pub mod graph;
 pub mod ops;
 pub mod params;
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+mod poller;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod reflect;
 mod shader;

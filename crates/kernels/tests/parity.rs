@@ -2496,7 +2496,81 @@ fn wait_for_returns_once_the_work_is_done() {
     }
 }
 
-/// Threads that submit and wait on one context at once, beside one that only polls: wgpu-core's
+/// An async wait leaves its thread to other tasks while the GPU works (natively a background
+/// thread polls the device): on one thread, a task counting while another awaits a long
+/// submission counts before the wait resolves. A wait given up before it resolves (its future
+/// dropped) leaves the next ones working.
+#[test]
+fn async_waits_leave_their_thread_free() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let Some(ctx) = ctx() else { return };
+    let n = 1 << 22;
+    let v = upload(ctx, &Rng(37).vec(n as usize, 1.0));
+    let d = ops::elementwise(ctx, Elementwise::Scale(1.0), &v, n).unwrap();
+    let long = || {
+        let mut rec = Recorder::new(ctx, "long");
+        for _ in 0..32 {
+            rec.run(&d);
+        }
+        ctx.submit([rec.finish()])
+    };
+    // Given up after one poll.
+    let mut dropped = Box::pin(ctx.done(Some(long()), WaitMode::Sleep));
+    let _ = futures::FutureExt::poll_unpin(
+        &mut dropped,
+        &mut std::task::Context::from_waker(futures::task::noop_waker_ref()),
+    );
+    drop(dropped);
+    for mode in [WaitMode::Sleep, ctx.urgent_wait()] {
+        let (done, counted) = (AtomicBool::new(false), AtomicUsize::new(0));
+        let submission = long();
+        let counter = async {
+            while !done.load(Ordering::SeqCst) {
+                counted.fetch_add(1, Ordering::SeqCst);
+                YieldNow(false).await;
+            }
+        };
+        let waiter = async {
+            ctx.done(Some(submission.clone()), mode).await.unwrap();
+            done.store(true, Ordering::SeqCst);
+            counted.load(Ordering::SeqCst)
+        };
+        // The waiter is polled first: a wait that held the thread would be over before the
+        // counter ever ran.
+        let (before, ()) = pollster::block_on(async { futures::join!(waiter, counter) });
+        assert!(before > 0, "{mode:?}: the wait held its thread");
+        let finished = ctx.poll(wgpu::PollType::Wait {
+            submission_index: Some(submission),
+            timeout: Some(std::time::Duration::ZERO),
+        });
+        assert!(
+            finished.is_ok(),
+            "{mode:?}: resolved before the work was done"
+        );
+    }
+}
+
+/// Pending once, asking to be polled again at once: lets the other futures of a `join!` run.
+struct YieldNow(bool);
+
+impl std::future::Future for YieldNow {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
+}
+
+/// Threads that submit and wait on one context at once (on their own threads and through the
+/// background poller), beside one that only polls: wgpu-core's
 /// device maintenance panicked when another thread retired newer submissions in the middle of
 /// a wait's (`GpuContext::poll` serialises them). Without that lock this failed in 8 runs of 8
 /// on an H200; lavapipe never showed it.
@@ -2525,10 +2599,10 @@ fn waits_and_submissions_from_several_threads_agree() {
                     let mut rec = Recorder::new(ctx, "threads");
                     rec.run(d);
                     let submission = ctx.submit([rec.finish()]);
-                    if (i + t) % 3 == 2 {
-                        ctx.wait().unwrap();
-                    } else {
-                        ctx.wait_for(submission, modes[(i + t) % 2]).unwrap();
+                    match (i + t) % 4 {
+                        3 => ctx.wait().unwrap(),
+                        2 => pollster::block_on(ctx.done(Some(submission), modes[i % 2])).unwrap(),
+                        k => ctx.wait_for(submission, modes[k]).unwrap(),
                     }
                 }
             });

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::Stream;
+use tracing::Instrument;
 use wgemma_kernels::Profiler;
 use wgemma_text::chat::Message;
 use wgemma_text::tokenizer::StreamDecoder;
@@ -246,7 +247,7 @@ impl Session {
         let mut steps = Vec::new();
         for (what, fed) in [("prefill", tokens), ("decode", &tokens[..1])] {
             self.gpu.fetch_rows(fed).await?;
-            let r = self.gpu.feed_profiled(fed, Some(&mut profiler));
+            let r = self.gpu.feed_profiled(fed, Some(&mut profiler)).await;
             let kernels = profiler.read(&ctx).await;
             r?;
             steps.push(StepProfile {
@@ -332,7 +333,12 @@ impl Run<'_> {
     /// Starts the request: reuses the cached prefix, feeds the rest of the prompt and queues
     /// the first sample.
     async fn start(&mut self) -> Result<(), Error> {
-        let _span = tracing::info_span!("prefill").entered();
+        self.start_prefill()
+            .instrument(tracing::info_span!("prefill"))
+            .await
+    }
+
+    async fn start_prefill(&mut self) -> Result<(), Error> {
         let s = &mut *self.session;
         s.gpu.drain().await?;
         let tokens = s.prompt_tokens(&self.req.prompt)?;
@@ -357,20 +363,23 @@ impl Run<'_> {
         }
         self.prompt_len = tokens.len();
         s.gpu.fetch_rows(&tokens[common..]).await?;
-        s.gpu.begin(&tokens[common..], &self.req.sampling, 0)?;
+        s.gpu
+            .begin(&tokens[common..], &self.req.sampling, 0)
+            .await?;
         self.submitted = 1;
         Ok(())
     }
 
     /// Queues decode steps until the pipeline is full or no more are wanted.
-    fn top_up(&mut self) -> Result<(), Error> {
+    async fn top_up(&mut self) -> Result<(), Error> {
         let gpu = &mut self.session.gpu;
         let depth = gpu.pipeline_depth();
         while gpu.in_flight() < depth
             && self.submitted < self.req.max_tokens
             && gpu.position() < gpu.capacity()
         {
-            gpu.advance(&self.req.sampling, self.submitted as u32)?;
+            gpu.advance(&self.req.sampling, self.submitted as u32)
+                .await?;
             self.submitted += 1;
         }
         Ok(())
@@ -381,12 +390,12 @@ impl Run<'_> {
         if self.last.is_none() && self.submitted == 0 {
             self.start().await?;
         }
-        self.top_up()?;
+        self.top_up().await?;
         if self.session.gpu.in_flight() == 0 {
             return Ok(Err(StopReason::ContextFull));
         }
-        let _span = tracing::debug_span!("decode", step = self.generated).entered();
-        Ok(Ok(self.session.gpu.next_token().await?))
+        let span = tracing::debug_span!("decode", step = self.generated);
+        Ok(Ok(self.session.gpu.next_token().instrument(span).await?))
     }
 
     /// Leaves the cache holding the prompt and the tokens generated before the last one:

@@ -127,7 +127,10 @@ impl GpuModel {
             );
         }
         if unused > 0 {
-            tracing::info!(unused, "LoRA pairs on K/V of shared-KV layers have no effect");
+            tracing::info!(
+                unused,
+                "LoRA pairs on K/V of shared-KV layers have no effect"
+            );
         }
         Ok(Arc::new(GpuLora {
             pairs,

@@ -8,6 +8,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use tracing::Instrument;
+
 use wgemma_kernels::ops::{self, AttentionArgs, HeadPostArgs, HeadPostKv, SampleKernel};
 use wgemma_kernels::{Dispatch, GpuError, Profiler, Recorder, View, wgpu};
 
@@ -570,10 +572,10 @@ impl GpuSession {
             ))
         })?;
         let arena = self.arena.clone();
-        let lease = arena.lease();
+        let lease = arena.lease().await;
         self.stage(tokens, tokens)?;
         let mut rec = Recorder::new(&ctx, "trace");
-        self.record(&mut rec, &ops)?;
+        self.record(&mut rec, &ops).await?;
         rec.submit();
         drop(lease);
         self.ledger.feed(tokens);
@@ -755,7 +757,7 @@ impl GpuSession {
         }
     }
 
-    fn record(&self, rec: &mut Recorder<'_>, ops: &[Op]) -> Result<(), ForwardError> {
+    async fn record(&self, rec: &mut Recorder<'_>, ops: &[Op]) -> Result<(), ForwardError> {
         for op in ops {
             match op {
                 Op::Run(d) => rec.run(d),
@@ -777,7 +779,7 @@ impl GpuSession {
                     let n_expert = self.model.cfg.moe.map_or(0, |mc| mc.n_expert as u32);
                     let bytes = match staged {
                         Some((staging, size)) => {
-                            let raw = futures::executor::block_on(ctx.map_and_copy(staging, size))?;
+                            let raw = ctx.map_and_copy(staging, size).await?;
                             let chosen: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
                             host.write_chosen(ctx, n_expert, &chosen)
                         }
@@ -794,7 +796,7 @@ impl GpuSession {
     /// Records a chunk's ops, submitting what is recorded after 32, 64, 128... of them, so that
     /// the GPU runs the first layers while the CPU records the rest (recording a 512-token
     /// chunk takes milliseconds).
-    fn record_submitting_early(
+    async fn record_submitting_early(
         &self,
         rec: &mut Recorder<'_>,
         ops: &[Op],
@@ -803,7 +805,7 @@ impl GpuSession {
         let mut next = 32;
         while done < ops.len() {
             let end = next.min(ops.len());
-            self.record(rec, &ops[done..end])?;
+            self.record(rec, &ops[done..end]).await?;
             if end < ops.len() {
                 rec.flush();
             }
@@ -816,7 +818,7 @@ impl GpuSession {
     /// Records `tokens` (with `soft` tokens over some of them) through the model, leaving the
     /// last one's logits; chunks before the last are submitted on their own (ids and positions
     /// are rewritten between them).
-    fn feed_into(
+    async fn feed_into(
         &mut self,
         rec: &mut Recorder<'_>,
         tokens: &[u32],
@@ -837,7 +839,7 @@ impl GpuSession {
                 let ctx = &self.model.ctx;
                 ctx.write(&self.s.result.buffer, 0, bytemuck::bytes_of(&chunk[0]));
                 self.stage(chunk, &ple_ids)?;
-                self.record(rec, &self.decode)?;
+                self.record(rec, &self.decode).await?;
             } else {
                 let logits = if last {
                     LogitsFor::Last
@@ -851,10 +853,10 @@ impl GpuSession {
                 let ops = self.plan(chunk.len() as u32, input, logits, None)?;
                 self.stage(chunk, &ple_ids)?;
                 if last {
-                    self.record_submitting_early(rec, &ops)?;
+                    self.record_submitting_early(rec, &ops).await?;
                 } else {
                     let mut r = Recorder::new(&self.model.ctx, "prefill");
-                    self.record_submitting_early(&mut r, &ops)?;
+                    self.record_submitting_early(&mut r, &ops).await?;
                     r.submit();
                 }
             }
@@ -933,70 +935,77 @@ impl GpuSession {
     }
 
     /// Feeds `tokens` (prompt or generated) and leaves the last one's logits on the GPU.
-    pub fn feed(&mut self, tokens: &[u32]) -> Result<(), ForwardError> {
-        self.feed_recorded(tokens, &[], None)
+    pub async fn feed(&mut self, tokens: &[u32]) -> Result<(), ForwardError> {
+        self.feed_recorded(tokens, &[], None).await
     }
 
     /// [`GpuSession::feed`] with soft tokens in place of some tokens' embeddings (an image's or
     /// a clip's encoding). With per-layer embeddings read from an asynchronous source, fetch the
     /// padding token's rows first ([`GpuSession::fetch_rows`]).
-    pub fn feed_with(&mut self, tokens: &[u32], soft: &[SoftTokens]) -> Result<(), ForwardError> {
-        self.feed_recorded(tokens, soft, None)
+    pub async fn feed_with(
+        &mut self,
+        tokens: &[u32],
+        soft: &[SoftTokens],
+    ) -> Result<(), ForwardError> {
+        self.feed_recorded(tokens, soft, None).await
     }
 
     /// [`GpuSession::feed`], timing each dispatch of the last chunk with `profiler`.
-    pub fn feed_profiled(
+    pub async fn feed_profiled(
         &mut self,
         tokens: &[u32],
         profiler: Option<&mut Profiler>,
     ) -> Result<(), ForwardError> {
-        self.feed_recorded(tokens, &[], profiler)
+        self.feed_recorded(tokens, &[], profiler).await
     }
 
-    fn feed_recorded(
+    async fn feed_recorded(
         &mut self,
         tokens: &[u32],
         soft: &[SoftTokens],
         profiler: Option<&mut Profiler>,
     ) -> Result<(), ForwardError> {
-        let _span =
-            tracing::debug_span!("feed", tokens = tokens.len(), spans = soft.len()).entered();
+        let span = tracing::debug_span!("feed", tokens = tokens.len(), spans = soft.len());
         let ctx = self.model.ctx.clone();
-        let mut rec = match profiler {
-            Some(p) => Recorder::profiled(&ctx, "feed", p),
-            None => Recorder::new(&ctx, "feed"),
+        let fed = async {
+            let mut rec = match profiler {
+                Some(p) => Recorder::profiled(&ctx, "feed", p),
+                None => Recorder::new(&ctx, "feed"),
+            };
+            let arena = self.arena.clone();
+            let _lease = arena.lease().await;
+            let r = self.feed_into(&mut rec, tokens, soft).await;
+            rec.submit();
+            r
         };
-        let arena = self.arena.clone();
-        let lease = arena.lease();
-        let r = self.feed_into(&mut rec, tokens, soft);
-        rec.submit();
-        drop(lease);
-        r?;
+        fed.instrument(span).await?;
         ctx.check()?;
         Ok(())
     }
 
     /// Starts generation: feeds `tokens` and queues the sampling of the next token.
-    pub fn begin(
+    pub async fn begin(
         &mut self,
         tokens: &[u32],
         p: &SamplingParams,
         step: u32,
     ) -> Result<(), ForwardError> {
-        let _span = tracing::info_span!("prefill", tokens = tokens.len()).entered();
+        let span = tracing::info_span!("prefill", tokens = tokens.len());
         let ctx = self.model.ctx.clone();
-        let mut rec = Recorder::new(&ctx, "begin");
-        let arena = self.arena.clone();
-        let _lease = arena.lease();
-        self.feed_into(&mut rec, tokens, &[])?;
-        self.record_sampling(&mut rec, p, step, false)?;
-        self.submit_step(rec)?;
-        Ok(())
+        let begun = async {
+            let mut rec = Recorder::new(&ctx, "begin");
+            let arena = self.arena.clone();
+            let _lease = arena.lease().await;
+            self.feed_into(&mut rec, tokens, &[]).await?;
+            self.record_sampling(&mut rec, p, step, false)?;
+            self.submit_step(rec)
+        };
+        begun.instrument(span).await
     }
 
     /// Queues one decode step: feeds the last sampled token (still on the GPU) and samples
     /// the next. Does not wait: read tokens back with [`GpuSession::next_token`].
-    pub fn advance(&mut self, p: &SamplingParams, step: u32) -> Result<(), ForwardError> {
+    pub async fn advance(&mut self, p: &SamplingParams, step: u32) -> Result<(), ForwardError> {
         if self.ledger.sampled() == Sampled::None {
             return Err(ForwardError::NothingSampled);
         }
@@ -1036,11 +1045,11 @@ impl GpuSession {
                 .position(|op| matches!(op, Op::Host(HostOp::TokenRows)))
                 .unwrap_or(0);
             let mut head = Recorder::new(&ctx, "decode head");
-            self.record(&mut head, &self.decode[..at])?;
+            self.record(&mut head, &self.decode[..at]).await?;
             head.submit();
-            self.record(&mut rec, &self.decode[at..])?;
+            self.record(&mut rec, &self.decode[at..]).await?;
         } else {
-            self.record(&mut rec, &self.decode)?;
+            self.record(&mut rec, &self.decode).await?;
         }
         self.record_sampling(&mut rec, p, step, true)?;
         // The token fed here joins the history when its id is known.
@@ -1107,7 +1116,7 @@ impl GpuSession {
         step: u32,
     ) -> Result<u32, ForwardError> {
         self.fetch_rows(tokens).await?;
-        self.begin(tokens, p, step)?;
+        self.begin(tokens, p, step).await?;
         self.next_token().await
     }
 
@@ -1271,10 +1280,10 @@ impl GpuSession {
                 Some(&all),
             )?;
             let arena = self.arena.clone();
-            let lease = arena.lease();
+            let lease = arena.lease().await;
             self.stage(chunk, chunk)?;
             let mut rec = Recorder::new(&ctx, "score");
-            self.record(&mut rec, &ops)?;
+            self.record(&mut rec, &ops).await?;
             rec.submit();
             drop(lease);
             self.ledger.feed(chunk);

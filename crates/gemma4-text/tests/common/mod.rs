@@ -19,11 +19,11 @@ pub fn generate_pipelined(
     p: &SamplingParams,
     n: u32,
 ) -> Vec<u32> {
-    s.begin(prompt, p, 0).unwrap();
+    pollster::block_on(s.begin(prompt, p, 0)).unwrap();
     let (mut got, mut submitted) = (Vec::new(), 1);
     while got.len() < n as usize {
         while s.in_flight() < s.pipeline_depth() && submitted < n {
-            s.advance(p, submitted).unwrap();
+            pollster::block_on(s.advance(p, submitted)).unwrap();
             submitted += 1;
         }
         got.push(pollster::block_on(s.next_token()).unwrap());

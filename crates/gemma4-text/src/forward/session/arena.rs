@@ -4,7 +4,7 @@
 //! one copy per model serves every session; each session keeps one row's worth for its decode
 //! steps, which run ahead of the CPU and interleave with other sessions' work.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use wgemma_kernels::{View, ops};
 
@@ -170,7 +170,9 @@ impl Activations {
 /// submissions in order, so a chunk never sees another session's rows in between.
 pub(super) struct Arena {
     pub acts: Activations,
-    lease: Mutex<()>,
+    /// An async lock: a session awaiting the lease holds no thread, and its guard may cross
+    /// the awaits of a step's recording.
+    lease: futures::lock::Mutex<()>,
 }
 
 /// The model's arena, while some session holds it.
@@ -189,14 +191,14 @@ impl Arena {
         }
         let arena = Arc::new(Self {
             acts: Activations::new(model, rows),
-            lease: Mutex::new(()),
+            lease: futures::lock::Mutex::new(()),
         });
         *slot = Arc::downgrade(&arena);
         arena
     }
 
-    /// Waits until no other session records or submits a step through the arena.
-    pub fn lease(&self) -> MutexGuard<'_, ()> {
-        self.lease.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Resolves once no other session records or submits a step through the arena.
+    pub async fn lease(&self) -> futures::lock::MutexGuard<'_, ()> {
+        self.lease.lock().await
     }
 }

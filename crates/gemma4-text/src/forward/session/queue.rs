@@ -205,28 +205,31 @@ impl StepQueue {
     }
 
     /// Waits for the oldest submitted step and returns its token (`None`: nothing submitted).
-    /// With a step waiting for that token, natively the wait is urgent.
+    /// With a step waiting for that token, natively the wait is urgent. Cancel-safe: dropped
+    /// before it resolves, the step stays queued.
     pub(super) async fn read_oldest(&mut self, ctx: &GpuContext) -> Result<Option<u32>, GpuError> {
-        let Some(f) = self.in_flight.pop_front() else {
+        let mode = match self.waiting {
+            Some(_) => ctx.urgent_wait(),
+            None => WaitMode::Sleep,
+        };
+        let Some(f) = self.in_flight.front_mut() else {
             return Ok(None);
         };
-        #[cfg(not(target_arch = "wasm32"))]
-        ctx.wait_for(
-            f.submission,
-            match self.waiting {
-                Some(_) => ctx.urgent_wait(),
-                None => WaitMode::Sleep,
-            },
-        )?;
-        #[cfg(target_arch = "wasm32")]
-        let _ = (f.submission, WaitMode::Sleep);
-        let mapped = f
-            .mapped
-            .await
-            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        // The step leaves the queue only once it is read (or failed): a caller that gives up
+        // the wait finds it again next time.
+        let waited = ctx.done(Some(f.submission.clone()), mode).await;
+        let mapped = match waited {
+            Ok(()) => (&mut f.mapped)
+                .await
+                .map_err(|e| GpuError::Readback(e.to_string())),
+            Err(e) => Err(e),
+        };
+        let slot = f.slot;
+        self.in_flight.pop_front();
+        let mapped = mapped?;
         ctx.check()?;
         mapped.map_err(|e| GpuError::Readback(e.to_string()))?;
-        let buf = &self.ring[f.slot];
+        let buf = &self.ring[slot];
         let token = {
             let view = buf
                 .slice(..)
