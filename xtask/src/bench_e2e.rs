@@ -43,6 +43,44 @@ pub struct Args {
     /// Stream a mixture-of-experts model's experts from host memory layer by layer.
     #[arg(long)]
     stream_experts: bool,
+    /// Apply a random LoRA adapter of this rank to every projection (what an adapter costs).
+    #[arg(long)]
+    lora_rank: Option<usize>,
+}
+
+/// A random adapter of rank `rank` on every projection `model` has.
+fn random_adapter(model: &GpuModel, rank: usize) -> wgemma_text::lora::LoraAdapter {
+    use wgemma_text::lora::{LoraAdapter, LoraPair, Proj};
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut values = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 40) as f32 / (1u64 << 24) as f32 * 0.02 - 0.01
+            })
+            .collect()
+    };
+    let mut adapter = LoraAdapter::default();
+    for il in 0..model.cfg.n_layer {
+        for p in Proj::ALL {
+            if !model.has_projection(il, p) {
+                continue;
+            }
+            let (rows, cols) = p.shape(&model.cfg, il);
+            let pair = LoraPair {
+                a: values(rank * cols),
+                b: values(rows * rank),
+                rank,
+                cols,
+                rows,
+                scale: 1.0,
+            };
+            adapter.pairs.insert((il, p), pair);
+        }
+    }
+    adapter
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -82,6 +120,10 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         max_batch: a.prompt.min(512),
     };
     let mut session = GpuSession::new(model.clone(), opts)?;
+    if let Some(rank) = a.lora_rank {
+        let adapter = model.upload_adapter(&random_adapter(&model, rank))?;
+        session.set_adapters(&[(adapter, 1.0)])?;
+    }
     let vocab = cfg.n_vocab as u32;
     let prompt: Vec<u32> = (0..a.prompt as u32)
         .map(|i| (i * 7919 + 13) % vocab.max(1))
