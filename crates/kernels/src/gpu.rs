@@ -552,6 +552,8 @@ pub enum WaitMode {
     /// Sleep until the device signals (its wake-up can take tens of microseconds).
     Sleep,
     /// Poll the device in a loop, keeping a CPU core busy: back the moment the work is done.
+    /// [`GpuContext::done`] checks once each time it is polled and asks to be polled again,
+    /// so the executor's other tasks run in between.
     Spin,
 }
 
