@@ -1,11 +1,13 @@
-//! Adapters on the GPU: each pair's A and B as f32 buffers of the model's context, joined to a
-//! session's products through the graph's one projection hook (`Node::Linear`'s adapters).
+//! Adapters on the GPU: each pair's A as an f32 weight and B as an f32 buffer of the model's
+//! context, joined to a session's products through the graph's one projection hook
+//! (`Node::Linear`'s adapters).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use wgemma_gguf::GgmlType;
 use wgemma_kernels::graph::{LoraTarget, LoraTerm};
-use wgemma_kernels::{GpuContext, View};
+use wgemma_kernels::{GpuContext, GpuError, GpuWeight, View};
 
 use super::model::GpuModel;
 use super::session::ForwardError;
@@ -14,7 +16,7 @@ use crate::lora::{LoraAdapter, LoraError, Proj};
 
 /// One pair on the GPU.
 pub(crate) struct GpuPair {
-    a: View,
+    a: GpuWeight,
     b: View,
     rank: u32,
     rows: u32,
@@ -118,7 +120,7 @@ impl GpuModel {
             pairs.insert(
                 (il, proj),
                 GpuPair {
-                    a: upload("lora a", &pair.a),
+                    a: f32_weight(ctx, &pair.a, pair.rank, pair.cols)?,
                     b: upload("lora b", &pair.b),
                     rank: pair.rank as u32,
                     rows: pair.rows as u32,
@@ -138,4 +140,17 @@ impl GpuModel {
             cfg: self.cfg.clone(),
         }))
     }
+}
+
+/// A pair's A, `rank` rows of `cols` f32 values, as a weight: one tile (an adapter's A is far
+/// under any binding limit), padded as weights are.
+fn f32_weight(
+    ctx: &GpuContext,
+    a: &[f32],
+    rank: usize,
+    cols: usize,
+) -> Result<GpuWeight, GpuError> {
+    let w = GpuWeight::allocate(ctx, "lora a", GgmlType::F32, cols as u64, rank as u64, None)?;
+    w.write_tile(ctx, 0, bytemuck::cast_slice(a))?;
+    Ok(w)
 }

@@ -433,14 +433,13 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
             let (m, n) = (self.g.tokens, yv.cols);
             let rows = |first| Tensor::strided(raw, DType::F32, &[1, m, n], &[0, 2 * n, 2], first);
             let (gate, up) = (rows(0)?, rows(1)?);
-            let x = self.tensor(*x)?;
             for term in adapters {
                 let y = if term.target == LoraTarget::Up {
                     &up
                 } else {
                     &gate
                 };
-                self.lora_delta(term, &x, y)?;
+                self.lora_delta(term, &args, y)?;
             }
             let y = self.tensor(*out)?;
             let d = ops::binary(
@@ -454,7 +453,7 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         } else {
             let ds = ops::matmul(self.ctx, w, &args)?;
             self.run(ds);
-            let (x, y) = (self.tensor(*x)?, self.tensor(*out)?);
+            let y = self.tensor(*out)?;
             for term in adapters {
                 let LoraTarget::Cols(col) = term.target else {
                     return Err(GpuError::Shape(format!(
@@ -462,7 +461,7 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
                         yv.name
                     )));
                 };
-                self.lora_delta(term, &x, &y.narrow(2, col, term.rows)?)?;
+                self.lora_delta(term, &args, &y.narrow(2, col, term.rows)?)?;
             }
         }
         self.wrote(&[*out])?;
@@ -484,19 +483,32 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         Tensor::strided(self.view(v)?, DType::F32, &dims, &strides, value.col())
     }
 
-    /// `y += scale * (x A^T) B^T`: two products through the scratch and an add in place.
-    fn lora_delta(&mut self, term: &LoraTerm<'_>, x: &Tensor, y: &Tensor) -> Result<(), GpuError> {
+    /// `y += scale * (x A^T) B^T`: `x A^T` (sums as long as the input is wide) as a weight's
+    /// product, then `t B^T` (sums of `rank` terms) as an activation product, through the
+    /// scratch, and an add in place. `x` is the product's input (`args.x`, `args.m` rows
+    /// `args.x_stride` apart).
+    fn lora_delta(
+        &mut self,
+        term: &LoraTerm<'_>,
+        x: &MatmulArgs<'_>,
+        y: &Tensor,
+    ) -> Result<(), GpuError> {
         let lora = self.lora_scratch()?;
-        let (m, k) = (x.dim(1), x.dim(2));
-        let t = Tensor::new(lora.t, &[1, m, term.rank])?;
-        let a = Tensor::new(term.a, &[1, term.rank, k])?;
-        let xa = Product {
-            a: x,
-            bt: &a,
-            bias: None,
-            alpha: 1.0,
+        let m = x.m;
+        let partials = self.l.scratch.partials;
+        let fits = ops::matmul_partials_floats(self.ctx, term.a, m) * 4 <= partials.size;
+        let xa = MatmulArgs {
+            x: x.x,
+            y: lora.t,
+            m,
+            x_stride: x.x_stride,
+            y_stride: term.rank,
+            out: PLAIN,
+            y_offset: 0,
+            partials: fits.then_some(partials),
         };
-        let first = ops::product(self.ctx, &xa, &t)?;
+        let mut ds = ops::matmul(self.ctx, term.a, &xa)?;
+        let t = Tensor::new(lora.t, &[1, m, term.rank])?;
         let d = Tensor::new(lora.d, &[1, m, term.rows])?;
         let b = Tensor::new(term.b, &[1, term.rows, term.rank])?;
         let tb = Product {
@@ -505,9 +517,9 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
             bias: None,
             alpha: term.scale,
         };
-        let second = ops::product(self.ctx, &tb, &d)?;
-        let add = ops::binary(self.ctx, Binary::Add, y, &d, y)?;
-        self.run(vec![first, second, add]);
+        ds.push(ops::product(self.ctx, &tb, &d)?);
+        ds.push(ops::binary(self.ctx, Binary::Add, y, &d, y)?);
+        self.run(ds);
         Ok(())
     }
 

@@ -98,7 +98,9 @@ pub struct ExpertWeights<'a> {
 /// `[rows, rank]` f32, row-major.
 #[derive(Clone, Copy, Debug)]
 pub struct LoraTerm<'a> {
-    pub a: &'a View,
+    /// A as an f32 weight (`rank` rows of the product's input width), so that `x A^T` runs
+    /// through the weights' products, which split its long sums over many workgroups.
+    pub a: &'a GpuWeight,
     pub b: &'a View,
     pub rank: u32,
     pub rows: u32,
