@@ -44,18 +44,14 @@ impl GpuLora {
         self.pairs.values().map(|p| p.rank).max().unwrap_or(0)
     }
 
-    /// The widest output of its pairs, and of its gate/up pairs.
-    pub(crate) fn max_rows(&self) -> (u32, u32) {
-        let gated = |p: &Proj| matches!(p, Proj::Gate | Proj::Up);
-        let all = self.pairs.values().map(|p| p.rows).max().unwrap_or(0);
-        let ff = self
-            .pairs
+    /// The widest output of its gate/up pairs.
+    pub(crate) fn max_gated_rows(&self) -> u32 {
+        self.pairs
             .iter()
-            .filter(|((_, p), _)| gated(p))
+            .filter(|((_, p), _)| matches!(p, Proj::Gate | Proj::Up))
             .map(|(_, pair)| pair.rows)
             .max()
-            .unwrap_or(0);
-        (all, ff)
+            .unwrap_or(0)
     }
 
     /// The term of layer `il`'s projection `proj` at `target`, scaled by `s`.

@@ -237,7 +237,6 @@ pub struct GpuSession {
 /// A session's buffers for LoRA deltas (`wgemma_kernels::graph::LoraScratch`).
 struct LoraBuffers {
     t: View,
-    d: View,
     raw: View,
 }
 
@@ -361,15 +360,15 @@ impl GpuSession {
             .cloned()
             .collect();
         let rank = kept.iter().map(|(a, _)| a.max_rank()).max().unwrap_or(0);
-        let (rows, ff) = kept.iter().fold((0, 0), |(r, f), (a, _)| {
-            let (ar, af) = a.max_rows();
-            (r.max(ar), f.max(af))
-        });
+        let ff = kept
+            .iter()
+            .map(|(a, _)| a.max_gated_rows())
+            .max()
+            .unwrap_or(0);
         let ctx = &self.model.ctx;
         let floats = |n: u32| u64::from(n) * self.max_batch as u64 * 4;
         self.lora = (!kept.is_empty()).then(|| LoraBuffers {
             t: View::of(&ctx.storage("lora t", floats(rank))),
-            d: View::of(&ctx.storage("lora d", floats(rows))),
             raw: View::of(&ctx.storage("lora raw", floats(2 * ff))),
         });
         self.adapters = kept;
@@ -401,10 +400,7 @@ impl GpuSession {
     /// Bytes this session holds on the GPU: its KV cache and scratch (weights are the
     /// model's, and so is the arena of batched steps' activations, [`GpuSession::arena_bytes`]).
     pub fn gpu_bytes(&self) -> u64 {
-        let lora = self
-            .lora
-            .as_ref()
-            .map_or(0, |l| l.t.size + l.d.size + l.raw.size);
+        let lora = self.lora.as_ref().map_or(0, |l| l.t.size + l.raw.size);
         self.s.bytes() + self.kv.bytes() + lora
     }
 

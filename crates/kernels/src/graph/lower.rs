@@ -37,13 +37,11 @@ pub struct Scratch<'a> {
     pub lora: Option<LoraScratch<'a>>,
 }
 
-/// The buffers LoRA deltas use: `t` (`x A^T`: the steps's rows of the largest rank), `d` (`t
-/// B^T`: of the widest adapted output) and `raw` (a gated product's gate and up rows before
-/// the activation: twice the widest gated output).
+/// The buffers LoRA deltas use: `t` (`x A^T`: the step's rows of the largest rank) and `raw`
+/// (a gated product's gate and up rows before the activation: twice the widest gated output).
 #[derive(Clone, Copy)]
 pub struct LoraScratch<'a> {
     pub t: &'a View,
-    pub d: &'a View,
     pub raw: &'a View,
 }
 
@@ -484,8 +482,8 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
     }
 
     /// `y += scale * (x A^T) B^T`: `x A^T` (sums as long as the input is wide) as a weight's
-    /// product, then `t B^T` (sums of `rank` terms) as an activation product, through the
-    /// scratch, and an add in place. `x` is the product's input (`args.x`, `args.m` rows
+    /// product into the scratch, then `t B^T` (sums of `rank` terms) as an activation product
+    /// that adds to `y` in place. `x` is the product's input (`args.x`, `args.m` rows
     /// `args.x_stride` apart).
     fn lora_delta(
         &mut self,
@@ -509,16 +507,15 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         };
         let mut ds = ops::matmul(self.ctx, term.a, &xa)?;
         let t = Tensor::new(lora.t, &[1, m, term.rank])?;
-        let d = Tensor::new(lora.d, &[1, m, term.rows])?;
         let b = Tensor::new(term.b, &[1, term.rows, term.rank])?;
         let tb = Product {
             a: &t,
             bt: &b,
             bias: None,
             alpha: term.scale,
+            accumulate: true,
         };
-        ds.push(ops::product(self.ctx, &tb, &d)?);
-        ds.push(ops::binary(self.ctx, Binary::Add, y, &d, y)?);
+        ds.push(ops::product(self.ctx, &tb, y)?);
         self.run(ds);
         Ok(())
     }

@@ -19,6 +19,8 @@ pub struct Product<'a> {
     pub bt: &'a Tensor,
     pub bias: Option<&'a Tensor>,
     pub alpha: f32,
+    /// Add to what `y` holds (`y += ...`) rather than overwrite it.
+    pub accumulate: bool,
 }
 
 /// The product's dispatch (16 x 16 outputs a workgroup). Shapes are checked here: a is
@@ -63,7 +65,9 @@ pub fn product(ctx: &GpuContext, p: &Product<'_>, y: &Tensor) -> Result<Dispatch
         bias_at: p.bias.map_or(0, Tensor::offset),
         alpha: p.alpha,
     };
-    let source = ShaderSource::new("product", &[PRODUCT_WGSL]).flag_if(p.bias.is_some(), "BIAS");
+    let source = ShaderSource::new("product", &[PRODUCT_WGSL])
+        .flag_if(p.bias.is_some(), "BIAS")
+        .flag_if(p.accumulate, "ACCUMULATE");
     ctx.dispatch(
         "product",
         ctx.pipeline(&source),

@@ -1,4 +1,5 @@
-// y[b, i, j] = alpha * sum_k a[b, i, k] * bt[b, j, k] (+ bias[j] with BIAS): the product of
+// y[b, i, j] = alpha * sum_k a[b, i, k] * bt[b, j, k] (+ bias[j] with BIAS, + what y held with
+// ACCUMULATE): the product of
 // two activation tensors of any layout (a transposed operand is a stride swap, a shared one a
 // batch stride of 0). 16 x 16 outputs per workgroup, k in steps of 16 through workgroup
 // memory.
@@ -65,6 +66,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 #if BIAS
         v += bias[p.bias_at + j];
 #endif
-        y[p.y_at + batch * p.y0 + i * p.y1 + j * p.y2] = v;
+        let at = p.y_at + batch * p.y0 + i * p.y1 + j * p.y2;
+#if ACCUMULATE
+        v += y[at];
+#endif
+        y[at] = v;
     }
 }

@@ -290,17 +290,36 @@ fn products_of_activations_match_cpu_with_transposes_batches_and_bias() {
         bt: &bt,
         bias: Some(&bias),
         alpha: 0.6,
+        accumulate: false,
     };
     run(ctx, &[&ops::product(ctx, &p, &y).unwrap()]);
     let a_logical = cpu::gather(&ad, a.dims(), a.strides(), 0);
     let b_logical: Vec<f32> = (0..3).flat_map(|_| bd.clone()).collect();
     let want = cpu::product(s, &a_logical, &b_logical, Some(&biasd), 0.6);
     assert_close("product", &read(ctx, y.view()), &want, 1e-5);
+    // Accumulating into a column slice of a wider output: the rest stays as it was.
+    let (wide, wide_d) = random(ctx, &mut rng, &[3, 17, 23]);
+    let add = Product {
+        accumulate: true,
+        ..p
+    };
+    run(
+        ctx,
+        &[&ops::product(ctx, &add, &wide.narrow(2, 3, 19).unwrap()).unwrap()],
+    );
+    let mut want_wide = wide_d.clone();
+    for (r, row) in want.chunks(19).enumerate() {
+        for (j, v) in row.iter().enumerate() {
+            want_wide[r * 23 + 3 + j] += v;
+        }
+    }
+    assert_close("product +=", &read(ctx, wide.view()), &want_wide, 1e-5);
     let wrong = Product {
         a: &a,
         bt: &a,
         bias: None,
         alpha: 1.0,
+        accumulate: false,
     };
     assert!(ops::product(ctx, &wrong, &y).is_err());
 }
@@ -328,6 +347,7 @@ fn convolutions_and_pooling_match_cpu() {
         bt: &weight,
         bias: None,
         alpha: 1.0,
+        accumulate: false,
     };
     run(
         ctx,

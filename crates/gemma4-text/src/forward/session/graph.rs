@@ -93,7 +93,6 @@ impl<'s> DecoderGraph<'s> {
                 last_row: &s.last_n,
                 lora: session.lora.as_ref().map(|b| LoraScratch {
                     t: &b.t,
-                    d: &b.d,
                     raw: &b.raw,
                 }),
             },
