@@ -12,20 +12,11 @@
 //!   of a parked thread) cost E2B 3% of its decode speed on an H100: its decode step waits
 //!   for every token.
 
-use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::GpuError;
-use crate::gpu::{WAIT_SLICE, WaitMode};
-
-/// How long the polling thread stays with nothing to wait for before it ends (the next wait
-/// starts another).
-const IDLE: Duration = Duration::from_secs(2);
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) use polling::Poller;
 
 /// The lock around every submit and poll of a device. wgpu-core's device maintenance (run by
 /// both) reads the finished submission index before it retires finished submissions; another
@@ -71,248 +62,271 @@ impl Maintenance {
     }
 }
 
-enum State {
-    Pending,
-    Done,
-    Failed(String),
-}
+/// The polling thread and the waits it serves (native: the browser polls by itself).
+#[cfg(not(target_arch = "wasm32"))]
+mod polling {
+    use std::collections::VecDeque;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+    use std::task::{Context, Poll, Waker};
+    use std::time::Duration;
 
-/// A task waiting for a submission (`None`: everything submitted when it is polled for).
-struct Waiting {
-    id: u64,
-    submission: Option<wgpu::SubmissionIndex>,
-    state: State,
-    waker: Option<Waker>,
-}
+    use super::Maintenance;
+    use crate::GpuError;
+    use crate::gpu::{WAIT_SLICE, WaitMode};
 
-#[derive(Default)]
-struct Waits {
-    next_id: u64,
-    /// In the order the waits began; finished ones stay until their task reads them.
-    list: VecDeque<Waiting>,
-    /// Whether the polling thread runs.
-    polling: bool,
-}
+    /// How long the polling thread stays with nothing to wait for before it ends (the next
+    /// wait starts another).
+    const IDLE: Duration = Duration::from_secs(2);
 
-impl Waits {
-    /// The oldest pending wait's id and submission.
-    fn target(&self) -> Option<(u64, Option<wgpu::SubmissionIndex>)> {
-        let first = self
-            .list
-            .iter()
-            .find(|w| matches!(w.state, State::Pending))?;
-        Some((first.id, first.submission.clone()))
+    enum State {
+        Pending,
+        Done,
+        Failed(String),
     }
 
-    fn position(&self, id: u64) -> Option<usize> {
-        self.list.iter().position(|w| w.id == id)
-    }
-}
-
-struct Shared {
-    device: wgpu::Device,
-    maintenance: Arc<Maintenance>,
-    waits: Mutex<Waits>,
-    wake: Condvar,
-}
-
-impl Shared {
-    fn waits(&self) -> MutexGuard<'_, Waits> {
-        self.waits.lock().unwrap_or_else(PoisonError::into_inner)
+    /// A task waiting for a submission (`None`: everything submitted when it is polled for).
+    struct Waiting {
+        id: u64,
+        submission: Option<wgpu::SubmissionIndex>,
+        state: State,
+        waker: Option<Waker>,
     }
 
-    /// Settles wait `id` and wakes its task.
-    fn settle(&self, id: u64, state: State) {
-        let waker = {
-            let mut waits = self.waits();
-            let Some(i) = waits.position(id) else { return };
-            let w = &mut waits.list[i];
-            w.state = state;
-            w.waker.take()
-        };
-        if let Some(waker) = waker {
-            waker.wake();
+    #[derive(Default)]
+    struct Waits {
+        next_id: u64,
+        /// In the order the waits began; finished ones stay until their task reads them.
+        list: VecDeque<Waiting>,
+        /// Whether the polling thread runs.
+        polling: bool,
+    }
+
+    impl Waits {
+        /// The oldest pending wait's id and submission.
+        fn target(&self) -> Option<(u64, Option<wgpu::SubmissionIndex>)> {
+            let first = self
+                .list
+                .iter()
+                .find(|w| matches!(w.state, State::Pending))?;
+            Some((first.id, first.submission.clone()))
+        }
+
+        fn position(&self, id: u64) -> Option<usize> {
+            self.list.iter().position(|w| w.id == id)
         }
     }
 
-    /// The polling thread: waits on the device for the oldest pending wait, in slices of
-    /// [`WAIT_SLICE`] (submits from other threads go between them), until none is left for
-    /// [`IDLE`].
-    fn run(self: Arc<Self>) {
-        loop {
-            let Some((id, submission)) = self.next_target() else {
-                return;
+    struct Shared {
+        device: wgpu::Device,
+        maintenance: Arc<Maintenance>,
+        waits: Mutex<Waits>,
+        wake: Condvar,
+    }
+
+    impl Shared {
+        fn waits(&self) -> MutexGuard<'_, Waits> {
+            self.waits.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+
+        /// Settles wait `id` and wakes its task.
+        fn settle(&self, id: u64, state: State) {
+            let waker = {
+                let mut waits = self.waits();
+                let Some(i) = waits.position(id) else { return };
+                let w = &mut waits.list[i];
+                w.state = state;
+                w.waker.take()
             };
-            let polled = {
-                let _held = self.maintenance.hold_after_others();
-                self.device.poll(wgpu::PollType::Wait {
-                    submission_index: submission,
-                    timeout: Some(WAIT_SLICE),
-                })
-            };
-            match polled {
-                Ok(_) => self.settle(id, State::Done),
-                Err(wgpu::PollError::Timeout) => std::hint::spin_loop(),
-                Err(e) => self.settle(id, State::Failed(e.to_string())),
+            if let Some(waker) = waker {
+                waker.wake();
             }
         }
-    }
 
-    /// The wait to poll for next, sleeping while there is none; `None` (and the thread
-    /// marked as gone) after [`IDLE`] without one.
-    fn next_target(&self) -> Option<(u64, Option<wgpu::SubmissionIndex>)> {
-        let mut waits = self.waits();
-        loop {
-            if let Some(t) = waits.target() {
-                return Some(t);
-            }
-            let (w, timeout) = self
-                .wake
-                .wait_timeout(waits, IDLE)
-                .unwrap_or_else(PoisonError::into_inner);
-            waits = w;
-            if timeout.timed_out() && waits.target().is_none() {
-                waits.polling = false;
-                return None;
-            }
-        }
-    }
-}
-
-/// Polls a device on a background thread while tasks wait for its work.
-pub(crate) struct Poller {
-    shared: Arc<Shared>,
-}
-
-impl Poller {
-    pub(crate) fn new(device: wgpu::Device, maintenance: Arc<Maintenance>) -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                device,
-                maintenance,
-                waits: Mutex::new(Waits::default()),
-                wake: Condvar::new(),
-            }),
-        }
-    }
-
-    /// Resolves once `submission` (`None`: everything submitted so far) has finished on the
-    /// GPU; the callbacks of buffers mapped after that work have run by then.
-    pub(crate) fn done(&self, submission: Option<wgpu::SubmissionIndex>, mode: WaitMode) -> Done {
-        let shared = &self.shared;
-        if mode == WaitMode::Spin {
-            return Done {
-                shared: shared.clone(),
-                wait: Wait::Checked(submission),
-            };
-        }
-        let mut waits = shared.waits();
-        let id = waits.next_id;
-        waits.next_id += 1;
-        let mut state = State::Pending;
-        if !waits.polling {
-            let polling = shared.clone();
-            match std::thread::Builder::new()
-                .name("wgemma-gpu-poll".into())
-                .spawn(move || polling.run())
-            {
-                Ok(_) => waits.polling = true,
-                Err(e) => {
-                    state = State::Failed(format!("cannot start the GPU polling thread: {e}"))
+        /// The polling thread: waits on the device for the oldest pending wait, in slices of
+        /// [`WAIT_SLICE`] (submits from other threads go between them), until none is left for
+        /// [`IDLE`].
+        fn run(self: Arc<Self>) {
+            loop {
+                let Some((id, submission)) = self.next_target() else {
+                    return;
+                };
+                let polled = {
+                    let _held = self.maintenance.hold_after_others();
+                    self.device.poll(wgpu::PollType::Wait {
+                        submission_index: submission,
+                        timeout: Some(WAIT_SLICE),
+                    })
+                };
+                match polled {
+                    Ok(_) => self.settle(id, State::Done),
+                    Err(wgpu::PollError::Timeout) => std::hint::spin_loop(),
+                    Err(e) => self.settle(id, State::Failed(e.to_string())),
                 }
             }
         }
-        waits.list.push_back(Waiting {
-            id,
-            submission,
-            state,
-            waker: None,
-        });
-        drop(waits);
-        shared.wake.notify_one();
-        Done {
-            shared: shared.clone(),
-            wait: Wait::Served(id),
-        }
-    }
-}
 
-enum Wait {
-    /// Served by the polling thread, under this id.
-    Served(u64),
-    /// Checked on the device each time the future is polled.
-    Checked(Option<wgpu::SubmissionIndex>),
-}
-
-/// [`Poller::done`]'s future. Dropping it gives the wait up.
-pub(crate) struct Done {
-    shared: Arc<Shared>,
-    wait: Wait,
-}
-
-impl Done {
-    /// One look at the device: ready once `submission` has finished.
-    fn check(
-        shared: &Shared,
-        submission: &Option<wgpu::SubmissionIndex>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<(), GpuError>> {
-        let polled = shared.maintenance.try_hold().map(|_held| {
-            shared.device.poll(wgpu::PollType::Wait {
-                submission_index: submission.clone(),
-                timeout: Some(Duration::ZERO),
-            })
-        });
-        match polled {
-            Some(Ok(_)) => Poll::Ready(Ok(())),
-            Some(Err(e)) if !matches!(e, wgpu::PollError::Timeout) => {
-                Poll::Ready(Err(GpuError::Readback(e.to_string())))
-            }
-            _ => {
-                cx.waker().wake_by_ref();
-                Poll::Pending
+        /// The wait to poll for next, sleeping while there is none; `None` (and the thread
+        /// marked as gone) after [`IDLE`] without one.
+        fn next_target(&self) -> Option<(u64, Option<wgpu::SubmissionIndex>)> {
+            let mut waits = self.waits();
+            loop {
+                if let Some(t) = waits.target() {
+                    return Some(t);
+                }
+                let (w, timeout) = self
+                    .wake
+                    .wait_timeout(waits, IDLE)
+                    .unwrap_or_else(PoisonError::into_inner);
+                waits = w;
+                if timeout.timed_out() && waits.target().is_none() {
+                    waits.polling = false;
+                    return None;
+                }
             }
         }
     }
-}
 
-impl Future for Done {
-    type Output = Result<(), GpuError>;
+    /// Polls a device on a background thread while tasks wait for its work.
+    pub(crate) struct Poller {
+        shared: Arc<Shared>,
+    }
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let id = match &self.wait {
-            Wait::Served(id) => *id,
-            Wait::Checked(submission) => return Self::check(&self.shared, submission, cx),
-        };
-        let mut waits = self.shared.waits();
-        let Some(i) = waits.position(id) else {
-            return Poll::Ready(Ok(()));
-        };
-        let w = &mut waits.list[i];
-        match &w.state {
-            State::Pending => {
-                w.waker = Some(cx.waker().clone());
-                Poll::Pending
+    impl Poller {
+        pub(crate) fn new(device: wgpu::Device, maintenance: Arc<Maintenance>) -> Self {
+            Self {
+                shared: Arc::new(Shared {
+                    device,
+                    maintenance,
+                    waits: Mutex::new(Waits::default()),
+                    wake: Condvar::new(),
+                }),
             }
-            State::Done => {
+        }
+
+        /// Resolves once `submission` (`None`: everything submitted so far) has finished on the
+        /// GPU; the callbacks of buffers mapped after that work have run by then.
+        pub(crate) fn done(
+            &self,
+            submission: Option<wgpu::SubmissionIndex>,
+            mode: WaitMode,
+        ) -> Done {
+            let shared = &self.shared;
+            if mode == WaitMode::Spin {
+                return Done {
+                    shared: shared.clone(),
+                    wait: Wait::Checked(submission),
+                };
+            }
+            let mut waits = shared.waits();
+            let id = waits.next_id;
+            waits.next_id += 1;
+            let mut state = State::Pending;
+            if !waits.polling {
+                let polling = shared.clone();
+                match std::thread::Builder::new()
+                    .name("wgemma-gpu-poll".into())
+                    .spawn(move || polling.run())
+                {
+                    Ok(_) => waits.polling = true,
+                    Err(e) => {
+                        state = State::Failed(format!("cannot start the GPU polling thread: {e}"))
+                    }
+                }
+            }
+            waits.list.push_back(Waiting {
+                id,
+                submission,
+                state,
+                waker: None,
+            });
+            drop(waits);
+            shared.wake.notify_one();
+            Done {
+                shared: shared.clone(),
+                wait: Wait::Served(id),
+            }
+        }
+    }
+
+    enum Wait {
+        /// Served by the polling thread, under this id.
+        Served(u64),
+        /// Checked on the device each time the future is polled.
+        Checked(Option<wgpu::SubmissionIndex>),
+    }
+
+    /// [`Poller::done`]'s future. Dropping it gives the wait up.
+    pub(crate) struct Done {
+        shared: Arc<Shared>,
+        wait: Wait,
+    }
+
+    impl Done {
+        /// One look at the device: ready once `submission` has finished.
+        fn check(
+            shared: &Shared,
+            submission: &Option<wgpu::SubmissionIndex>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Result<(), GpuError>> {
+            let polled = shared.maintenance.try_hold().map(|_held| {
+                shared.device.poll(wgpu::PollType::Wait {
+                    submission_index: submission.clone(),
+                    timeout: Some(Duration::ZERO),
+                })
+            });
+            match polled {
+                Some(Ok(_)) => Poll::Ready(Ok(())),
+                Some(Err(e)) if !matches!(e, wgpu::PollError::Timeout) => {
+                    Poll::Ready(Err(GpuError::Readback(e.to_string())))
+                }
+                _ => {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+            }
+        }
+    }
+
+    impl Future for Done {
+        type Output = Result<(), GpuError>;
+
+        fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            let id = match &self.wait {
+                Wait::Served(id) => *id,
+                Wait::Checked(submission) => return Self::check(&self.shared, submission, cx),
+            };
+            let mut waits = self.shared.waits();
+            let Some(i) = waits.position(id) else {
+                return Poll::Ready(Ok(()));
+            };
+            let w = &mut waits.list[i];
+            match &w.state {
+                State::Pending => {
+                    w.waker = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+                State::Done => {
+                    waits.list.remove(i);
+                    Poll::Ready(Ok(()))
+                }
+                State::Failed(e) => {
+                    let e = GpuError::Readback(e.clone());
+                    waits.list.remove(i);
+                    Poll::Ready(Err(e))
+                }
+            }
+        }
+    }
+
+    impl Drop for Done {
+        fn drop(&mut self) {
+            let Wait::Served(id) = self.wait else { return };
+            let mut waits = self.shared.waits();
+            if let Some(i) = waits.position(id) {
                 waits.list.remove(i);
-                Poll::Ready(Ok(()))
             }
-            State::Failed(e) => {
-                let e = GpuError::Readback(e.clone());
-                waits.list.remove(i);
-                Poll::Ready(Err(e))
-            }
-        }
-    }
-}
-
-impl Drop for Done {
-    fn drop(&mut self) {
-        let Wait::Served(id) = self.wait else { return };
-        let mut waits = self.shared.waits();
-        if let Some(i) = waits.position(id) {
-            waits.list.remove(i);
         }
     }
 }
