@@ -121,7 +121,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     };
     let mut session = GpuSession::new(model.clone(), opts)?;
     if let Some(rank) = a.lora_rank {
-        let adapter = model.upload_adapter(&random_adapter(&model, rank))?;
+        let adapter = model.prepare_adapter(&random_adapter(&model, rank))?;
         session.set_adapters(&[(adapter, 1.0)])?;
     }
     let vocab = cfg.n_vocab as u32;

@@ -15,8 +15,8 @@ pub mod tokenizer;
 
 pub use config::{Arch, ConfigError, LayerConfig, TextConfig};
 pub use forward::{
-    ExpertPlacement, ForwardError, Fusions, GpuLora, GpuModel, GpuSession, LoadError, LoadOptions,
-    LoadProgress, PleRows, SessionOptions, SoftTokens, Traced, WeightBytes,
+    ExpertPlacement, ForwardError, Fusions, GpuModel, GpuSession, LoadError, LoadOptions,
+    LoadProgress, PleRows, PreparedLora, SessionOptions, SoftTokens, Traced, WeightBytes,
 };
 pub use reference::{CpuModel, Input};
 pub use sampling::SamplingParams;

@@ -246,6 +246,12 @@ kernel_params!(
         accumulate: u32,
         n_expert: u32,
         has_scale: u32,
+        lora_rank: u32,
+        lora_t_stride: u32,
+        lora_seg1: u32,
+        lora_seg2: u32,
+        lora_pairs: u32,
+        lora_first_row: u32,
     }
 );
 

@@ -948,6 +948,107 @@ fn one_token_matvec_matches_cpu() {
     }
 }
 
+/// An adapter's delta joined to a one-token product's rows: each row adds its segment's
+/// `t` dotted with its B row, before the output is formed (a gated output gains it on the gate
+/// and up rows). Weights across tiles (each tile's first row places its rows in B), three
+/// segments by ranges and gate/up pairs; a delta that does not fit the product is refused.
+#[test]
+fn matvec_adds_an_adapters_delta_like_the_cpu() {
+    use ops::{Epilogue, LoraDelta, LoraSegments};
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(83);
+    let (k, n, rank) = (320u64, 302usize, 5u32);
+    for (dtype, tiled) in [
+        (GgmlType::F32, false),
+        (GgmlType::Q8_0, true),
+        (GgmlType::F16, false),
+    ] {
+        let wq = quantize(dtype, &rng.vec(k as usize * n, 0.5)).unwrap();
+        let wd = dequantize_to_vec(dtype, &wq).unwrap();
+        let tile = tiled.then(|| dtype.bytes_for(k).unwrap() * 50 + 16);
+        let w = GpuWeight::upload(ctx, "w", dtype, k, n as u64, &wq, tile).unwrap();
+        assert_eq!(w.tiles.len() > 1, tiled);
+        let x = rng.vec(k as usize, 1.0);
+        let rows = cpu::matmul(&wd, n, k as usize, &x, 1);
+        let b = rng.vec(n * rank as usize, 0.5);
+        let (bv, xv) = (upload(ctx, &b), upload(ctx, &x));
+        for (segments, out) in [
+            (
+                LoraSegments::Ranges([101, 257]),
+                ops::MatvecOut::Rows { softcap: 0.0 },
+            ),
+            (
+                LoraSegments::Ranges([7, u32::MAX]),
+                ops::MatvecOut::Rows { softcap: 0.0 },
+            ),
+            (LoraSegments::Pairs, ops::MatvecOut::Geglu),
+        ] {
+            let segs = segments.count(n as u32);
+            let t = rng.vec((segs * rank) as usize, 1.0);
+            let tv = upload(ctx, &t);
+            let adapted: Vec<f32> = (0..n as u32)
+                .map(|r| {
+                    let s = (0..segs)
+                        .find(|&s| {
+                            let (first, count, step) = segments.rows(s, n as u32);
+                            r >= first && (r - first) % step == 0 && (r - first) / step < count
+                        })
+                        .unwrap();
+                    let d: f32 = (0..rank as usize)
+                        .map(|i| t[(s * rank) as usize + i] * b[r as usize * rank as usize + i])
+                        .sum();
+                    rows[r as usize] + d
+                })
+                .collect();
+            let geglu = segments == LoraSegments::Pairs;
+            let want = if geglu { gated(&adapted) } else { adapted };
+            let lora = LoraDelta {
+                t: &tv,
+                b: &bv,
+                rank,
+                segments,
+            };
+            let y = poisoned(ctx, want.len() + 2);
+            let e = Epilogue {
+                out,
+                lora: Some(&lora),
+            };
+            let ds = ops::matvec(ctx, &w, &xv, &y, 2, e).unwrap();
+            run(ctx, &ds.iter().collect::<Vec<_>>());
+            let got = read(ctx, &y);
+            assert!(got[..2].iter().all(|v| v.is_nan()));
+            assert_close(&format!("{dtype} {segments:?}"), &got[2..], &want, 3e-5);
+            // The same rows' other output kind: pairs need a gated output and back.
+            let other = if geglu {
+                ops::MatvecOut::Rows { softcap: 0.0 }
+            } else {
+                ops::MatvecOut::Geglu
+            };
+            let e = Epilogue {
+                out: other,
+                lora: Some(&lora),
+            };
+            assert!(ops::matvec(ctx, &w, &xv, &y, 0, e).is_err());
+        }
+        // A t shorter than its segments, a B shorter than the rows.
+        let short = upload(ctx, &vec![1.0; 2 * rank as usize]);
+        for (t, b) in [(&short, &bv), (&bv, &short)] {
+            let lora = LoraDelta {
+                t,
+                b,
+                rank,
+                segments: LoraSegments::Ranges([101, 257]),
+            };
+            let y = poisoned(ctx, n);
+            let e = Epilogue {
+                out: ops::MatvecOut::Rows { softcap: 0.0 },
+                lora: Some(&lora),
+            };
+            assert!(ops::matvec(ctx, &w, &xv, &y, 0, e).is_err());
+        }
+    }
+}
+
 /// Every thread-group shape of the matvec (threads per group 4..256, 1/2/4 rows per group),
 /// whatever the device would pick: groups wider than a subgroup and single-row groups are
 /// the paths a big GPU takes and a CPU adapter never chooses by itself.

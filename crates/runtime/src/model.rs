@@ -43,7 +43,7 @@ pub(crate) struct Inner {
 /// ([`Session::set_adapters`]). Cheap to clone.
 #[derive(Clone)]
 pub struct Adapter {
-    pub(crate) gpu: Arc<wgemma_text::GpuLora>,
+    pub(crate) gpu: Arc<wgemma_text::PreparedLora>,
 }
 
 /// A loaded model; cheap to clone, shared by its sessions.
@@ -150,7 +150,7 @@ impl Model {
     /// Uploads an adapter read already.
     pub fn adapter(&self, lora: LoraAdapter) -> Result<Adapter, Error> {
         Ok(Adapter {
-            gpu: self.inner.gpu.upload_adapter(&lora)?,
+            gpu: self.inner.gpu.prepare_adapter(&lora)?,
         })
     }
 

@@ -5,7 +5,7 @@ mod lora;
 mod model;
 mod session;
 
-pub use lora::GpuLora;
+pub use lora::PreparedLora;
 pub use model::{
     ExpertPlacement, GpuModel, LoadError, LoadOptions, LoadProgress, PleRows, WeightBytes,
 };

@@ -13,7 +13,7 @@ use tracing::Instrument;
 use wgemma_kernels::ops::{self, AttentionArgs, HeadPostArgs, HeadPostKv, SampleKernel};
 use wgemma_kernels::{Dispatch, GpuError, Profiler, Recorder, View, wgpu};
 
-use super::lora::GpuLora;
+use super::lora::{JoinedLora, PreparedLora};
 use super::model::{GpuModel, HostExperts, PleRows, PleTable};
 use crate::sampling::{SamplingParams, Strategy};
 
@@ -229,15 +229,17 @@ pub struct GpuSession {
     /// The fusions the steps use.
     fusions: Fusions,
     /// The adapters the steps apply, each with its scale (none of scale 0).
-    adapters: Vec<(Arc<GpuLora>, f32)>,
-    /// Room for the adapters' deltas.
+    adapters: Vec<(Arc<PreparedLora>, f32)>,
+    /// Those adapters joined per product, and room for their deltas.
     lora: Option<LoraBuffers>,
 }
 
-/// A session's buffers for LoRA deltas (`wgemma_kernels::graph::LoraScratch`).
-struct LoraBuffers {
-    t: View,
-    raw: View,
+/// A session's adapters joined, and its buffers for their deltas
+/// (`wgemma_kernels::graph::LoraScratch`).
+pub(super) struct LoraBuffers {
+    pub(super) joined: JoinedLora,
+    pub(super) t: View,
+    pub(super) raw: View,
 }
 
 fn dispatch_line(d: &Dispatch) -> String {
@@ -347,29 +349,27 @@ impl GpuSession {
     /// adapter at all is the base model. An adapter of scale 0 is left out, so it gives the
     /// base model's logits exactly. Positions already in the cache keep what the adapters
     /// before computed (rewind to recompute them).
-    pub fn set_adapters(&mut self, adapters: &[(Arc<GpuLora>, f32)]) -> Result<(), ForwardError> {
+    pub fn set_adapters(
+        &mut self,
+        adapters: &[(Arc<PreparedLora>, f32)],
+    ) -> Result<(), ForwardError> {
         if self.in_flight() > 0 {
             return Err(ForwardError::Busy);
         }
         if !adapters.iter().all(|(a, _)| a.fits(&self.model)) {
             return Err(crate::lora::LoraError::OtherModel.into());
         }
-        let kept: Vec<(Arc<GpuLora>, f32)> = adapters
+        let kept: Vec<(Arc<PreparedLora>, f32)> = adapters
             .iter()
             .filter(|(_, s)| *s != 0.0)
             .cloned()
             .collect();
-        let rank = kept.iter().map(|(a, _)| a.max_rank()).max().unwrap_or(0);
-        let ff = kept
-            .iter()
-            .map(|(a, _)| a.max_gated_rows())
-            .max()
-            .unwrap_or(0);
         let ctx = &self.model.ctx;
-        let floats = |n: u32| u64::from(n) * self.max_batch as u64 * 4;
-        self.lora = (!kept.is_empty()).then(|| LoraBuffers {
-            t: View::of(&ctx.storage("lora t", floats(rank))),
-            raw: View::of(&ctx.storage("lora raw", floats(2 * ff))),
+        let floats = |n: u32| u64::from(n).max(1) * self.max_batch as u64 * 4;
+        self.lora = JoinedLora::join(&self.model, &kept)?.map(|joined| LoraBuffers {
+            t: View::of(&ctx.storage("lora t", floats(joined.t_floats))),
+            raw: View::of(&ctx.storage("lora raw", floats(joined.gated_rows))),
+            joined,
         });
         self.adapters = kept;
         self.decode = self.plan(1, StepInput::ids(&self.s.result), LogitsFor::Last, None)?;
@@ -400,7 +400,10 @@ impl GpuSession {
     /// Bytes this session holds on the GPU: its KV cache and scratch (weights are the
     /// model's, and so is the arena of batched steps' activations, [`GpuSession::arena_bytes`]).
     pub fn gpu_bytes(&self) -> u64 {
-        let lora = self.lora.as_ref().map_or(0, |l| l.t.size + l.raw.size);
+        let lora = self
+            .lora
+            .as_ref()
+            .map_or(0, |l| l.t.size + l.raw.size + l.joined.bytes());
         self.s.bytes() + self.kv.bytes() + lora
     }
 

@@ -3,12 +3,13 @@
 //! decision is a pure function of the graph, the step's size and the device (`*_fused`
 //! below), so a node that another takes in knows it without waiting for it.
 
-use super::{Fusions, Graph, LoraTarget, LoraTerm, Node, Place, PlanOp, Val};
+use super::{Fusions, Graph, LoraTerm, Node, Place, PlanOp, Val};
 use crate::ops::{
-    self, Activation, Binary, Delta, Elementwise, EmbedOut, ExpertGroups, ExpertRoute, ExpertSlots,
-    HeadPostArgs, InputNorm, MatmulArgs, MatvecOut, MoeMix, NormOut, Product, ResidualStep,
+    self, Activation, Binary, Delta, Elementwise, EmbedOut, Epilogue, ExpertGroups, ExpertRoute,
+    ExpertSlots, HeadPostArgs, InputNorm, LoraDelta, MatmulArgs, MatvecOut, MoeMix, NormOut,
+    Product, ResidualStep,
 };
-use crate::{DType, GpuContext, GpuError, Tensor, View};
+use crate::{DType, GpuContext, GpuError, GpuWeight, Tensor, View};
 
 /// Query heads up to which one token's split attention is merged in front of the output
 /// product (each of its workgroups merging every head) rather than in a dispatch of its own
@@ -395,7 +396,7 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
             w,
             x,
             gated,
-            adapters,
+            lora,
             out,
         } = &self.g.nodes()[i]
         else {
@@ -408,62 +409,110 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
                 xv.name
             )));
         }
-        let mut args = MatmulArgs {
+        let kind = if *gated { MatvecOut::Geglu } else { PLAIN };
+        let args = MatmulArgs {
             x: self.view(*x)?,
             y: self.view(*out)?,
             m: self.g.tokens,
             x_stride: xv.stride(),
             y_stride: yv.stride(),
-            out: if *gated { MatvecOut::Geglu } else { PLAIN },
+            out: kind,
             y_offset: yv.col(),
             partials: Some(self.l.scratch.partials),
         };
-        if adapters.is_empty() {
-            let ds = ops::matmul(self.ctx, w, &args)?;
-            self.run(ds);
-        } else if *gated {
-            // The adapters join the gate and up rows before the activation: the product
-            // writes them as they are, interleaved, and the activation follows.
-            let raw = self.lora_scratch()?.raw;
-            (args.y, args.y_stride, args.y_offset, args.out) = (raw, 2 * yv.cols, 0, PLAIN);
-            let ds = ops::matmul(self.ctx, w, &args)?;
-            self.run(ds);
-            let (m, n) = (self.g.tokens, yv.cols);
-            let rows = |first| Tensor::strided(raw, DType::F32, &[1, m, n], &[0, 2 * n, 2], first);
-            let (gate, up) = (rows(0)?, rows(1)?);
-            for term in adapters {
-                let y = if term.target == LoraTarget::Up {
-                    &up
-                } else {
-                    &gate
-                };
-                self.lora_delta(term, &args, y)?;
+        match lora {
+            None => {
+                let ds = ops::matmul(self.ctx, w, &args)?;
+                self.run(ds);
             }
-            let y = self.tensor(*out)?;
-            let d = ops::binary(
-                self.ctx,
-                Binary::Gated(Activation::GeluTanh),
-                &gate,
-                &up,
-                &y,
-            )?;
-            self.run(vec![d]);
-        } else {
-            let ds = ops::matmul(self.ctx, w, &args)?;
-            self.run(ds);
-            let y = self.tensor(*out)?;
-            for term in adapters {
-                let LoraTarget::Cols(col) = term.target else {
-                    return Err(GpuError::Shape(format!(
-                        "{}: gate or up rows of a product that is not gated",
-                        yv.name
-                    )));
+            Some(term) if self.lora_fused(xv.cols) => {
+                let t = self.x_times_a(term, &args)?;
+                let delta = self.lora_delta(term, t);
+                let e = Epilogue {
+                    out: kind,
+                    lora: Some(&delta),
                 };
-                self.lora_delta(term, &args, &y.narrow(2, col, term.rows)?)?;
+                let ds = ops::matvec(self.ctx, w, args.x, args.y, args.y_offset, e)?;
+                self.run(ds);
             }
+            Some(term) => self.linear_then_lora(w, term, args, *out)?,
         }
         self.wrote(&[*out])?;
         Ok(1)
+    }
+
+    /// Rule `lora_in_product` for a product whose input row has `cols` values: one token,
+    /// whose adapter delta joins the product's rows.
+    fn lora_fused(&self, cols: u32) -> bool {
+        self.l.fusions.lora_in_product && self.one_token(cols)
+    }
+
+    /// The product `args` says, then its adapter's delta added by products of their own: `x
+    /// A^T` as a weight's product, then each segment's `t B^T` added in place. A gated
+    /// product's gate and up rows are written as they are, interleaved, and the activation
+    /// follows the deltas.
+    fn linear_then_lora(
+        &mut self,
+        w: &GpuWeight,
+        term: &LoraTerm<'_>,
+        mut args: MatmulArgs<'a>,
+        out: Val,
+    ) -> Result<(), GpuError> {
+        let gated = args.out.is_geglu();
+        let raw = self.lora_scratch()?.raw;
+        let n = w.rows as u32;
+        let y = if gated {
+            (args.y, args.y_stride, args.y_offset, args.out) = (raw, n, 0, PLAIN);
+            Tensor::new(raw, &[1, args.m, n])?
+        } else {
+            self.tensor(out)?
+        };
+        let ds = ops::matmul(self.ctx, w, &args)?;
+        self.run(ds);
+        let t = self.x_times_a(term, &args)?;
+        let segments = term.segments.count(n);
+        let t_stride = segments * term.rank;
+        for s in 0..segments {
+            let (first, count, step) = term.segments.rows(s, n);
+            let dims = [1, count, term.rank];
+            let b = Tensor::strided(
+                term.b,
+                DType::F32,
+                &dims,
+                &[0, step * term.rank, 1],
+                first * term.rank,
+            )?;
+            let ts = Tensor::strided(
+                t,
+                DType::F32,
+                &[1, args.m, term.rank],
+                &[0, t_stride, 1],
+                s * term.rank,
+            )?;
+            let tb = Product {
+                a: &ts,
+                bt: &b,
+                bias: None,
+                alpha: 1.0,
+                accumulate: true,
+            };
+            let ys = if gated {
+                Tensor::strided(raw, DType::F32, &[1, args.m, count], &[0, n, step], first)?
+            } else {
+                y.narrow(2, first, count)?
+            };
+            let d = ops::product(self.ctx, &tb, &ys)?;
+            self.run(vec![d]);
+        }
+        if gated {
+            let rows =
+                |first| Tensor::strided(raw, DType::F32, &[1, args.m, n / 2], &[0, n, 2], first);
+            let (gate, up) = (rows(0)?, rows(1)?);
+            let act = Binary::Gated(Activation::GeluTanh);
+            let d = ops::binary(self.ctx, act, &gate, &up, &self.tensor(out)?)?;
+            self.run(vec![d]);
+        }
+        Ok(())
     }
 
     fn lora_scratch(&self) -> Result<LoraScratch<'a>, GpuError> {
@@ -481,43 +530,37 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         Tensor::strided(self.view(v)?, DType::F32, &dims, &strides, value.col())
     }
 
-    /// `y += scale * (x A^T) B^T`: `x A^T` (sums as long as the input is wide) as a weight's
-    /// product into the scratch, then `t B^T` (sums of `rank` terms) as an activation product
-    /// that adds to `y` in place. `x` is the product's input (`args.x`, `args.m` rows
-    /// `args.x_stride` apart).
-    fn lora_delta(
-        &mut self,
-        term: &LoraTerm<'_>,
-        x: &MatmulArgs<'_>,
-        y: &Tensor,
-    ) -> Result<(), GpuError> {
-        let lora = self.lora_scratch()?;
+    /// `t = x A^T` (sums as long as the input is wide) as a weight's product into the
+    /// scratch, for the product whose input `x` is (`args.x`, `args.m` rows `args.x_stride`
+    /// apart).
+    fn x_times_a(&mut self, term: &LoraTerm<'_>, x: &MatmulArgs<'_>) -> Result<&'a View, GpuError> {
+        let t = self.lora_scratch()?.t;
         let m = x.m;
         let partials = self.l.scratch.partials;
         let fits = ops::matmul_partials_floats(self.ctx, term.a, m) * 4 <= partials.size;
         let xa = MatmulArgs {
             x: x.x,
-            y: lora.t,
+            y: t,
             m,
             x_stride: x.x_stride,
-            y_stride: term.rank,
+            y_stride: term.a.rows as u32,
             out: PLAIN,
             y_offset: 0,
             partials: fits.then_some(partials),
         };
-        let mut ds = ops::matmul(self.ctx, term.a, &xa)?;
-        let t = Tensor::new(lora.t, &[1, m, term.rank])?;
-        let b = Tensor::new(term.b, &[1, term.rows, term.rank])?;
-        let tb = Product {
-            a: &t,
-            bt: &b,
-            bias: None,
-            alpha: term.scale,
-            accumulate: true,
-        };
-        ds.push(ops::product(self.ctx, &tb, y)?);
+        let ds = ops::matmul(self.ctx, term.a, &xa)?;
         self.run(ds);
-        Ok(())
+        Ok(t)
+    }
+
+    /// The delta a product joins to its rows, from `t` (the scratch's `x A^T`).
+    fn lora_delta(&self, term: &LoraTerm<'a>, t: &'a View) -> LoraDelta<'a> {
+        LoraDelta {
+            t,
+            b: term.b,
+            rank: term.rank,
+            segments: term.segments,
+        }
     }
 
     fn gated(&mut self, gate: Val, up: Val, out: Val) -> Result<usize, GpuError> {
@@ -665,9 +708,7 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
                 weight: Some(_),
                 ..
             }),
-            Some(Node::Linear {
-                x: lx, adapters, ..
-            }),
+            Some(Node::Linear { x: lx, lora, .. }),
         ) = (self.at(i + 1), self.at(i + 2))
         else {
             return false;
@@ -675,7 +716,7 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         self.l.fusions.residual_prologue
             && x == out
             && lx == n
-            && adapters.is_empty()
+            && (lora.is_none() || self.l.fusions.lora_in_product)
             && self.one_token(self.cols(*out))
     }
 
@@ -688,30 +729,56 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
                 ..
             }),
             Some(Node::Linear {
-                w, gated, out: y, ..
+                w,
+                gated,
+                lora,
+                out: y,
+                ..
             }),
         ) = (self.at(i), self.at(i + 1), self.at(i + 2))
         else {
             unreachable!("the rule matched")
         };
-        let step = self.residual_step(i, Some((weight, self.view(*normed)?)))?;
+        let normed_view = self.view(*normed)?;
+        let step = self.residual_step(i, Some((weight, normed_view)))?;
         self.alt = !self.alt;
         self.stream = Some(*out);
+        // With an adapter, its `x A^T` takes the step in front of it (writing the stream and
+        // the normed input), and the product reads the normed input.
+        let delta = match lora {
+            Some(term) => {
+                let t = self.lora_scratch()?.t;
+                let ds = ops::matvec_after_residual(self.ctx, term.a, &step, t, 0, PLAIN)?;
+                self.run(ds);
+                Some(self.lora_delta(term, t))
+            }
+            None => None,
+        };
+        let ctx = self.ctx;
+        let product = |y: &'a View, col: u32, out: MatvecOut<'a>| {
+            let e = Epilogue {
+                out,
+                lora: delta.as_ref(),
+            };
+            match delta {
+                Some(_) => ops::matvec(ctx, w, normed_view, y, col, e),
+                None => ops::matvec_after_residual(ctx, w, &step, y, col, e),
+            }
+        };
         if let Some(Node::Linear {
             w: down,
             out: z,
             x,
-            adapters,
+            lora: None,
             ..
         }) = self.at(i + 3)
             && x == y
-            && adapters.is_empty()
             && *gated
             && self.l.fusions.int8_activations
-            && ops::int8_activations_fit(self.ctx, w, down, true)
+            && ops::int8_activations_fit(self.ctx, w, down, delta.is_none())
         {
             let q = self.l.scratch.int8_act;
-            let ds = ops::matvec_after_residual(self.ctx, w, &step, q, 0, MatvecOut::GegluInt8)?;
+            let ds = product(q, 0, MatvecOut::GegluInt8)?;
             self.run(ds);
             let col = self.g.get(*z).col();
             let ds = ops::matvec_int8_input(self.ctx, down, q, self.view(*z)?, col, PLAIN)?;
@@ -720,8 +787,7 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
             return Ok(4);
         }
         let kind = if *gated { MatvecOut::Geglu } else { PLAIN };
-        let col = self.g.get(*y).col();
-        let ds = ops::matvec_after_residual(self.ctx, w, &step, self.view(*y)?, col, kind)?;
+        let ds = product(self.view(*y)?, self.g.get(*y).col(), kind)?;
         self.run(ds);
         self.wrote(&[*out, *normed, *y])?;
         Ok(3)
@@ -738,7 +804,7 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
                 x,
                 gated: false,
                 out: y,
-                adapters,
+                lora: None,
                 ..
             }),
             Some(Node::Gated { gate, .. }),
@@ -746,11 +812,7 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         else {
             return false;
         };
-        self.l.fusions.per_layer_gate
-            && x == out
-            && gate == y
-            && adapters.is_empty()
-            && self.one_token(self.cols(*out))
+        self.l.fusions.per_layer_gate && x == out && gate == y && self.one_token(self.cols(*out))
     }
 
     fn residual_into_gate(&mut self, i: usize) -> Result<usize, GpuError> {
@@ -799,16 +861,36 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
             x,
             gated: false,
             out: y,
-            adapters,
+            lora,
         }) = self.at(i + 1)
             && x == out
-            && adapters.is_empty()
+            && (lora.is_none() || self.l.fusions.lora_in_product)
             && self.l.fusions.merge_in_front
             && args.n_head <= MERGE_IN_FRONT_HEADS
             && ops::matvec_input_fits(self.ctx, w.cols as u32)
         {
-            let col = self.g.get(*y).col();
-            let ds = ops::matvec_after_attention(self.ctx, w, &merge, self.view(*y)?, col, PLAIN)?;
+            let (col, yv) = (self.g.get(*y).col(), self.view(*y)?);
+            // With an adapter, its `x A^T` merges the chunks (and stores K and V) first, and
+            // the product merges them again.
+            let delta = match lora {
+                Some(term) => {
+                    let t = self.lora_scratch()?.t;
+                    let ds = ops::matvec_after_attention(self.ctx, term.a, &merge, t, 0, PLAIN)?;
+                    self.run(ds);
+                    Some(self.lora_delta(term, t))
+                }
+                None => None,
+            };
+            let merge = if delta.is_some() {
+                merge.without_kv_store()
+            } else {
+                merge
+            };
+            let e = Epilogue {
+                out: PLAIN,
+                lora: delta.as_ref(),
+            };
+            let ds = ops::matvec_after_attention(self.ctx, w, &merge, yv, col, e)?;
             self.run(ds);
             self.wrote(&[*y])?;
             return Ok(2);
@@ -835,7 +917,7 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
                 x: lx,
                 gated: false,
                 out: y,
-                adapters,
+                lora: None,
                 ..
             }),
             Some(Node::Route { logits, .. }),
@@ -843,8 +925,7 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         else {
             return false;
         };
-        adapters.is_empty()
-            && self.l.fusions.router_norm_in_product
+        self.l.fusions.router_norm_in_product
             && lx == out
             && logits == y
             && self.one_token(self.cols(*x))

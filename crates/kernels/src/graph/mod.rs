@@ -14,7 +14,7 @@ mod lower;
 
 pub use lower::{LoraScratch, Lowered, Lowering, Scratch};
 
-use crate::ops::{AttentionArgs, HeadPostArgs};
+use crate::ops::{AttentionArgs, HeadPostArgs, LoraSegments};
 use crate::{GpuWeight, View};
 use std::borrow::Cow;
 use std::fmt;
@@ -94,30 +94,18 @@ pub struct ExpertWeights<'a> {
     pub ff: u32,
 }
 
-/// One adapter's low-rank delta on a product: `scale * (x A^T) B^T`, `a` `[rank, in]` and `b`
-/// `[rows, rank]` f32, row-major.
+/// The adapters' low-rank delta on a product, all of them joined: `y += (x A^T) B^T` by
+/// segments (the projections stacked in the weight): `a` holds `segments * rank` rows of the
+/// product's input width, `b` `[W's rows, rank]`, row r its segment's B row for W's row r
+/// with the adapters' scales in it (f32, row-major).
 #[derive(Clone, Copy, Debug)]
 pub struct LoraTerm<'a> {
-    /// A as an f32 weight (`rank` rows of the product's input width), so that `x A^T` runs
-    /// through the weights' products, which split its long sums over many workgroups.
+    /// A as an f32 weight, so that `x A^T` runs through the weights' products, which split
+    /// its long sums over many workgroups.
     pub a: &'a GpuWeight,
     pub b: &'a View,
     pub rank: u32,
-    pub rows: u32,
-    pub scale: f32,
-    pub target: LoraTarget,
-}
-
-/// Which outputs of a product a delta joins.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LoraTarget {
-    /// `rows` columns from this one of the product's output (several projections stacked in
-    /// one weight).
-    Cols(u32),
-    /// The gate rows of a gated product.
-    Gate,
-    /// The up rows of a gated product.
-    Up,
+    pub segments: LoraSegments,
 }
 
 /// The buffers the experts' products use between them.
@@ -157,15 +145,15 @@ pub enum Node<'a, H> {
         dim: u32,
         out: Val,
     },
-    /// `out = x W^T` plus each adapter's `scale * (x A^T) B^T`; with `gated`, W's rows are
-    /// gate/up pairs and `out` is the gated activation `gelu_tanh(gate) * up` (half as many
-    /// columns), the adapters joining the gate or the up rows before it. Every projection of a
-    /// model goes through here: this is where LoRA deltas join.
+    /// `out = x W^T` plus the adapters' `(x A^T) B^T`; with `gated`, W's rows are gate/up
+    /// pairs and `out` is the gated activation `gelu_tanh(gate) * up` (half as many columns),
+    /// the adapters joining the gate and up rows before it. Every projection of a model goes
+    /// through here: this is where LoRA deltas join.
     Linear {
         w: &'a GpuWeight,
         x: Val,
         gated: bool,
-        adapters: Vec<LoraTerm<'a>>,
+        lora: Option<LoraTerm<'a>>,
         out: Val,
     },
     /// `out = gelu_tanh(gate) * up`
@@ -375,6 +363,10 @@ pub struct Fusions {
     /// One token's residual add, per-layer gate product and its GELU times the per-layer
     /// input in one dispatch.
     pub per_layer_gate: bool,
+    /// One token's adapter delta joined to its product's rows (`x A^T` first, with the
+    /// product's prologue where it has one), rather than added by products of its own; the
+    /// adapted products keep the other rules.
+    pub lora_in_product: bool,
 }
 
 /// A rule's field of [`Fusions`].
@@ -391,6 +383,7 @@ impl Fusions {
         expert_norm_in_product: true,
         route_in_product: true,
         per_layer_gate: true,
+        lora_in_product: true,
     };
 
     /// No fusion rule: one dispatch per node, but where a kernel is the only one for a
@@ -405,10 +398,11 @@ impl Fusions {
         expert_norm_in_product: false,
         route_in_product: false,
         per_layer_gate: false,
+        lora_in_product: false,
     };
 
     /// Each rule's name and a switch for it.
-    fn rules() -> [(&'static str, Switch); 8] {
+    fn rules() -> [(&'static str, Switch); 9] {
         [
             ("residual_prologue", |f| &mut f.residual_prologue),
             ("experts_mix_in_product", |f| &mut f.experts_mix_in_product),
@@ -418,6 +412,7 @@ impl Fusions {
             ("expert_norm_in_product", |f| &mut f.expert_norm_in_product),
             ("route_in_product", |f| &mut f.route_in_product),
             ("per_layer_gate", |f| &mut f.per_layer_gate),
+            ("lora_in_product", |f| &mut f.lora_in_product),
         ]
     }
 
@@ -449,7 +444,7 @@ mod tests {
         let offs = Fusions::each_off();
         let mut names: Vec<&str> = offs.iter().map(|(n, _)| *n).collect();
         names.dedup();
-        assert_eq!(names.len(), 8);
+        assert_eq!(names.len(), 9);
         for (i, (name, f)) in offs.iter().enumerate() {
             assert_ne!(*f, Fusions::ALL, "{name}");
             assert!(offs.iter().skip(i + 1).all(|(_, g)| g != f), "{name}");

@@ -216,12 +216,24 @@ pub fn attention_decode(
 
 /// What merges a split decode attention's partial results: [`attention_combine`], or the
 /// product that reads them ([`matvec_after_attention`]).
+#[derive(Clone, Copy)]
 pub struct AttentionMerge<'a> {
     pub(super) attention: &'a AttentionArgs<'a>,
     pub(super) scratch: &'a View,
     /// The split left the token's K and V in the scratch for the merge to store.
     pub(super) store_kv: bool,
     pub(super) capacity: u32,
+}
+
+impl AttentionMerge<'_> {
+    /// The same merge leaving the caches alone: for a second product that merges the same
+    /// chunks after one that stored the token's K and V.
+    pub fn without_kv_store(&self) -> Self {
+        Self {
+            store_kv: false,
+            ..*self
+        }
+    }
 }
 
 /// The first half of [`attention_decode`]: the chunks' partial results in `scratch`, and
@@ -383,17 +395,17 @@ pub fn attention_combine(
 /// cache; a dispatch of its own costs a whole GPU round trip), and the first stores the
 /// token's K and V. `w` takes the heads' output (`n_head * head_dim` values), which must fit
 /// in a workgroup's memory ([`matvec_input_fits`]); `a.out` is not written.
-pub fn matvec_after_attention(
+pub fn matvec_after_attention<'a>(
     ctx: &GpuContext,
     w: &GpuWeight,
-    merge: &AttentionMerge<'_>,
-    y: &View,
+    merge: &AttentionMerge<'a>,
+    y: &'a View,
     out_offset: u32,
-    out: MatvecOut<'_>,
+    out: impl Into<Epilogue<'a>>,
 ) -> Result<Vec<Dispatch>, GpuError> {
     let job = MatvecJob {
         merge: Some(merge),
-        ..MatvecJob::one_token(w, merge.scratch, y, out_offset, out)?
+        ..MatvecJob::one_token(w, merge.scratch, y, out_offset, out.into())?
     };
     matvec_dispatches(ctx, w, &job)
 }

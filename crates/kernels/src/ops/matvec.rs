@@ -20,8 +20,66 @@ pub enum MatvecOut<'a> {
 }
 
 impl MatvecOut<'_> {
-    pub(super) fn is_geglu(&self) -> bool {
+    pub fn is_geglu(&self) -> bool {
         matches!(self, MatvecOut::Geglu | MatvecOut::GegluInt8)
+    }
+}
+
+/// Which segment of an adapter's `x A^T` each output row of a product reads: one segment per
+/// projection stacked in the weight, each `rank` values of `t`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoraSegments {
+    /// Consecutive ranges of rows: segment 0 from row 0, segment 1 from `starts[0]`, segment 2
+    /// from `starts[1]` (`u32::MAX`: no such segment).
+    Ranges([u32; 2]),
+    /// Gate and up rows interleaved (2i, 2i+1): segment 0 the gate rows, segment 1 the up rows.
+    Pairs,
+}
+
+impl LoraSegments {
+    /// Segments of a weight of `rows` rows.
+    pub fn count(&self, rows: u32) -> u32 {
+        match self {
+            LoraSegments::Pairs => 2,
+            LoraSegments::Ranges(starts) => 1 + starts.iter().filter(|&&s| s < rows).count() as u32,
+        }
+    }
+
+    /// Segment `s`'s rows of a weight of `rows` rows: `(first, count, step)`.
+    pub fn rows(&self, s: u32, rows: u32) -> (u32, u32, u32) {
+        match self {
+            LoraSegments::Pairs => (s, rows / 2, 2),
+            LoraSegments::Ranges(starts) => {
+                let bounds = [0, starts[0].min(rows), starts[1].min(rows), rows];
+                let first = bounds[s as usize];
+                (first, bounds[s as usize + 1] - first, 1)
+            }
+        }
+    }
+}
+
+/// An adapter's low-rank delta joined to a product's rows before their output is formed:
+/// `row_r += t[segment(r)] . b[r]`, with `t = x A^T` computed before the product
+/// (`segments` of `rank` values per token) and `b` `[W's rows, rank]` f32 (its scale in it).
+#[derive(Clone, Copy, Debug)]
+pub struct LoraDelta<'a> {
+    pub t: &'a View,
+    pub b: &'a View,
+    pub rank: u32,
+    pub segments: LoraSegments,
+}
+
+/// What a one-token product writes ([`MatvecOut`]), and an adapter's delta joined to its rows
+/// first.
+#[derive(Clone, Copy, Debug)]
+pub struct Epilogue<'a> {
+    pub out: MatvecOut<'a>,
+    pub lora: Option<&'a LoraDelta<'a>>,
+}
+
+impl<'a> From<MatvecOut<'a>> for Epilogue<'a> {
+    fn from(out: MatvecOut<'a>) -> Self {
+        Self { out, lora: None }
     }
 }
 
@@ -185,6 +243,8 @@ pub(super) struct MatvecJob<'a> {
     pub(super) norm: Option<&'a InputNorm<'a>>,
     /// x is rounded to 8-bit integers ([`int8_vector_words`]).
     pub(super) x_int8: bool,
+    /// An adapter's delta joined to the rows.
+    pub(super) lora: Option<&'a LoraDelta<'a>>,
 }
 
 impl<'a> MatvecJob<'a> {
@@ -205,6 +265,7 @@ impl<'a> MatvecJob<'a> {
             merge: None,
             norm: None,
             x_int8: false,
+            lora: None,
         }
     }
 
@@ -214,8 +275,9 @@ impl<'a> MatvecJob<'a> {
         x: &'a View,
         y: &'a View,
         out_offset: u32,
-        out: MatvecOut<'a>,
+        epilogue: Epilogue<'a>,
     ) -> Result<Self, GpuError> {
+        let out = epilogue.out;
         let out_rows = match out {
             MatvecOut::GegluInt8 => int8_vector_words((w.rows / 2) as u32),
             _ if out.is_geglu() => w.rows / 2,
@@ -225,6 +287,7 @@ impl<'a> MatvecJob<'a> {
         Ok(Self {
             x_stride: w.cols as u32,
             out_offset,
+            lora: epilogue.lora,
             ..Self::new(x, y, out)
         })
     }
@@ -267,6 +330,9 @@ kernel_bindings!(
         /// `ROUTE_IN`: the router's logits and the per-expert scale.
         route_logits: 18,
         route_scale: 19,
+        /// `LORA`: the adapter's `x A^T` and its B.
+        lora_t: 20,
+        lora_b: 21,
     }
 );
 
@@ -293,6 +359,8 @@ impl<'a> MatvecBindings<'a> {
             experts_post: Bind::Skip,
             route_logits: Bind::Skip,
             route_scale: Bind::Skip,
+            lora_t: Bind::Skip,
+            lora_b: Bind::Skip,
         }
     }
 }
@@ -415,6 +483,9 @@ fn plan_matvec<'j, 'a>(
             w.name
         )));
     }
+    if let Some(l) = job.lora {
+        check_lora(w, job, l)?;
+    }
     let xs_words = if x_int8 {
         k / 4
     } else if q8_out {
@@ -477,6 +548,25 @@ fn matvec_tuning(
             })
         }
     }
+}
+
+/// An adapter's delta: dense rows, gate/up pairs for a gated output, and `t` and `b` long
+/// enough for every row and token.
+fn check_lora(w: &GpuWeight, job: &MatvecJob<'_>, l: &LoraDelta<'_>) -> Result<(), GpuError> {
+    let rows = w.rows as u32;
+    let pairs = l.segments == LoraSegments::Pairs;
+    if job.experts.is_some() || l.rank == 0 || pairs != job.out.is_geglu() {
+        return Err(shape(format!(
+            "{}: an adapter's delta joins a dense product, its gate/up pairs where the output is gated",
+            w.name
+        )));
+    }
+    let t_stride = l.segments.count(rows) * l.rank;
+    l.t.expect_len32(
+        &format!("{} adapter t", w.name),
+        u64::from(job.m) * u64::from(t_stride),
+    )?;
+    l.b.expect_len32(&format!("{} adapter b", w.name), w.rows * u64::from(l.rank))
 }
 
 /// The checks of the step in front of the product and of a GELU-times output.
@@ -626,6 +716,7 @@ fn matvec_source(
         .flag_if(plan.q8_out, "Q8_OUT")
         .flag_if(job.merge.is_some(), "MERGE")
         .flag_if(job.merge.is_some_and(|mg| mg.store_kv), "KV_STORE")
+        .flag_if(job.lora.is_some(), "LORA")
         .constant("TPR", f64::from(t.tpr))
         .constant("RPT", f64::from(t.rpt))
         // A mixed product's lanes step across its slots' segments, which the prefetch's
@@ -714,6 +805,17 @@ fn tile_params(
         has_scale: u32::from(job.route.is_some_and(|r| r.expert_scale.is_some())),
         ..MatvecParams::default()
     };
+    if let Some(l) = job.lora {
+        let (starts, pairs) = match l.segments {
+            LoraSegments::Ranges(starts) => (starts, 0),
+            LoraSegments::Pairs => ([u32::MAX; 2], 1),
+        };
+        params.lora_rank = l.rank;
+        params.lora_t_stride = l.segments.count(w.rows as u32) * l.rank;
+        [params.lora_seg1, params.lora_seg2] = starts;
+        params.lora_pairs = pairs;
+        params.lora_first_row = tile.first_row as u32;
+    }
     if let Some(mg) = job.merge {
         let (a, capacity) = (mg.attention, mg.capacity);
         params.n_head = a.n_head;
@@ -772,6 +874,10 @@ fn tile_bindings<'a>(wv: &'a View, job: &MatvecJob<'a>, params: Params) -> Matve
     }
     if let MatvecOut::GeluTimes { by, .. } = job.out {
         b.times = Bind::Storage(by);
+    }
+    if let Some(l) = job.lora {
+        b.lora_t = Bind::Storage(l.t);
+        b.lora_b = Bind::Storage(l.b);
     }
     b
 }
@@ -843,48 +949,48 @@ pub struct ResidualStep<'a> {
 /// reads from cache; a dispatch of its own costs a whole GPU round trip), and the first writes
 /// `res_out` (and `normed`). [`residual_norm`] (or a norm added to the stream) followed by
 /// [`matvec`], with one wait fewer.
-pub fn matvec_after_residual(
+pub fn matvec_after_residual<'a>(
     ctx: &GpuContext,
     w: &GpuWeight,
-    step: &ResidualStep<'_>,
-    y: &View,
+    step: &ResidualStep<'a>,
+    y: &'a View,
     out_offset: u32,
-    out: MatvecOut<'_>,
+    out: impl Into<Epilogue<'a>>,
 ) -> Result<Vec<Dispatch>, GpuError> {
     matvec_after_residual_tuned(ctx, w, step, y, out_offset, out, None)
 }
 
 /// [`matvec_after_residual`] with a given tuning (`None`: the one [`MatvecTuning::choose`]
 /// picks), for tests and kernel tuning.
-pub fn matvec_after_residual_tuned(
+pub fn matvec_after_residual_tuned<'a>(
     ctx: &GpuContext,
     w: &GpuWeight,
-    step: &ResidualStep<'_>,
-    y: &View,
+    step: &ResidualStep<'a>,
+    y: &'a View,
     out_offset: u32,
-    out: MatvecOut<'_>,
+    out: impl Into<Epilogue<'a>>,
     tuning: Option<MatvecTuning>,
 ) -> Result<Vec<Dispatch>, GpuError> {
     let job = MatvecJob {
         residual: Some(step),
         tuning,
-        ..MatvecJob::one_token(w, step.res, y, out_offset, out)?
+        ..MatvecJob::one_token(w, step.res, y, out_offset, out.into())?
     };
     matvec_dispatches(ctx, w, &job)
 }
 
 /// The decode matrix-vector product of one token: `y[out_offset + r] = W[r] . x` (or the gated
 /// activation of interleaved gate/up rows), one dispatch per weight tile.
-pub fn matvec(
+pub fn matvec<'a>(
     ctx: &GpuContext,
     w: &GpuWeight,
-    x: &View,
-    y: &View,
+    x: &'a View,
+    y: &'a View,
     out_offset: u32,
-    out: MatvecOut<'_>,
+    out: impl Into<Epilogue<'a>>,
 ) -> Result<Vec<Dispatch>, GpuError> {
     x.expect_len32(&w.name, w.cols)?;
-    let job = MatvecJob::one_token(w, x, y, out_offset, out)?;
+    let job = MatvecJob::one_token(w, x, y, out_offset, out.into())?;
     matvec_dispatches(ctx, w, &job)
 }
 
@@ -899,19 +1005,19 @@ pub struct InputNorm<'a> {
 /// [`rms_norm`] of one token's `x` followed by [`matvec`] of the result in one dispatch per
 /// weight tile: every workgroup normalises the row into its own memory, where the two
 /// dispatches would cost a wait between them. For rows that fit ([`matvec_input_fits`]).
-pub fn matvec_normed(
+pub fn matvec_normed<'a>(
     ctx: &GpuContext,
     w: &GpuWeight,
-    x: &View,
-    norm: &InputNorm<'_>,
-    y: &View,
+    x: &'a View,
+    norm: &InputNorm<'a>,
+    y: &'a View,
     out_offset: u32,
-    out: MatvecOut<'_>,
+    out: impl Into<Epilogue<'a>>,
 ) -> Result<Vec<Dispatch>, GpuError> {
     x.expect_len32(&w.name, w.cols)?;
     let job = MatvecJob {
         norm: Some(norm),
-        ..MatvecJob::one_token(w, x, y, out_offset, out)?
+        ..MatvecJob::one_token(w, x, y, out_offset, out.into())?
     };
     matvec_dispatches(ctx, w, &job)
 }
@@ -920,17 +1026,17 @@ pub fn matvec_normed(
 /// ([`MatvecOut::GegluInt8`]): every workgroup reads a quarter of the bytes of a float input,
 /// and none rounds it again. For the FFN's down product, whose long input row each of its
 /// many workgroups reads ([`MatvecTuning::rounded_input`] has what it measured).
-pub fn matvec_int8_input(
+pub fn matvec_int8_input<'a>(
     ctx: &GpuContext,
     w: &GpuWeight,
-    xq: &View,
-    y: &View,
+    xq: &'a View,
+    y: &'a View,
     out_offset: u32,
-    out: MatvecOut<'_>,
+    out: impl Into<Epilogue<'a>>,
 ) -> Result<Vec<Dispatch>, GpuError> {
     let job = MatvecJob {
         x_int8: true,
-        ..MatvecJob::one_token(w, xq, y, out_offset, out)?
+        ..MatvecJob::one_token(w, xq, y, out_offset, out.into())?
     };
     matvec_dispatches(ctx, w, &job)
 }

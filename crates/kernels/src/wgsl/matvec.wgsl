@@ -36,6 +36,12 @@
 // NORM_IN (tokens of k values): the input is norm(x) * pre, which every workgroup computes
 // into its memory (no dispatch of its own normalises the row first).
 // GELU_TIMES: y[out_offset + i] = gelu_tanh(row_i . x) * times[times_offset + i].
+// LORA: every row r (W's row lora_first_row + r) gains an adapter's low-rank delta before
+// its output is formed (the gated activation, the rounding): the dot product of t (x A^T,
+// computed before this product) with B's row. t holds lora_t_stride values per token, one
+// segment of lora_rank for each projection stacked in W; a row's segment is its range
+// (from lora_seg1 segment 1, from lora_seg2 segment 2) or with lora_pairs its parity
+// (gate/up rows interleaved). The delta's sum has rank terms: no dispatch of its own adds it.
 //
 // MERGE (one token): the input is a split decode attention's output (attn_split.wgsl), merged
 // here rather than by attn_combine.wgsl in a dispatch of its own: every workgroup merges the
@@ -87,6 +93,14 @@ struct Params {
     // ROUTE_IN: the router's experts, and whether expert_scale multiplies their weights.
     n_expert: u32,
     has_scale: u32,
+    // LORA: the delta's rank, t's values per token, the segments' first rows (or parity),
+    // and the tile's first row of W.
+    lora_rank: u32,
+    lora_t_stride: u32,
+    lora_seg1: u32,
+    lora_seg2: u32,
+    lora_pairs: u32,
+    lora_first_row: u32,
 }
 
 // A step's inputs: XN vec4s of floats, or with INT8_X XN words of four 8-bit integers; and
@@ -400,6 +414,26 @@ override RV: u32 = 1u;
 #endif
 #if GELU_TIMES
 @group(0) @binding(10) var<storage, read> times: array<f32>;
+#endif
+#if LORA
+@group(0) @binding(20) var<storage, read> lora_t: array<f32>;
+@group(0) @binding(21) var<storage, read> lora_b: array<f32>;
+
+// The adapter's delta on row `row` (of the tile) for token m.
+fn lora_delta(m: u32, row: u32) -> f32 {
+    let r = p.lora_first_row + row;
+    var seg = u32(r >= p.lora_seg1) + u32(r >= p.lora_seg2);
+    if (p.lora_pairs != 0u) {
+        seg = r & 1u;
+    }
+    let tb = m * p.lora_t_stride + seg * p.lora_rank;
+    let bb = r * p.lora_rank;
+    var s = 0.0;
+    for (var i = 0u; i < p.lora_rank; i++) {
+        s += lora_t[tb + i] * lora_b[bb + i];
+    }
+    return s;
+}
 #endif
 
 #if MOE_DELTA
@@ -822,6 +856,13 @@ fn main(
     }
     for (var r = 0u; r < RPT; r++) {
         acc[r] = rows_red[r * 256u + li];
+    }
+#endif
+#if LORA
+    if (lane == 0u && row0 < p.n) {
+        for (var r = 0u; r < RPT; r++) {
+            acc[r] += lora_delta(m, min(row0 + r, p.n - 1u));
+        }
     }
 #endif
 #if Q8_OUT

@@ -6,14 +6,14 @@
 use std::borrow::Cow;
 
 use wgemma_kernels::graph::{
-    ExpertScratch, ExpertWeights, Fusions, Graph, LoraScratch, LoraTarget, LoraTerm, Lowering,
-    Name, Node, Place, Scratch, Val,
+    ExpertScratch, ExpertWeights, Fusions, Graph, LoraScratch, LoraTerm, Lowering, Name, Node,
+    Place, Scratch, Val,
 };
 use wgemma_kernels::{GpuError, GpuWeight, View, WeightTile};
 
+use super::super::lora::Site;
 use super::{Activations, GpuSession, HostOp, LogitsFor, Op, StepInput};
 use crate::forward::model::{Experts, GateUp, Layer, PleLayer};
-use crate::lora::Proj;
 
 fn step_value(name: &'static str) -> Name {
     Name { name, layer: None }
@@ -146,29 +146,25 @@ impl<'s> DecoderGraph<'s> {
     }
 
     fn linear(&mut self, w: &'s GpuWeight, x: Val, out: Val) -> Val {
-        self.adapted(w, x, out, Vec::new())
+        self.adapted(w, x, out, None)
     }
 
-    /// [`DecoderGraph::linear`] with the session's adapters' terms: the one place their
-    /// deltas join a product.
-    fn adapted(&mut self, w: &'s GpuWeight, x: Val, out: Val, adapters: Vec<LoraTerm<'s>>) -> Val {
+    /// [`DecoderGraph::linear`] with the session's adapters' joined term: the one place
+    /// their deltas join a product.
+    fn adapted(&mut self, w: &'s GpuWeight, x: Val, out: Val, lora: Option<LoraTerm<'s>>) -> Val {
         self.g.push(Node::Linear {
             w,
             x,
             gated: false,
-            adapters,
+            lora,
             out,
         });
         out
     }
 
-    /// The session's adapters' terms for layer `il`'s projections, each at its target.
-    fn terms(&self, il: usize, projs: &[(Proj, LoraTarget)]) -> Vec<LoraTerm<'s>> {
-        let adapters = &self.session.adapters;
-        adapters
-            .iter()
-            .flat_map(|(a, s)| projs.iter().filter_map(move |&(p, t)| a.term(il, p, t, *s)))
-            .collect()
+    /// The session's adapters' joined term on layer `il`'s product `site`.
+    fn lora(&self, il: usize, site: Site) -> Option<LoraTerm<'s>> {
+        self.session.lora.as_ref()?.joined.term(il, site)
     }
 
     /// `stream = (stream + norm(delta) * post) * scale`.
@@ -276,23 +272,10 @@ impl<'s> DecoderGraph<'s> {
         let (session, s) = (self.session, self.acts);
         let m = self.m();
         let xn = self.norm(self.stream()?, &l.attn_norm, layer_value("attn_norm", il));
-        let lc = &session.model.cfg.layers[il];
-        let (q_rows, kv_rows) = (
-            (session.model.cfg.n_head * lc.head_dim) as u32,
-            (lc.n_kv_head * lc.head_dim) as u32,
-        );
-        let columns = [(Proj::Q, 0), (Proj::K, q_rows), (Proj::V, q_rows + kv_rows)];
-        for (p, name) in l.qkv.iter().zip(QKV_PARTS) {
+        for (i, (p, name)) in l.qkv.iter().zip(QKV_PARTS).enumerate() {
             let rows = p.w.rows as u32;
             let out = self.rows(layer_value(name, il), &s.qkv, rows, l.qkv_width, p.offset);
-            // The projections stacked in this weight, at their columns of its output.
-            let within: Vec<(Proj, LoraTarget)> = columns
-                .iter()
-                .filter(|&&(_, col)| (p.offset..p.offset + rows).contains(&col))
-                .map(|&(proj, col)| (proj, LoraTarget::Cols(col - p.offset)))
-                .collect();
-            let terms = self.terms(il, &within);
-            self.adapted(&p.w, xn, out, terms);
+            self.adapted(&p.w, xn, out, self.lora(il, Site::Qkv(i)));
         }
         let w = l.qkv_width;
         let qkv = self.rows(layer_value("qkv", il), &s.qkv, w, w, 0);
@@ -311,8 +294,7 @@ impl<'s> DecoderGraph<'s> {
         });
         let d = self.width();
         let o = self.rows(layer_value("attn_out", il), &s.o, d, d, 0);
-        let terms = self.terms(il, &[(Proj::O, LoraTarget::Cols(0))]);
-        self.adapted(&l.o, kqv, o, terms);
+        self.adapted(&l.o, kqv, o, self.lora(il, Site::O));
         self.residual(o, &l.post_attn_norm, 1.0, layer_value("ffn_inp", il))?;
         Ok(())
     }
@@ -327,23 +309,19 @@ impl<'s> DecoderGraph<'s> {
         let act = self.rows(layer_value("ffn_act", il), &s.act, ff, ff, 0);
         match &l.gate_up {
             GateUp::Interleaved(w) => {
-                let pairs = [(Proj::Gate, LoraTarget::Gate), (Proj::Up, LoraTarget::Up)];
-                let adapters = self.terms(il, &pairs);
                 self.g.push(Node::Linear {
                     w,
                     x: xn,
                     gated: true,
-                    adapters,
+                    lora: self.lora(il, Site::GateUp),
                     out: act,
                 });
             }
             GateUp::Separate { gate, up } => {
                 let g = self.rows(layer_value("ffn_gate", il), &s.gate, ff, ff, 0);
-                let terms = self.terms(il, &[(Proj::Gate, LoraTarget::Cols(0))]);
-                self.adapted(gate, xn, g, terms);
+                self.adapted(gate, xn, g, self.lora(il, Site::Gate));
                 let u = self.rows(layer_value("ffn_up", il), &s.up, ff, ff, 0);
-                let terms = self.terms(il, &[(Proj::Up, LoraTarget::Cols(0))]);
-                self.adapted(up, xn, u, terms);
+                self.adapted(up, xn, u, self.lora(il, Site::Up));
                 self.g.push(Node::Gated {
                     gate: g,
                     up: u,
@@ -357,8 +335,7 @@ impl<'s> DecoderGraph<'s> {
             "ffn_out"
         };
         let down = self.rows(layer_value(name, il), &s.down, d, d, 0);
-        let terms = self.terms(il, &[(Proj::Down, LoraTarget::Cols(0))]);
-        self.adapted(&l.down, act, down, terms);
+        self.adapted(&l.down, act, down, self.lora(il, Site::Down));
         match &l.experts {
             Some(e) => self.experts(il, e, x, down),
             None => Ok(down),
