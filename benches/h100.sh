@@ -23,6 +23,8 @@
 #              measured against: `BASE=REV bash benches/prepare-h100.sh`), into tables
 #              named base-M; run them in the call that runs `ours` / `moe`
 #   start, finish   the CUDA and CPU builds + ours, then the tiny E2B fixture + llama-bench
+#   adapters   bench-e2e with a random adapter on every projection (ranks RANKS, default
+#              "0 16 64"; 0: none), ours and .dev/xtask-base side by side, one table
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
 # them: each device call gets an empty $OUT, so a table made in a later call on the same
@@ -171,6 +173,33 @@ lora() {
     for f in crates/gemma4-text/tests/fixtures/gemma4_tiny_e2b_$v/*; do cp "$f" "$OUT/lora/$v.$(basename "$f")"; done
   done
   cp crates/gemma4-text/tests/golden/gemma4_tiny_e2b_lora.json "$OUT/lora/"
+}
+
+# What an adapter costs: each model without one and with one of each rank, ours and base.
+adapters() {
+  synth $MODELS
+  mkdir -p "$OUT/adapters"
+  for m in $MODELS; do
+    for side in ours base; do
+      x=.dev/xtask
+      [ "$side" = base ] && x=.dev/xtask-base
+      for r in ${RANKS:-0 16 64}; do
+        lora=""
+        [ "$r" != 0 ] && lora="--lora-rank $r"
+        "$x" bench-e2e --model "$W/models/$m.gguf" --json --reps 3 --decode 256 $lora \
+          > "$OUT/adapters/$m-$side-r$r.json"
+      done
+    done
+  done
+  python3 - "$OUT/adapters" <<'PY' | tee "$OUT/adapters.md"
+import json, pathlib, sys
+print("| model | side | rank | prefill tok/s | decode tok/s |")
+print("| --- | --- | ---: | ---: | ---: |")
+for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    m, side, r = f.stem.rsplit("-", 2)
+    j = json.loads(f.read_text().strip().splitlines()[-1])
+    print(f"| {m} | {side} | {r[1:]} | {j['prefill_tok_s']:,.0f} | {j['decode_tok_s']:,.1f} |")
+PY
 }
 
 # Our side of 26B-A4B alone.

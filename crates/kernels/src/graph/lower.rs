@@ -425,7 +425,9 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
                 let ds = ops::matmul(self.ctx, w, &args)?;
                 self.run(ds);
             }
-            Some(term) if self.lora_fused(xv.cols) => {
+            // Rule `lora_in_product`: one token, whatever its width (the epilogue reads only
+            // `t` and B's rows).
+            Some(term) if self.l.fusions.lora_in_product && self.g.tokens == 1 => {
                 let t = self.x_times_a(term, &args)?;
                 let delta = self.lora_delta(term, t);
                 let e = Epilogue {
@@ -439,12 +441,6 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         }
         self.wrote(&[*out])?;
         Ok(1)
-    }
-
-    /// Rule `lora_in_product` for a product whose input row has `cols` values: one token,
-    /// whose adapter delta joins the product's rows.
-    fn lora_fused(&self, cols: u32) -> bool {
-        self.l.fusions.lora_in_product && self.one_token(cols)
     }
 
     /// The product `args` says, then its adapter's delta added by products of their own: `x

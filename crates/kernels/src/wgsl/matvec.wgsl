@@ -41,7 +41,8 @@
 // computed before this product) with B's row. t holds lora_t_stride values per token, one
 // segment of lora_rank for each projection stacked in W; a row's segment is its range
 // (from lora_seg1 segment 1, from lora_seg2 segment 2) or with lora_pairs its parity
-// (gate/up rows interleaved). The delta's sum has rank terms: no dispatch of its own adds it.
+// (gate/up rows interleaved). The lanes of a row's group share the delta's rank terms and
+// add them to their sums before they are reduced: no dispatch of its own adds it.
 //
 // MERGE (one token): the input is a split decode attention's output (attn_split.wgsl), merged
 // here rather than by attn_combine.wgsl in a dispatch of its own: every workgroup merges the
@@ -419,8 +420,9 @@ override RV: u32 = 1u;
 @group(0) @binding(20) var<storage, read> lora_t: array<f32>;
 @group(0) @binding(21) var<storage, read> lora_b: array<f32>;
 
-// The adapter's delta on row `row` (of the tile) for token m.
-fn lora_delta(m: u32, row: u32) -> f32 {
+// Lane `lane`'s share of the adapter's delta on row `row` (of the tile) for token m: every
+// TPR-th term from its own, summed with the row's dot product by the lanes' reduction.
+fn lora_share(m: u32, row: u32, lane: u32) -> f32 {
     let r = p.lora_first_row + row;
     var seg = u32(r >= p.lora_seg1) + u32(r >= p.lora_seg2);
     if (p.lora_pairs != 0u) {
@@ -429,7 +431,7 @@ fn lora_delta(m: u32, row: u32) -> f32 {
     let tb = m * p.lora_t_stride + seg * p.lora_rank;
     let bb = r * p.lora_rank;
     var s = 0.0;
-    for (var i = 0u; i < p.lora_rank; i++) {
+    for (var i = lane; i < p.lora_rank; i += TPR) {
         s += lora_t[tb + i] * lora_b[bb + i];
     }
     return s;
@@ -826,6 +828,13 @@ fn main(
             }
         }
     }
+#if LORA
+    if (row0 < p.n) {
+        for (var r = 0u; r < RPT; r++) {
+            acc[r] += lora_share(m, min(row0 + r, p.n - 1u), lane);
+        }
+    }
+#endif
 #if !NO_SUBGROUPS
     for (var off = min(TPR, SG) / 2u; off > 0u; off >>= 1u) {
         acc += subgroupShuffleXor(acc, off);
@@ -856,13 +865,6 @@ fn main(
     }
     for (var r = 0u; r < RPT; r++) {
         acc[r] = rows_red[r * 256u + li];
-    }
-#endif
-#if LORA
-    if (lane == 0u && row0 < p.n) {
-        for (var r = 0u; r < RPT; r++) {
-            acc[r] += lora_delta(m, min(row0 + r, p.n - 1u));
-        }
     }
 #endif
 #if Q8_OUT
