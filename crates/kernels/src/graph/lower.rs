@@ -9,7 +9,7 @@ use crate::ops::{
     ExpertSlots, HeadPostArgs, InputNorm, LoraDelta, MatmulArgs, MatvecOut, MoeMix, NormOut,
     Product, ResidualStep,
 };
-use crate::{DType, GpuContext, GpuError, GpuWeight, Tensor, View};
+use crate::{DType, Dispatch, GpuContext, GpuError, GpuWeight, Tensor, View};
 
 /// Query heads up to which one token's split attention is merged in front of the output
 /// product (each of its workgroups merging every head) rather than in a dispatch of its own
@@ -549,6 +549,20 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         Ok(t)
     }
 
+    /// With `lora`, `t = x A^T` by `product` (A's product with the step its product has in
+    /// front), and the delta the product then joins to its rows.
+    fn x_times_a_with(
+        &mut self,
+        lora: Option<&LoraTerm<'a>>,
+        product: impl FnOnce(&GpuContext, &GpuWeight, &'a View) -> Result<Vec<Dispatch>, GpuError>,
+    ) -> Result<Option<LoraDelta<'a>>, GpuError> {
+        let Some(term) = lora else { return Ok(None) };
+        let t = self.lora_scratch()?.t;
+        let ds = product(self.ctx, term.a, t)?;
+        self.run(ds);
+        Ok(Some(self.lora_delta(term, t)))
+    }
+
     /// The delta a product joins to its rows, from `t` (the scratch's `x A^T`).
     fn lora_delta(&self, term: &LoraTerm<'a>, t: &'a View) -> LoraDelta<'a> {
         LoraDelta {
@@ -741,15 +755,9 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         self.stream = Some(*out);
         // With an adapter, its `x A^T` takes the step in front of it (writing the stream and
         // the normed input), and the product reads the normed input.
-        let delta = match lora {
-            Some(term) => {
-                let t = self.lora_scratch()?.t;
-                let ds = ops::matvec_after_residual(self.ctx, term.a, &step, t, 0, PLAIN)?;
-                self.run(ds);
-                Some(self.lora_delta(term, t))
-            }
-            None => None,
-        };
+        let delta = self.x_times_a_with(lora.as_ref(), |ctx, a, t| {
+            ops::matvec_after_residual(ctx, a, &step, t, 0, PLAIN)
+        })?;
         let ctx = self.ctx;
         let product = |y: &'a View, col: u32, out: MatvecOut<'a>| {
             let e = Epilogue {
@@ -868,15 +876,9 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
             let (col, yv) = (self.g.get(*y).col(), self.view(*y)?);
             // With an adapter, its `x A^T` merges the chunks (and stores K and V) first, and
             // the product merges them again.
-            let delta = match lora {
-                Some(term) => {
-                    let t = self.lora_scratch()?.t;
-                    let ds = ops::matvec_after_attention(self.ctx, term.a, &merge, t, 0, PLAIN)?;
-                    self.run(ds);
-                    Some(self.lora_delta(term, t))
-                }
-                None => None,
-            };
+            let delta = self.x_times_a_with(lora.as_ref(), |ctx, a, t| {
+                ops::matvec_after_attention(ctx, a, &merge, t, 0, PLAIN)
+            })?;
             let merge = if delta.is_some() {
                 merge.without_kv_store()
             } else {
