@@ -25,6 +25,7 @@
 #   start, finish   the CUDA and CPU builds + ours, then the tiny E2B fixture + llama-bench
 #   adapters   bench-e2e with a random adapter on every projection (ranks RANKS, default
 #              "0 16 64"; 0: none), ours and .dev/xtask-base side by side, one table
+#   vision     transformers' image preprocessing goldens (xtask/scripts/gemma4_image_golden.py)
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
 # them: each device call gets an empty $OUT, so a table made in a later call on the same
@@ -200,6 +201,15 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
     j = json.loads(f.read_text().strip().splitlines()[-1])
     print(f"| {m} | {side} | {r[1:]} | {j['prefill_tok_s']:,.0f} | {j['decode_tok_s']:,.1f} |")
 PY
+}
+
+# transformers' Gemma 4 image preprocessing of the test images: $OUT/vision/ (fixtures as
+# fixture.NAME, goldens as golden.NAME).
+vision() {
+  python3 xtask/scripts/gemma4_image_golden.py 2>&1 | tail -n 20 | tee "$OUT/vision.txt"
+  mkdir -p "$OUT/vision"
+  for f in crates/gemma4-vision/tests/fixtures/*; do cp "$f" "$OUT/vision/fixture.$(basename "$f")"; done
+  for f in crates/gemma4-vision/tests/golden/*; do cp "$f" "$OUT/vision/golden.$(basename "$f")"; done
 }
 
 # Our side of 26B-A4B alone.
