@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use wgemma_gguf::{GgmlType, Gguf, Value};
+use wgemma_vision::{ClampStore, VisionConfig, VisionLayout};
 
 /// What a GGUF file holds, summarised.
 #[derive(Clone, Debug)]
@@ -18,6 +19,9 @@ pub struct ModelInfo {
     pub dtypes: BTreeMap<GgmlType, (usize, u64)>,
     /// The architecture's own scalar keys (`gemma3.block_count`, ...), in file order.
     pub hyper_parameters: Vec<(String, Value)>,
+    /// The vision tower the file holds (an mmproj file's, or an Ollama blob's inside the
+    /// model), or why it cannot be used; `None` without one.
+    pub vision: Option<Result<VisionConfig, String>>,
     header: Gguf,
 }
 
@@ -55,7 +59,63 @@ impl ModelInfo {
             parameter_count: g.parameter_count(),
             dtypes,
             hyper_parameters,
+            vision: VisionConfig::from_gguf(g)
+                .map_err(|e| e.to_string())
+                .transpose(),
             header: g.clone(),
+        }
+    }
+
+    /// The vision tower as one line: its shape, or why it cannot be used.
+    pub fn vision_line(&self) -> Option<String> {
+        Some(match self.vision.as_ref()? {
+            Ok(v) => {
+                let layout = match v.layout {
+                    VisionLayout::Mmproj => "llama.cpp mmproj",
+                    VisionLayout::OllamaBlob => "inside the Ollama blob",
+                };
+                let clamps = match v.clamps {
+                    ClampStore::None => "no clamps",
+                    ClampStore::Scalars => "clamps as scalars",
+                    ClampStore::Packed => "clamps packed",
+                };
+                format!(
+                    "Gemma 4, {} layers, width {}, {} heads of {}, feed-forward {}, projected to {} ({layout}, {clamps}{}{})",
+                    v.n_layer,
+                    v.n_embd,
+                    v.n_head,
+                    v.head_dim,
+                    v.n_ff,
+                    v.projection_dim,
+                    if v.standardize { ", standardized" } else { "" },
+                    if v.out_scale {
+                        ", layer output scales"
+                    } else {
+                        ""
+                    },
+                )
+            }
+            Err(e) => format!("unusable: {e}"),
+        })
+    }
+
+    fn vision_json(&self) -> serde_json::Value {
+        match &self.vision {
+            None => serde_json::Value::Null,
+            Some(Err(e)) => serde_json::json!({ "error": e }),
+            Some(Ok(v)) => serde_json::json!({
+                "layout": format!("{:?}", v.layout),
+                "block_count": v.n_layer,
+                "embedding_length": v.n_embd,
+                "feed_forward_length": v.n_ff,
+                "head_count": v.n_head,
+                "head_dim": v.head_dim,
+                "projection_dim": v.projection_dim,
+                "positions": v.n_positions,
+                "clamps": format!("{:?}", v.clamps),
+                "standardize": v.standardize,
+                "out_scale": v.out_scale,
+            }),
         }
     }
 
@@ -106,6 +166,7 @@ impl ModelInfo {
             "metadata": metadata,
             "dtypes": dtypes,
             "tensors": tensors,
+            "vision": self.vision_json(),
         })
     }
 }
@@ -161,6 +222,9 @@ impl fmt::Display for ModelInfo {
                 human_bytes(*bytes)
             )?;
         }
+        if let Some(line) = self.vision_line() {
+            writeln!(f, "vision tower     {line}")?;
+        }
         if !self.hyper_parameters.is_empty() {
             writeln!(f, "hyper-parameters")?;
             for (k, v) in &self.hyper_parameters {
@@ -168,5 +232,36 @@ impl fmt::Display for ModelInfo {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wgemma_gguf::write_gguf;
+
+    /// A projector file of another kind says why its tower cannot be used, in text and JSON.
+    #[test]
+    fn an_unusable_tower_says_why() {
+        let meta: Vec<(String, Value)> = [
+            ("general.architecture", Value::String("clip".into())),
+            ("clip.has_vision_encoder", Value::Bool(true)),
+            ("clip.vision.projector_type", Value::String("gemma3".into())),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let g = Gguf::parse(&write_gguf(&meta, &[], 32).unwrap()).unwrap();
+        let info = ModelInfo::new(&g);
+        assert!(
+            info.to_string()
+                .contains("vision tower     unusable: the projector is \"gemma3\"")
+        );
+        assert!(
+            info.to_json()["vision"]["error"]
+                .as_str()
+                .unwrap()
+                .contains("gemma4v")
+        );
     }
 }

@@ -39,6 +39,8 @@ fn info_reads_a_file_and_an_ollama_name() {
     std::fs::write(&file, &bytes).unwrap();
     let by_path = json(&wgemma(&["info", file.to_str().unwrap(), "--json"], None));
     assert_eq!(by_path["architecture"], "gemma4");
+    // A text-only model holds no vision tower.
+    assert!(by_path["vision"].is_null());
     let tensors = by_path["tensors"].as_array().unwrap();
     assert_eq!(
         by_path["tensor_count"].as_u64().unwrap() as usize,

@@ -27,10 +27,16 @@ pub fn run(args: Args) -> Result<(), CliError> {
         println!("{json}");
     } else {
         println!("path             {}", source.model.display());
+        print!("{info}");
         if let Some(p) = &source.projector {
             println!("projector        {}", p.display());
+            let file = MmapSource::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let header = Gguf::parse(file.bytes(0, file.len())?)
+                .map_err(|e| format!("{}: {e}", p.display()))?;
+            if let Some(line) = ModelInfo::new(&header).vision_line() {
+                println!("  vision tower   {line}");
+            }
         }
-        print!("{info}");
     }
     Ok(())
 }
