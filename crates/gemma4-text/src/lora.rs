@@ -287,7 +287,8 @@ impl LoraAdapter {
         Ok(Self { pairs })
     }
 
-    /// Checks that every pair fits the model's projection it changes. Pairs on the K and V of
+    /// Checks that every pair fits the model's projection it changes, its A and B holding
+    /// `rank` rows and columns of it. Pairs on the K and V of
     /// a layer that reads another layer's cache fit but change nothing
     /// ([`LoraAdapter::applies`]).
     pub fn check(&self, cfg: &TextConfig) -> Result<(), LoraError> {
@@ -297,6 +298,19 @@ impl LoraAdapter {
                 return Err(tensor_error(
                     &name,
                     format!("the model has {} layers", cfg.n_layer),
+                ));
+            }
+            if p.rank == 0 || p.a.len() != p.rank * p.cols || p.b.len() != p.rows * p.rank {
+                return Err(tensor_error(
+                    &name,
+                    format!(
+                        "rank {} with {} values of A and {} of B for {} x {}",
+                        p.rank,
+                        p.a.len(),
+                        p.b.len(),
+                        p.rows,
+                        p.cols
+                    ),
                 ));
             }
             let want = proj.shape(cfg, layer);

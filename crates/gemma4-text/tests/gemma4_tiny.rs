@@ -723,6 +723,11 @@ fn adapters_agree_with_the_cpu_reference() {
                 "{name}: unused pairs changed the logits"
             );
         }
+        // A pair whose A or B does not hold its rank's values is refused.
+        let mut short = random_adapter(&m.gpu, 2, &[Proj::Q], 10);
+        short.pairs.values_mut().next().unwrap().a.pop();
+        let e = m.gpu.prepare_adapter(&short).err().unwrap();
+        assert!(e.to_string().contains("values of A"), "{e}");
         // An adapter uploaded for another model is refused, and the session stays as it was.
         let other = load(MODELS[(name == "e2b") as usize].1.to_vec(), ctx.clone());
         let foreign = other
