@@ -26,6 +26,10 @@
 #   adapters   bench-e2e with a random adapter on every projection (ranks RANKS, default
 #              "0 16 64"; 0: none), ours and .dev/xtask-base side by side, one table
 #   vision     transformers' image preprocessing goldens (xtask/scripts/gemma4_image_golden.py)
+#   vision_golden   tiny random Gemma 4 models with a vision tower, converted with llama.cpp's
+#              converter, and transformers' tower outputs and logits on test images
+#              (xtask/scripts/gemma4_vision_golden.py; transformers 5.23 from .dev/ if its
+#              wheel is there), as $OUT/vision-golden.tgz
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
 # them: each device call gets an empty $OUT, so a table made in a later call on the same
@@ -210,6 +214,15 @@ vision() {
   mkdir -p "$OUT/vision"
   for f in crates/gemma4-vision/tests/fixtures/*; do cp "$f" "$OUT/vision/fixture.$(basename "$f")"; done
   for f in crates/gemma4-vision/tests/golden/*; do cp "$f" "$OUT/vision/golden.$(basename "$f")"; done
+}
+
+vision_golden() {
+  unpack
+  for whl in .dev/transformers-*.whl; do
+    [ -f "$whl" ] && python3 -m pip install --quiet --no-deps "$whl" 2>&1 | tail -n 3
+  done
+  python3 xtask/scripts/gemma4_vision_golden.py --llama-cpp "$LL" 2>&1 | tail -n 30 | tee "$OUT/vision-golden.txt"
+  tar czf "$OUT/vision-golden.tgz" crates/gemma4-vision/tests/fixtures crates/gemma4-vision/tests/golden
 }
 
 # Our side of 26B-A4B alone.
