@@ -8,6 +8,11 @@ use wgemma_gguf::{Gguf, MetadataError};
 
 use crate::preprocess::{PATCH, POOL};
 
+/// The 2-D rope's base (transformers' vision `rope_theta`; no file stores it).
+pub const ROPE_THETA: f32 = 100.0;
+/// Position axes of a patch: column, row.
+pub const POSITION_AXES: usize = 2;
+
 /// Which file layout the tower came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VisionLayout {

@@ -1,0 +1,504 @@
+//! The tower on the GPU: the patch embedding, the encoder layers, the pooling and the embedder
+//! as general ops of `wgemma-kernels` (products of stored weights, norms along rows, 2-D rope,
+//! bidirectional attention, pointwise clamps and gates, average pooling), recorded into one
+//! command encoder and one compute pass per image. Only the patches go up and, when asked, the
+//! soft tokens come back: they stay on the GPU for the text model to read.
+
+use std::sync::Arc;
+
+use tracing::info_span;
+use wgemma_gguf::{Gguf, RangeSource};
+use wgemma_kernels::ops::{
+    self, Activation, Affine, Attend, Binary, Mask, MatmulArgs, MatvecOut, RopeAxes, RopePairs,
+    RowOp, Window2d,
+};
+use wgemma_kernels::store::{WeightStore, read_f32};
+use wgemma_kernels::{
+    DType, Dispatch, GpuContext, GpuError, GpuWeight, Profiler, Recorder, Tensor, View,
+};
+
+use crate::config::{POSITION_AXES, ROPE_THETA, VisionConfig};
+use crate::preprocess::{POOL, Patches};
+use crate::reference::Trace;
+use crate::tensors::{Clamp, Layer, Linear, Tower, TowerTensors};
+use crate::{VisionError, check_positions};
+
+/// The tower's weights on the GPU.
+pub struct VisionTower {
+    ctx: Arc<GpuContext>,
+    pub cfg: VisionConfig,
+    w: Tower<GpuWeight, View>,
+}
+
+/// One image's soft tokens on the GPU: `tokens` rows of the text model's width.
+#[derive(Clone, Debug)]
+pub struct Encoded {
+    pub rows: View,
+    pub tokens: u32,
+    pub width: u32,
+}
+
+impl VisionTower {
+    /// Uploads the tower's tensors of `g`, read from `src`, calling `progress(done, total)`
+    /// in bytes.
+    pub async fn load<R: RangeSource + ?Sized>(
+        ctx: Arc<GpuContext>,
+        g: &Gguf,
+        cfg: &VisionConfig,
+        src: &R,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<Self, VisionError> {
+        let _span = info_span!("load_vision", layers = cfg.n_layer, width = cfg.n_embd).entered();
+        let t = TowerTensors::resolve(g, cfg)?;
+        let mut clamp_values = Vec::new();
+        for tensor in t.clamps.tensors() {
+            clamp_values.push(read_f32(g, src, tensor).await?);
+        }
+        let clamps = t.clamps.assemble(cfg.n_layer, &clamp_values)?;
+        let mut out_scales = Vec::with_capacity(cfg.n_layer);
+        for s in &t.out_scales {
+            out_scales.push(match s {
+                Some(s) => read_f32(g, src, s).await?[0],
+                None => 1.0,
+            });
+        }
+        let mut store = WeightStore::new(&ctx);
+        let mut w = Tower {
+            patch_embd: store.matrix(vec![&t.patch_embd], 1)?,
+            patch_order: t.tower.patch_order,
+            positions: store.vector(t.tower.positions),
+            layers: Vec::with_capacity(cfg.n_layer),
+            standardize: t
+                .tower
+                .standardize
+                .map(|(b, s)| (store.vector(b), store.vector(s))),
+            projection: store.matrix(vec![t.tower.projection], 1)?,
+        };
+        for l in &t.tower.layers {
+            let mut lin = |x: &Linear<_>| -> Result<Linear<GpuWeight>, VisionError> {
+                Ok(Linear {
+                    w: store.matrix(vec![x.w], 1)?,
+                    clamp: Clamp::NONE,
+                })
+            };
+            let (q, k, v, o) = (lin(&l.q)?, lin(&l.k)?, lin(&l.v)?, lin(&l.o)?);
+            let (gate, up, down) = (lin(&l.gate)?, lin(&l.up)?, lin(&l.down)?);
+            w.layers.push(Layer {
+                ln1: store.vector(l.ln1),
+                ln2: store.vector(l.ln2),
+                attn_post_norm: store.vector(l.attn_post_norm),
+                ffn_post_norm: store.vector(l.ffn_post_norm),
+                q_norm: store.vector(l.q_norm),
+                k_norm: store.vector(l.k_norm),
+                q,
+                k,
+                v,
+                o,
+                gate,
+                up,
+                down,
+                out_scale: 1.0,
+            });
+        }
+        w.set_ranges(&clamps, &out_scales);
+        store.upload((g, src), &mut progress).await?;
+        Ok(Self {
+            ctx,
+            cfg: cfg.clone(),
+            w,
+        })
+    }
+
+    /// The soft tokens of one image, left on the GPU.
+    pub async fn encode(&self, p: &Patches) -> Result<Encoded, VisionError> {
+        let _span = info_span!("encode_image", rows = p.rows, cols = p.cols).entered();
+        let plan = Plan::build(self, p, false)?;
+        plan.run(&self.ctx);
+        Ok(plan.encoded())
+    }
+
+    /// The soft tokens of one image, read back (`[tokens, text width]`).
+    pub async fn encode_to_vec(&self, p: &Patches) -> Result<Vec<f32>, VisionError> {
+        let e = self.encode(p).await?;
+        Ok(self.ctx.read_f32(&e.rows).await?)
+    }
+
+    /// GPU time per kernel of one image's forward, most expensive first: (kernel, dispatches,
+    /// microseconds). `None` where the adapter has no timestamp queries.
+    pub async fn profile(
+        &self,
+        p: &Patches,
+    ) -> Result<Option<Vec<(&'static str, usize, f64)>>, VisionError> {
+        let plan = Plan::build(self, p, false)?;
+        let Some(mut profiler) = Profiler::new(&self.ctx, plan.steps.len() as u32) else {
+            return Ok(None);
+        };
+        plan.record(Recorder::profiled(&self.ctx, "vision tower", &mut profiler));
+        Ok(Some(profiler.read(&self.ctx).await?))
+    }
+
+    /// The tower's forward on one image with its intermediate values read back (as
+    /// [`crate::CpuTower::trace`] gives them).
+    pub async fn trace(&self, p: &Patches) -> Result<Trace, VisionError> {
+        let plan = Plan::build(self, p, true)?;
+        plan.run(&self.ctx);
+        let mut taps = Vec::with_capacity(plan.taps.len());
+        for (_, view) in &plan.taps {
+            taps.push(self.ctx.read_f32(view).await?);
+        }
+        let soft_tokens = self.ctx.read_f32(&plan.buffers.soft).await?;
+        let pooled = taps.pop().unwrap_or_default();
+        let mut taps = taps.into_iter();
+        Ok(Trace {
+            patch_embed: taps.next().unwrap_or_default(),
+            layers: taps.collect(),
+            pooled,
+            soft_tokens,
+        })
+    }
+}
+
+/// The activations of one image.
+struct Buffers {
+    input: View,
+    positions: View,
+    /// The residual stream `[patches, D]`.
+    x: View,
+    /// Its normed rows, then the attention's and the MLP's outputs.
+    h: View,
+    /// A linear's clamped input.
+    clamped: View,
+    /// q, k and v side by side: `[patches, 3 D]`.
+    qkv: View,
+    attn: View,
+    gate: View,
+    up: View,
+    pooled: View,
+    soft: View,
+}
+
+impl Buffers {
+    fn new(ctx: &GpuContext, cfg: &VisionConfig, p: &Patches) -> Self {
+        let n = u64::from(p.rows * p.cols);
+        let (d, ff) = (cfg.n_embd as u64, cfg.n_ff as u64);
+        let tokens = u64::from(p.soft_tokens());
+        let f32s = |label: &str, count: u64| View::of(&ctx.storage(label, count * 4));
+        Self {
+            input: f32s("vision input", n * Patches::PATCH_VALUES as u64),
+            positions: f32s("vision positions", n * POSITION_AXES as u64),
+            x: f32s("vision x", n * d),
+            h: f32s("vision h", n * d),
+            clamped: f32s("vision clamped", n * d.max(ff)),
+            qkv: f32s("vision qkv", n * 3 * d),
+            attn: f32s("vision attn", n * d),
+            gate: f32s("vision gate", n * ff),
+            up: f32s("vision up", n * ff),
+            pooled: f32s("vision pooled", tokens * d),
+            soft: f32s("vision soft tokens", tokens * cfg.projection_dim as u64),
+        }
+    }
+}
+
+/// What a plan records: a dispatch, or a copy of a value out (traces).
+enum Step {
+    Run(Dispatch),
+    Copy { from: View, to: View },
+}
+
+/// One image's dispatches, built over its buffers.
+struct Plan {
+    buffers: Buffers,
+    steps: Vec<Step>,
+    /// Values copied out when traced, in order: the patch embedding, each layer's output,
+    /// the pooled tokens.
+    taps: Vec<(&'static str, View)>,
+    tokens: u32,
+    width: u32,
+}
+
+/// Builds a [`Plan`]'s steps.
+struct Builder<'a> {
+    ctx: &'a GpuContext,
+    cfg: &'a VisionConfig,
+    b: &'a Buffers,
+    /// Patches.
+    n: u32,
+    steps: Vec<Step>,
+    taps: Option<Vec<(&'static str, View)>>,
+}
+
+impl Plan {
+    fn build(tower: &VisionTower, p: &Patches, traced: bool) -> Result<Self, VisionError> {
+        let (ctx, cfg) = (&*tower.ctx, &tower.cfg);
+        check_positions(cfg, p)?;
+        let buffers = Buffers::new(ctx, cfg, p);
+        let positions: Vec<u32> = (0..p.rows * p.cols)
+            .flat_map(|i| {
+                let (c, r) = p.position(i);
+                [c, r]
+            })
+            .collect();
+        let input = tower.w.patch_order.input(p);
+        ctx.write(&buffers.input.buffer, 0, bytemuck::cast_slice(&input));
+        ctx.write(&buffers.positions.buffer, 0, bytemuck::cast_slice(&positions));
+        let mut b = Builder {
+            ctx,
+            cfg,
+            b: &buffers,
+            n: p.rows * p.cols,
+            steps: Vec::new(),
+            taps: traced.then(Vec::new),
+        };
+        b.embed(&tower.w, p)?;
+        for l in &tower.w.layers {
+            b.layer(l)?;
+            b.tap("layer", &buffers.x)?;
+        }
+        b.pool_and_project(&tower.w, p)?;
+        let (steps, taps) = (b.steps, b.taps.unwrap_or_default());
+        Ok(Self {
+            steps,
+            taps,
+            tokens: p.soft_tokens(),
+            width: cfg.projection_dim as u32,
+            buffers,
+        })
+    }
+
+    fn run(&self, ctx: &GpuContext) {
+        self.record(Recorder::new(ctx, "vision tower"));
+    }
+
+    fn record(&self, mut rec: Recorder<'_>) {
+        for s in &self.steps {
+            match s {
+                Step::Run(d) => rec.run(d),
+                Step::Copy { from, to } => rec.copy(from, to, to.size),
+            }
+        }
+        rec.submit();
+    }
+
+    fn encoded(self) -> Encoded {
+        Encoded {
+            rows: self.buffers.soft,
+            tokens: self.tokens,
+            width: self.width,
+        }
+    }
+}
+
+impl Builder<'_> {
+    fn push(&mut self, d: Result<Dispatch, GpuError>) -> Result<(), VisionError> {
+        self.steps.push(Step::Run(d?));
+        Ok(())
+    }
+
+    /// `[n, cols]` rows `stride` apart from column `offset` of `view`.
+    fn rows(&self, view: &View, cols: u32, stride: u32, offset: u32) -> Result<Tensor, GpuError> {
+        Tensor::strided(view, DType::F32, &[self.n, cols], &[stride, 1], offset)
+    }
+
+    /// Copies `view`'s first `size` bytes out when traced.
+    fn tap(&mut self, name: &'static str, view: &View) -> Result<(), VisionError> {
+        let Some(taps) = self.taps.as_mut() else {
+            return Ok(());
+        };
+        let to = View::of(&self.ctx.storage(name, view.size));
+        taps.push((name, to.clone()));
+        self.steps.push(Step::Copy {
+            from: view.clone(),
+            to,
+        });
+        Ok(())
+    }
+
+    /// `x = W input + posX[col] + posY[row]`.
+    fn embed(&mut self, w: &Tower<GpuWeight, View>, p: &Patches) -> Result<(), VisionError> {
+        let (d, b) = (self.cfg.n_embd as u32, self.b);
+        let values = Patches::PATCH_VALUES as u32;
+        let plain = Linear {
+            w: w.patch_embd.clone(),
+            clamp: Clamp::NONE,
+        };
+        self.linear(&plain, (&b.input, values, values), (&b.x, d, 0))?;
+        let grid = [p.rows, p.cols, d];
+        let x = Tensor::new(&b.x, &grid)?;
+        let table = (self.cfg.n_positions as u32) * d;
+        let by_col = Tensor::strided(&w.positions, DType::F32, &grid, &[0, d, 1], 0)?;
+        let by_row = Tensor::strided(&w.positions, DType::F32, &grid, &[d, 0, 1], table)?;
+        for pos in [by_col, by_row] {
+            self.push(ops::binary(self.ctx, Binary::Add, &x, &pos, &x))?;
+        }
+        self.tap("patch_embed", &b.x)
+    }
+
+    /// `out[:, offset..] = clamp(W clamp(x))`: `x` is (view, columns, stride), `out` (view,
+    /// stride, first column).
+    fn linear(
+        &mut self,
+        l: &Linear<GpuWeight>,
+        (x, cols, x_stride): (&View, u32, u32),
+        (out, y_stride, y_offset): (&View, u32, u32),
+    ) -> Result<(), VisionError> {
+        let mut input = (x, x_stride);
+        if let Some([min, max]) = Clamp::bites(l.clamp.input) {
+            let from = self.rows(x, cols, x_stride, 0)?;
+            let to = self.rows(&self.b.clamped, cols, cols, 0)?;
+            self.push(ops::unary(self.ctx, Activation::Clamp { min, max }, &from, &to))?;
+            input = (&self.b.clamped, cols);
+        }
+        let args = MatmulArgs {
+            x: input.0,
+            y: out,
+            m: self.n,
+            x_stride: input.1,
+            y_stride,
+            out: MatvecOut::Rows { softcap: 0.0 },
+            y_offset,
+            partials: None,
+        };
+        for d in ops::matmul(self.ctx, &l.w, &args)? {
+            self.steps.push(Step::Run(d));
+        }
+        if let Some([min, max]) = Clamp::bites(l.clamp.output) {
+            let y = self.rows(out, l.w.rows as u32, y_stride, y_offset)?;
+            self.push(ops::unary(self.ctx, Activation::Clamp { min, max }, &y, &y))?;
+        }
+        Ok(())
+    }
+
+    /// RMSNorm of `t`'s rows in place, times `weight` when given.
+    fn norm(&mut self, t: &Tensor, weight: Option<&View>) -> Result<(), VisionError> {
+        let w = weight
+            .map(|w| Tensor::new(w, &[t.dim(-1)]))
+            .transpose()?;
+        let affine = Affine {
+            weight: w.as_ref(),
+            bias: None,
+        };
+        let op = RowOp::RmsNorm { eps: self.cfg.eps };
+        self.push(ops::rows(self.ctx, op, affine, t, t))
+    }
+
+    /// `x += norm(delta) * post`.
+    fn residual(&mut self, delta: &View, post: &View) -> Result<(), VisionError> {
+        let d = self.cfg.n_embd as u32;
+        let (x, delta) = (self.rows(&self.b.x, d, d, 0)?, self.rows(delta, d, d, 0)?);
+        self.norm(&delta, Some(post))?;
+        self.push(ops::binary(self.ctx, Binary::Add, &x, &delta, &x))
+    }
+
+    fn layer(&mut self, l: &Layer<GpuWeight, View>) -> Result<(), VisionError> {
+        let cfg = self.cfg;
+        let (d, ff) = (cfg.n_embd as u32, cfg.n_ff as u32);
+        let (heads, dh) = (cfg.n_head as u32, cfg.head_dim as u32);
+        let b = self.b;
+        self.push(ops::rows(
+            self.ctx,
+            RowOp::RmsNorm { eps: cfg.eps },
+            Affine {
+                weight: Some(&Tensor::new(&l.ln1, &[d])?),
+                bias: None,
+            },
+            &self.rows(&b.x, d, d, 0)?,
+            &self.rows(&b.h, d, d, 0)?,
+        ))?;
+        for (i, lin) in [&l.q, &l.k, &l.v].into_iter().enumerate() {
+            self.linear(lin, (&b.h, d, d), (&b.qkv, 3 * d, i as u32 * d))?;
+        }
+        let head = |i: u32| {
+            let dims = [self.n, heads, dh];
+            Tensor::strided(&b.qkv, DType::F32, &dims, &[3 * d, dh, 1], i * d)
+        };
+        let (q, k, v) = (head(0)?, head(1)?, head(2)?);
+        self.norm(&q, Some(&l.q_norm))?;
+        self.norm(&k, Some(&l.k_norm))?;
+        self.norm(&v, None)?;
+        let positions = Tensor::of(&b.positions, DType::U32, &[self.n, POSITION_AXES as u32])?;
+        for x in [&q, &k] {
+            let rope = RopeAxes {
+                x,
+                positions: &positions,
+                n_rot: dh / POSITION_AXES as u32,
+                pairs: RopePairs::Neox,
+                base: ROPE_THETA,
+                freq_scale: 1.0,
+                freq_factors: None,
+            };
+            self.push(ops::rope_axes(self.ctx, &rope))?;
+        }
+        let attn = Tensor::new(&b.attn, &[self.n, heads, dh])?;
+        let attend = Attend {
+            q: &q,
+            k: &k,
+            v: &v,
+            mask: Mask::Full,
+            q_pos0: 0,
+            scale: 1.0,
+            softcap: 0.0,
+            relative: None,
+        };
+        self.push(ops::attend(self.ctx, &attend, &attn))?;
+        self.linear(&l.o, (&b.attn, d, d), (&b.h, d, 0))?;
+        self.residual(&b.h, &l.attn_post_norm)?;
+        let (x, h) = (self.rows(&b.x, d, d, 0)?, self.rows(&b.h, d, d, 0)?);
+        let ln2 = Tensor::new(&l.ln2, &[d])?;
+        let affine = Affine {
+            weight: Some(&ln2),
+            bias: None,
+        };
+        self.push(ops::rows(self.ctx, RowOp::RmsNorm { eps: cfg.eps }, affine, &x, &h))?;
+        self.linear(&l.gate, (&b.h, d, d), (&b.gate, ff, 0))?;
+        self.linear(&l.up, (&b.h, d, d), (&b.up, ff, 0))?;
+        let (gate, up) = (self.rows(&b.gate, ff, ff, 0)?, self.rows(&b.up, ff, ff, 0)?);
+        let gelu = Binary::Gated(Activation::GeluTanh);
+        self.push(ops::binary(self.ctx, gelu, &gate, &up, &gate))?;
+        self.linear(&l.down, (&b.gate, ff, ff), (&b.h, d, 0))?;
+        self.residual(&b.h, &l.ffn_post_norm)?;
+        if l.out_scale != 1.0 {
+            let scale = Activation::Scale(l.out_scale);
+            self.push(ops::unary(self.ctx, scale, &x, &x))?;
+        }
+        Ok(())
+    }
+
+    /// 3x3 average pool, `* sqrt(D)`, standardisation, weightless RMSNorm, projection.
+    fn pool_and_project(
+        &mut self,
+        w: &Tower<GpuWeight, View>,
+        p: &Patches,
+    ) -> Result<(), VisionError> {
+        let (d, b) = (self.cfg.n_embd as u32, self.b);
+        let (rows, cols) = (p.rows / POOL, p.cols / POOL);
+        let tokens = rows * cols;
+        let x = Tensor::new(&b.x, &[p.rows, p.cols, d])?;
+        let grid = Tensor::new(&b.pooled, &[rows, cols, d])?;
+        let window = Window2d {
+            kernel: [POOL; 2],
+            stride: [POOL; 2],
+            pad: [0; 2],
+        };
+        self.push(ops::avg_pool2d(self.ctx, &x, window, &grid))?;
+        let pooled = Tensor::new(&b.pooled, &[tokens, d])?;
+        let root = Activation::Scale((d as f32).sqrt());
+        self.push(ops::unary(self.ctx, root, &pooled, &pooled))?;
+        if let Some((bias, scale)) = &w.standardize {
+            let each = |v: &View| Tensor::strided(v, DType::F32, &[tokens, d], &[0, 1], 0);
+            let (bias, scale) = (each(bias)?, each(scale)?);
+            self.push(ops::binary(self.ctx, Binary::Sub, &pooled, &bias, &pooled))?;
+            self.push(ops::binary(self.ctx, Binary::Mul, &pooled, &scale, &pooled))?;
+        }
+        self.tap("pooled", &b.pooled)?;
+        self.norm(&pooled, None)?;
+        let projection = Linear {
+            w: w.projection.clone(),
+            clamp: Clamp::NONE,
+        };
+        let width = self.cfg.projection_dim as u32;
+        let n = std::mem::replace(&mut self.n, tokens);
+        self.linear(&projection, (&b.pooled, d, d), (&b.soft, width, 0))?;
+        self.n = n;
+        Ok(())
+    }
+}
