@@ -5,7 +5,29 @@
 
 use super::*;
 
+const ATTEND_MASK_WGSL: &str = include_str!("../wgsl/attend_mask.wgsl");
 const ATTEND_WGSL: &str = include_str!("../wgsl/attend.wgsl");
+const ATTEND_TILED_WGSL: &str = include_str!("../wgsl/attend_tiled.wgsl");
+
+/// The largest head dimension the tiled kernel holds in registers.
+pub const TILED_MAX_HEAD_DIM: u32 = 128;
+/// Queries from which [`attend`] takes the tiled kernel (where it can).
+pub const TILED_MIN_QUERIES: u32 = 32;
+/// Queries a workgroup of the tiled kernel takes.
+const TILED_BLOCK: u32 = 64;
+
+/// Which kernel [`attend_with`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttendKernel {
+    /// The tiled kernel for many queries where it can, else one workgroup per query.
+    Auto,
+    /// One workgroup per (query, head): keys split over its threads (few queries, long
+    /// contexts, the relative-position term).
+    PerQuery,
+    /// One workgroup per (64 queries, head), keys through workgroup memory in tiles (many
+    /// queries; head dimension up to [`TILED_MAX_HEAD_DIM`], no relative-position term).
+    Tiled,
+}
 
 kernel_bindings!(
     /// `attend.wgsl`.
@@ -115,9 +137,30 @@ fn check_attend(a: &Attend<'_>, out: &Tensor) -> Result<(), GpuError> {
     Ok(())
 }
 
-/// The attention dispatch: one workgroup per (query, head).
+/// The attention dispatch, by the kernel that suits its size ([`AttendKernel::Auto`]).
 pub fn attend(ctx: &GpuContext, a: &Attend<'_>, out: &Tensor) -> Result<Dispatch, GpuError> {
+    attend_with(ctx, a, out, AttendKernel::Auto)
+}
+
+/// The attention dispatch by `kernel` (an error where the tiled kernel cannot take it).
+pub fn attend_with(
+    ctx: &GpuContext,
+    a: &Attend<'_>,
+    out: &Tensor,
+    kernel: AttendKernel,
+) -> Result<Dispatch, GpuError> {
     check_attend(a, out)?;
+    let tiles = a.relative.is_none() && a.q.dim(2) <= TILED_MAX_HEAD_DIM;
+    let tiled = match kernel {
+        AttendKernel::Auto => tiles && a.q.dim(0) >= TILED_MIN_QUERIES,
+        AttendKernel::PerQuery => false,
+        AttendKernel::Tiled if tiles => true,
+        AttendKernel::Tiled => {
+            return Err(shape(format!(
+                "attend: the tiled kernel takes head dimensions up to {TILED_MAX_HEAD_DIM} and no relative term"
+            )));
+        }
+    };
     let (flag, [window, prefix, back, ahead]) = a.mask.flag_and_params();
     let [ql, kl, vl, ol] = [a.q, a.k, a.v, out].map(Tensor::layout4);
     let rl = a.relative.map_or(ql, Tensor::layout4);
@@ -156,16 +199,24 @@ pub fn attend(ctx: &GpuContext, a: &Attend<'_>, out: &Tensor) -> Result<Dispatch
         r2: rl.strides[3],
         r_at: rl.offset,
     };
-    let source = ShaderSource::new("attend", &[REDUCE_WGSL, ATTEND_WGSL])
+    let (label, source, items) = if tiled {
+        let source = ShaderSource::new("attend_tiled", &[ATTEND_MASK_WGSL, ATTEND_TILED_WGSL])
+            .constant("D4", f64::from(params.d.div_ceil(4)));
+        let blocks = params.tq.div_ceil(TILED_BLOCK);
+        ("attend_tiled", source, blocks * params.heads)
+    } else {
+        let source = ShaderSource::new("attend", &[REDUCE_WGSL, ATTEND_MASK_WGSL, ATTEND_WGSL]);
+        ("attend", source, params.tq * params.heads)
+    };
+    let source = source
         .flag(flag)
         .flag_if(a.relative.is_some(), "RELATIVE");
     let span = match a.mask {
         Mask::Spans { span, .. } => Bind::Storage(span.view()),
         _ => Bind::Skip,
     };
-    let items = params.tq * params.heads;
     ctx.dispatch(
-        "attend",
+        label,
         ctx.pipeline(&source),
         AttendBindings {
             q: Bind::Storage(a.q.view()),

@@ -2,6 +2,7 @@
 
 use super::*;
 use wgemma_kernels::ops::{
+    AttendKernel,
     Activation, Affine, Attend, Binary, Mask, Product, RopeAxes, RopePairs, RowOp, Window2d,
 };
 use wgemma_kernels::{DType, Tensor};
@@ -454,7 +455,6 @@ fn check_attend_case(ctx: &GpuContext, rng: &mut Rng, c: AttendCase<'_>) {
         softcap: c.softcap,
         relative: c.relative.then_some(&r),
     };
-    run(ctx, &[&ops::attend(ctx, &a, &out).unwrap()]);
     let reference = cpu::AttendRef {
         q: &qd,
         k: &kd,
@@ -468,7 +468,17 @@ fn check_attend_case(ctx: &GpuContext, rng: &mut Rng, c: AttendCase<'_>) {
         relative: c.relative.then_some(rd.as_slice()),
     };
     let want = cpu::attend(&reference, &c.visible);
-    assert_close(c.name, &read(ctx, out.view()), &want, 2e-5);
+    let tiles = !c.relative && c.d <= ops::TILED_MAX_HEAD_DIM;
+    for kernel in [AttendKernel::PerQuery, AttendKernel::Tiled] {
+        let d = ops::attend_with(ctx, &a, &out, kernel);
+        if kernel == AttendKernel::Tiled && !tiles {
+            assert!(d.is_err(), "{}: the tiled kernel refuses it", c.name);
+            continue;
+        }
+        run(ctx, &[&d.unwrap()]);
+        let what = format!("{} ({kernel:?})", c.name);
+        assert_close(&what, &read(ctx, out.view()), &want, 2e-5);
+    }
 }
 
 #[test]
@@ -527,6 +537,28 @@ fn attention_matches_cpu_in_every_mask_mode() {
             q_pos0: 0,
             d: 300,
             softcap: 0.0,
+            relative: false,
+        },
+        AttendCase {
+            name: "full, 150 queries over 2 blocks, head 72",
+            mask: Mask::Full,
+            visible: Box::new(|_, _| true),
+            tq: 150,
+            tk: 133,
+            q_pos0: 0,
+            d: 72,
+            softcap: 0.0,
+            relative: false,
+        },
+        AttendCase {
+            name: "causal window 20, cached prefix, 70 queries, head 64",
+            mask: Mask::Causal { window: Some(20) },
+            visible: Box::new(causal(20)),
+            tq: 70,
+            tk: 101,
+            q_pos0: 31,
+            d: 64,
+            softcap: 3.0,
             relative: false,
         },
         AttendCase {
