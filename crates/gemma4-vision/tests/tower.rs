@@ -119,20 +119,33 @@ fn gpu_tower_matches_transformers() {
     }
 }
 
+
+/// The same tower inside an Ollama-style blob (keys under `gemma4.vision.*`, clamps packed in
+/// `v.clamp_data`) gives the same soft tokens as from the mmproj file, on the CPU and the GPU.
 #[test]
-fn tmp_timing() {
-    let Some(ctx) = wgemma_test_support::gpu() else {
-        return;
-    };
-    let f = mmproj("e2b");
-    let src = BytesSource::new(f.bytes.clone());
-    let tower =
-        pollster::block_on(VisionTower::load(ctx.clone(), &f.g, &f.cfg, &src, |_, _| {})).unwrap();
-    let (_, p) = images().remove(0);
-    for _ in 0..3 {
-        let t = std::time::Instant::now();
-        pollster::block_on(tower.encode_to_vec(&p)).unwrap();
-        eprintln!("encode {:?}", t.elapsed());
+fn both_layouts_give_the_same_soft_tokens() {
+    for variant in VARIANTS {
+        let f = mmproj(variant);
+        let text = std::fs::read(dir().join(format!("fixtures/gemma4_tiny_vision_{variant}.gguf")));
+        let blob = wgemma_test_support::ollama_vision_blob(&text.unwrap(), &f.bytes);
+        let g = Gguf::parse(&blob).unwrap();
+        let cfg = VisionConfig::from_gguf(&g).unwrap().unwrap();
+        assert_eq!(cfg.layout, wgemma_vision::VisionLayout::OllamaBlob);
+        assert_eq!(cfg.clamps, wgemma_vision::ClampStore::Packed);
+        let (_, p) = images().remove(0);
+        let cpu = |g: &Gguf, cfg: &VisionConfig, bytes: &[u8]| {
+            let tower = CpuTower::load(g, cfg, &BytesSource::new(bytes.to_vec())).unwrap();
+            tower.encode(&p).unwrap()
+        };
+        let want = cpu(&f.g, &f.cfg, &f.bytes);
+        assert_eq!(cpu(&g, &cfg, &blob), want, "{variant}: CPU, blob vs mmproj");
+        let Some(ctx) = wgemma_test_support::gpu() else {
+            continue;
+        };
+        let src = BytesSource::new(blob.clone());
+        let tower =
+            pollster::block_on(VisionTower::load(ctx.clone(), &g, &cfg, &src, |_, _| {})).unwrap();
+        let got = pollster::block_on(tower.encode_to_vec(&p)).unwrap();
+        assert!(max_abs_diff(&got, &want) < 1e-4, "{variant}: GPU from the blob");
     }
-    eprintln!("{:?}", pollster::block_on(tower.profile(&p)).unwrap());
 }

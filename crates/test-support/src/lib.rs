@@ -180,3 +180,64 @@ pub fn check(ctx: &GpuContext, case: &dyn ParityCase) {
         case.tolerance(),
     );
 }
+
+/// An Ollama-style Gemma 4 blob: the text model of `text` with the vision tower of `mmproj`
+/// (llama.cpp's projector file) inside it, as Ollama's converter lays one out: the tower's
+/// keys under `gemma4.vision.*`, its tensors by the same names, the per-tensor clamp scalars
+/// packed into `v.clamp_data` (per layer 7 linears x (in_min, in_max, out_min, out_max), then
+/// 4 for the projection, unclamped).
+pub fn ollama_vision_blob(text: &[u8], mmproj: &[u8]) -> Vec<u8> {
+    use wgemma_gguf::{Gguf, TensorSpec, Value, write_gguf};
+    const LINEARS: [&str; 7] = [
+        "attn_q", "attn_k", "attn_v", "attn_out", "ffn_gate", "ffn_up", "ffn_down",
+    ];
+    const CLAMPS: [&str; 4] = ["input_min", "input_max", "output_min", "output_max"];
+    let (tg, vg) = (Gguf::parse(text).unwrap(), Gguf::parse(mmproj).unwrap());
+    let mut meta: Vec<(String, Value)> = tg.metadata.entries().to_vec();
+    for key in [
+        "block_count",
+        "embedding_length",
+        "feed_forward_length",
+        "attention.head_count",
+        "patch_size",
+        "attention.layer_norm_epsilon",
+    ] {
+        let value = vg.metadata.entries().iter().find(|(k, _)| *k == format!("clip.vision.{key}"));
+        meta.push((format!("gemma4.vision.{key}"), value.unwrap().1.clone()));
+    }
+    meta.push(("gemma4.vision.projector.scale_factor".into(), Value::U32(3)));
+    meta.push(("gemma4.vision.num_channels".into(), Value::U32(3)));
+    let bytes = |g: &Gguf, all: &[u8], name: &str| {
+        let t = g.tensor(name).unwrap();
+        let r = g.tensor_range(t);
+        (TensorSpec::new(name, t.dtype, &t.dims), all[r.start as usize..r.end as usize].to_vec())
+    };
+    let mut tensors: Vec<_> = tg.tensors().iter().map(|t| bytes(&tg, text, &t.name)).collect();
+    let scalar = |name: &str| CLAMPS.iter().any(|c| name.ends_with(c));
+    tensors.extend(
+        vg.tensors()
+            .iter()
+            .filter(|t| !scalar(&t.name))
+            .map(|t| bytes(&vg, mmproj, &t.name)),
+    );
+    let layers = vg.metadata.get_u64("clip.vision.block_count").unwrap();
+    let mut packed = Vec::new();
+    for il in 0..layers {
+        for lin in LINEARS {
+            for c in CLAMPS {
+                packed.push(match vg.tensor(&format!("v.blk.{il}.{lin}.{c}")) {
+                    Some(t) => {
+                        let r = vg.tensor_range(t);
+                        f32::from_le_bytes(mmproj[r.start as usize..][..4].try_into().unwrap())
+                    }
+                    None if c.ends_with("min") => f32::NEG_INFINITY,
+                    None => f32::INFINITY,
+                });
+            }
+        }
+    }
+    packed.extend([f32::NEG_INFINITY, f32::INFINITY, f32::NEG_INFINITY, f32::INFINITY]);
+    let spec = TensorSpec::new("v.clamp_data", wgemma_gguf::GgmlType::F32, &[packed.len() as u64]);
+    tensors.push((spec, bytemuck::cast_slice(&packed).to_vec()));
+    write_gguf(&meta, &tensors, 32).unwrap()
+}
