@@ -205,7 +205,9 @@ def f32(x):
 # Tokenizer
 
 
-def build_tokenizer(out_dir):
+def build_tokenizer(out_dir, extra_specials=()):
+    """The tiny BPE; `extra_specials` (already in SPECIALS) are also marked special, so the
+    converter writes them as control tokens."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -231,7 +233,7 @@ def build_tokenizer(out_dir):
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<pad>",
-        extra_special_tokens=["<|turn>", "<turn|>"],
+        extra_special_tokens=["<|turn>", "<turn|>"] + list(extra_specials),
         add_bos_token=False, add_eos_token=False,
     )
     hf.save_pretrained(out_dir)

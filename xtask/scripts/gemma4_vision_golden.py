@@ -144,9 +144,10 @@ def randomize(model, seed):
 def build_tokenizer(out_dir):
     """gemma4_tiny_fixtures' tokenizer with the multimodal markers as control tokens."""
     fx.SPECIALS = fx.SPECIALS[:6] + MULTIMODAL
-    hf = fx.build_tokenizer(out_dir)
+    hf = fx.build_tokenizer(out_dir, MULTIMODAL)
     for i, s in enumerate(MULTIMODAL):
         assert hf.convert_tokens_to_ids(s) == 6 + i, s
+        assert len(hf.encode(s, add_special_tokens=False)) == 1, s
     return hf
 
 
@@ -180,6 +181,19 @@ def convert(llama_cpp, model_dir, out, mmproj):
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
+
+
+def check_control_tokens(llama_cpp, path):
+    """The converted vocabulary marks the multimodal markers as control tokens (type 3), as
+    the real Gemma 4 vocabulary does, so that templates' markers parse as one token each."""
+    sys.path.insert(0, str(Path(llama_cpp) / "gguf-py"))
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    types = r.fields["tokenizer.ggml.token_type"]
+    for i in range(6, 6 + len(MULTIMODAL)):
+        t = int(types.parts[types.data[i]][0])
+        assert t == 3, f"token {i} has type {t}, not control"
 
 
 def processed(path, budget):
@@ -272,6 +286,7 @@ def run_variant(variant, args, tmp):
     model = build_model(variant, model_dir)
     stem = f"gemma4_tiny_vision_{variant}"
     convert(args.llama_cpp, model_dir, FIXTURES / f"{stem}.gguf", mmproj=False)
+    check_control_tokens(args.llama_cpp, FIXTURES / f"{stem}.gguf")
     convert(args.llama_cpp, model_dir, FIXTURES / f"{stem}_mmproj.gguf", mmproj=True)
 
     record = {"command": COMMAND, "transformers": transformers.__version__, "variant": variant,

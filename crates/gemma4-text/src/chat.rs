@@ -41,14 +41,27 @@ impl fmt::Display for Role {
 pub struct Message {
     pub role: Role,
     pub content: String,
+    /// Images that open the message, each rendered as Gemma 4's image placeholder
+    /// ([`IMAGE_PLACEHOLDER`]), which the caller expands into the image's soft tokens.
+    pub images: usize,
 }
+
+/// The text a chat template puts where a message holds an image (Gemma 4's `<|image|>`).
+pub const IMAGE_PLACEHOLDER: &str = "<|image|>";
 
 impl Message {
     pub fn new(role: Role, content: impl Into<String>) -> Self {
         Self {
             role,
             content: content.into(),
+            images: 0,
         }
+    }
+
+    /// This message with `n` images before its text.
+    pub fn with_images(mut self, n: usize) -> Self {
+        self.images = n;
+        self
     }
 
     pub fn system(content: impl Into<String>) -> Self {
@@ -83,6 +96,8 @@ pub enum ChatError {
     },
     #[error("a generation prompt cannot follow an assistant message")]
     GenerationAfterAssistant,
+    #[error("Gemma 3's chat template here takes no images")]
+    ImagesUnsupported,
 }
 
 /// The prompt format of a model family.
@@ -122,6 +137,9 @@ impl ChatTemplate {
         let capacity = messages.iter().map(|m| m.content.len() + 32).sum::<usize>() + 32;
         let mut out = String::with_capacity(capacity);
         match self {
+            ChatTemplate::Gemma3 if messages.iter().any(|m| m.images > 0) => {
+                return Err(ChatError::ImagesUnsupported);
+            }
             ChatTemplate::Gemma3 => {
                 // The system text opens the first user turn, separated by a blank line. Unlike
                 // the HF template it is trimmed (as llama.cpp's built-in Gemma template does),
@@ -152,6 +170,7 @@ impl ChatTemplate {
                     out.push_str("<|turn>");
                     out.push_str(m.role.turn_name());
                     out.push('\n');
+                    out.push_str(&IMAGE_PLACEHOLDER.repeat(m.images));
                     match m.role {
                         Role::Assistant => out.push_str(&strip_thinking(&m.content)),
                         _ => out.push_str(trim(&m.content)),

@@ -79,6 +79,24 @@ fn gemma4_turns() {
 }
 
 #[test]
+fn gemma4_images_open_their_message() {
+    let msgs = [
+        Message::user("What is this?").with_images(2),
+        Message::assistant("Two cats."),
+        Message::user("And now?").with_images(1),
+    ];
+    assert_eq!(
+        ChatTemplate::Gemma4.render(&msgs, true).unwrap(),
+        "<|turn>user\n<|image|><|image|>What is this?<turn|>\n<|turn>model\nTwo cats.<turn|>\n\
+         <|turn>user\n<|image|>And now?<turn|>\n<|turn>model\n"
+    );
+    assert_eq!(
+        ChatTemplate::Gemma3.render(&msgs, true),
+        Err(wgemma_text::chat::ChatError::ImagesUnsupported)
+    );
+}
+
+#[test]
 fn gemma4_multi_turn_drops_earlier_thinking() {
     let msgs = [
         Message::system("Be brief."),

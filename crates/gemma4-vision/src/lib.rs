@@ -37,9 +37,7 @@ pub enum VisionError {
     Store(#[from] wgemma_kernels::store::StoreError),
     #[error(transparent)]
     Gpu(#[from] wgemma_kernels::GpuError),
-    #[error(
-        "the image is {cols} x {rows} patches; the tower's position tables hold {max} a side"
-    )]
+    #[error("the image is {cols} x {rows} patches; the tower's position tables hold {max} a side")]
     TooLarge { rows: u32, cols: u32, max: usize },
     #[error("the image has no patches, or sides that are not multiples of {POOL} patches")]
     BadGrid,
@@ -47,7 +45,7 @@ pub enum VisionError {
 
 /// Errors unless `p`'s patch grid is one the tower's position tables and pooling take.
 pub(crate) fn check_positions(cfg: &VisionConfig, p: &Patches) -> Result<(), VisionError> {
-    if p.rows == 0 || p.cols == 0 || p.rows % POOL != 0 || p.cols % POOL != 0 {
+    if p.rows == 0 || p.cols == 0 || !p.rows.is_multiple_of(POOL) || !p.cols.is_multiple_of(POOL) {
         return Err(VisionError::BadGrid);
     }
     if p.rows as usize > cfg.n_positions || p.cols as usize > cfg.n_positions {

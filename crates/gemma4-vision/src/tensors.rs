@@ -212,7 +212,12 @@ impl<'g> TowerTensors<'g> {
                 let mut per = Vec::with_capacity(7);
                 for name in LAYER_LINEARS {
                     let r = |s: &str| get(format!("v.blk.{il}.{name}.{s}"));
-                    per.push([r("input_min")?, r("input_max")?, r("output_min")?, r("output_max")?]);
+                    per.push([
+                        r("input_min")?,
+                        r("input_max")?,
+                        r("output_min")?,
+                        r("output_max")?,
+                    ]);
                 }
                 scalars.push(<[_; 7]>::try_from(per).map_err(|_| {
                     VisionConfigError::Shape("seven clamped linears a layer".into())
@@ -306,7 +311,13 @@ impl<M, V> Tower<M, V> {
     pub fn set_ranges(&mut self, clamps: &[[Clamp; 7]], out_scales: &[f32]) {
         for ((l, c), &s) in self.layers.iter_mut().zip(clamps).zip(out_scales) {
             for (lin, c) in [
-                &mut l.q, &mut l.k, &mut l.v, &mut l.o, &mut l.gate, &mut l.up, &mut l.down,
+                &mut l.q,
+                &mut l.k,
+                &mut l.v,
+                &mut l.o,
+                &mut l.gate,
+                &mut l.up,
+                &mut l.down,
             ]
             .into_iter()
             .zip(c)

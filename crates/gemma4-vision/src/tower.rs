@@ -240,7 +240,11 @@ impl Plan {
             .collect();
         let input = tower.w.patch_order.input(p);
         ctx.write(&buffers.input.buffer, 0, bytemuck::cast_slice(&input));
-        ctx.write(&buffers.positions.buffer, 0, bytemuck::cast_slice(&positions));
+        ctx.write(
+            &buffers.positions.buffer,
+            0,
+            bytemuck::cast_slice(&positions),
+        );
         let mut b = Builder {
             ctx,
             cfg,
@@ -345,7 +349,12 @@ impl Builder<'_> {
         if let Some([min, max]) = Clamp::bites(l.clamp.input) {
             let from = self.rows(x, cols, x_stride, 0)?;
             let to = self.rows(&self.b.clamped, cols, cols, 0)?;
-            self.push(ops::unary(self.ctx, Activation::Clamp { min, max }, &from, &to))?;
+            self.push(ops::unary(
+                self.ctx,
+                Activation::Clamp { min, max },
+                &from,
+                &to,
+            ))?;
             input = (&self.b.clamped, cols);
         }
         let args = MatmulArgs {
@@ -370,9 +379,7 @@ impl Builder<'_> {
 
     /// RMSNorm of `t`'s rows in place, times `weight` when given.
     fn norm(&mut self, t: &Tensor, weight: Option<&View>) -> Result<(), VisionError> {
-        let w = weight
-            .map(|w| Tensor::new(w, &[t.dim(-1)]))
-            .transpose()?;
+        let w = weight.map(|w| Tensor::new(w, &[t.dim(-1)])).transpose()?;
         let affine = Affine {
             weight: w.as_ref(),
             bias: None,
@@ -448,7 +455,13 @@ impl Builder<'_> {
             weight: Some(&ln2),
             bias: None,
         };
-        self.push(ops::rows(self.ctx, RowOp::RmsNorm { eps: cfg.eps }, affine, &x, &h))?;
+        self.push(ops::rows(
+            self.ctx,
+            RowOp::RmsNorm { eps: cfg.eps },
+            affine,
+            &x,
+            &h,
+        ))?;
         self.linear(&l.gate, (&b.h, d, d), (&b.gate, ff, 0))?;
         self.linear(&l.up, (&b.h, d, d), (&b.up, ff, 0))?;
         let (gate, up) = (self.rows(&b.gate, ff, ff, 0)?, self.rows(&b.up, ff, ff, 0)?);

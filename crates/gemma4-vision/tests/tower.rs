@@ -75,7 +75,9 @@ fn check_trace(what: &str, variant: &str, image: &str, t: &Trace) {
         let want = npy(&format!("vision_{variant}_{image}_{stage}.npy"));
         let diff = max_abs_diff(got, &want);
         let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        eprintln!("{what} {variant} {image} {stage}: max |diff| {diff:.2e} (values up to {scale:.2})");
+        eprintln!(
+            "{what} {variant} {image} {stage}: max |diff| {diff:.2e} (values up to {scale:.2})"
+        );
         assert!(
             diff <= TOLERANCE * scale.max(1.0),
             "{what} {variant} {image} {stage}: max |diff| {diff} over {TOLERANCE} x {scale}"
@@ -119,7 +121,6 @@ fn gpu_tower_matches_transformers() {
     }
 }
 
-
 /// The same tower inside an Ollama-style blob (keys under `gemma4.vision.*`, clamps packed in
 /// `v.clamp_data`) gives the same soft tokens as from the mmproj file, on the CPU and the GPU.
 #[test]
@@ -146,6 +147,9 @@ fn both_layouts_give_the_same_soft_tokens() {
         let tower =
             pollster::block_on(VisionTower::load(ctx.clone(), &g, &cfg, &src, |_, _| {})).unwrap();
         let got = pollster::block_on(tower.encode_to_vec(&p)).unwrap();
-        assert!(max_abs_diff(&got, &want) < 1e-4, "{variant}: GPU from the blob");
+        assert!(
+            max_abs_diff(&got, &want) < 1e-4,
+            "{variant}: GPU from the blob"
+        );
     }
 }

@@ -30,6 +30,20 @@ pub enum Error {
     Busy,
     #[error("LoRA adapter: {0}")]
     Adapter(#[from] wgemma_text::lora::LoraError),
+    #[error("image: {0}")]
+    Image(#[from] wgemma_vision::ImageError),
+    #[error("vision tower: {0}")]
+    Vision(#[from] wgemma_vision::VisionError),
+    #[error(
+        "the prompt has images, but the model has no vision tower (pass its projector file, e.g. --mmproj)"
+    )]
+    NoVision,
+}
+
+impl From<wgemma_vision::VisionConfigError> for Error {
+    fn from(e: wgemma_vision::VisionConfigError) -> Self {
+        Error::Vision(e.into())
+    }
 }
 
 impl Error {
@@ -53,6 +67,9 @@ impl Error {
             Error::EmptyPrompt => "empty_prompt",
             Error::Request(_) => "bad_request",
             Error::Busy => "busy",
+            Error::Image(_) => "bad_image",
+            Error::Vision(_) => "vision",
+            Error::NoVision => "no_vision",
         }
     }
 }

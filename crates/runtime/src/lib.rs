@@ -16,6 +16,7 @@
 
 mod clock;
 mod error;
+mod image;
 mod info;
 mod json;
 mod model;
@@ -27,6 +28,7 @@ mod source;
 mod web;
 
 pub use error::Error;
+pub use image::{ImageData, ImageInput};
 pub use info::ModelInfo;
 pub use json::session_options_from_json;
 pub use model::{Adapter, LoadOptions, Model};
@@ -37,6 +39,8 @@ pub use source::{ModelSource, SourceError};
 pub use wgemma_gguf as gguf;
 pub use wgemma_kernels::{ContextOptions, GpuContext};
 pub use wgemma_text::ExpertPlacement;
-pub use wgemma_text::chat::{Message, Role};
+pub use wgemma_text::chat::{IMAGE_PLACEHOLDER, Message, Role};
+/// Soft tokens an image becomes at most unless a request says otherwise.
+pub const DEFAULT_IMAGE_TOKENS: u32 = wgemma_vision::DEFAULT_TOKEN_BUDGET;
 pub use wgemma_text::tokenizer::Tokenizer;
 pub use wgemma_text::{LoadProgress, SamplingParams, SessionOptions};

@@ -11,6 +11,10 @@ use wgemma_text::{
     ExpertPlacement, GpuModel, GpuSession, LoadProgress, PleRows, SessionOptions, TextConfig,
 };
 
+use wgemma_vision::{Encoded, VisionConfig, VisionTower};
+
+use crate::image::{ImageInput, ImageTokens};
+
 use crate::error::Error;
 use crate::info::ModelInfo;
 use crate::session::Session;
@@ -30,10 +34,16 @@ pub struct LoadOptions {
     /// Where a mixture-of-experts model's experts live: by default on the GPU when they fit
     /// there, else streamed in from host memory layer by layer.
     pub experts: ExpertPlacement,
+    /// A llama.cpp projector file (`mmproj`) whose vision tower [`Model::load_file`] loads
+    /// with the model (not needed when the model file holds the tower, as Ollama's do).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub mmproj: Option<std::path::PathBuf>,
 }
 
 pub(crate) struct Inner {
     pub gpu: Arc<GpuModel>,
+    /// The vision tower, from the model file or a projector file.
+    pub vision: Option<Arc<VisionTower>>,
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
     pub info: ModelInfo,
@@ -57,6 +67,16 @@ impl Model {
     /// the weights tile by tile straight to the GPU.
     pub async fn load<R: RangeSource + ?Sized>(
         source: &R,
+        opts: LoadOptions,
+    ) -> Result<Self, Error> {
+        Self::load_with_projector::<R, R>(source, None, opts).await
+    }
+
+    /// [`Model::load`] with the vision tower of a llama.cpp projector file (`mmproj`) read
+    /// through `projector`.
+    pub async fn load_with_projector<R: RangeSource + ?Sized, P: RangeSource + ?Sized>(
+        source: &R,
+        projector: Option<&P>,
         mut opts: LoadOptions,
     ) -> Result<Self, Error> {
         let span = tracing::info_span!("load");
@@ -66,15 +86,36 @@ impl Model {
             Some(c) => c,
             None => Arc::new(GpuContext::new(opts.gpu.clone()).await?),
         };
-        Self::from_header(
+        let mut model = Self::from_header(
             header,
             source,
-            ctx,
+            ctx.clone(),
             opts.rows.take(),
             opts.experts,
             opts.on_progress.take(),
         )
-        .await
+        .await?;
+        if let Some(projector) = projector {
+            let (header, _) = read_header(projector).await?;
+            let tower = load_tower(ctx, &header, projector)
+                .await?
+                .ok_or(Error::NoVision)?;
+            model.set_vision(tower)?;
+        }
+        Ok(model)
+    }
+
+    fn set_vision(&mut self, tower: VisionTower) -> Result<(), Error> {
+        let width = self.inner.gpu.cfg.n_embd;
+        if tower.cfg.projection_dim != width {
+            return Err(Error::Request(format!(
+                "the vision tower projects to width {}, the model is {width} wide: a projector for another model",
+                tower.cfg.projection_dim
+            )));
+        }
+        let inner = Arc::get_mut(&mut self.inner).ok_or(Error::Busy)?;
+        inner.vision = Some(Arc::new(tower));
+        Ok(())
     }
 
     async fn from_header<R: RangeSource + ?Sized>(
@@ -93,12 +134,13 @@ impl Model {
             experts,
             ..Default::default()
         };
-        let gpu = GpuModel::load_with(ctx, &header, &cfg, source, rows, placement, |p| {
+        let gpu = GpuModel::load_with(ctx.clone(), &header, &cfg, source, rows, placement, |p| {
             if let Some(f) = on_progress.as_mut() {
                 f(p);
             }
         })
         .await?;
+        let vision = load_tower(ctx, &header, source).await?.map(Arc::new);
         tracing::info!(
             architecture = cfg.arch.name(),
             layers = cfg.n_layer,
@@ -109,6 +151,7 @@ impl Model {
         Ok(Self {
             inner: Arc::new(Inner {
                 gpu: Arc::new(gpu),
+                vision,
                 tokenizer,
                 template,
                 info,
@@ -130,7 +173,16 @@ impl Model {
             })?;
         let map = Arc::new(map);
         opts.rows = Some(PleRows::Mapped(map.clone()));
-        Self::load(&map, opts).await
+        let projector = match opts.mmproj.take() {
+            Some(p) => Some(wgemma_gguf::MmapSource::open(&p).map_err(|e| {
+                crate::source::SourceError::Open {
+                    path: p.display().to_string(),
+                    reason: e.to_string(),
+                }
+            })?),
+            None => None,
+        };
+        Self::load_with_projector(&map, projector.as_ref(), opts).await
     }
 
     /// Reads a LoRA adapter for this model from the bytes of a llama.cpp GGUF adapter, and
@@ -198,6 +250,33 @@ impl Model {
         self.inner.template
     }
 
+    /// One image's soft tokens, left on the GPU (see [`Model::encode_image_to_vec`]).
+    pub async fn encode_image(&self, image: &ImageInput) -> Result<Encoded, Error> {
+        let vision = self.vision().ok_or(Error::NoVision)?;
+        Ok(vision.encode(&image.patches()?).await?)
+    }
+
+    /// One image's soft tokens read back: `[tokens, model width]` row by row, and `tokens`.
+    pub async fn encode_image_to_vec(
+        &self,
+        image: &ImageInput,
+    ) -> Result<(Vec<f32>, usize), Error> {
+        let encoded = self.encode_image(image).await?;
+        let tokens = encoded.tokens as usize;
+        Ok((self.gpu_context().read_f32(&encoded.rows).await?, tokens))
+    }
+
+    /// The vocabulary's image tokens (`<|image>`, `<|image|>`, `<image|>`).
+    pub(crate) fn image_tokens(&self) -> Result<ImageTokens, Error> {
+        ImageTokens::of(self.tokenizer())
+            .ok_or_else(|| Error::Request("the model's vocabulary has no image tokens".into()))
+    }
+
+    /// The vision tower, when the model file or its projector file has one.
+    pub fn vision(&self) -> Option<&Arc<VisionTower>> {
+        self.inner.vision.as_ref()
+    }
+
     /// The GPU this model lives on.
     pub fn gpu_context(&self) -> &Arc<GpuContext> {
         &self.inner.gpu.ctx
@@ -207,4 +286,22 @@ impl Model {
     pub fn gpu_bytes(&self) -> u64 {
         self.inner.gpu.gpu_bytes()
     }
+}
+
+/// The vision tower a file holds (an mmproj file's, or an Ollama blob's), uploaded.
+async fn load_tower<R: RangeSource + ?Sized>(
+    ctx: Arc<GpuContext>,
+    header: &Gguf,
+    source: &R,
+) -> Result<Option<VisionTower>, Error> {
+    let Some(cfg) = VisionConfig::from_gguf(header)? else {
+        return Ok(None);
+    };
+    let tower = VisionTower::load(ctx, header, &cfg, source, |_, _| {}).await?;
+    tracing::info!(
+        layers = cfg.n_layer,
+        width = cfg.n_embd,
+        "vision tower loaded"
+    );
+    Ok(Some(tower))
 }

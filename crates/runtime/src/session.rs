@@ -9,10 +9,11 @@ use tracing::Instrument;
 use wgemma_kernels::Profiler;
 use wgemma_text::chat::Message;
 use wgemma_text::tokenizer::StreamDecoder;
-use wgemma_text::{ForwardError, GpuSession, SamplingParams};
+use wgemma_text::{ForwardError, GpuSession, SamplingParams, SoftTokens};
 
 use crate::clock::now_ms;
 use crate::error::Error;
+use crate::image::{self, ImageInput, ImageSpan};
 use crate::model::{Adapter, Model};
 
 /// What to generate from.
@@ -36,6 +37,10 @@ pub struct GenerateRequest {
     pub max_tokens: usize,
     /// Generation stops when the text contains any of these (the stop string is not emitted).
     pub stop: Vec<String>,
+    /// The prompt's images, in order: the images of every message of a chat (each message's
+    /// [`crate::Message::images`] of them, earlier turns' too: those already in the cache are
+    /// not encoded again), or one per `<|image|>` placeholder of a text or token prompt.
+    pub images: Vec<ImageInput>,
 }
 
 impl GenerateRequest {
@@ -45,6 +50,7 @@ impl GenerateRequest {
             sampling: SamplingParams::default(),
             max_tokens: 256,
             stop: Vec::new(),
+            images: Vec::new(),
         }
     }
 }
@@ -73,6 +79,10 @@ pub struct Timings {
     pub generated_tokens: usize,
     /// Time from the first to the last generated token.
     pub decode_ms: f64,
+    /// Images the request encoded (those the cache held already are not), and the time
+    /// that took (part of `prompt_ms`).
+    pub encoded_images: usize,
+    pub encode_ms: f64,
 }
 
 impl Timings {
@@ -134,6 +144,8 @@ pub struct Session {
     model: Model,
     gpu: GpuSession,
     cancel: CancelHandle,
+    /// Where the cache holds images' soft tokens.
+    images: Vec<ImageSpan>,
 }
 
 /// Per-request state of the generation loop.
@@ -164,6 +176,7 @@ impl Session {
             model,
             gpu,
             cancel: CancelHandle::default(),
+            images: Vec::new(),
         }
     }
 
@@ -222,9 +235,38 @@ impl Session {
     /// Runs tokens through the model without generating (teacher forcing): after each token,
     /// the token the model ranks first and its logit. Starts from an empty cache.
     pub async fn score(&mut self, tokens: &[u32]) -> Result<Vec<(u32, f32)>, Error> {
+        self.score_with_images(tokens, &[]).await
+    }
+
+    /// [`Session::score`] with images: each `(pos, image)` puts the image's soft tokens at
+    /// `tokens[pos..]`, which must hold as many image placeholders (`<|image|>`).
+    pub async fn score_with_images(
+        &mut self,
+        tokens: &[u32],
+        images: &[(usize, ImageInput)],
+    ) -> Result<Vec<(u32, f32)>, Error> {
         self.gpu.drain().await?;
         self.gpu.rewind(0)?;
-        let r = self.gpu.score(tokens).await;
+        self.images.clear();
+        let mut soft = Vec::with_capacity(images.len());
+        for (at, image) in images {
+            let encoded = self.model.encode_image(image).await?;
+            let len = encoded.tokens as usize;
+            let soft_id = self.model.image_tokens()?.soft;
+            if tokens
+                .get(*at..at + len)
+                .is_none_or(|t| t.iter().any(|&x| x != soft_id))
+            {
+                return Err(Error::Request(format!(
+                    "an image of {len} soft tokens at token {at}: the tokens there are not {len} image placeholders"
+                )));
+            }
+            soft.push(SoftTokens {
+                at: *at,
+                rows: encoded.rows,
+            });
+        }
+        let r = self.gpu.score_with(tokens, &soft).await;
         if r.is_err() {
             self.gpu.rewind(0)?;
         }
@@ -342,16 +384,18 @@ impl Run<'_> {
         let s = &mut *self.session;
         s.gpu.drain().await?;
         let tokens = s.prompt_tokens(&self.req.prompt)?;
-        // Reuse the cached prefix, but always feed at least one token for logits.
-        let common = s
-            .gpu
-            .tokens()
-            .iter()
-            .zip(&tokens)
-            .take_while(|(a, b)| a == b)
-            .count()
+        let (tokens, images) = if self.req.images.is_empty() {
+            (tokens, Vec::new())
+        } else {
+            image::expand(&tokens, &self.req.images, s.model.image_tokens()?)?
+        };
+        let spans: Vec<ImageSpan> = images.iter().map(|p| p.span.clone()).collect();
+        // Reuse the cached prefix (and the images in it), but always feed at least one token
+        // for logits.
+        let common = image::reusable_prefix(s.gpu.tokens(), &s.images, &tokens, &spans)
             .min(tokens.len() - 1);
         s.gpu.rewind(common)?;
+        s.images.retain(|i| i.at + i.len <= common);
         self.timings.prompt_tokens = tokens.len();
         self.timings.cached_tokens = common;
         if tokens.len() + 1 > s.gpu.capacity() {
@@ -362,10 +406,26 @@ impl Run<'_> {
             .into());
         }
         self.prompt_len = tokens.len();
+        let encode_start = now_ms();
+        let mut soft = Vec::new();
+        for p in images.iter().filter(|p| p.span.at >= common) {
+            let vision = s.model.vision().ok_or(Error::NoVision)?;
+            let encoded = vision.encode(&p.patches).await?;
+            soft.push(SoftTokens {
+                at: p.span.at - common,
+                rows: encoded.rows,
+            });
+            self.timings.encoded_images += 1;
+        }
+        self.timings.encode_ms = now_ms() - encode_start;
         s.gpu.fetch_rows(&tokens[common..]).await?;
+        if !soft.is_empty() {
+            s.gpu.fetch_rows(&[s.model.config().pad_id]).await?;
+        }
         s.gpu
-            .begin(&tokens[common..], &self.req.sampling, 0)
+            .begin_with(&tokens[common..], &soft, &self.req.sampling, 0)
             .await?;
+        s.images = spans;
         self.submitted = 1;
         Ok(())
     }

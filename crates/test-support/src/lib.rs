@@ -202,7 +202,11 @@ pub fn ollama_vision_blob(text: &[u8], mmproj: &[u8]) -> Vec<u8> {
         "patch_size",
         "attention.layer_norm_epsilon",
     ] {
-        let value = vg.metadata.entries().iter().find(|(k, _)| *k == format!("clip.vision.{key}"));
+        let value = vg
+            .metadata
+            .entries()
+            .iter()
+            .find(|(k, _)| *k == format!("clip.vision.{key}"));
         meta.push((format!("gemma4.vision.{key}"), value.unwrap().1.clone()));
     }
     meta.push(("gemma4.vision.projector.scale_factor".into(), Value::U32(3)));
@@ -210,9 +214,16 @@ pub fn ollama_vision_blob(text: &[u8], mmproj: &[u8]) -> Vec<u8> {
     let bytes = |g: &Gguf, all: &[u8], name: &str| {
         let t = g.tensor(name).unwrap();
         let r = g.tensor_range(t);
-        (TensorSpec::new(name, t.dtype, &t.dims), all[r.start as usize..r.end as usize].to_vec())
+        (
+            TensorSpec::new(name, t.dtype, &t.dims),
+            all[r.start as usize..r.end as usize].to_vec(),
+        )
     };
-    let mut tensors: Vec<_> = tg.tensors().iter().map(|t| bytes(&tg, text, &t.name)).collect();
+    let mut tensors: Vec<_> = tg
+        .tensors()
+        .iter()
+        .map(|t| bytes(&tg, text, &t.name))
+        .collect();
     let scalar = |name: &str| CLAMPS.iter().any(|c| name.ends_with(c));
     tensors.extend(
         vg.tensors()
@@ -236,8 +247,17 @@ pub fn ollama_vision_blob(text: &[u8], mmproj: &[u8]) -> Vec<u8> {
             }
         }
     }
-    packed.extend([f32::NEG_INFINITY, f32::INFINITY, f32::NEG_INFINITY, f32::INFINITY]);
-    let spec = TensorSpec::new("v.clamp_data", wgemma_gguf::GgmlType::F32, &[packed.len() as u64]);
+    packed.extend([
+        f32::NEG_INFINITY,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::INFINITY,
+    ]);
+    let spec = TensorSpec::new(
+        "v.clamp_data",
+        wgemma_gguf::GgmlType::F32,
+        &[packed.len() as u64],
+    );
     tensors.push((spec, bytemuck::cast_slice(&packed).to_vec()));
     write_gguf(&meta, &tensors, 32).unwrap()
 }

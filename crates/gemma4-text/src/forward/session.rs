@@ -989,13 +989,25 @@ impl GpuSession {
         p: &SamplingParams,
         step: u32,
     ) -> Result<(), ForwardError> {
-        let span = tracing::info_span!("prefill", tokens = tokens.len());
+        self.begin_with(tokens, &[], p, step).await
+    }
+
+    /// [`GpuSession::begin`] with soft tokens in place of some tokens' embeddings (see
+    /// [`GpuSession::feed_with`]).
+    pub async fn begin_with(
+        &mut self,
+        tokens: &[u32],
+        soft: &[SoftTokens],
+        p: &SamplingParams,
+        step: u32,
+    ) -> Result<(), ForwardError> {
+        let span = tracing::info_span!("prefill", tokens = tokens.len(), spans = soft.len());
         let ctx = self.model.ctx.clone();
         let begun = async {
             let mut rec = Recorder::new(&ctx, "begin");
             let arena = self.arena.clone();
             let _lease = arena.lease().await;
-            self.feed_into(&mut rec, tokens, &[]).await?;
+            self.feed_into(&mut rec, tokens, soft).await?;
             self.record_sampling(&mut rec, p, step, false)?;
             self.submit_step(rec)
         };
@@ -1260,7 +1272,18 @@ impl GpuSession {
     /// Teacher forcing: feeds `tokens` and returns, after each, the argmax token and its
     /// logit (what the model predicts next).
     pub async fn score(&mut self, tokens: &[u32]) -> Result<Vec<(u32, f32)>, ForwardError> {
+        self.score_with(tokens, &[]).await
+    }
+
+    /// [`GpuSession::score`] with soft tokens in place of some tokens' embeddings (see
+    /// [`GpuSession::feed_with`]).
+    pub async fn score_with(
+        &mut self,
+        tokens: &[u32],
+        soft: &[SoftTokens],
+    ) -> Result<Vec<(u32, f32)>, ForwardError> {
         self.check_tokens(tokens)?;
+        self.check_soft(tokens.len(), soft)?;
         if self.in_flight() > 0 {
             return Err(ForwardError::Busy);
         }
@@ -1270,17 +1293,17 @@ impl GpuSession {
         let rows = self.max_batch.min(16);
         let all = View::of(&ctx.storage("all_logits", (rows * vocab * 4) as u64));
         let mut out = Vec::with_capacity(tokens.len());
-        for chunk in tokens.chunks(rows) {
-            self.fetch_rows(chunk).await?;
-            let ops = self.plan(
-                chunk.len() as u32,
-                StepInput::ids(&self.acts(chunk.len()).ids),
-                LogitsFor::All,
-                Some(&all),
-            )?;
+        for (i, chunk) in tokens.chunks(rows).enumerate() {
+            let (copies, ple_ids) = self.soft_in_chunk(i * rows, chunk, soft)?;
+            self.fetch_rows(&ple_ids).await?;
+            let input = StepInput {
+                ids: &self.acts(chunk.len()).ids,
+                soft: &copies,
+            };
+            let ops = self.plan(chunk.len() as u32, input, LogitsFor::All, Some(&all))?;
             let arena = self.arena.clone();
             let lease = arena.lease().await;
-            self.stage(chunk, chunk)?;
+            self.stage(chunk, &ple_ids)?;
             let mut rec = Recorder::new(&ctx, "score");
             self.record(&mut rec, &ops).await?;
             rec.submit();

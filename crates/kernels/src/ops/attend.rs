@@ -208,9 +208,7 @@ pub fn attend_with(
         let source = ShaderSource::new("attend", &[REDUCE_WGSL, ATTEND_MASK_WGSL, ATTEND_WGSL]);
         ("attend", source, params.tq * params.heads)
     };
-    let source = source
-        .flag(flag)
-        .flag_if(a.relative.is_some(), "RELATIVE");
+    let source = source.flag(flag).flag_if(a.relative.is_some(), "RELATIVE");
     let span = match a.mask {
         Mask::Spans { span, .. } => Bind::Storage(span.view()),
         _ => Bind::Skip,

@@ -2,8 +2,8 @@
 
 use super::*;
 use wgemma_kernels::ops::{
-    AttendKernel,
-    Activation, Affine, Attend, Binary, Mask, Product, RopeAxes, RopePairs, RowOp, Window2d,
+    Activation, Affine, Attend, AttendKernel, Binary, Mask, Product, RopeAxes, RopePairs, RowOp,
+    Window2d,
 };
 use wgemma_kernels::{DType, Tensor};
 use wgemma_test_support::{Built, ParityCase, check, logical};

@@ -17,6 +17,10 @@ pub struct ModelArg {
     /// it runs: less GPU memory, slower steps. By default they stay on the GPU when they fit.
     #[arg(long)]
     pub stream_experts: bool,
+    /// A llama.cpp projector file (mmproj GGUF) with the model's vision tower; not needed
+    /// when the model file holds the tower (Ollama's do).
+    #[arg(long, value_name = "PATH")]
+    pub mmproj: Option<std::path::PathBuf>,
 }
 
 /// Loads the model, showing upload progress on stderr unless `quiet`.
@@ -46,6 +50,7 @@ pub fn load(arg: &ModelArg, quiet: bool) -> Result<Model, CliError> {
         } else {
             wgemma::ExpertPlacement::Auto
         },
+        mmproj: arg.mmproj.clone(),
         ..LoadOptions::default()
     };
     let model = pollster::block_on(Model::load_file(&path, opts))
@@ -114,4 +119,33 @@ mod tests {
         assert!(p("a:inf").is_err());
         assert!(p("").is_err());
     }
+}
+
+/// `--image PATH` and `--image-tokens N` shared by the subcommands that take images.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ImageArgs {
+    /// An image (PNG, JPEG, WebP or GIF) for the prompt; repeat it for several. The model
+    /// needs a vision tower (`--mmproj`, or a model file that holds one).
+    #[arg(long = "image", value_name = "PATH")]
+    pub images: Vec<std::path::PathBuf>,
+    /// Most soft tokens an image becomes: 70, 140, 280, 560 or 1120 (more: finer detail,
+    /// slower).
+    #[arg(long, default_value_t = wgemma::DEFAULT_IMAGE_TOKENS)]
+    pub image_tokens: u32,
+}
+
+impl ImageArgs {
+    /// Reads the images.
+    pub fn read(&self) -> Result<Vec<wgemma::ImageInput>, CliError> {
+        self.images
+            .iter()
+            .map(|p| read_image(p, self.image_tokens))
+            .collect()
+    }
+}
+
+/// An image file as a prompt's image.
+pub fn read_image(path: &std::path::Path, budget: u32) -> Result<wgemma::ImageInput, CliError> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(wgemma::ImageInput::from_bytes(bytes).with_budget(budget))
 }

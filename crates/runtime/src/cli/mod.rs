@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod chat;
+mod encode;
 mod info;
 mod load;
 mod pull;
@@ -37,6 +38,9 @@ enum Command {
     Tokenize(tokenize::Args),
     /// Teacher forcing: the model's top prediction after each of the given tokens.
     Score(score::Args),
+    /// An image's soft tokens (what the vision tower hands the text model): prints how many,
+    /// and writes them as .npy with --out.
+    Encode(encode::Args),
 }
 
 pub fn main() -> ExitCode {
@@ -62,6 +66,7 @@ pub fn main() -> ExitCode {
         Command::Chat(args) => chat::run(args),
         Command::Tokenize(args) => tokenize::run(args),
         Command::Score(args) => score::run(args),
+        Command::Encode(args) => encode::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -9,7 +9,7 @@ use wgemma::{
 };
 
 use super::CliError;
-use super::load::{AdapterArgs, ModelArg, load};
+use super::load::{AdapterArgs, ImageArgs, ModelArg, load};
 
 /// Sampling and length settings shared by `run` and `chat`.
 #[derive(clap::Args, Clone, Debug)]
@@ -65,6 +65,8 @@ pub struct Args {
     adapters: AdapterArgs,
     #[command(flatten)]
     gen_args: GenArgs,
+    #[command(flatten)]
+    images: ImageArgs,
     /// Feed the prompt as plain text (no chat template) and print only the generated text.
     #[arg(long)]
     raw: bool,
@@ -79,17 +81,21 @@ pub fn run(args: Args) -> Result<(), CliError> {
     let model = load(&args.model, args.raw)?;
     let mut session = model.session(args.gen_args.session())?;
     args.adapters.apply(&model, &mut session)?;
+    let images = args.images.read()?;
     let prompt = if args.raw {
-        Prompt::Text(args.prompt)
+        // The images open the text, as in a chat message.
+        Prompt::Text(wgemma::IMAGE_PLACEHOLDER.repeat(images.len()) + &args.prompt)
     } else {
         let mut messages = Vec::new();
         if let Some(system) = args.system {
             messages.push(Message {
+                images: 0,
                 role: Role::System,
                 content: system,
             });
         }
         messages.push(Message {
+            images: images.len(),
             role: Role::User,
             content: args.prompt,
         });
@@ -100,6 +106,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         sampling: args.gen_args.sampling(),
         max_tokens: args.gen_args.max_tokens,
         stop: Vec::new(),
+        images,
     };
     let (_, timings, reason) = stream_reply(&mut session, req)?;
     if !args.raw {
@@ -132,6 +139,12 @@ pub fn stream_reply(
 }
 
 pub fn print_stats(t: &Timings, reason: StopReason) {
+    if t.encoded_images > 0 {
+        eprintln!(
+            "images: {} encoded in {:.0} ms",
+            t.encoded_images, t.encode_ms
+        );
+    }
     eprintln!(
         "prompt: {} tokens ({} cached), {:.1} tok/s | generated: {} tokens, {:.1} tok/s | stop: {reason:?}",
         t.prompt_tokens,

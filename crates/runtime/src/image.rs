@@ -1,0 +1,177 @@
+//! Images in prompts: what a request carries, how each image's placeholder in the prompt
+//! becomes `<|image>` + N x `<|image|>` + `<image|>` (N the image's soft tokens), and which
+//! images a new request can take from the KV cache instead of encoding them again.
+
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use wgemma_text::tokenizer::Tokenizer;
+use wgemma_vision::{DEFAULT_TOKEN_BUDGET, Patches, TOKEN_BUDGETS, decode, patches};
+
+use crate::error::Error;
+
+/// An image's pixels as a request carries them.
+#[derive(Clone, Debug)]
+pub enum ImageData {
+    /// A PNG, JPEG, WebP or GIF file's bytes.
+    Encoded(Arc<[u8]>),
+    /// Decoded RGB pixels.
+    Rgb(Arc<wgemma_vision::preprocess::RgbImage>),
+}
+
+/// One image of a prompt, with the most soft tokens it may become.
+#[derive(Clone, Debug)]
+pub struct ImageInput {
+    pub data: ImageData,
+    /// 70, 140, 280 (the default), 560 or 1120 soft tokens at most.
+    pub budget: u32,
+}
+
+impl ImageInput {
+    /// An image file's bytes (PNG, JPEG, WebP or GIF) at the default budget.
+    pub fn from_bytes(bytes: impl Into<Arc<[u8]>>) -> Self {
+        Self {
+            data: ImageData::Encoded(bytes.into()),
+            budget: DEFAULT_TOKEN_BUDGET,
+        }
+    }
+
+    /// Decoded RGB pixels at the default budget.
+    pub fn from_rgb(image: wgemma_vision::preprocess::RgbImage) -> Self {
+        Self {
+            data: ImageData::Rgb(Arc::new(image)),
+            budget: DEFAULT_TOKEN_BUDGET,
+        }
+    }
+
+    /// This image at another soft-token budget.
+    pub fn with_budget(mut self, budget: u32) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// Decodes and resizes the image into the tower's patches.
+    pub fn patches(&self) -> Result<Patches, Error> {
+        if !TOKEN_BUDGETS.contains(&self.budget) {
+            return Err(Error::Request(format!(
+                "an image budget of {} soft tokens; wgemma takes {TOKEN_BUDGETS:?}",
+                self.budget
+            )));
+        }
+        let decoded;
+        let rgb = match &self.data {
+            ImageData::Encoded(bytes) => {
+                decoded = decode(bytes)?;
+                &decoded
+            }
+            ImageData::Rgb(rgb) => rgb.as_ref(),
+        };
+        Ok(patches(rgb, self.budget)?)
+    }
+
+    /// What tells two images apart in the cache: their pixels (or bytes) and budget.
+    pub(crate) fn key(&self) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.budget.hash(&mut h);
+        match &self.data {
+            ImageData::Encoded(b) => (0u8, &b[..]).hash(&mut h),
+            ImageData::Rgb(img) => (1u8, img.width(), img.height(), img.as_raw()).hash(&mut h),
+        }
+        h.finish()
+    }
+}
+
+/// The image tokens of a Gemma 4 vocabulary.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ImageTokens {
+    pub begin: u32,
+    pub soft: u32,
+    pub end: u32,
+}
+
+impl ImageTokens {
+    pub fn of(tok: &Tokenizer) -> Option<Self> {
+        Some(Self {
+            begin: tok.token_id("<|image>")?,
+            soft: tok.token_id("<|image|>")?,
+            end: tok.token_id("<image|>")?,
+        })
+    }
+}
+
+/// Where one image's soft tokens sit in a prompt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ImageSpan {
+    /// Position of the first soft token.
+    pub at: usize,
+    pub len: usize,
+    pub key: u64,
+}
+
+/// An image of a request, ready to encode.
+pub(crate) struct Prepared {
+    pub patches: Patches,
+    pub span: ImageSpan,
+}
+
+/// `tokens` with each image placeholder (the soft-token id, one per image, in order)
+/// expanded to the image's marker block, and where each image's soft tokens go.
+pub(crate) fn expand(
+    tokens: &[u32],
+    images: &[ImageInput],
+    ids: ImageTokens,
+) -> Result<(Vec<u32>, Vec<Prepared>), Error> {
+    let markers = tokens.iter().filter(|&&t| t == ids.soft).count();
+    if markers != images.len() {
+        return Err(Error::Request(format!(
+            "the prompt has {markers} image placeholders for {} images",
+            images.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(tokens.len());
+    let mut prepared = Vec::with_capacity(images.len());
+    let mut next = images.iter();
+    for &t in tokens {
+        match next.clone().next() {
+            Some(image) if t == ids.soft => {
+                next.next();
+                let patches = image.patches()?;
+                let len = patches.soft_tokens() as usize;
+                out.push(ids.begin);
+                let span = ImageSpan {
+                    at: out.len(),
+                    len,
+                    key: image.key(),
+                };
+                out.extend(std::iter::repeat_n(ids.soft, len));
+                out.push(ids.end);
+                prepared.push(Prepared { patches, span });
+            }
+            _ => out.push(t),
+        }
+    }
+    Ok((out, prepared))
+}
+
+/// How much of `tokens` (with its images at `spans`) the cache already holds, given what it
+/// holds (`cached` tokens with images at `cached_spans`): the common token prefix, cut back
+/// to the start of the first image that differs or is only partly inside it.
+pub(crate) fn reusable_prefix(
+    cached: &[u32],
+    cached_spans: &[ImageSpan],
+    tokens: &[u32],
+    spans: &[ImageSpan],
+) -> usize {
+    let mut common = cached
+        .iter()
+        .zip(tokens)
+        .take_while(|(a, b)| a == b)
+        .count();
+    for s in spans {
+        let same = cached_spans.contains(s);
+        if s.at < common && (!same || s.at + s.len > common) {
+            common = common.min(s.at);
+        }
+    }
+    common
+}

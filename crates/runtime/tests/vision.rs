@@ -1,0 +1,223 @@
+//! Image prompts through the public API on the tiny random Gemma 4 E2B-like model with a
+//! vision tower (`xtask/scripts/gemma4_vision_golden.py`): teacher-forced predictions against
+//! transformers for a prompt holding an image that needs no resize and one that does, from
+//! the model + mmproj pair and from an Ollama-style blob holding both; generation with images
+//! over several turns (earlier images stay in the cache); and bad input.
+
+use std::path::PathBuf;
+
+use futures::StreamExt;
+use wgemma::{
+    Error, Event, GenerateRequest, ImageInput, LoadOptions, Message, Model, Prompt, SessionOptions,
+};
+
+fn vision_dir() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../gemma4-vision/tests"
+    ))
+}
+
+fn read(path: &str) -> Vec<u8> {
+    std::fs::read(vision_dir().join(path)).unwrap()
+}
+
+fn options() -> Option<LoadOptions> {
+    let ctx = wgemma_test_support::gpu()?;
+    Some(LoadOptions {
+        context: Some(ctx.clone()),
+        ..LoadOptions::default()
+    })
+}
+
+/// The e2b model with its projector file (`LoadOptions::mmproj`), or the Ollama-style blob
+/// holding both, loaded from files as the CLI does.
+fn load(blob: bool) -> Option<Model> {
+    let mut opts = options()?;
+    let fixtures = vision_dir().join("fixtures");
+    let text = fixtures.join("gemma4_tiny_vision_e2b.gguf");
+    let mmproj = fixtures.join("gemma4_tiny_vision_e2b_mmproj.gguf");
+    let path = if blob {
+        let bytes = wgemma_test_support::ollama_vision_blob(
+            &std::fs::read(&text).unwrap(),
+            &std::fs::read(&mmproj).unwrap(),
+        );
+        let path =
+            std::env::temp_dir().join(format!("wgemma-vision-blob-{}.gguf", std::process::id()));
+        std::fs::write(&path, bytes).unwrap();
+        path
+    } else {
+        opts.mmproj = Some(mmproj);
+        text
+    };
+    Some(pollster::block_on(Model::load_file(&path, opts)).unwrap())
+}
+
+fn image(name: &str) -> ImageInput {
+    ImageInput::from_bytes(read(&format!("fixtures/{name}.png"))).with_budget(70)
+}
+
+#[test]
+fn teacher_forced_image_prompts_match_transformers() {
+    let golden: serde_json::Value =
+        serde_json::from_slice(&read("golden/vision_e2b.json")).unwrap();
+    let tokens: Vec<u32> = golden["prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect();
+    let image_id = golden["tokens"]["image"].as_u64().unwrap() as u32;
+    // Each image's soft tokens start at the first placeholder of its run.
+    let starts: Vec<usize> = (0..tokens.len())
+        .filter(|&i| tokens[i] == image_id && (i == 0 || tokens[i - 1] != image_id))
+        .collect();
+    let names: Vec<&str> = golden["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
+    let images: Vec<(usize, ImageInput)> = starts
+        .iter()
+        .zip(&names)
+        .map(|(&at, n)| (at, image(n)))
+        .collect();
+    let want: Vec<u64> = golden["teacher_forced"]["argmax"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    let margin: Vec<f64> = golden["teacher_forced"]["margin"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    for blob in [false, true] {
+        let Some(model) = load(blob) else { return };
+        let mut session = model
+            .session(SessionOptions {
+                context: 256,
+                max_batch: 64,
+            })
+            .unwrap();
+        let scored = pollster::block_on(session.score_with_images(&tokens, &images)).unwrap();
+        let (mut checked, mut agree) = (0, 0);
+        for (i, (id, _)) in scored.iter().enumerate() {
+            if margin[i] >= 0.25 {
+                checked += 1;
+                if u64::from(*id) == want[i] {
+                    agree += 1;
+                } else {
+                    eprintln!("position {i}: {id} vs transformers' {}", want[i]);
+                }
+            }
+        }
+        eprintln!("blob {blob}: {agree} of {checked} confident positions agree");
+        assert!(checked > 100);
+        assert_eq!(
+            agree, checked,
+            "blob {blob}: teacher-forced argmax vs transformers"
+        );
+        // Without the images the placeholders' own embeddings give other predictions: the
+        // soft tokens are what the agreement rests on.
+        let plain = pollster::block_on(session.score(&tokens)).unwrap();
+        let same = plain
+            .iter()
+            .zip(&want)
+            .filter(|((id, _), w)| u64::from(*id) == **w)
+            .count();
+        assert!(same < checked, "the images change the predictions");
+    }
+}
+
+/// Collects a reply's events: the text, and the `Done` timings.
+fn reply(session: &mut wgemma::Session, req: GenerateRequest) -> Result<wgemma::Timings, Error> {
+    let mut stream = Box::pin(session.generate(req));
+    let mut timings = None;
+    while let Some(e) = pollster::block_on(stream.next()) {
+        if let Event::Done { timings: t, .. } = e? {
+            timings = Some(t);
+        }
+    }
+    Ok(timings.unwrap())
+}
+
+#[test]
+fn chat_with_images_keeps_earlier_images_in_the_cache() {
+    let Some(model) = load(false) else { return };
+    let mut session = model.session(SessionOptions::default()).unwrap();
+    let mut messages = vec![Message::user("What is this?").with_images(1)];
+    let mut images = vec![image("exact_480x336")];
+    let request = |messages: &[Message], images: &[ImageInput]| {
+        let mut req = GenerateRequest::new(Prompt::Chat(messages.to_vec()));
+        req.max_tokens = 4;
+        req.images = images.to_vec();
+        req
+    };
+    let first = reply(&mut session, request(&messages, &images)).unwrap();
+    assert_eq!(first.encoded_images, 1);
+    assert!(
+        first.prompt_tokens > 72,
+        "the image's 70 soft tokens and markers"
+    );
+    messages.push(Message::assistant("A pattern."));
+    messages.push(Message::user("And this one?").with_images(1));
+    images.push(image("up_97x61"));
+    let second = reply(&mut session, request(&messages, &images)).unwrap();
+    assert_eq!(
+        second.encoded_images, 1,
+        "the first image comes from the cache"
+    );
+    assert!(second.cached_tokens > 72);
+
+    // Another first image: the cache is cut before it and both are encoded.
+    images[0] = image("down_700x300");
+    let third = reply(&mut session, request(&messages, &images));
+    let third = third.unwrap();
+    assert_eq!(third.encoded_images, 2);
+}
+
+#[test]
+fn bad_image_requests_are_errors_and_the_session_goes_on() {
+    let Some(model) = load(false) else { return };
+    let mut session = model.session(SessionOptions::default()).unwrap();
+    let req = |images: Vec<ImageInput>, n: usize| {
+        let mut r = GenerateRequest::new(Prompt::Chat(vec![Message::user("Hi").with_images(n)]));
+        r.max_tokens = 2;
+        r.images = images;
+        r
+    };
+    let broken = ImageInput::from_bytes(b"\x89PNG\r\n\x1a\n not really".to_vec());
+    assert!(matches!(
+        reply(&mut session, req(vec![broken], 1)),
+        Err(Error::Image(_))
+    ));
+    let count = reply(&mut session, req(vec![image("up_97x61")], 2));
+    assert!(matches!(count, Err(Error::Request(_))), "{count:?}");
+    let budget = reply(
+        &mut session,
+        req(vec![image("up_97x61").with_budget(100)], 1),
+    );
+    assert!(matches!(budget, Err(Error::Request(_))), "{budget:?}");
+    // A context too small for the image's tokens.
+    let mut small = model
+        .session(SessionOptions {
+            context: 40,
+            max_batch: 64,
+        })
+        .unwrap();
+    let overflow = reply(&mut small, req(vec![image("exact_480x336")], 1));
+    assert!(matches!(overflow, Err(Error::Forward(_))), "{overflow:?}");
+    reply(&mut session, req(vec![image("up_97x61")], 1)).unwrap();
+
+    // A text-only model refuses images.
+    let opts = options().unwrap();
+    let text = vision_dir().join("fixtures/gemma4_tiny_vision_e2b.gguf");
+    let text_only = pollster::block_on(Model::load_file(&text, opts)).unwrap();
+    let mut s = text_only.session(SessionOptions::default()).unwrap();
+    let r = reply(&mut s, req(vec![image("up_97x61")], 1));
+    assert!(matches!(r, Err(Error::NoVision)), "{r:?}");
+}
