@@ -7,10 +7,12 @@
 # Prepare here (x86_64): `bash benches/prepare-h100.sh` fills .gl/ (the Vulkan loader debs)
 # and .dev/ (our release binaries, llama.cpp's trimmed source). Then one device call:
 #   carry [".gl", ".dev"], command `bash benches/h100.sh all`
-# which builds llama-bench with CUDA in the background, runs the parity tests and our
-# bench-e2e on synthetic Gemma 3 270M, Gemma 4 E2B and E4B models (`cargo xtask synth`),
-# then llama-bench on the same files, and prints the table (benches/table.py): 286-292 s of
-# the call's 600 on the H100 (`all moe`: 356 s). Should it run long, the same in two calls
+# which builds llama-bench and llama-mtmd-cli (llama.cpp's vision encoder, to time against
+# ours: $LL/build-cuda/bin/llama-mtmd-cli) with CUDA in the background, runs the parity
+# tests and our bench-e2e on synthetic Gemma 3 270M, Gemma 4 E2B and E4B models (`cargo
+# xtask synth`), then llama-bench on the same files, and prints the table
+# (benches/table.py): 286-292 s of the call's 600 on the H100 (`all moe`: 356 s; both
+# timed before llama-mtmd-cli joined the build). Should it run long, the same in two calls
 # back to back: `build_cuda tests ours`, then `llama table`. Other steps, in one call
 # or several back to back (the models and builds stay in target/h100 while the machine is
 # held):
@@ -30,6 +32,11 @@
 #              converter, and transformers' tower outputs and logits on test images
 #              (xtask/scripts/gemma4_vision_golden.py; transformers 5.23 from .dev/ if its
 #              wheel is there), as $OUT/vision-golden.tgz
+#   vision_bench   the E2B vision tower (synthetic, f16 mmproj) on a 1008x624 image (273
+#              soft tokens at the 280 budget) and a 1920x1344 one (1120 at 1120): our
+#              preprocessing, encode and time to first token of the image + a 20-word question
+#              (cargo xtask bench-vision), then llama.cpp's llama-mtmd-cli (CUDA) on the same
+#              files; $OUT/vision-bench/ and a table in $OUT/vision-bench.md
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
 # them: each device call gets an empty $OUT, so a table made in a later call on the same
@@ -52,12 +59,15 @@ unpack() {
   [ -d "$LL" ] || { mkdir -p "$W/ll" && tar xJf .dev/llama.tar.xz -C "$W/ll"; }
 }
 
-# llama.cpp with CUDA for llama-bench, in the background, detached so it outlives this call.
+# llama.cpp with CUDA for llama-bench and llama-mtmd-cli, in the background, detached so it
+# outlives this call.
 build_cuda() {
   unpack
   [ -e "$W/cuda.done" ] && return
+  # Already building (a call before this one on the same machine started it).
+  [ -f "$W/cuda.pid" ] && kill -0 "$(cat "$W/cuda.pid")" 2> /dev/null && return
   setsid nohup bash -c "cd $LL && cmake -B build-cuda -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 $CMAKE_COMMON \
-    && cmake --build build-cuda -j14 --target llama-bench && touch $W/cuda.done" > "$W/llama-cuda-build.log" 2>&1 &
+    && cmake --build build-cuda -j14 --target llama-bench llama-mtmd-cli && touch $W/cuda.done" > "$W/llama-cuda-build.log" 2>&1 &
   echo $! > "$W/cuda.pid"
 }
 
@@ -223,6 +233,54 @@ vision_golden() {
   done
   python3 xtask/scripts/gemma4_vision_golden.py --llama-cpp "$LL" 2>&1 | tail -n 30 | tee "$OUT/vision-golden.txt"
   tar czf "$OUT/vision-golden.tgz" crates/gemma4-vision/tests/fixtures crates/gemma4-vision/tests/golden
+}
+
+vision_bench() {
+  build_cuda
+  synth e2b e2b-mmproj
+  local V=$OUT/vision-bench && mkdir -p "$V"
+  python3 -c "
+from PIL import Image
+import numpy as np
+for w, h in [(1008, 624), (1920, 1344)]:
+    y, x = np.mgrid[0:h, 0:w]
+    img = np.stack([x * 255 // w, y * 255 // h, (x ^ y) & 255], -1).astype(np.uint8)
+    Image.fromarray(img).save('$W/models/img-%dx%d.png' % (w, h))
+"
+  for case in "1008x624 280" "1920x1344 1120"; do
+    set -- $case
+    .dev/xtask bench-vision --mmproj "$W/models/e2b-mmproj.gguf" --model "$W/models/e2b.gguf" \
+      --size "$1" --budget "$2" --reps 5 --profile --json > "$V/ours-$1.json" 2> "$V/ours-$1.err"
+    tail -c 600 "$V/ours-$1.json"; echo
+  done
+  wait_for cuda
+  local question="Describe this picture in detail: what do you see, which colours and shapes, and is anything unusual there?"
+  for size in 1008x624 1920x1344; do
+    for rep in 1 2 3; do
+      "$LL/build-cuda/bin/llama-mtmd-cli" -m "$W/models/e2b.gguf" --mmproj "$W/models/e2b-mmproj.gguf" \
+        --image "$W/models/img-$size.png" -p "$question" -n 1 -ngl 99 --temp 0 --chat-template gemma \
+        > "$V/llama-$size-$rep.txt" 2>&1
+    done
+    grep -h "encoding done in\|encoded in\|prompt eval time\|image_tokens\|n_tokens" "$V"/llama-$size-*.txt | head -n 12
+  done
+  python3 - "$V" <<'PY' | tee "$OUT/vision-bench.md"
+import json, pathlib, re, statistics, sys
+d = pathlib.Path(sys.argv[1])
+print("| image | soft tokens | ours encode ms | ours TTFT ms | llama.cpp encode ms | llama.cpp TTFT ms |")
+print("| --- | ---: | ---: | ---: | ---: | ---: |")
+for size in ["1008x624", "1920x1344"]:
+    o = json.loads((d / f"ours-{size}.json").read_text().strip().splitlines()[-1])
+    enc, ttft = [], []
+    for f in sorted(d.glob(f"llama-{size}-*.txt")):
+        t = f.read_text()
+        m = re.search(r"batch encoding done in (\d+) ms", t) or re.search(r"encoded in (\d+) ms", t)
+        if m: enc.append(float(m.group(1)))
+        p = re.search(r"prompt eval time =\s+([\d.]+) ms", t)
+        if p: ttft.append(float(p.group(1)))
+    med = lambda v: f"{statistics.median(v):.1f}" if v else "?"
+    print(f"| {size} | {o['soft_tokens']} | {o['encode_ms']:.1f} | {o['ttft_ms']:.1f} | {med(enc)} | {med(ttft)} |")
+PY
+  tar czf "$OUT/vision-bench.tgz" -C "$OUT" vision-bench && rm -rf "$V"
 }
 
 # Our side of 26B-A4B alone.

@@ -3,12 +3,13 @@
 #   .gl/    the Vulkan loader debs (the device machine has the NVIDIA driver but no loader)
 #   .dev/   our release binaries (xtask, the kernel parity tests, the kernel benchmarks) and
 #           llama.cpp's source from the llama-cpp-python 0.3.36 sdist, trimmed to what
-#           llama-bench (CUDA), llama-quantize, llama-tokenize and the converter need
-#           (.dev/llama.tar.xz), plus the sdist's Python bindings (llama_cpp_py/) and
-#           diskcache, which they import, for the fixture script.
+#           llama-bench and llama-mtmd-cli (CUDA), llama-quantize, llama-tokenize and the
+#           converter need (.dev/llama.tar.xz), plus the sdist's Python bindings
+#           (llama_cpp_py/) and diskcache, which they import, for the fixture script.
 # Both folders are ignored by git (.git/info/exclude). Then, on the device (see h100.sh):
 #   carry [".gl", ".dev"], command `bash benches/h100.sh all`
-# Idempotent: a step whose output exists is skipped (delete it to redo it).
+# Idempotent: a step whose output exists is skipped (delete it to redo it); a llama.tar.xz
+# without tools/mtmd is rebuilt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for d in /.gl/ /.dev/; do
@@ -45,7 +46,8 @@ if [ -n "${BASE:-}" ]; then
   git worktree remove --force target/base-src
 fi
 
-if [ ! -f .dev/llama.tar.xz ]; then
+# grep without -q reads tar's whole listing (no SIGPIPE under pipefail).
+if ! tar tJf .dev/llama.tar.xz 2> /dev/null | grep lltrim/tools/mtmd/ > /dev/null; then
   work=$(mktemp -d)
   # pip builds an sdist's metadata before saving it: scikit-build-core and cmake let it.
   python3 -m pip install --quiet scikit-build-core cmake
@@ -60,10 +62,12 @@ if [ ! -f .dev/llama.tar.xz ]; then
   cp -r "$ll"/ggml/{CMakeLists.txt,cmake,include} "$t/ggml/"
   cp "$ll"/ggml/src/*.* "$t/ggml/src/"
   cp -r "$ll"/ggml/src/{ggml-cpu,ggml-cuda} "$t/ggml/src/"
-  cp -r "$ll"/tools/{llama-bench,quantize,tokenize} "$t/tools/"
+  cp -r "$ll"/tools/{llama-bench,quantize,tokenize,mtmd} "$t/tools/"
+  # mtmd without its sample media (test-*.jpeg/mp3/mp4), tests and Python converters.
+  rm -rf "$t"/tools/mtmd/{test-*,tests,legacy-models}
   # Only the tools kept here.
   grep -v 'add_subdirectory' "$ll/tools/CMakeLists.txt" > "$t/tools/CMakeLists.txt"
-  printf 'add_subdirectory(%s)\n' llama-bench quantize tokenize >> "$t/tools/CMakeLists.txt"
+  printf 'add_subdirectory(%s)\n' llama-bench quantize tokenize mtmd >> "$t/tools/CMakeLists.txt"
   cp -r "$src/llama_cpp" "$t/llama_cpp_py"
   (cd "$t/llama_cpp_py" && python3 -m zipfile -e "$work"/diskcache-*.whl .)
   tar cJf .dev/llama.tar.xz -C "$work" lltrim

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench_e2e;
+mod bench_vision;
 mod browser_test;
 mod plans;
 mod serve;
@@ -22,6 +23,8 @@ struct Cli {
 enum Task {
     /// End-to-end speed: prefill and decode tok/s, time to first token, memory, bandwidth use.
     BenchE2e(bench_e2e::Args),
+    /// The vision tower's speed: preprocessing, encode, time to first token of an image prompt.
+    BenchVision(bench_vision::Args),
     /// Build the wasm package, then test it in headless Chromium (WebGPU on SwiftShader).
     BrowserTest(browser_test::Args),
     /// Write the pinned dispatch sequences of the synthetic presets, or check this GPU's.
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.task {
         Task::BenchE2e(a) => bench_e2e::run(a),
+        Task::BenchVision(a) => bench_vision::run(a),
         Task::BrowserTest(a) => browser_test::run(a),
         Task::Plans(a) => plans::run(a),
         Task::Serve(a) => serve::run(a),

@@ -13,7 +13,8 @@ pub struct Args {
     /// Where to write the GGUF.
     out: std::path::PathBuf,
     /// Which model: tiny-gemma3, tiny-gemma4, gemma3-270m, e2b, e4b, 26b-a4b (the last three
-    /// are Gemma 4's shapes).
+    /// are Gemma 4's shapes), or a vision tower in llama.cpp's mmproj layout: e2b-mmproj,
+    /// e4b-mmproj.
     #[arg(long, default_value = "tiny-gemma3")]
     preset: String,
     /// Weight dtype of the tiny presets (F32, Q8_0, Q4_K, ...).
@@ -24,6 +25,12 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<(), TaskError> {
+    if let Some(mut spec) = wgemma_vision::synth::VisionSynth::preset(&a.preset) {
+        spec.seed = a.seed;
+        std::fs::write(&a.out, wgemma_vision::synth::mmproj_bytes(&spec)?)?;
+        eprintln!("wrote {}", a.out.display());
+        return Ok(());
+    }
     let dtype =
         GgmlType::from_name(&a.dtype).ok_or_else(|| format!("unknown dtype {}", a.dtype))?;
     let mut spec = SynthSpec::preset(&a.preset, dtype)

@@ -320,6 +320,17 @@ impl Rng {
     }
 }
 
+/// Gemma 4's image, audio and video markers.
+const MULTIMODAL_MARKERS: [&str; 7] = [
+    "<|image>",
+    "<image|>",
+    "<|image|>",
+    "<|audio>",
+    "<audio|>",
+    "<|audio|>",
+    "<|video|>",
+];
+
 /// Vocabulary of a synthetic model: control tokens, the architecture's turn markers, all 256
 /// byte tokens, then pieces of lowercase letters (with and without the word-start mark).
 /// Returns the tokens, scores, types and the BPE merges that build the two-letter pieces.
@@ -363,6 +374,15 @@ fn vocabulary(n_vocab: usize, arch: &str) -> (Vec<String>, Vec<f32>, Vec<i32>, V
     }
     tokens.truncate(n_vocab);
     types.truncate(n_vocab);
+    // Gemma 4's multimodal markers as control tokens at the end of a full-size vocabulary
+    // (past the letter pieces), so image and audio prompts run on synthetic models.
+    let markers = MULTIMODAL_MARKERS.len();
+    if arch == "gemma4" && n_vocab >= 262 + pieces.len() + markers {
+        for (i, m) in MULTIMODAL_MARKERS.iter().enumerate() {
+            tokens[n_vocab - markers + i] = m.to_string();
+            types[n_vocab - markers + i] = 3;
+        }
+    }
     // Keep only merges whose parts and result all made it into a small vocabulary.
     let known: std::collections::HashSet<&str> = tokens.iter().map(String::as_str).collect();
     merges.retain(|m| {

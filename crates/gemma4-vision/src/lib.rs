@@ -12,6 +12,7 @@
 pub mod config;
 pub mod preprocess;
 pub mod reference;
+pub mod synth;
 pub mod tensors;
 pub mod tower;
 

@@ -11,10 +11,10 @@
 
 use std::io::Cursor;
 
-/// Decoded 8-bit RGB pixels (the `image` crate's).
-pub use image::RgbImage;
 use image::imageops::{self, FilterType};
 use image::{ImageReader, Limits};
+/// Decoded 8-bit RGB pixels (the `image` crate's).
+pub use image::{Rgb, RgbImage};
 
 /// Pixels a patch side.
 pub const PATCH: u32 = 16;

@@ -4,7 +4,7 @@
 //! command encoder and one compute pass per image. Only the patches go up and, when asked, the
 //! soft tokens come back: they stay on the GPU for the text model to read.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tracing::info_span;
 use wgemma_gguf::{Gguf, RangeSource};
@@ -28,7 +28,12 @@ pub struct VisionTower {
     ctx: Arc<GpuContext>,
     pub cfg: VisionConfig,
     w: Tower<GpuWeight, View>,
+    /// The plans of the last few patch grids (buffers and bind groups built once per size).
+    plans: Mutex<Vec<Arc<Plan>>>,
 }
+
+/// Patch grids whose plans a tower keeps.
+const KEPT_PLANS: usize = 4;
 
 /// One image's soft tokens on the GPU: `tokens` rows of the text model's width.
 #[derive(Clone, Debug)]
@@ -106,15 +111,45 @@ impl VisionTower {
             ctx,
             cfg: cfg.clone(),
             w,
+            plans: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The plan for `p`'s grid, built on first use.
+    fn plan(&self, p: &Patches) -> Result<Arc<Plan>, VisionError> {
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = plans
+            .iter()
+            .position(|q| (q.rows, q.cols) == (p.rows, p.cols))
+        {
+            let plan = plans.remove(i);
+            plans.push(plan.clone());
+            return Ok(plan);
+        }
+        let plan = Arc::new(Plan::build(self, p, false)?);
+        if plans.len() == KEPT_PLANS {
+            plans.remove(0);
+        }
+        plans.push(plan.clone());
+        Ok(plan)
     }
 
     /// The soft tokens of one image, left on the GPU.
     pub async fn encode(&self, p: &Patches) -> Result<Encoded, VisionError> {
         let _span = info_span!("encode_image", rows = p.rows, cols = p.cols).entered();
-        let plan = Plan::build(self, p, false)?;
-        plan.run(&self.ctx);
-        Ok(plan.encoded())
+        let plan = self.plan(p)?;
+        plan.write_input(&self.ctx, &self.w, p);
+        // Each image's soft tokens in a buffer of their own: the plan's are the next image's.
+        let rows = View::of(&self.ctx.storage("soft tokens", plan.buffers.soft.size));
+        let mut rec = Recorder::new(&self.ctx, "vision tower");
+        plan.record_into(&mut rec);
+        rec.copy(&plan.buffers.soft, &rows, rows.size);
+        rec.submit();
+        Ok(Encoded {
+            rows,
+            tokens: plan.tokens,
+            width: plan.width,
+        })
     }
 
     /// The soft tokens of one image, read back (`[tokens, text width]`).
@@ -129,11 +164,14 @@ impl VisionTower {
         &self,
         p: &Patches,
     ) -> Result<Option<Vec<(&'static str, usize, f64)>>, VisionError> {
-        let plan = Plan::build(self, p, false)?;
+        let plan = self.plan(p)?;
+        plan.write_input(&self.ctx, &self.w, p);
         let Some(mut profiler) = Profiler::new(&self.ctx, plan.steps.len() as u32) else {
             return Ok(None);
         };
-        plan.record(Recorder::profiled(&self.ctx, "vision tower", &mut profiler));
+        let mut rec = Recorder::profiled(&self.ctx, "vision tower", &mut profiler);
+        plan.record_into(&mut rec);
+        rec.submit();
         Ok(Some(profiler.read(&self.ctx).await?))
     }
 
@@ -141,7 +179,10 @@ impl VisionTower {
     /// [`crate::CpuTower::trace`] gives them).
     pub async fn trace(&self, p: &Patches) -> Result<Trace, VisionError> {
         let plan = Plan::build(self, p, true)?;
-        plan.run(&self.ctx);
+        plan.write_input(&self.ctx, &self.w, p);
+        let mut rec = Recorder::new(&self.ctx, "vision tower");
+        plan.record_into(&mut rec);
+        rec.submit();
         let mut taps = Vec::with_capacity(plan.taps.len());
         for (_, view) in &plan.taps {
             taps.push(self.ctx.read_f32(view).await?);
@@ -214,6 +255,8 @@ struct Plan {
     taps: Vec<(&'static str, View)>,
     tokens: u32,
     width: u32,
+    rows: u32,
+    cols: u32,
 }
 
 /// Builds a [`Plan`]'s steps.
@@ -238,8 +281,6 @@ impl Plan {
                 [c, r]
             })
             .collect();
-        let input = tower.w.patch_order.input(p);
-        ctx.write(&buffers.input.buffer, 0, bytemuck::cast_slice(&input));
         ctx.write(
             &buffers.positions.buffer,
             0,
@@ -265,29 +306,24 @@ impl Plan {
             taps,
             tokens: p.soft_tokens(),
             width: cfg.projection_dim as u32,
+            rows: p.rows,
+            cols: p.cols,
             buffers,
         })
     }
 
-    fn run(&self, ctx: &GpuContext) {
-        self.record(Recorder::new(ctx, "vision tower"));
+    /// Writes the image's patches (in the weight's order) for the next run.
+    fn write_input(&self, ctx: &GpuContext, w: &Tower<GpuWeight, View>, p: &Patches) {
+        let input = w.patch_order.input(p);
+        ctx.write(&self.buffers.input.buffer, 0, bytemuck::cast_slice(&input));
     }
 
-    fn record(&self, mut rec: Recorder<'_>) {
+    fn record_into(&self, rec: &mut Recorder<'_>) {
         for s in &self.steps {
             match s {
                 Step::Run(d) => rec.run(d),
                 Step::Copy { from, to } => rec.copy(from, to, to.size),
             }
-        }
-        rec.submit();
-    }
-
-    fn encoded(self) -> Encoded {
-        Encoded {
-            rows: self.buffers.soft,
-            tokens: self.tokens,
-            width: self.width,
         }
     }
 }

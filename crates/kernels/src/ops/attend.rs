@@ -200,8 +200,11 @@ pub fn attend_with(
         r_at: rl.offset,
     };
     let (label, source, items) = if tiled {
+        let d4 = params.d.div_ceil(4);
         let source = ShaderSource::new("attend_tiled", &[ATTEND_MASK_WGSL, ATTEND_TILED_WGSL])
-            .constant("D4", f64::from(params.d.div_ceil(4)));
+            .constant("D4", f64::from(d4))
+            .flag_if(d4 == 16, "HEAD_DIM_64")
+            .flag_if(d4 == 18, "HEAD_DIM_72");
         let blocks = params.tq.div_ceil(TILED_BLOCK);
         ("attend_tiled", source, blocks * params.heads)
     } else {

@@ -8,7 +8,19 @@
 // Head dimensions up to 4 * MAX_D4, padded with zeros to D4 vec4s.
 
 override D4: u32 = 16u;
+// Register arrays as long as the head needs where the head dimension is a common one (so the
+// compiler keeps them in registers), else the longest.
+#if HEAD_DIM_64
+const MAX_D4: u32 = 16u;
+#endif
+#if HEAD_DIM_72
+const MAX_D4: u32 = 18u;
+#endif
+#if !HEAD_DIM_64
+#if !HEAD_DIM_72
 const MAX_D4: u32 = 32u;
+#endif
+#endif
 const BLOCK: u32 = 64u;
 const TILE_KEYS: u32 = 16u;
 

@@ -1,0 +1,157 @@
+//! `cargo xtask bench-vision --mmproj P [--model M]`: the vision tower's speed on an image of a
+//! given soft-token budget: preprocessing (resize, patches) on the CPU, the encode on the GPU
+//! (medians over repetitions, after a warm-up), GPU time per kernel with `--profile`, and with
+//! `--model` the time to first token of a chat turn holding the image and a 20-word question.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use wgemma::{Event, GenerateRequest, ImageInput, LoadOptions, Message, Model, Prompt};
+use wgemma_gguf::{Gguf, MmapSource, TensorSource};
+use wgemma_kernels::{ContextOptions, GpuContext};
+use wgemma_vision::preprocess::RgbImage;
+use wgemma_vision::{VisionConfig, VisionTower, patches};
+
+use crate::TaskError;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The vision tower: an mmproj GGUF (`cargo xtask synth --preset e2b-mmproj`).
+    #[arg(long)]
+    mmproj: std::path::PathBuf,
+    /// A text model to time the first token of an image prompt with.
+    #[arg(long)]
+    model: Option<std::path::PathBuf>,
+    /// Image size as WIDTHxHEIGHT (1008x624: 273 soft tokens at the 280 budget; 1920x1344:
+    /// 1120 at 1120).
+    #[arg(long, default_value = "1008x624")]
+    size: String,
+    /// Soft-token budget (70, 140, 280, 560, 1120).
+    #[arg(long, default_value_t = 280)]
+    budget: u32,
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Also time every kernel of one encode (GPU timestamps).
+    #[arg(long)]
+    profile: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// A smooth synthetic picture of `w x h` (what is in it does not change the work).
+fn picture(w: u32, h: u32) -> RgbImage {
+    RgbImage::from_fn(w, h, |x, y| {
+        image_rgb([
+            (x * 255 / w.max(1)) as u8,
+            (y * 255 / h.max(1)) as u8,
+            ((x ^ y) & 255) as u8,
+        ])
+    })
+}
+
+fn image_rgb(c: [u8; 3]) -> wgemma_vision::preprocess::Rgb<u8> {
+    wgemma_vision::preprocess::Rgb(c)
+}
+
+pub fn run(a: Args) -> Result<(), TaskError> {
+    let (w, h) = a
+        .size
+        .split_once('x')
+        .and_then(|(w, h)| Some((w.parse::<u32>().ok()?, h.parse::<u32>().ok()?)))
+        .ok_or_else(|| format!("--size {}: expected WIDTHxHEIGHT", a.size))?;
+    let ctx = Arc::new(pollster::block_on(GpuContext::new(
+        ContextOptions::default().with_env(),
+    ))?);
+    let src = MmapSource::open(&a.mmproj)?;
+    let g = Gguf::parse(src.bytes(0, TensorSource::len(&src))?)?;
+    let cfg = VisionConfig::from_gguf(&g)?.ok_or("the file holds no vision tower")?;
+    let tower = pollster::block_on(VisionTower::load(ctx.clone(), &g, &cfg, &src, |_, _| {}))?;
+    let img = picture(w, h);
+    let t = Instant::now();
+    let p = patches(&img, a.budget)?;
+    let preprocess_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut encode = Vec::new();
+    for _ in 0..a.reps + 1 {
+        let t = Instant::now();
+        pollster::block_on(tower.encode_to_vec(&p))?;
+        encode.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let first_encode_ms = encode.remove(0);
+    let profile = if a.profile {
+        pollster::block_on(tower.profile(&p))?
+    } else {
+        None
+    };
+    let ttft = match &a.model {
+        Some(m) => Some(first_token_ms(m, &a.mmproj, &ctx, &img, &a)?),
+        None => None,
+    };
+    let out = serde_json::json!({
+        "adapter": ctx.info.name,
+        "image": format!("{w}x{h}"),
+        "budget": a.budget,
+        "patches": p.rows * p.cols,
+        "soft_tokens": p.soft_tokens(),
+        "preprocess_ms": preprocess_ms,
+        "first_encode_ms": first_encode_ms,
+        "encode_ms": median(encode.clone()),
+        "encode_ms_each": encode,
+        "ttft_ms": ttft.as_ref().map(|t| t.0),
+        "ttft_encode_ms": ttft.as_ref().map(|t| t.1),
+        "profile": profile.map(|k| k.iter().map(|(n, c, us)| serde_json::json!([n, c, us])).collect::<Vec<_>>()),
+    });
+    if a.json {
+        println!("{out}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    }
+    Ok(())
+}
+
+/// Median time to the first token (and the encode's part of it) of a chat turn with the image
+/// and a 20-word question, each from an empty cache.
+fn first_token_ms(
+    model: &std::path::Path,
+    mmproj: &std::path::Path,
+    ctx: &Arc<GpuContext>,
+    img: &RgbImage,
+    a: &Args,
+) -> Result<(f64, f64), TaskError> {
+    let opts = LoadOptions {
+        context: Some(ctx.clone()),
+        mmproj: Some(mmproj.to_path_buf()),
+        ..LoadOptions::default()
+    };
+    let model = pollster::block_on(Model::load_file(model, opts))?;
+    let mut session = model.session(wgemma::SessionOptions {
+        context: 2048,
+        max_batch: 512,
+    })?;
+    let question = "Describe this picture in detail: what do you see, which colours and shapes, \
+                    and is anything unusual there?";
+    let (mut ttft, mut enc) = (Vec::new(), Vec::new());
+    for _ in 0..a.reps + 1 {
+        pollster::block_on(session.reset())?;
+        let mut req =
+            GenerateRequest::new(Prompt::Chat(vec![Message::user(question).with_images(1)]));
+        req.images = vec![ImageInput::from_rgb(img.clone()).with_budget(a.budget)];
+        req.max_tokens = 1;
+        let mut stream = Box::pin(session.generate(req));
+        while let Some(e) = pollster::block_on(stream.next()) {
+            if let Event::Done { timings, .. } = e? {
+                ttft.push(timings.prompt_ms);
+                enc.push(timings.encode_ms);
+            }
+        }
+    }
+    ttft.remove(0);
+    enc.remove(0);
+    Ok((median(ttft), median(enc)))
+}
