@@ -133,6 +133,7 @@ fn attention(c: &mut Criterion) {
             scale: 1.0,
             softcap: 0.0,
             q_stride: width,
+            last_key: None,
         };
         let heads = ops::HeadPostArgs {
             qkv: &qkv,
@@ -207,6 +208,7 @@ fn attention_prefill(c: &mut Criterion) {
             scale: 0.05,
             softcap: 0.0,
             q_stride: nh * head_dim,
+            last_key: None,
         };
         let ds = [ops::attention(&ctx, &args).unwrap()];
         group.throughput(Throughput::Elements(

@@ -103,6 +103,16 @@ fn invalid(msg: impl Into<String>) -> ConfigError {
 }
 
 impl TextConfig {
+    /// Whether an image's tokens see each other (the later ones too) on sliding layers: Gemma
+    /// 4 26B and 31B (`use_bidirectional_attention = "vision"` in transformers). E2B and E4B,
+    /// the models with per-layer embeddings, attend causally; no GGUF key says which, so this
+    /// follows the model family as llama.cpp does.
+    pub fn bidirectional_images(&self) -> bool {
+        self.arch == Arch::Gemma4 && self.n_ple == 0
+    }
+}
+
+impl TextConfig {
     /// Reads the configuration of a `gemma3` or `gemma4` GGUF.
     pub fn from_gguf(g: &Gguf) -> Result<Self, ConfigError> {
         let arch_name = g.architecture().ok_or(ConfigError::NoArchitecture)?;

@@ -394,10 +394,12 @@ fn soft_tokens_match_the_cpu_reference() {
             SoftTokens {
                 at: 2,
                 rows: upload(&a),
+                bidirectional: false,
             },
             SoftTokens {
                 at: 11,
                 rows: upload(&b),
+                bidirectional: false,
             },
         ];
         let inputs: Vec<Input<'_>> = (0..tokens.len())
@@ -436,6 +438,7 @@ fn soft_tokens_match_the_cpu_reference() {
                 &[SoftTokens {
                     at: 2,
                     rows: upload(&own),
+                    bidirectional: false,
                 }],
             ))
             .unwrap();
@@ -466,24 +469,29 @@ fn bad_soft_token_spans_are_refused() {
         vec![SoftTokens {
             at: 4,
             rows: rows(2),
+            bidirectional: false,
         }],
         vec![
             SoftTokens {
                 at: 0,
                 rows: rows(3),
+                bidirectional: false,
             },
             SoftTokens {
                 at: 2,
                 rows: rows(1),
+                bidirectional: false,
             },
         ],
         vec![SoftTokens {
             at: 1,
             rows: View::of(&ctx.storage("odd", (d * 4 + 4) as u64)),
+            bidirectional: false,
         }],
         vec![SoftTokens {
             at: usize::MAX,
             rows: rows(1),
+            bidirectional: false,
         }],
     ];
     for soft in cases {

@@ -668,6 +668,7 @@ fn attention_matches_cpu_for_prefill_decode_window_and_gqa() {
             scale,
             softcap,
             q_stride: nh * hd,
+            last_key: None,
         };
         run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
         assert_close(
@@ -677,6 +678,64 @@ fn attention_matches_cpu_for_prefill_decode_window_and_gqa() {
             1e-4,
         );
     }
+}
+
+/// Prefill attention with `last_key`: the tokens of a span (an image) also see the span's later
+/// tokens, within the sliding window's reach back.
+#[test]
+fn attention_sees_the_rest_of_its_span() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(29);
+    let (nh, nkv, hd, cap) = (4u32, 2u32, 64u32, 80u32);
+    let (p0, t, window) = (3u32, 40u32, 6u32);
+    // Spans at positions 10..=24 and 30..=33; other tokens see only themselves and back.
+    let last: Vec<u32> = (p0..p0 + t)
+        .map(|p| match p {
+            10..=24 => 24,
+            30..=33 => 33,
+            _ => p,
+        })
+        .collect();
+    let positions: Vec<u32> = (p0..p0 + t).collect();
+    let q = rng.vec((t * nh * hd) as usize, 1.0);
+    let kc = rng.vec((cap * nkv * hd) as usize, 1.0);
+    let vc = rng.vec((cap * nkv * hd) as usize, 1.0);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let reference = cpu::AttendRef {
+        q: &q,
+        k: &kc,
+        v: &vc,
+        heads: nh as usize,
+        kv_heads: nkv as usize,
+        d: hd as usize,
+        q_pos0: p0 as usize,
+        scale,
+        softcap: 0.0,
+        relative: None,
+    };
+    let want = cpu::attend(&reference, |qp, kp| {
+        let causal = kp <= qp && qp - kp < window as usize;
+        causal || (kp > qp && kp <= last[qp - p0 as usize] as usize)
+    });
+    let out = poisoned(ctx, want.len());
+    let args = AttentionArgs {
+        q: &upload(ctx, &q),
+        k_cache: &upload(ctx, &kc),
+        v_cache: &upload(ctx, &vc),
+        positions: &upload_u32(ctx, &positions),
+        out: &out,
+        tokens: t,
+        n_head: nh,
+        n_kv_head: nkv,
+        head_dim: hd,
+        window,
+        scale,
+        softcap: 0.0,
+        q_stride: nh * hd,
+        last_key: Some(&upload_u32(ctx, &last)),
+    };
+    run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
+    assert_close("attention with spans", &read(ctx, &out), &want, 1e-4);
 }
 
 #[test]
@@ -1776,6 +1835,7 @@ fn split_decode_attention_matches_cpu() {
             scale,
             softcap: 0.0,
             q_stride: nh * hd,
+            last_key: None,
         };
         let a = ops::attention_decode(ctx, &args, q_offset, &scratch, None).unwrap();
         run(ctx, &[&a.split, &a.combine]);
@@ -1901,6 +1961,7 @@ fn decode_attention_with_head_work_matches_cpu() {
                 scale: 0.1,
                 softcap: 0.0,
                 q_stride: width,
+                last_key: None,
             };
             if fused {
                 let (split, merge) =
@@ -1957,6 +2018,7 @@ fn decode_attention_with_head_work_matches_cpu() {
         scale: 1.0,
         softcap: 0.0,
         q_stride: nh * hd,
+        last_key: None,
     };
     let (_, merge) = ops::attention_split(ctx, &args, 0, &scratch, None).unwrap();
     let wq = quantize(GgmlType::Q8_0, &vec![0.25; 96 * 4]).unwrap();

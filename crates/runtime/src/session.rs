@@ -264,6 +264,7 @@ impl Session {
             soft.push(SoftTokens {
                 at: *at,
                 rows: encoded.rows,
+                bidirectional: true,
             });
         }
         let r = self.gpu.score_with(tokens, &soft).await;
@@ -414,6 +415,7 @@ impl Run<'_> {
             soft.push(SoftTokens {
                 at: p.span.at - common,
                 rows: encoded.rows,
+                bidirectional: true,
             });
             self.timings.encoded_images += 1;
         }

@@ -30,20 +30,20 @@ fn options() -> Option<LoadOptions> {
     })
 }
 
-/// The e2b model with its projector file (`LoadOptions::mmproj`), or the Ollama-style blob
+/// A variant's model with its projector file (`LoadOptions::mmproj`), or the Ollama-style blob
 /// holding both, loaded from files as the CLI does.
-fn load(blob: bool) -> Option<Model> {
+fn load_variant(variant: &str, blob: bool) -> Option<Model> {
     let mut opts = options()?;
     let fixtures = vision_dir().join("fixtures");
-    let text = fixtures.join("gemma4_tiny_vision_e2b.gguf");
-    let mmproj = fixtures.join("gemma4_tiny_vision_e2b_mmproj.gguf");
+    let text = fixtures.join(format!("gemma4_tiny_vision_{variant}.gguf"));
+    let mmproj = fixtures.join(format!("gemma4_tiny_vision_{variant}_mmproj.gguf"));
     let path = if blob {
         let bytes = wgemma_test_support::ollama_vision_blob(
             &std::fs::read(&text).unwrap(),
             &std::fs::read(&mmproj).unwrap(),
         );
-        let path =
-            std::env::temp_dir().join(format!("wgemma-vision-blob-{}.gguf", std::process::id()));
+        let name = format!("wgemma-vision-{variant}-blob-{}.gguf", std::process::id());
+        let path = std::env::temp_dir().join(name);
         std::fs::write(&path, bytes).unwrap();
         path
     } else {
@@ -53,14 +53,26 @@ fn load(blob: bool) -> Option<Model> {
     Some(pollster::block_on(Model::load_file(&path, opts)).unwrap())
 }
 
+fn load(blob: bool) -> Option<Model> {
+    load_variant("e2b", blob)
+}
+
 fn image(name: &str) -> ImageInput {
     ImageInput::from_bytes(read(&format!("fixtures/{name}.png"))).with_budget(70)
 }
 
+/// E2B-like: image tokens attend causally. 26B-like (MoE, no per-layer embeddings): an image's
+/// tokens also see its later tokens on sliding layers.
 #[test]
 fn teacher_forced_image_prompts_match_transformers() {
+    for variant in ["e2b", "moe"] {
+        teacher_forced(variant);
+    }
+}
+
+fn teacher_forced(variant: &str) {
     let golden: serde_json::Value =
-        serde_json::from_slice(&read("golden/vision_e2b.json")).unwrap();
+        serde_json::from_slice(&read(&format!("golden/vision_{variant}.json"))).unwrap();
     let tokens: Vec<u32> = golden["prompt"]
         .as_array()
         .unwrap()
@@ -96,11 +108,13 @@ fn teacher_forced_image_prompts_match_transformers() {
         .map(|v| v.as_f64().unwrap())
         .collect();
     for blob in [false, true] {
-        let Some(model) = load(blob) else { return };
+        let Some(model) = load_variant(variant, blob) else {
+            return;
+        };
         let mut session = model
             .session(SessionOptions {
                 context: 256,
-                max_batch: 64,
+                max_batch: 128,
             })
             .unwrap();
         let scored = pollster::block_on(session.score_with_images(&tokens, &images)).unwrap();
@@ -115,11 +129,11 @@ fn teacher_forced_image_prompts_match_transformers() {
                 }
             }
         }
-        eprintln!("blob {blob}: {agree} of {checked} confident positions agree");
+        eprintln!("{variant}, blob {blob}: {agree} of {checked} confident positions agree");
         assert!(checked > 100);
         assert_eq!(
             agree, checked,
-            "blob {blob}: teacher-forced argmax vs transformers"
+            "{variant}, blob {blob}: teacher-forced argmax vs transformers"
         );
         // Without the images the placeholders' own embeddings give other predictions: the
         // soft tokens are what the agreement rests on.

@@ -5,6 +5,7 @@
 //! back while the CPU reads earlier tokens back.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -70,6 +71,9 @@ pub enum ForwardError {
 pub struct SoftTokens {
     pub at: usize,
     pub rows: View,
+    /// The span is an image's: its tokens see each other where the model attends so
+    /// ([`TextConfig::bidirectional_images`]); audio is always causal.
+    pub bidirectional: bool,
 }
 
 /// A value of a step, as [`GpuSession::trace`] read it: `rows` rows of `cols`.
@@ -114,11 +118,17 @@ impl Default for SessionOptions {
 struct StepInput<'a> {
     ids: &'a View,
     soft: &'a [SoftCopy],
+    /// The step's rows hold bidirectional spans: sliding layers read the staged last keys.
+    spans: bool,
 }
 
 impl<'a> StepInput<'a> {
     fn ids(ids: &'a View) -> Self {
-        Self { ids, soft: &[] }
+        Self {
+            ids,
+            soft: &[],
+            spans: false,
+        }
     }
 }
 
@@ -476,7 +486,12 @@ impl GpuSession {
         }
     }
 
-    fn attention_args<'a>(&'a self, il: usize, m: u32) -> Result<AttentionArgs<'a>, GpuError> {
+    fn attention_args<'a>(
+        &'a self,
+        il: usize,
+        m: u32,
+        spans: bool,
+    ) -> Result<AttentionArgs<'a>, GpuError> {
         let cfg = &self.model.cfg;
         let lc = &cfg.layers[il];
         let (kc, vc) = self.kv.read_by(cfg, il)?;
@@ -499,6 +514,7 @@ impl GpuSession {
             scale: cfg.attn_scale,
             softcap: 0.0,
             q_stride: self.model.layers[il].qkv_width,
+            last_key: (spans && lc.sliding).then_some(&a.last_key),
         })
     }
 
@@ -828,10 +844,11 @@ impl GpuSession {
         if self.in_flight() > 0 {
             return Err(ForwardError::Busy);
         }
-        let n_chunks = tokens.len().div_ceil(self.max_batch);
-        for (i, chunk) in tokens.chunks(self.max_batch).enumerate() {
-            let last = i + 1 == n_chunks;
-            let first = i * self.max_batch;
+        let (start, spans) = (self.position(), self.bidirectional_spans(soft));
+        let ranges = chunk_ranges(tokens.len(), self.max_batch, &spans)?;
+        for (i, range) in ranges.iter().enumerate() {
+            let last = i + 1 == ranges.len();
+            let (first, chunk) = (range.start, &tokens[range.clone()]);
             let (copies, ple_ids) = self.soft_in_chunk(first, chunk, soft)?;
             if last && chunk.len() == 1 && copies.is_empty() {
                 // One token: the fused decode step, which reads its token from `result`.
@@ -848,6 +865,7 @@ impl GpuSession {
                 let input = StepInput {
                     ids: &self.acts(chunk.len()).ids,
                     soft: &copies,
+                    spans: self.stage_last_keys(start, range.clone(), &spans),
                 };
                 let ops = self.plan(chunk.len() as u32, input, logits, None)?;
                 self.stage(chunk, &ple_ids)?;
@@ -864,6 +882,44 @@ impl GpuSession {
         self.write_ring();
         self.has_logits = true;
         Ok(())
+    }
+
+    /// `(at, rows)` of the spans whose tokens see each other on this model.
+    fn bidirectional_spans(&self, soft: &[SoftTokens]) -> Vec<(usize, usize)> {
+        if !self.model.cfg.bidirectional_images() {
+            return Vec::new();
+        }
+        let row_bytes = self.model.cfg.n_embd as u64 * 4;
+        soft.iter()
+            .filter(|s| s.bidirectional)
+            .map(|s| (s.at, (s.rows.size / row_bytes) as usize))
+            .collect()
+    }
+
+    /// Stages each row's last key for the rows `range` of what is fed from position `start`:
+    /// the end of its span for a span's rows, else itself. Whether any row sees past itself.
+    fn stage_last_keys(&self, start: usize, range: Range<usize>, spans: &[(usize, usize)]) -> bool {
+        let keys: Vec<u32> = range
+            .clone()
+            .map(|i| {
+                let end = spans
+                    .iter()
+                    .find(|&&(at, len)| at <= i && i < at + len)
+                    .map_or(i, |&(at, len)| at + len - 1);
+                (start + end) as u32
+            })
+            .collect();
+        let ahead = keys
+            .iter()
+            .zip(range.clone())
+            .any(|(&k, i)| k as usize > start + i);
+        if ahead {
+            let staged = &self.acts(range.len()).last_key;
+            self.model
+                .ctx
+                .write(&staged.buffer, staged.offset, bytemuck::cast_slice(&keys));
+        }
+        ahead
     }
 
     /// Errors unless every span of soft tokens holds whole rows of the model's width, lies
@@ -1289,16 +1345,21 @@ impl GpuSession {
         }
         let ctx = self.model.ctx.clone();
         let vocab = self.model.cfg.n_vocab;
-        // Rows of logits per pass: bounded so the buffer stays small.
-        let rows = self.max_batch.min(16);
+        // Rows of logits per pass: bounded so the buffer stays small, but whole images that
+        // see each other.
+        let (start, spans) = (self.position(), self.bidirectional_spans(soft));
+        let longest = spans.iter().map(|s| s.1).max().unwrap_or(0);
+        let rows = self.max_batch.min(16.max(longest));
         let all = View::of(&ctx.storage("all_logits", (rows * vocab * 4) as u64));
         let mut out = Vec::with_capacity(tokens.len());
-        for (i, chunk) in tokens.chunks(rows).enumerate() {
-            let (copies, ple_ids) = self.soft_in_chunk(i * rows, chunk, soft)?;
+        for range in chunk_ranges(tokens.len(), rows, &spans)? {
+            let chunk = &tokens[range.clone()];
+            let (copies, ple_ids) = self.soft_in_chunk(range.start, chunk, soft)?;
             self.fetch_rows(&ple_ids).await?;
             let input = StepInput {
                 ids: &self.acts(chunk.len()).ids,
                 soft: &copies,
+                spans: self.stage_last_keys(start, range.clone(), &spans),
             };
             let ops = self.plan(chunk.len() as u32, input, LogitsFor::All, Some(&all))?;
             let arena = self.arena.clone();
@@ -1316,5 +1377,53 @@ impl GpuSession {
         }
         self.has_logits = false;
         Ok(out)
+    }
+}
+
+/// The steps `n` fed tokens split into: at most `max` each, never cutting a span whose tokens
+/// see each other (`spans`: `(at, rows)`), since a span's queries read all its keys from the
+/// cache.
+fn chunk_ranges(
+    n: usize,
+    max: usize,
+    spans: &[(usize, usize)],
+) -> Result<Vec<Range<usize>>, ForwardError> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < n {
+        let mut end = (start + max).min(n);
+        if let Some(&(at, len)) = spans.iter().find(|&&(at, len)| at < end && end < at + len) {
+            if at <= start {
+                return Err(ForwardError::SoftTokens(format!(
+                    "an image of {len} tokens that see each other needs steps of at least {len} tokens; this session's take {max}"
+                )));
+            }
+            end = at;
+        }
+        out.push(start..end);
+        start = end;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod chunk_tests {
+    use super::chunk_ranges;
+
+    #[test]
+    fn steps_never_cut_an_image_that_sees_itself() {
+        assert_eq!(chunk_ranges(10, 4, &[]).unwrap(), vec![0..4, 4..8, 8..10]);
+        assert_eq!(
+            chunk_ranges(10, 4, &[(3, 3)]).unwrap(),
+            vec![0..3, 3..7, 7..10]
+        );
+        assert_eq!(
+            chunk_ranges(10, 4, &[(4, 4)]).unwrap(),
+            vec![0..4, 4..8, 8..10]
+        );
+        assert!(
+            chunk_ranges(10, 4, &[(2, 6)]).is_err(),
+            "a span longer than a step"
+        );
     }
 }

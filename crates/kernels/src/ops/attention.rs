@@ -21,6 +21,7 @@ kernel_bindings!(
         positions: 3,
         out: 4,
         p: 5,
+        last_key: 6,
     }
 );
 
@@ -110,9 +111,13 @@ pub struct AttentionArgs<'a> {
     pub softcap: f32,
     /// Floats between consecutive tokens' queries (`n_head * head_dim` when packed).
     pub q_stride: u32,
+    /// Per token, the last key position it sees when that lies past its own (a u32 each): an
+    /// image's tokens see the rest of their image on Gemma 4 26B/31B's sliding layers. Those
+    /// keys must be in the cache already (the whole image in this step or before).
+    pub last_key: Option<&'a View>,
 }
 
-/// Causal attention over the KV cache.
+/// Causal attention over the KV cache (with `last_key`, also ahead within spans).
 pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, GpuError> {
     if a.head_dim > MAX_HEAD_DIM
         || !a.head_dim.is_multiple_of(4)
@@ -141,6 +146,9 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
     a.out.expect_len32("attention out", q_len)?;
     a.positions
         .expect_len32("attention positions", u64::from(a.tokens))?;
+    if let Some(l) = a.last_key {
+        l.expect_len32("attention last keys", u64::from(a.tokens))?;
+    }
     let row = u64::from(a.n_kv_head) * u64::from(a.head_dim);
     let capacity = a.k_cache.len32() / row;
     if capacity == 0 || a.v_cache.len32() / row != capacity {
@@ -160,7 +168,8 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
         q_stride: a.q_stride,
     });
     let source = ShaderSource::new("attention", &[ACTIVATIONS_WGSL, ATTENTION_WGSL])
-        .constant("G", f64::from(a.n_head / a.n_kv_head));
+        .constant("G", f64::from(a.n_head / a.n_kv_head))
+        .flag_if(a.last_key.is_some(), "SPANS");
     ctx.dispatch(
         "attention",
         ctx.pipeline(&source),
@@ -171,6 +180,7 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
             positions: Bind::Storage(a.positions),
             out: Bind::Storage(a.out),
             p: Bind::Params(params),
+            last_key: Bind::opt(a.last_key),
         },
         [a.n_kv_head, a.tokens, 1],
     )

@@ -11,7 +11,8 @@
 //
 // q: [tokens, q_stride] with head h at h * head_dim; k, v caches: [capacity, n_kv_head,
 // head_dim]; out: [tokens, n_head, head_dim]. Token m (at positions[m]) sees keys at positions
-// max(0, pos - window + 1) ..= pos (window 0 = unlimited).
+// max(0, pos - window + 1) ..= pos (window 0 = unlimited); with SPANS, up to last_key[m]
+// where that is later (bidirectional within an image).
 
 struct Params {
     n_head: u32,
@@ -31,6 +32,10 @@ struct Params {
 @group(0) @binding(3) var<storage, read> positions: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 @group(0) @binding(5) var<uniform> p: Params;
+#if SPANS
+// Per token, the last key it sees when past its own position (an image's other tokens).
+@group(0) @binding(6) var<storage, read> last_key: array<u32>;
+#endif
 
 // Query heads per KV head, at most MAX_G.
 override G: u32 = 1u;
@@ -84,7 +89,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if (p.window > 0u && pos + 1u > p.window) {
         lo = pos + 1u - p.window;
     }
-    let hi = min(pos, p.capacity - 1u);
+    var hi = min(pos, p.capacity - 1u);
+#if SPANS
+    hi = min(max(pos, last_key[m]), p.capacity - 1u);
+#endif
     // Query of head kvh * G + g: vec4 index qb + g * hd / 4.
     let qb = (m * p.q_stride + kvh * G * hd) / 4u;
     let key = li / 4u;

@@ -60,6 +60,8 @@ pub(super) struct Activations {
     pub partials: View,
     pub ids: View,
     pub positions: View,
+    /// Per row, the last key it sees (u32; bidirectional spans, `AttentionArgs::last_key`).
+    pub last_key: View,
 }
 
 impl Activations {
@@ -125,6 +127,7 @@ impl Activations {
             partials: buf("partials", partials.max(1)),
             ids: buf("ids", b),
             positions: buf("positions", b),
+            last_key: buf("last_key", b),
         }
     }
 

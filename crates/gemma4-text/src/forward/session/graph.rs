@@ -39,6 +39,8 @@ pub(super) struct DecoderGraph<'s> {
     /// Every layer's per-layer inputs, once computed.
     ple_all: Option<Val>,
     table_rows_added: bool,
+    /// The step holds bidirectional spans (an image on a 26B/31B model).
+    spans: bool,
 }
 
 impl<'s> DecoderGraph<'s> {
@@ -53,6 +55,7 @@ impl<'s> DecoderGraph<'s> {
             x: None,
             ple_all: None,
             table_rows_added: false,
+            spans: false,
         }
     }
 
@@ -65,6 +68,7 @@ impl<'s> DecoderGraph<'s> {
         all_logits: Option<&'s View>,
     ) -> Result<Graph<'s, HostOp>, GpuError> {
         let mut b = Self::new(session, m);
+        b.spans = input.spans;
         b.embed(input)?;
         for (il, l) in session.model.layers.iter().enumerate() {
             b.attention(il, l)?;
@@ -288,7 +292,7 @@ impl<'s> DecoderGraph<'s> {
         let heads = l.o.cols as u32;
         let kqv = self.rows(layer_value("kqv_out", il), &s.attn, heads, heads, 0);
         self.g.push(Node::Attention {
-            args: session.attention_args(il, m)?,
+            args: session.attention_args(il, m, self.spans)?,
             qkv: roped,
             out: kqv,
         });
