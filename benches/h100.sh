@@ -37,6 +37,10 @@
 #              preprocessing, encode and time to first token of the image + a 20-word question
 #              (cargo xtask bench-vision), then llama.cpp's llama-mtmd-cli (CUDA) on the same
 #              files; $OUT/vision-bench/ and a table in $OUT/vision-bench.md
+#   vision_ours   vision_bench's side of ours alone (no llama.cpp build); vision_base the
+#              same with .dev/xtask-base, after it in the same call
+#   vision_tests  the vision tower against transformers' goldens, and image prompts'
+#              teacher-forced argmax, with this GPU's kernels (.dev/vision-tower, -runtime)
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
 # them: each device call gets an empty $OUT, so a table made in a later call on the same
@@ -49,7 +53,7 @@ mkdir -p "$OUT" "$W/models" "$R"
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-chmod +x .dev/xtask* .dev/kernels .dev/parity
+chmod +x .dev/xtask* .dev/kernels .dev/parity .dev/vision-*
 MODELS=${MODELS:-"gemma3-270m e2b e4b"}
 LL=$W/ll/lltrim
 CMAKE_COMMON="-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
@@ -235,8 +239,8 @@ vision_golden() {
   tar czf "$OUT/vision-golden.tgz" crates/gemma4-vision/tests/fixtures crates/gemma4-vision/tests/golden
 }
 
-vision_bench() {
-  build_cuda
+# Our side of vision_bench alone, into $OUT/vision-bench/.
+vision_ours() {
   synth e2b e2b-mmproj
   local V=$OUT/vision-bench && mkdir -p "$V"
   python3 -c "
@@ -247,12 +251,41 @@ for w, h in [(1008, 624), (1920, 1344)]:
     img = np.stack([x * 255 // w, y * 255 // h, (x ^ y) & 255], -1).astype(np.uint8)
     Image.fromarray(img).save('$W/models/img-%dx%d.png' % (w, h))
 "
+  vision_runs .dev/xtask ours
+  tar czf "$OUT/vision-ours.tgz" -C "$OUT" vision-bench
+}
+
+# bench-vision of both images with xtask $1, into $OUT/vision-bench/$2-SIZE.{json,err}.
+vision_runs() {
+  local xt=$1 tag=$2 size budget
   for case in "1008x624 280" "1920x1344 1120"; do
-    set -- $case
-    .dev/xtask bench-vision --mmproj "$W/models/e2b-mmproj.gguf" --model "$W/models/e2b.gguf" \
-      --size "$1" --budget "$2" --reps 5 --profile --json > "$V/ours-$1.json" 2> "$V/ours-$1.err"
-    tail -c 600 "$V/ours-$1.json"; echo
+    read -r size budget <<< "$case"
+    "$xt" bench-vision --mmproj "$W/models/e2b-mmproj.gguf" --model "$W/models/e2b.gguf" \
+      --size "$size" --budget "$budget" --reps 5 --profile --json \
+      > "$OUT/vision-bench/$tag-$size.json" 2> "$OUT/vision-bench/$tag-$size.err"
+    tail -c 600 "$OUT/vision-bench/$tag-$size.json"; echo
   done
+}
+
+# vision_ours with .dev/xtask-base (run in the same call, after vision_ours).
+vision_base() {
+  vision_runs .dev/xtask-base base
+  tar czf "$OUT/vision-ours.tgz" -C "$OUT" vision-bench
+}
+
+# The vision tower's tests against transformers' goldens (tests/fixtures, found where the
+# binaries were built: /work/main) and the image prompts' teacher-forced argmax, on this GPU's
+# kernels (tensor cores, f16).
+vision_tests() {
+  [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+  CI=true .dev/vision-tower 2>&1 | tail -n 30 | tee "$OUT/vision-tower.txt"
+  CI=true .dev/vision-runtime 2>&1 | tail -n 30 | tee "$OUT/vision-runtime.txt"
+}
+
+vision_bench() {
+  build_cuda
+  vision_ours
+  local V=$OUT/vision-bench
   wait_for cuda
   local question="Describe this picture in detail: what do you see, which colours and shapes, and is anything unusual there?"
   for size in 1008x624 1920x1344; do

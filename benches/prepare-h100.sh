@@ -35,7 +35,9 @@ for line in sys.stdin:
         print(m["executable"])' | tail -n 1; }
 cp "$(exe test -p wgemma-kernels --test parity --release --no-run)" .dev/parity
 cp "$(exe bench -p wgemma-benches --bench kernels --no-run)" .dev/kernels
-strip .dev/xtask .dev/parity .dev/kernels
+cp "$(exe test -p wgemma-vision --test tower --release --no-run)" .dev/vision-tower
+cp "$(exe test -p wgemma --test vision --release --no-run)" .dev/vision-runtime
+strip .dev/xtask .dev/parity .dev/kernels .dev/vision-tower .dev/vision-runtime
 # BASE=REV: also the xtask of that revision (.dev/xtask-base), for `h100.sh base` to measure
 # the change against in the same call. Built from a worktree into the same target folder.
 if [ -n "${BASE:-}" ]; then

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use tracing::info_span;
 use wgemma_gguf::{Gguf, RangeSource};
 use wgemma_kernels::ops::{
-    self, Activation, Affine, Attend, Binary, Mask, MatmulArgs, MatvecOut, RopeAxes, RopePairs,
-    RowOp, Window2d,
+    self, Activation, Affine, Attend, Binary, Mask, MatmulArgs, MatvecOut, NormOut, ProductClamp,
+    RmsNorm, RopeAxes, RopePairs, RowOp, Window2d,
 };
 use wgemma_kernels::store::{WeightStore, read_f32};
 use wgemma_kernels::{
@@ -207,8 +207,6 @@ struct Buffers {
     x: View,
     /// Its normed rows, then the attention's and the MLP's outputs.
     h: View,
-    /// A linear's clamped input.
-    clamped: View,
     /// q, k and v side by side: `[patches, 3 D]`.
     qkv: View,
     attn: View,
@@ -229,7 +227,6 @@ impl Buffers {
             positions: f32s("vision positions", n * POSITION_AXES as u64),
             x: f32s("vision x", n * d),
             h: f32s("vision h", n * d),
-            clamped: f32s("vision clamped", n * d.max(ff)),
             qkv: f32s("vision qkv", n * 3 * d),
             attn: f32s("vision attn", n * d),
             gate: f32s("vision gate", n * ff),
@@ -361,7 +358,7 @@ impl Builder<'_> {
             w: w.patch_embd.clone(),
             clamp: Clamp::NONE,
         };
-        self.linear(&plain, (&b.input, values, values), (&b.x, d, 0))?;
+        self.linear(&plain, (&b.input, values), (&b.x, d, 0))?;
         let grid = [p.rows, p.cols, d];
         let x = Tensor::new(&b.x, &grid)?;
         let table = (self.cfg.n_positions as u32) * d;
@@ -373,42 +370,30 @@ impl Builder<'_> {
         self.tap("patch_embed", &b.x)
     }
 
-    /// `out[:, offset..] = clamp(W clamp(x))`: `x` is (view, columns, stride), `out` (view,
-    /// stride, first column).
+    /// `out[:, offset..] = clamp(W clamp(x))`, the clamps inside the product: `x` is (view,
+    /// stride), `out` (view, stride, first column).
     fn linear(
         &mut self,
         l: &Linear<GpuWeight>,
-        (x, cols, x_stride): (&View, u32, u32),
+        (x, x_stride): (&View, u32),
         (out, y_stride, y_offset): (&View, u32, u32),
     ) -> Result<(), VisionError> {
-        let mut input = (x, x_stride);
-        if let Some([min, max]) = Clamp::bites(l.clamp.input) {
-            let from = self.rows(x, cols, x_stride, 0)?;
-            let to = self.rows(&self.b.clamped, cols, cols, 0)?;
-            self.push(ops::unary(
-                self.ctx,
-                Activation::Clamp { min, max },
-                &from,
-                &to,
-            ))?;
-            input = (&self.b.clamped, cols);
-        }
         let args = MatmulArgs {
-            x: input.0,
+            x,
             y: out,
             m: self.n,
-            x_stride: input.1,
+            x_stride,
             y_stride,
             out: MatvecOut::Rows { softcap: 0.0 },
             y_offset,
             partials: None,
         };
-        for d in ops::matmul(self.ctx, &l.w, &args)? {
+        let clamp = ProductClamp {
+            input: Clamp::bites(l.clamp.input),
+            output: Clamp::bites(l.clamp.output),
+        };
+        for d in ops::matmul_clamped(self.ctx, &l.w, &args, clamp)? {
             self.steps.push(Step::Run(d));
-        }
-        if let Some([min, max]) = Clamp::bites(l.clamp.output) {
-            let y = self.rows(out, l.w.rows as u32, y_stride, y_offset)?;
-            self.push(ops::unary(self.ctx, Activation::Clamp { min, max }, &y, &y))?;
         }
         Ok(())
     }
@@ -424,12 +409,19 @@ impl Builder<'_> {
         self.push(ops::rows(self.ctx, op, affine, t, t))
     }
 
-    /// `x += norm(delta) * post`.
+    /// `x += norm(delta) * post`, in one pass.
     fn residual(&mut self, delta: &View, post: &View) -> Result<(), VisionError> {
         let d = self.cfg.n_embd as u32;
-        let (x, delta) = (self.rows(&self.b.x, d, d, 0)?, self.rows(delta, d, d, 0)?);
-        self.norm(&delta, Some(post))?;
-        self.push(ops::binary(self.ctx, Binary::Add, &x, &delta, &x))
+        let norm = RmsNorm {
+            x: delta,
+            out: NormOut::AddTo(&self.b.x),
+            weight: Some(post),
+            rows: self.n,
+            dim: d,
+            x_stride: d,
+            eps: self.cfg.eps,
+        };
+        self.push(ops::rms_norm(self.ctx, norm))
     }
 
     fn layer(&mut self, l: &Layer<GpuWeight, View>) -> Result<(), VisionError> {
@@ -448,7 +440,7 @@ impl Builder<'_> {
             &self.rows(&b.h, d, d, 0)?,
         ))?;
         for (i, lin) in [&l.q, &l.k, &l.v].into_iter().enumerate() {
-            self.linear(lin, (&b.h, d, d), (&b.qkv, 3 * d, i as u32 * d))?;
+            self.linear(lin, (&b.h, d), (&b.qkv, 3 * d, i as u32 * d))?;
         }
         let head = |i: u32| {
             let dims = [self.n, heads, dh];
@@ -483,7 +475,7 @@ impl Builder<'_> {
             relative: None,
         };
         self.push(ops::attend(self.ctx, &attend, &attn))?;
-        self.linear(&l.o, (&b.attn, d, d), (&b.h, d, 0))?;
+        self.linear(&l.o, (&b.attn, d), (&b.h, d, 0))?;
         self.residual(&b.h, &l.attn_post_norm)?;
         let (x, h) = (self.rows(&b.x, d, d, 0)?, self.rows(&b.h, d, d, 0)?);
         let ln2 = Tensor::new(&l.ln2, &[d])?;
@@ -498,12 +490,12 @@ impl Builder<'_> {
             &x,
             &h,
         ))?;
-        self.linear(&l.gate, (&b.h, d, d), (&b.gate, ff, 0))?;
-        self.linear(&l.up, (&b.h, d, d), (&b.up, ff, 0))?;
+        self.linear(&l.gate, (&b.h, d), (&b.gate, ff, 0))?;
+        self.linear(&l.up, (&b.h, d), (&b.up, ff, 0))?;
         let (gate, up) = (self.rows(&b.gate, ff, ff, 0)?, self.rows(&b.up, ff, ff, 0)?);
         let gelu = Binary::Gated(Activation::GeluTanh);
         self.push(ops::binary(self.ctx, gelu, &gate, &up, &gate))?;
-        self.linear(&l.down, (&b.gate, ff, ff), (&b.h, d, 0))?;
+        self.linear(&l.down, (&b.gate, ff), (&b.h, d, 0))?;
         self.residual(&b.h, &l.ffn_post_norm)?;
         if l.out_scale != 1.0 {
             let scale = Activation::Scale(l.out_scale);
@@ -546,7 +538,7 @@ impl Builder<'_> {
         };
         let width = self.cfg.projection_dim as u32;
         let n = std::mem::replace(&mut self.n, tokens);
-        self.linear(&projection, (&b.pooled, d, d), (&b.soft, width, 0))?;
+        self.linear(&projection, (&b.pooled, d), (&b.soft, width, 0))?;
         self.n = n;
         Ok(())
     }

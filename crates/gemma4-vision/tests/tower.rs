@@ -147,9 +147,15 @@ fn both_layouts_give_the_same_soft_tokens() {
         let tower =
             pollster::block_on(VisionTower::load(ctx.clone(), &g, &cfg, &src, |_, _| {})).unwrap();
         let got = pollster::block_on(tower.encode_to_vec(&p)).unwrap();
-        assert!(
-            max_abs_diff(&got, &want) < 1e-4,
-            "{variant}: GPU from the blob"
-        );
+        // Products and attention on tensor cores take f16 operands: held to the goldens'
+        // tolerance there, to f32 round-off elsewhere.
+        let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+        let tol = if ctx.features.coop_matmul {
+            TOLERANCE * scale
+        } else {
+            1e-4
+        };
+        let diff = max_abs_diff(&got, &want);
+        assert!(diff < tol, "{variant}: GPU from the blob: {diff} >= {tol}");
     }
 }

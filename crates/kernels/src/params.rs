@@ -203,6 +203,10 @@ kernel_params!(
         n_expert: u32,
         x_group: u32,
         slots: u32,
+        in_min: f32,
+        in_max: f32,
+        out_min: f32,
+        out_max: f32,
     }
 );
 

@@ -131,6 +131,31 @@ fn preprocess(src: &str, flags: &BTreeSet<String>, out: &mut String) {
     }
 }
 
+/// Parses and validates `source` with naga as a device with f16, 32-lane subgroups and
+/// cooperative matrices renders it; panics with naga's message where it fails.
+#[cfg(test)]
+pub(crate) fn validate_coop(source: &ShaderSource) {
+    let features = GpuFeatures {
+        shader_f16: true,
+        subgroups: true,
+        timestamps: false,
+        timestamps_in_passes: false,
+        subgroup_min_size: 32,
+        subgroup_max_size: 32,
+        coop_matmul: true,
+        int8_activations: false,
+    };
+    let wgsl = source.render(&features);
+    let module = naga::front::wgsl::parse_str(&wgsl)
+        .unwrap_or_else(|e| panic!("{}: {}", source.key(), e.emit_to_string(&wgsl)));
+    naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .unwrap_or_else(|e| panic!("{}: {e:?}", source.key()));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -113,6 +113,74 @@ fn matmul_matches_cpu_for_every_dtype_and_shape() {
     }
 }
 
+/// `clamp(W clamp(x))` with the clamps inside the tiled product, at token counts either side
+/// of the matrix-vector limit (a clamped product is always tiled), against the CPU; bad
+/// ranges and gated outputs are refused.
+#[test]
+fn clamped_products_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0xc1a4_9000);
+    let (k, n) = (100u64, 70u64);
+    let wf = rng.vec((k * n) as usize, 0.5);
+    let w = GpuWeight::upload(
+        ctx,
+        "w",
+        GgmlType::F16,
+        k,
+        n,
+        &quantize(GgmlType::F16, &wf).unwrap(),
+        None,
+    )
+    .unwrap();
+    let wd = dequantize_to_vec(GgmlType::F16, &quantize(GgmlType::F16, &wf).unwrap()).unwrap();
+    let clamp = ops::ProductClamp {
+        input: Some([-0.4, 0.6]),
+        output: Some([-1.5, 0.9]),
+    };
+    for m in [3u32, 41] {
+        let x = rng.vec((m as u64 * k) as usize, 1.0);
+        let clamped: Vec<f32> = x.iter().map(|v| v.clamp(-0.4, 0.6)).collect();
+        let (mut want, tol) = if ctx.features.coop_matmul {
+            (
+                cpu::matmul_f16_inputs(&wd, n as usize, k as usize, &clamped, m as usize),
+                3e-4,
+            )
+        } else {
+            (
+                cpu::matmul(&wd, n as usize, k as usize, &clamped, m as usize),
+                2e-5,
+            )
+        };
+        let hit = want.iter().filter(|v| **v < -1.5 || **v > 0.9).count();
+        assert!(hit > 0, "the output clamp bites somewhere");
+        want.iter_mut().for_each(|v| *v = v.clamp(-1.5, 0.9));
+        let (xv, yv) = (upload(ctx, &x), poisoned(ctx, (m as u64 * n) as usize));
+        let args = MatmulArgs {
+            x: &xv,
+            y: &yv,
+            m,
+            x_stride: k as u32,
+            y_stride: n as u32,
+            out: ops::MatvecOut::Rows { softcap: 0.0 },
+            y_offset: 0,
+            partials: None,
+        };
+        let ds = ops::matmul_clamped(ctx, &w, &args, clamp).unwrap();
+        run(ctx, &ds.iter().collect::<Vec<_>>());
+        assert_close(&format!("clamped m={m}"), &read(ctx, &yv), &want, tol);
+        let inverted = ops::ProductClamp {
+            input: Some([1.0, -1.0]),
+            output: None,
+        };
+        assert!(ops::matmul_clamped(ctx, &w, &args, inverted).is_err());
+        let gated = MatmulArgs {
+            out: ops::MatvecOut::Geglu,
+            ..args
+        };
+        assert!(ops::matmul_clamped(ctx, &w, &gated, clamp).is_err());
+    }
+}
+
 #[test]
 fn matmul_across_tiles_with_strides_and_softcap() {
     let Some(ctx) = ctx() else { return };

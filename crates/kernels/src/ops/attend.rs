@@ -8,6 +8,7 @@ use super::*;
 const ATTEND_MASK_WGSL: &str = include_str!("../wgsl/attend_mask.wgsl");
 const ATTEND_WGSL: &str = include_str!("../wgsl/attend.wgsl");
 const ATTEND_TILED_WGSL: &str = include_str!("../wgsl/attend_tiled.wgsl");
+const ATTEND_COOP_WGSL: &str = include_str!("../wgsl/attend_coop.wgsl");
 
 /// The largest head dimension the tiled kernel holds in registers.
 pub const TILED_MAX_HEAD_DIM: u32 = 128;
@@ -15,6 +16,16 @@ pub const TILED_MAX_HEAD_DIM: u32 = 128;
 pub const TILED_MIN_QUERIES: u32 = 32;
 /// Queries a workgroup of the tiled kernel takes.
 const TILED_BLOCK: u32 = 64;
+/// The largest head dimension the cooperative-matrix kernel takes.
+pub const COOP_MAX_HEAD_DIM: u32 = 80;
+
+/// Workgroup memory of `attend_coop.wgsl` for heads of dimension `d` (at most
+/// [`COOP_MAX_HEAD_DIM`]): f16 key and value tiles, the f16 query block (then the weights)
+/// and the f32 scores (then the products), with their padded pitches.
+fn coop_bytes(d: u32) -> u32 {
+    let (dp, bk) = if d > 64 { (80, 32) } else { (64, 64) };
+    2 * bk * (dp + 8) * 2 + 64 * (dp + 8) * 2 + 64 * (dp + 4) * 4
+}
 
 /// Which kernel [`attend_with`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,6 +38,10 @@ pub enum AttendKernel {
     /// One workgroup per (64 queries, head), keys through workgroup memory in tiles (many
     /// queries; head dimension up to [`TILED_MAX_HEAD_DIM`], no relative-position term).
     Tiled,
+    /// The tiled scheme on cooperative matrices: f16 products on tensor cores, f32 softmax
+    /// and sums (devices with `coop_matmul`; head dimension up to [`COOP_MAX_HEAD_DIM`], no
+    /// relative-position term).
+    Coop,
 }
 
 kernel_bindings!(
@@ -137,6 +152,35 @@ fn check_attend(a: &Attend<'_>, out: &Tensor) -> Result<(), GpuError> {
     Ok(())
 }
 
+/// The kernel `kernel` asks for, resolving [`AttendKernel::Auto`]: for many queries the
+/// cooperative-matrix kernel where the device and the head allow, else the tiled one.
+fn choose_kernel(
+    ctx: &GpuContext,
+    a: &Attend<'_>,
+    kernel: AttendKernel,
+) -> Result<AttendKernel, GpuError> {
+    let d = a.q.dim(2);
+    let tiles = a.relative.is_none() && d <= TILED_MAX_HEAD_DIM;
+    let coop = a.relative.is_none()
+        && ctx.features.coop_matmul
+        && d <= COOP_MAX_HEAD_DIM
+        && ctx.limits.max_compute_workgroup_storage_size >= coop_bytes(d);
+    match kernel {
+        AttendKernel::Auto if a.q.dim(0) < TILED_MIN_QUERIES => Ok(AttendKernel::PerQuery),
+        AttendKernel::Auto if coop => Ok(AttendKernel::Coop),
+        AttendKernel::Auto if tiles => Ok(AttendKernel::Tiled),
+        AttendKernel::Auto | AttendKernel::PerQuery => Ok(AttendKernel::PerQuery),
+        AttendKernel::Tiled if tiles => Ok(AttendKernel::Tiled),
+        AttendKernel::Coop if coop => Ok(AttendKernel::Coop),
+        AttendKernel::Tiled => Err(shape(format!(
+            "attend: the tiled kernel takes head dimensions up to {TILED_MAX_HEAD_DIM} and no relative term"
+        ))),
+        AttendKernel::Coop => Err(shape(format!(
+            "attend: the cooperative-matrix kernel needs a device with them, head dimensions up to {COOP_MAX_HEAD_DIM} and no relative term"
+        ))),
+    }
+}
+
 /// The attention dispatch, by the kernel that suits its size ([`AttendKernel::Auto`]).
 pub fn attend(ctx: &GpuContext, a: &Attend<'_>, out: &Tensor) -> Result<Dispatch, GpuError> {
     attend_with(ctx, a, out, AttendKernel::Auto)
@@ -150,17 +194,7 @@ pub fn attend_with(
     kernel: AttendKernel,
 ) -> Result<Dispatch, GpuError> {
     check_attend(a, out)?;
-    let tiles = a.relative.is_none() && a.q.dim(2) <= TILED_MAX_HEAD_DIM;
-    let tiled = match kernel {
-        AttendKernel::Auto => tiles && a.q.dim(0) >= TILED_MIN_QUERIES,
-        AttendKernel::PerQuery => false,
-        AttendKernel::Tiled if tiles => true,
-        AttendKernel::Tiled => {
-            return Err(shape(format!(
-                "attend: the tiled kernel takes head dimensions up to {TILED_MAX_HEAD_DIM} and no relative term"
-            )));
-        }
-    };
+    let chosen = choose_kernel(ctx, a, kernel)?;
     let (flag, [window, prefix, back, ahead]) = a.mask.flag_and_params();
     let [ql, kl, vl, ol] = [a.q, a.k, a.v, out].map(Tensor::layout4);
     let rl = a.relative.map_or(ql, Tensor::layout4);
@@ -199,17 +233,27 @@ pub fn attend_with(
         r2: rl.strides[3],
         r_at: rl.offset,
     };
-    let (label, source, items) = if tiled {
-        let d4 = params.d.div_ceil(4);
-        let source = ShaderSource::new("attend_tiled", &[ATTEND_MASK_WGSL, ATTEND_TILED_WGSL])
-            .constant("D4", f64::from(d4))
-            .flag_if(d4 == 16, "HEAD_DIM_64")
-            .flag_if(d4 == 18, "HEAD_DIM_72");
-        let blocks = params.tq.div_ceil(TILED_BLOCK);
-        ("attend_tiled", source, blocks * params.heads)
-    } else {
-        let source = ShaderSource::new("attend", &[REDUCE_WGSL, ATTEND_MASK_WGSL, ATTEND_WGSL]);
-        ("attend", source, params.tq * params.heads)
+    let (label, source, items) = match chosen {
+        AttendKernel::Coop => {
+            let source = ShaderSource::new("attend_coop", &[ATTEND_MASK_WGSL, ATTEND_COOP_WGSL])
+                .flag("COOP")
+                .flag_if(params.d > 64, "HEAD_DIM_80");
+            let blocks = params.tq.div_ceil(TILED_BLOCK);
+            ("attend_coop", source, blocks * params.heads)
+        }
+        AttendKernel::Tiled => {
+            let d4 = params.d.div_ceil(4);
+            let source = ShaderSource::new("attend_tiled", &[ATTEND_MASK_WGSL, ATTEND_TILED_WGSL])
+                .constant("D4", f64::from(d4))
+                .flag_if(d4 == 16, "HEAD_DIM_64")
+                .flag_if(d4 == 18, "HEAD_DIM_72");
+            let blocks = params.tq.div_ceil(TILED_BLOCK);
+            ("attend_tiled", source, blocks * params.heads)
+        }
+        AttendKernel::PerQuery | AttendKernel::Auto => {
+            let source = ShaderSource::new("attend", &[REDUCE_WGSL, ATTEND_MASK_WGSL, ATTEND_WGSL]);
+            ("attend", source, params.tq * params.heads)
+        }
     };
     let source = source.flag(flag).flag_if(a.relative.is_some(), "RELATIVE");
     let span = match a.mask {
@@ -230,4 +274,26 @@ pub fn attend_with(
         },
         grid(ctx, items, 1),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// No device here has cooperative matrices (lavapipe, SwiftShader), so naga checks each
+    /// variant of the cooperative-matrix kernel as a device with them would compile it.
+    #[test]
+    fn every_coop_variant_validates() {
+        for mask in ["CAUSAL", "FULL", "CANVAS", "SPANS", "LOCAL"] {
+            for wide in [false, true] {
+                let source =
+                    ShaderSource::new("attend_coop", &[ATTEND_MASK_WGSL, ATTEND_COOP_WGSL])
+                        .flag("COOP")
+                        .flag(mask)
+                        .flag_if(wide, "HEAD_DIM_80");
+                crate::shader::validate_coop(&source);
+                assert!(coop_bytes(if wide { 72 } else { 64 }) <= 48 * 1024);
+            }
+        }
+    }
 }

@@ -54,6 +54,52 @@ pub fn matmul(
     matmul_in_parts(ctx, w, a, parts)
 }
 
+/// Ranges a product's inputs and outputs are clamped to: `y = clamp(W clamp(x))`, as the
+/// vision tower's clamped linears compute (each bound only where given).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ProductClamp {
+    pub input: Option<[f32; 2]>,
+    pub output: Option<[f32; 2]>,
+}
+
+/// [`matmul`] with its input and output clamped, inside the product's loads and stores: the
+/// tiled kernel whatever the token count, never split over k. Plain rows only.
+pub fn matmul_clamped(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    a: &MatmulArgs<'_>,
+    clamp: ProductClamp,
+) -> Result<Vec<Dispatch>, GpuError> {
+    if clamp == ProductClamp::default() {
+        return matmul(ctx, w, a);
+    }
+    let MatvecOut::Rows { softcap } = a.out else {
+        return Err(shape(format!(
+            "{}: a clamped product writes plain rows, not {:?}",
+            w.name, a.out
+        )));
+    };
+    let bad = |r: Option<[f32; 2]>| r.is_some_and(|[lo, hi]| lo.is_nan() || hi.is_nan() || lo > hi);
+    if bad(clamp.input) || bad(clamp.output) {
+        return Err(shape(format!("{}: clamp ranges {clamp:?}", w.name)));
+    }
+    check_product(w, a, false)?;
+    if a.m == 0 {
+        return Ok(Vec::new());
+    }
+    tiled_products(
+        ctx,
+        w,
+        a,
+        Tiled {
+            per: w.cols.div_ceil(64) as u32,
+            parts: 1,
+            softcap,
+            clamp,
+        },
+    )
+}
+
 /// Rows of a tiled product's workgroup: 128 on cooperative matrices, 64 otherwise (64 tokens
 /// either way).
 pub(super) fn matmul_tile_rows(ctx: &GpuContext) -> u64 {
@@ -105,7 +151,7 @@ pub fn matmul_in_parts(
     a: &MatmulArgs<'_>,
     parts: u32,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    let (k, n) = (w.cols as u32, w.rows as u32);
+    let k = w.cols as u32;
     if a.m == 0 {
         return Ok(Vec::new());
     }
@@ -114,27 +160,7 @@ pub fn matmul_in_parts(
         MatvecOut::Geglu | MatvecOut::GegluInt8 => (true, 0.0),
         MatvecOut::GeluTimes { .. } => (false, 0.0),
     };
-    let cols = if geglu { n / 2 } else { n };
-    if a.x_stride < k || !a.x_stride.is_multiple_of(4) || a.y_stride < a.y_offset + cols {
-        return Err(shape(format!(
-            "{}: strides x {} / y {} (from column {}) for a {n}x{k} weight",
-            w.name, a.x_stride, a.y_stride, a.y_offset
-        )));
-    }
-    if geglu && !whole_pairs(w) {
-        return Err(shape(format!(
-            "{}: a gated output needs whole gate/up row pairs per tile",
-            w.name
-        )));
-    }
-    a.x.expect_len32(
-        &w.name,
-        u64::from(a.m - 1) * u64::from(a.x_stride) + u64::from(k),
-    )?;
-    a.y.expect_len32(
-        &w.name,
-        u64::from(a.m - 1) * u64::from(a.y_stride) + u64::from(a.y_offset + cols),
-    )?;
+    check_product(w, a, geglu)?;
     if parts == 0
         || a.m <= MATVEC_MAX_TOKENS
         || matches!(a.out, MatvecOut::GeluTimes { .. } | MatvecOut::GegluInt8)
@@ -150,13 +176,76 @@ pub fn matmul_in_parts(
     }
     let steps = k.div_ceil(64);
     let per = steps.div_ceil(parts.max(1)).max(1);
-    let split = parts > 1;
-    if split && (geglu || steps.div_ceil(per) != parts) {
+    if parts > 1 && (geglu || steps.div_ceil(per) != parts) {
         return Err(shape(format!(
             "{}: {parts} parts over {steps} steps of k, output {:?}",
             w.name, a.out
         )));
     }
+    let clamp = ProductClamp::default();
+    tiled_products(
+        ctx,
+        w,
+        a,
+        Tiled {
+            per,
+            parts: parts.max(1),
+            softcap,
+            clamp,
+        },
+    )
+}
+
+/// The strides and lengths of `a` for `w`, and whole gate/up pairs for a gated output.
+fn check_product(w: &GpuWeight, a: &MatmulArgs<'_>, geglu: bool) -> Result<(), GpuError> {
+    let (k, n) = (w.cols as u32, w.rows as u32);
+    let cols = if geglu { n / 2 } else { n };
+    if a.x_stride < k || !a.x_stride.is_multiple_of(4) || a.y_stride < a.y_offset + cols {
+        return Err(shape(format!(
+            "{}: strides x {} / y {} (from column {}) for a {n}x{k} weight",
+            w.name, a.x_stride, a.y_stride, a.y_offset
+        )));
+    }
+    if geglu && !whole_pairs(w) {
+        return Err(shape(format!(
+            "{}: a gated output needs whole gate/up row pairs per tile",
+            w.name
+        )));
+    }
+    if a.m == 0 {
+        return Ok(());
+    }
+    a.x.expect_len32(
+        &w.name,
+        u64::from(a.m - 1) * u64::from(a.x_stride) + u64::from(k),
+    )?;
+    a.y.expect_len32(
+        &w.name,
+        u64::from(a.m - 1) * u64::from(a.y_stride) + u64::from(a.y_offset + cols),
+    )
+}
+
+/// How [`tiled_products`] runs: `parts` parts over k of `per` steps each, the softcap of
+/// the output rows, and the clamps.
+struct Tiled {
+    per: u32,
+    parts: u32,
+    softcap: f32,
+    clamp: ProductClamp,
+}
+
+/// The tiled kernel's dispatches, one per weight tile, and (split over k) the sum of the
+/// parts.
+fn tiled_products(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    a: &MatmulArgs<'_>,
+    t: Tiled,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let (k, n) = (w.cols as u32, w.rows as u32);
+    let (parts, softcap) = (t.parts, t.softcap);
+    let geglu = a.out.is_geglu();
+    let split = parts > 1;
     let part_floats = u64::from(a.m) * u64::from(n);
     let partials = match a.partials {
         Some(v) if split => {
@@ -172,7 +261,10 @@ pub fn matmul_in_parts(
         _ => None,
     };
     let tile_rows = matmul_tile_rows(ctx) as u32;
-    let pipeline = tiled_pipeline(ctx, w.dtype, geglu, Tiles::Plain)?;
+    let clamped = t.clamp != ProductClamp::default();
+    let pipeline = tiled_pipeline(ctx, w.dtype, geglu, Tiles::Plain, clamped)?;
+    let [in_min, in_max] = t.clamp.input.unwrap_or([f32::NEG_INFINITY, f32::INFINITY]);
+    let [out_min, out_max] = t.clamp.output.unwrap_or([f32::NEG_INFINITY, f32::INFINITY]);
     // Split, the tiles write their rows of each part plainly: [part][token][row].
     let (y, y_stride, y_offset, tile_softcap) = match partials {
         Some(v) => (v, n, 0, 0.0),
@@ -192,10 +284,14 @@ pub fn matmul_in_parts(
                 x_stride: a.x_stride,
                 y_stride,
                 softcap: tile_softcap,
-                k_part: per * 64,
+                k_part: t.per * 64,
                 part_stride: if split { part_floats as u32 } else { 0 },
                 // Not experts: one slot per input row.
                 x_group: 1,
+                in_min,
+                in_max,
+                out_min,
+                out_max,
                 ..MatmulParams::default()
             });
             let wv = View::of(&tile.buffer);
@@ -209,7 +305,7 @@ pub fn matmul_in_parts(
                     p: Bind::Params(params),
                     groups: Bind::Skip,
                 },
-                [rows.div_ceil(tile_rows), a.m.div_ceil(64), parts.max(1)],
+                [rows.div_ceil(tile_rows), a.m.div_ceil(64), parts],
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -279,8 +375,21 @@ pub(super) fn tiled_pipeline(
     dtype: GgmlType,
     geglu: bool,
     tiles: Tiles,
+    clamped: bool,
 ) -> Result<Pipeline, GpuError> {
-    let (name, kernel) = if ctx.features.coop_matmul {
+    let source = tiled_source(ctx.features.coop_matmul, dtype, geglu, tiles, clamped)?;
+    Ok(ctx.pipeline(&source))
+}
+
+/// The tiled product's source: on cooperative matrices when `coop`.
+fn tiled_source(
+    coop: bool,
+    dtype: GgmlType,
+    geglu: bool,
+    tiles: Tiles,
+    clamped: bool,
+) -> Result<ShaderSource, GpuError> {
+    let (name, kernel) = if coop {
         ("matmul_coop", MATMUL_COOP_WGSL)
     } else {
         ("matmul", MATMUL_WGSL)
@@ -292,13 +401,13 @@ pub(super) fn tiled_pipeline(
         MATMUL_IO_WGSL,
         kernel,
     ];
-    let source = ShaderSource::new(name, &wgsl)
-        .flag_if(ctx.features.coop_matmul, "COOP")
+    Ok(ShaderSource::new(name, &wgsl)
+        .flag_if(coop, "COOP")
         .flag(dtype_flag(dtype)?)
         .flag_if(geglu, "GEGLU_OUT")
         .flag_if(tiles != Tiles::Plain, "EXPERTS")
-        .flag_if(tiles == Tiles::FewSlotExperts, "SMALL_TILES");
-    Ok(ctx.pipeline(&source))
+        .flag_if(tiles == Tiles::FewSlotExperts, "SMALL_TILES")
+        .flag_if(clamped, "CLAMPED"))
 }
 
 /// Whether every tile of `w` holds whole gate/up row pairs.
@@ -307,4 +416,23 @@ pub(super) fn whole_pairs(w: &GpuWeight) -> bool {
         && w.tiles
             .iter()
             .all(|t| t.first_row % 2 == 0 && t.rows % 2 == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cooperative-matrix product's variants as a device with them compiles them (no
+    /// device here has them).
+    #[test]
+    fn coop_variants_validate() {
+        for (dtype, geglu, tiles, clamped) in [
+            (GgmlType::F16, false, Tiles::Plain, true),
+            (GgmlType::Q4K, true, Tiles::Plain, false),
+            (GgmlType::Q8_0, false, Tiles::FewSlotExperts, false),
+        ] {
+            let source = tiled_source(true, dtype, geglu, tiles, clamped).unwrap();
+            crate::shader::validate_coop(&source);
+        }
+    }
 }

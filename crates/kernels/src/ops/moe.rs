@@ -337,7 +337,7 @@ pub fn expert_matmul(
     let k = w.cols as u32;
     let tile_rows = matmul_tile_rows(ctx) as u32;
     let tiles = Tiles::for_experts(ctx, slots.slots, n);
-    let pipeline = tiled_pipeline(ctx, w.dtype, geglu, tiles)?;
+    let pipeline = tiled_pipeline(ctx, w.dtype, geglu, tiles, false)?;
     w.tiles
         .iter()
         .map(|tile| {
@@ -356,6 +356,7 @@ pub fn expert_matmul(
                 n_expert: n,
                 x_group: slots.x_group,
                 slots: slots.slots,
+                ..MatmulParams::default()
             });
             let wv = View::of(&tile.buffer);
             ctx.dispatch(

@@ -66,7 +66,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let kk = e % 32u;
             var v = 0.0;
             if (m0 + tok < tt.count && u * 32u + kk < p.k) {
-                v = x[x_row(tt, m0 + tok) * p.x_stride + u * 32u + kk];
+                v = input_value(x[x_row(tt, m0 + tok) * p.x_stride + u * 32u + kk]);
             }
             xs[kk * 16u + tok / 4u][tok % 4u] = v;
         }
@@ -95,7 +95,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var j = 0u; j < 4u; j++) {
             let row = n0 + tx * 4u + j;
             if (tok < tt.count && row < p.n) {
-                y[y_row(tt, tok) * p.y_stride + yb + row] = softcapped(acc[i][j], p.softcap);
+                y[y_row(tt, tok) * p.y_stride + yb + row] = output_value(acc[i][j]);
             }
         }
 #endif

@@ -80,7 +80,7 @@ fn load_x(valid: bool, row: u32, s: u32, q: u32) -> array<vec4<f32>, XV / 4u> {
             // Past the row's end (float rows end at a multiple of 4): zero, so the weights
             // read there add nothing.
             if (s * KS + 4u * (q + LPT * i) < p.k) {
-                r[i] = x[b + LPT * i];
+                r[i] = input_vec(x[b + LPT * i]);
             }
         }
     }
@@ -184,7 +184,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let tok = tok0 + 16u * (f / 2u) + e / 16u;
             let row = row0 + 16u * (f % 2u) + e % 16u;
             if (tok < tt.count && row < p.n) {
-                y[y_row(tt, tok) * p.y_stride + yb + row] = softcapped(stage[sg * 256u + e], p.softcap);
+                y[y_row(tt, tok) * p.y_stride + yb + row] = output_value(stage[sg * 256u + e]);
             }
         }
 #endif

@@ -25,6 +25,11 @@ struct Params {
     n_expert: u32,
     x_group: u32,
     slots: u32,
+    // CLAMPED: y = clamp(W clamp(x, in_min, in_max), out_min, out_max).
+    in_min: f32,
+    in_max: f32,
+    out_min: f32,
+    out_max: f32,
 }
 
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
@@ -83,5 +88,31 @@ fn y_row(tt: Tokens, t: u32) -> u32 {
     return groups[tt.first + t];
 #else
     return t;
+#endif
+}
+
+// An input as the product reads it, and an output as it stores it (CLAMPED: within the
+// product's ranges).
+fn input_value(v: f32) -> f32 {
+#if CLAMPED
+    return clamp(v, p.in_min, p.in_max);
+#else
+    return v;
+#endif
+}
+
+fn input_vec(v: vec4<f32>) -> vec4<f32> {
+#if CLAMPED
+    return clamp(v, vec4<f32>(p.in_min), vec4<f32>(p.in_max));
+#else
+    return v;
+#endif
+}
+
+fn output_value(v: f32) -> f32 {
+#if CLAMPED
+    return clamp(softcapped(v, p.softcap), p.out_min, p.out_max);
+#else
+    return softcapped(v, p.softcap);
 #endif
 }
