@@ -258,6 +258,7 @@ for w, h in [(1008, 624), (1920, 1344)]:
 # bench-vision of both images with xtask $1, into $OUT/vision-bench/$2-SIZE.{json,err}.
 vision_runs() {
   local xt=$1 tag=$2 size budget
+  mkdir -p "$OUT/vision-bench"
   for case in "1008x624 280" "1920x1344 1120"; do
     read -r size budget <<< "$case"
     "$xt" bench-vision --mmproj "$W/models/e2b-mmproj.gguf" --model "$W/models/e2b.gguf" \
