@@ -1,5 +1,6 @@
 //! Kernel benchmarks at Gemma 4 E2B shapes: matrix-vector products of every weight dtype
-//! (throughput in GB/s of weight bytes) and decode attention at context 512 and 4096.
+//! (throughput in GB/s of weight bytes), decode attention at context 512 and 4096, and the
+//! vision tower's attention over an image's patches.
 //!
 //!     cargo bench -p wgemma-benches --bench kernels
 //!
@@ -9,7 +10,7 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use wgemma_benches::{context, time_in_one_pass};
 use wgemma_gguf::{GgmlType, quantize};
 use wgemma_kernels::ops::{self, AttentionArgs, MatmulArgs};
-use wgemma_kernels::{GpuContext, GpuWeight, View};
+use wgemma_kernels::{DType, GpuContext, GpuWeight, Tensor, View};
 
 /// (rows, cols) of E2B's matrices: attention out, FFN up/gate, FFN down, output head; then
 /// Gemma 3 270M's QKV, interleaved gate/up and down (rows of 640 take no K-quant).
@@ -175,6 +176,7 @@ fn attention(c: &mut Criterion) {
     }
     group.finish();
     attention_prefill(c);
+    attend_image(c);
 }
 
 /// A 512-token prompt's causal attention at E2B's shapes (8 query heads over 1 KV head);
@@ -217,6 +219,51 @@ fn attention_prefill(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new(format!("hd{head_dim}"), tokens), |b| {
             b.iter_custom(|iters| time_in_one_pass(&ctx, &ds, iters))
         });
+    }
+    group.finish();
+}
+
+/// The vision tower's attention (`ops::attend`, full mask, scale 1) at the E2B tower's shapes
+/// (12 heads of 64, q|k|v side by side in one buffer) for 2,457 and 10,080 patches (the 280
+/// and 1120 budgets), on each kernel the device has; throughput in query-key pairs.
+fn attend_image(c: &mut Criterion) {
+    let ctx = context();
+    let mut group = c.benchmark_group("attend_image");
+    group.sample_size(10);
+    let (heads, d) = (12u32, 64u32);
+    for n in [2457u32, 10_080] {
+        let width = 3 * heads * d;
+        let qkv = View::of(&ctx.storage_init(
+            "qkv",
+            bytemuck::cast_slice(&random((n * width) as usize, 11)),
+        ));
+        let out = View::of(&ctx.storage("out", u64::from(n * heads * d) * 4));
+        let head = |i: u32| {
+            Tensor::strided(&qkv, DType::F32, &[n, heads, d], &[width, d, 1], i * heads * d)
+                .unwrap()
+        };
+        let (q, k, v) = (head(0), head(1), head(2));
+        let o = Tensor::new(&out, &[n, heads, d]).unwrap();
+        let a = ops::Attend {
+            q: &q,
+            k: &k,
+            v: &v,
+            mask: ops::Mask::Full,
+            q_pos0: 0,
+            scale: 1.0,
+            softcap: 0.0,
+            relative: None,
+        };
+        group.throughput(Throughput::Elements(u64::from(heads) * u64::from(n) * u64::from(n)));
+        for kernel in [ops::AttendKernel::Tiled, ops::AttendKernel::Coop] {
+            let Ok(d) = ops::attend_with(&ctx, &a, &o, kernel) else {
+                continue;
+            };
+            let ds = [d];
+            group.bench_function(BenchmarkId::new(format!("{kernel:?}"), n), |b| {
+                b.iter_custom(|iters| time_in_one_pass(&ctx, &ds, iters))
+            });
+        }
     }
     group.finish();
 }
