@@ -93,12 +93,6 @@ fn store_tile(t: TileLoad, li: u32) {
     }
 }
 
-fn block_keys(first: u32, last: u32) -> vec2<u32> {
-    let a = key_range(first);
-    let b = key_range(last);
-    return vec2<u32>(min(a.x, b.x), max(a.y, b.y));
-}
-
 // The maximum and the sum of `x` over the four lanes of a row.
 fn row_max(x: f32) -> f32 {
     let y = max(x, subgroupShuffleXor(x, 1u));

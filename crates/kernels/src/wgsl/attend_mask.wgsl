@@ -92,3 +92,11 @@ fn key_range(qp: u32) -> vec2<u32> {
     return vec2<u32>(lo, max(lo, hi));
 }
 
+
+// The keys [lo, hi) some query of a block at positions [first, last] can see (the tiled
+// kernels).
+fn block_keys(first: u32, last: u32) -> vec2<u32> {
+    let a = key_range(first);
+    let b = key_range(last);
+    return vec2<u32>(min(a.x, b.x), max(a.y, b.y));
+}

@@ -42,13 +42,6 @@ fn load_row(buf_at: u32, stride: u32, c4: u32, is_key: bool) -> vec4<f32> {
     return out;
 }
 
-// The keys [lo, hi) some query of the block at positions [first, last] can see.
-fn block_keys(first: u32, last: u32) -> vec2<u32> {
-    let a = key_range(first);
-    let b = key_range(last);
-    return vec2<u32>(min(a.x, b.x), max(a.y, b.y));
-}
-
 @compute @workgroup_size(64)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
