@@ -1,8 +1,10 @@
-// The demo page: pick a model, watch it load, chat with streamed tokens, stop, see tok/s.
+// The demo page: pick a model (and its vision projector), watch it load, chat with streamed
+// tokens and attached or pasted images, stop, see tok/s.
 import { WGemma } from "./wgemma.js";
 
 const $ = (id) => document.getElementById(id);
-const demo = { model: null, session: null, messages: [], lastTokens: [], lastDone: null, busy: false };
+// `pending`: the images attached to the next message, `{file, url}` (url: the preview's).
+const demo = { model: null, session: null, messages: [], pending: [], lastTokens: [], lastDone: null, busy: false };
 // The browser test reads the state through this.
 window.wgemmaDemo = demo;
 
@@ -15,6 +17,59 @@ function enableChat(on) {
   $("prompt").disabled = !on;
   $("send").disabled = !on;
   $("new").disabled = !on;
+  const vision = on && Boolean(demo.model?.info().vision);
+  $("attach").disabled = !vision;
+  $("attach-label").setAttribute("aria-disabled", String(!vision));
+  $("attach-label").title = vision ? "attach an image (or paste or drop one on the prompt)" : "the model needs a vision tower (mmproj)";
+  if (!vision) clearPending();
+}
+
+function thumb(url, onRemove) {
+  const div = document.createElement("div");
+  div.className = "thumb";
+  const img = document.createElement("img");
+  img.src = url;
+  img.alt = "attached image";
+  div.append(img);
+  if (onRemove) {
+    const x = document.createElement("button");
+    x.textContent = "×";
+    x.title = "remove";
+    x.onclick = onRemove;
+    div.append(x);
+  }
+  return div;
+}
+
+function showPending() {
+  $("attachments").replaceChildren(
+    ...demo.pending.map((p) =>
+      thumb(p.url, () => {
+        URL.revokeObjectURL(p.url);
+        demo.pending = demo.pending.filter((q) => q !== p);
+        showPending();
+      }),
+    ),
+  );
+}
+
+function attach(files) {
+  if ($("attach").disabled) return;
+  for (const file of files) {
+    if (file.type.startsWith("image/")) demo.pending.push({ file, url: URL.createObjectURL(file) });
+  }
+  showPending();
+}
+
+function clearPending() {
+  for (const p of demo.pending) URL.revokeObjectURL(p.url);
+  demo.pending = [];
+  showPending();
+}
+
+// The projector picked for the model: a file, else the URL typed, else none.
+function mmproj() {
+  return $("mmproj-file").files[0] ?? ($("mmproj-url").value.trim() || undefined);
 }
 
 async function loadModel(source, label) {
@@ -26,6 +81,7 @@ async function loadModel(source, label) {
   setStatus(`Loading ${label}…`);
   try {
     const model = await WGemma.load(source, {
+      mmproj: mmproj(),
       onProgress: ({ loaded, total }) => ($("progress").value = total ? loaded / total : 0),
     });
     const info = model.info();
@@ -36,7 +92,8 @@ async function loadModel(source, label) {
     setStatus(
       `${info.name ?? info.architecture} · ${mb(info.file_size)} MiB · loaded in ${(info.load.ms / 1000).toFixed(1)} s ` +
         `(${mb(info.load.fetchedBytes)} MiB downloaded, ${mb(info.load.cachedBytes)} MiB from cache) · ` +
-        `${info.gpu.adapter || info.gpu.backend}${info.gpu.shaderF16 ? " · f16" : ""}`,
+        `${info.gpu.adapter || info.gpu.backend}${info.gpu.shaderF16 ? " · f16" : ""}` +
+        (info.vision ? " · vision" : ""),
     );
     enableChat(true);
     $("prompt").focus();
@@ -47,23 +104,34 @@ async function loadModel(source, label) {
   }
 }
 
-function addTurn(role, text) {
+function addTurn(role, text, images = []) {
   const div = document.createElement("div");
   div.className = `turn ${role}`;
   div.textContent = text;
+  if (images.length) {
+    const row = document.createElement("div");
+    row.className = "thumbs";
+    row.append(...images.map((p) => thumb(p.url)));
+    div.append(row);
+  }
   $("log").append(div);
   return div;
 }
 
 async function send() {
   const text = $("prompt").value.trim();
-  if (!text || demo.busy) return;
+  if ((!text && !demo.pending.length) || demo.busy) return;
   $("prompt").value = "";
   demo.busy = true;
   $("send").disabled = true;
   $("stop").disabled = false;
-  addTurn("user", `You: ${text}`);
-  demo.messages.push({ role: "user", content: text });
+  const images = demo.pending;
+  demo.pending = [];
+  showPending();
+  addTurn("user", `You: ${text}`, images);
+  // The whole conversation goes each turn, earlier images too: the session finds them in
+  // its cache and encodes only the new ones.
+  demo.messages.push({ role: "user", content: text, images: images.map((p) => p.file) });
   const out = addTurn("model", "Gemma: ");
   let reply = "";
   demo.lastTokens = [];
@@ -71,6 +139,7 @@ async function send() {
     const options = {
       temperature: Number($("temperature").value) || 0,
       maxTokens: Math.max(1, Number($("max-tokens").value) || 256),
+      imageTokens: Number($("image-tokens").value),
       seed: Math.floor(Math.random() * 2 ** 32),
     };
     for await (const ev of demo.session.generate(demo.messages, options)) {
@@ -83,6 +152,7 @@ async function send() {
         demo.lastDone = ev;
         const t = ev.timings;
         $("stats").textContent =
+          (t.encodedImages ? `${t.encodedImages} image${t.encodedImages > 1 ? "s" : ""} in ${t.encodeMs.toFixed(0)} ms · ` : "") +
           `prompt ${t.promptTokens} tok, ${t.promptTokPerS.toFixed(1)} tok/s · ` +
           `${t.generatedTokens} tok at ${t.decodeTokPerS.toFixed(1)} tok/s · ${ev.reason}`;
       }
@@ -116,19 +186,41 @@ $("prompt").onkeydown = (e) => {
 $("stop").onclick = () => demo.session?.abort();
 $("new").onclick = async () => {
   demo.messages = [];
+  for (const img of $("log").querySelectorAll("img")) URL.revokeObjectURL(img.src);
   $("log").textContent = "";
+  clearPending();
   await demo.session?.reset();
+};
+$("attach").onchange = () => {
+  attach($("attach").files);
+  $("attach").value = "";
+};
+$("prompt").onpaste = (e) => {
+  const files = [...(e.clipboardData?.files ?? [])].filter((f) => f.type.startsWith("image/"));
+  if (files.length && !$("attach").disabled) {
+    e.preventDefault();
+    attach(files);
+  }
+};
+$("prompt").ondragover = (e) => e.preventDefault();
+$("prompt").ondrop = (e) => {
+  if (!e.dataTransfer?.files.length) return;
+  e.preventDefault();
+  attach(e.dataTransfer.files);
 };
 
 // `cargo xtask serve` lists the models it serves; elsewhere the list is simply empty.
 fetch("models/index.json")
   .then((r) => (r.ok ? r.json() : []))
   .then((names) => {
-    for (const n of names) {
+    const ggufs = names.filter((n) => n.endsWith(".gguf"));
+    for (const n of ggufs) {
       const o = document.createElement("option");
       o.value = `models/${n}`;
       $("served").append(o);
     }
-    if (names.length && !$("url").value) $("url").value = `models/${names[0]}`;
+    // A projector is offered in its own field, never as the model.
+    const models = ggufs.filter((n) => !/mmproj/i.test(n));
+    if (models.length && !$("url").value) $("url").value = `models/${models[0]}`;
   })
   .catch(() => {});

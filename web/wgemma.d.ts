@@ -12,6 +12,10 @@ export type ErrorCode =
   | "forward"
   | "empty_prompt"
   | "bad_request"
+  | "bad_image" // an image that cannot be read: corrupt, empty, over 16384 pixels a side
+  | "no_vision" // images for a model without a vision tower (load it with `mmproj`)
+  | "vision" // the vision tower cannot be loaded or cannot take the image
+  | "adapter"
   | "busy"
   | "worker"
   | "disposed"
@@ -29,6 +33,9 @@ export interface LoadProgress {
 }
 
 export interface LoadOptions {
+  /** A llama.cpp projector file (`mmproj`) whose vision tower lets the model read images. */
+  mmproj?: string | Blob;
+  /** Weight bytes of both files uploaded so far. */
   onProgress?: (progress: LoadProgress) => void;
   /** Keep downloaded pieces in the Cache API (default true): a second visit reads no network. */
   cache?: boolean;
@@ -54,7 +61,51 @@ export interface ModelInfo {
     weightBytes: number;
   };
   load: { ms: number; fetchedBytes: number; cachedBytes: number };
+  /** The vision tower loaded (from `mmproj` or the model file), or null: no images. */
+  vision: VisionInfo | null;
 }
+
+export interface VisionInfo {
+  layout: "Mmproj" | "OllamaBlob";
+  block_count: number;
+  embedding_length: number;
+  /** The width of a soft token: the text model's. */
+  projection_dim: number;
+  /** The budgets `imageTokens` may take, and the one used without it. */
+  imageTokens: number[];
+  defaultImageTokens: number;
+  [key: string]: unknown;
+}
+
+/**
+ * An image: a PNG, JPEG, WebP or GIF file (`File`, `Blob`, `ArrayBuffer`, `Uint8Array`, or a
+ * URL string the worker fetches), decoded by the engine as natively; or what the browser has
+ * decoded (`ImageBitmap`, `ImageData`, a canvas, an `<img>`, a video frame), read as RGBA
+ * pixels. Bytes and pixels are copied to the worker; the caller's objects stay usable.
+ */
+export type ImageSource =
+  | Blob
+  | ArrayBuffer
+  | ArrayBufferView
+  | string
+  | ImageBitmap
+  | ImageData
+  | HTMLCanvasElement
+  | OffscreenCanvas
+  | HTMLImageElement
+  | HTMLVideoElement
+  | VideoFrame;
+
+/** An image with its own budget (70, 140, 280, 560 or 1120 soft tokens at most). */
+export type ImageInput = ImageSource | { image: ImageSource; imageTokens?: number };
+
+/** A part of a message's content: text, or an image where it stands in the text. */
+export type ContentPart =
+  | string
+  | { type: "text"; text: string }
+  | { type: "image"; image: ImageSource; imageTokens?: number }
+  /** OpenAI's (and WebLLM's) shape. */
+  | { type: "image_url"; image_url: { url: string } | string; imageTokens?: number };
 
 export interface SessionOptions {
   /** Positions the KV cache holds (prompt and reply). Default 4096. */
@@ -65,7 +116,9 @@ export interface SessionOptions {
 
 export interface Message {
   role: "system" | "user" | "assistant";
-  content: string;
+  content: string | ContentPart[];
+  /** Images that open the message, before its text (Gemma 4's layout). */
+  images?: ImageInput[];
 }
 
 export interface GenerateOptions {
@@ -84,6 +137,13 @@ export interface GenerateOptions {
   stop?: string[];
   /** Feed a string prompt as plain text, without the chat template. */
   raw?: boolean;
+  /**
+   * With a string prompt: its images (for a raw prompt, one per `<|image|>` it holds; else
+   * they open the user turn).
+   */
+  images?: ImageInput[];
+  /** The most soft tokens each image becomes unless it says otherwise (default 280). */
+  imageTokens?: number;
 }
 
 export interface Timings {
@@ -94,6 +154,18 @@ export interface Timings {
   decodeMs: number;
   promptTokPerS: number;
   decodeTokPerS: number;
+  /** Images this request encoded (those of earlier turns come from the cache), and the vision tower's time on them (part of promptMs). */
+  encodedImages: number;
+  encodeMs: number;
+}
+
+export interface SoftTokens {
+  /** `rows` soft tokens of `width` values, row by row. */
+  data: Float32Array;
+  rows: number;
+  width: number;
+  /** Decoding, resizing and the vision tower. */
+  ms: number;
 }
 
 export type GenerateEvent =
@@ -107,7 +179,7 @@ export type GenerateEvent =
 export class Session {
   generate(messages: Message[] | string, options?: GenerateOptions): AsyncGenerator<GenerateEvent>;
   abort(): void;
-  /** GPU time per kernel of a prefill over `messages` and one decode step; null without timestamp queries. */
+  /** GPU time per kernel of a prefill over `messages` (without images) and one decode step; null without timestamp queries. */
   profile(
     messages: Message[] | string,
     options?: GenerateOptions,
@@ -122,6 +194,8 @@ export class Session {
 export class WGemma {
   static load(source: string | Blob, options?: LoadOptions): Promise<WGemma>;
   info(): ModelInfo;
+  /** One image's soft tokens (what the vision tower hands the text model). */
+  encodeImage(image: ImageInput, options?: { imageTokens?: number }): Promise<SoftTokens>;
   session(options?: SessionOptions): Session;
   dispose(): void;
 }

@@ -7,6 +7,25 @@
 //   for await (const ev of s.generate([{ role: "user", content: "Hi" }], { maxTokens: 64 }))
 //     if (ev.type === "token") out.textContent += ev.text;
 //   s.abort();   // from elsewhere: the generation ends within one step
+//
+// Images (Gemma 4 with a vision tower: a llama.cpp projector file passed as `mmproj`, or a
+// model file that holds the tower):
+//
+//   const model = await WGemma.load(modelUrl, { mmproj: mmprojUrl or File, onProgress });
+//   s.generate([{ role: "user", content: "What is this?", images: [file] }])  // images open the turn
+//   s.generate([{ role: "user", content: [{ type: "text", text: "Is " }, { type: "image", image: a },
+//                { type: "text", text: " like " }, { type: "image", image: b }, "?"] }])  // in place
+//   s.generate("What is this?", { images: [file], imageTokens: 560 })  // one user turn
+//   const { data, rows, width } = await model.encodeImage(file)  // the soft tokens, Float32Array
+//
+// An image is a File or Blob, an ArrayBuffer or Uint8Array (a PNG, JPEG, WebP or GIF file's
+// bytes), a URL string (fetched by the worker), an ImageBitmap, ImageData, a canvas, an <img>
+// or a video frame; or `{ image, imageTokens }` to give that one its own budget. Files, bytes
+// and URLs are decoded by the engine exactly as natively; bitmaps, canvases and elements are
+// drawn to RGBA pixels (what the browser decoded). `imageTokens` (70, 140, 280 by default,
+// 560, 1120) is the most soft tokens an image becomes: more is finer detail and slower.
+// Keep sending the whole conversation, its images included: the session keeps the turns it
+// has seen in its KV cache and encodes only the images that are new.
 
 /** Every rejection of this API: `code` says what kind of failure, `message` the details. */
 export class WGemmaError extends Error {
@@ -37,11 +56,11 @@ class Channel {
     worker.onerror = (e) => this.failAll(new WGemmaError("worker", e.message || "the worker failed"));
   }
 
-  call(message, onMessage) {
+  call(message, onMessage, transfer = []) {
     const id = this.next++;
     return new Promise((resolve, reject) => {
       this.pending.set(id, { resolve, reject, onMessage });
-      this.worker.postMessage({ ...message, id });
+      this.worker.postMessage({ ...message, id }, transfer);
     });
   }
 
@@ -57,10 +76,92 @@ class Channel {
 
 let nextSession = 1;
 
-// The worker's request object for generate()'s arguments.
-function toRequest(messages, { raw, ...rest }) {
-  if (typeof messages !== "string") return { ...rest, messages };
-  return raw ? { ...rest, prompt: messages } : { ...rest, messages: [{ role: "user", content: messages }] };
+const badRequest = (message) => new WGemmaError("bad_request", message);
+
+// Things the browser draws (an ImageBitmap is made of each); those a page lacks are skipped.
+const DRAWABLES = ["HTMLImageElement", "HTMLCanvasElement", "OffscreenCanvas", "HTMLVideoElement", "SVGImageElement", "VideoFrame"]
+  .map((name) => globalThis[name])
+  .filter(Boolean);
+
+const copyOf = (view) => new Uint8Array(view.buffer.slice(view.byteOffset, view.byteOffset + view.byteLength));
+
+// One image as the worker takes it (see worker.js's `engineImage`), and what to transfer with
+// it. The caller's own buffers and bitmaps are cloned, never transferred: the next turn sends
+// them again. Blobs and bitmaps cross by reference, and files are read in the worker.
+async function wireImage(item, imageTokens) {
+  let image = item;
+  if (item && typeof item === "object" && "image" in item && !(item instanceof Blob)) {
+    image = item.image;
+    imageTokens = item.imageTokens ?? imageTokens;
+  }
+  const out = (wire, transfer = []) => ({ wire: { ...wire, imageTokens }, transfer });
+  if (typeof image === "string") return out({ url: new URL(image, globalThis.location?.href).href });
+  if (image instanceof Blob) return out({ blob: image });
+  if (image instanceof ArrayBuffer) return out({ bytes: new Uint8Array(image) });
+  if (ArrayBuffer.isView(image)) {
+    const bytes = copyOf(image);
+    return out({ bytes }, [bytes.buffer]);
+  }
+  if (typeof ImageData !== "undefined" && image instanceof ImageData) {
+    return out({ pixels: image.data, width: image.width, height: image.height });
+  }
+  if (typeof ImageBitmap !== "undefined" && image instanceof ImageBitmap) return out({ bitmap: image });
+  if (DRAWABLES.some((type) => image instanceof type)) {
+    const bitmap = await createImageBitmap(image);
+    return out({ bitmap }, [bitmap]);
+  }
+  throw badRequest(
+    "an image must be a File, Blob, ArrayBuffer, Uint8Array, URL string, ImageBitmap, ImageData, canvas, <img> or video frame",
+  );
+}
+
+// A message for the worker: `images` becomes their count, content parts lose their images;
+// the images go to `wire` in prompt order (each message's `images`, then its image parts).
+async function wireMessage(m, imageTokens, wire) {
+  // A message of images alone needs no text.
+  const out = { role: m?.role, content: m?.content ?? (m?.images?.length ? "" : undefined) };
+  const add = async (image, tokens = imageTokens) => wire.push(await wireImage(image, tokens));
+  if (m?.images != null) {
+    if (!Array.isArray(m.images)) throw badRequest("a message's `images` must be an array");
+    for (const image of m.images) await add(image);
+    if (m.images.length) out.images = m.images.length;
+  }
+  if (Array.isArray(m?.content)) {
+    out.content = [];
+    for (const part of m.content) {
+      if (typeof part === "string") {
+        out.content.push({ type: "text", text: part });
+      } else if (part?.type === "image" || part?.type === "image_url") {
+        // `image_url` is OpenAI's (and WebLLM's) shape: `{type, image_url: {url}}`.
+        const image = part.type === "image" ? part.image ?? part.url : part.image_url?.url ?? part.image_url;
+        await add(image, part.imageTokens ?? imageTokens);
+        out.content.push({ type: "image" });
+      } else {
+        out.content.push(part);
+      }
+    }
+  }
+  return out;
+}
+
+// The worker's request object for generate()'s arguments, the images beside it, and what to
+// transfer.
+async function toRequest(messages, { raw, images, imageTokens, ...rest }) {
+  const wire = [];
+  let request;
+  if (typeof messages === "string" && raw) {
+    // A raw prompt holds its image placeholders (`<|image|>`) itself.
+    for (const image of images ?? []) wire.push(await wireImage(image, imageTokens));
+    request = { ...rest, prompt: messages };
+  } else {
+    if (typeof messages === "string") messages = [{ role: "user", content: messages, images }];
+    else if (images != null) throw badRequest("`images` goes with a string prompt; put a message's images on it");
+    if (!Array.isArray(messages)) throw badRequest("`messages` must be an array or a string");
+    const out = [];
+    for (const m of messages) out.push(await wireMessage(m, imageTokens, wire));
+    request = { ...rest, messages: out };
+  }
+  return { request, images: wire.map((w) => w.wire), transfer: wire.flatMap((w) => w.transfer) };
 }
 
 /** A conversation: its KV cache stays on the GPU between turns. */
@@ -84,14 +185,15 @@ export class Session {
   }
 
   /**
-   * Generates a reply. `messages` is an array of `{role, content}` or one user turn as a
-   * string; with `{raw: true}` a string is fed as plain text, without the chat template.
-   * Yields `{type: "token", id, text}` events, then `{type: "done", reason, timings}`.
-   * Leaving the loop early aborts the generation.
+   * Generates a reply. `messages` is an array of `{role, content, images?}` (content a string
+   * or a list of text and image parts) or one user turn as a string; with `{raw: true}` a
+   * string is fed as plain text, without the chat template. Yields `{type: "token", id, text}`
+   * events, then `{type: "done", reason, timings}`. Leaving the loop early aborts the
+   * generation.
    */
   async *generate(messages, options = {}) {
     await this.ready;
-    const request = toRequest(messages, options);
+    const { request, images, transfer } = await toRequest(messages, options);
     const queue = [];
     let wake = null;
     let finished = false;
@@ -100,7 +202,11 @@ export class Session {
       wake?.();
     };
     this.enqueue(() =>
-      this.channel.call({ op: "generate", session: this.id, request }, ({ event }) => push({ event })),
+      this.channel.call(
+        { op: "generate", session: this.id, request, images },
+        ({ event }) => push({ event }),
+        transfer,
+      ),
     ).then(
         () => push({ end: true }),
         (error) => push({ error }),
@@ -133,7 +239,8 @@ export class Session {
    */
   async profile(messages, options = {}) {
     await this.ready;
-    const request = toRequest(messages, options);
+    const { request, images } = await toRequest(messages, options);
+    if (images.length) throw badRequest("profile takes prompts without images");
     return await this.enqueue(() => this.channel.call({ op: "profile", session: this.id, request }));
   }
 
@@ -158,19 +265,20 @@ export class WGemma {
 
   /**
    * Loads a GGUF from a URL (read with HTTP Range requests and kept in the Cache API unless
-   * `cache: false`) or from a `File`/`Blob`. `onProgress({loaded, total})` reports weight
-   * bytes uploaded to the GPU.
+   * `cache: false`) or from a `File`/`Blob`; `mmproj` (the same kinds) adds the vision tower
+   * of a llama.cpp projector file. `onProgress({loaded, total})` reports weight bytes (of
+   * both files) uploaded to the GPU.
    */
-  static async load(source, { onProgress, cache = true, workerUrl } = {}) {
-    if (typeof source !== "string" && !(source instanceof Blob)) {
-      throw new WGemmaError("bad_request", "the source must be a URL string or a File/Blob");
-    }
+  static async load(source, { mmproj, onProgress, cache = true, workerUrl } = {}) {
+    const isSource = (s) => typeof s === "string" || s instanceof Blob;
+    if (!isSource(source)) throw badRequest("the source must be a URL string or a File/Blob");
+    if (mmproj != null && !isSource(mmproj)) throw badRequest("`mmproj` must be a URL string or a File/Blob");
     const worker = new Worker(workerUrl ?? new URL("./worker.js", import.meta.url), {
       type: "module",
     });
     const channel = new Channel(worker);
     try {
-      const info = await channel.call({ op: "load", source, cache }, ({ progress }) => {
+      const info = await channel.call({ op: "load", source, mmproj, cache }, ({ progress }) => {
         if (progress) onProgress?.(progress);
       });
       return new WGemma(worker, channel, info);
@@ -183,6 +291,15 @@ export class WGemma {
   /** The file's metadata, the GPU it runs on, and how the load went. */
   info() {
     return this._info;
+  }
+
+  /**
+   * One image's soft tokens, what the vision tower hands the text model: `{data, rows, width,
+   * ms}`, `data` a Float32Array of `rows` tokens of `width` values. Options: `{imageTokens}`.
+   */
+  async encodeImage(image, { imageTokens } = {}) {
+    const { wire, transfer } = await wireImage(image, imageTokens);
+    return await this.channel.call({ op: "encodeImage", image: wire }, undefined, transfer);
   }
 
   /** A new conversation; options: `{context, maxBatch}`. */

@@ -1,6 +1,7 @@
 // The worker that owns the model: it loads the wasm engine, reads the GGUF by byte ranges
-// (HTTP Range requests through a persistent Cache API store, or slices of a File), and runs
-// generation off the page's thread. It speaks the message protocol of wgemma.js.
+// (HTTP Range requests through a persistent Cache API store, or slices of a File), turns
+// images into what the engine takes, and runs generation off the page's thread. It speaks
+// the message protocol of wgemma.js.
 import init, { WasmModel } from "./pkg/wgemma.js";
 
 // Bytes per cached piece of a remote file: large enough that a 244 MB model takes a few dozen
@@ -11,7 +12,8 @@ const RETRIES = 3;
 
 let model = null;
 const sessions = new Map();
-const running = new Set();
+// The generations under way, by session: whether an abort came for each.
+const running = new Map();
 const stats = { fetchedBytes: 0, cachedBytes: 0 };
 
 class SourceError extends Error {
@@ -145,6 +147,47 @@ function blobReader(blob) {
   };
 }
 
+async function reader(source, cache) {
+  return typeof source === "string" ? await httpReader(source, cache !== false) : blobReader(source);
+}
+
+// One image of wgemma.js's `wireImage` as the engine takes it: a file's bytes, or RGBA pixels.
+async function engineImage({ url, blob, bytes, bitmap, pixels, width, height, imageTokens }) {
+  if (url !== undefined) {
+    let res;
+    try {
+      res = await fetch(url);
+    } catch (e) {
+      throw new SourceError(`${url}: ${e.message}`);
+    }
+    if (!res.ok) throw new SourceError(`${url}: HTTP ${res.status} ${res.statusText}`.trim());
+    bytes = new Uint8Array(await res.arrayBuffer());
+  } else if (blob !== undefined) {
+    try {
+      bytes = new Uint8Array(await blob.arrayBuffer());
+    } catch (e) {
+      throw new SourceError(`reading the image: ${e.message}`);
+    }
+  } else if (bitmap !== undefined) {
+    ({ width, height } = bitmap);
+    if (!width || !height) throw { code: "bad_image", message: "the ImageBitmap is empty or closed" };
+    const canvas = new OffscreenCanvas(width, height);
+    const context = canvas.getContext("2d", { willReadFrequently: true });
+    context.drawImage(bitmap, 0, 0);
+    pixels = context.getImageData(0, 0, width, height).data;
+  }
+  if (bytes !== undefined) return { bytes, imageTokens };
+  return { pixels: new Uint8Array(pixels.buffer, pixels.byteOffset, pixels.byteLength), width, height, imageTokens };
+}
+
+// A reply whose buffers move to the page instead of being copied.
+class Transferred {
+  constructor(value, transfer) {
+    this.value = value;
+    this.transfer = transfer;
+  }
+}
+
 // Errors cross postMessage as plain {code, message}.
 function plain(e) {
   if (e && typeof e === "object" && typeof e.code === "string") {
@@ -168,14 +211,13 @@ async function cpuAdapter() {
 }
 
 const handlers = {
-  async load({ source, cache }, reply) {
+  async load({ source, mmproj, cache }, reply) {
     await wasmReady;
     if (model) throw { code: "busy", message: "this worker already holds a model" };
     const t0 = performance.now();
-    const reader =
-      typeof source === "string" ? await httpReader(source, cache !== false) : blobReader(source);
     model = await WasmModel.load(
-      reader,
+      await reader(source, cache),
+      mmproj == null ? null : await reader(mmproj, cache),
       (done, total) => reply({ progress: { loaded: done, total } }),
       await cpuAdapter(),
     );
@@ -188,12 +230,24 @@ const handlers = {
     sessions.set(session, model.session(options ? JSON.stringify(options) : ""));
     return null;
   },
-  async generate({ session, request }, reply) {
+  async encodeImage({ image }) {
+    if (!model) throw { code: "no_model", message: "no model is loaded" };
+    const out = await model.encodeImage(await engineImage(image));
+    return new Transferred(out, [out.data.buffer]);
+  },
+  async generate({ session, request, images }, reply) {
     const s = sessions.get(session);
     if (!s) throw { code: "no_session", message: `no session ${session}` };
-    running.add(session);
+    const state = { aborted: false };
+    running.set(session, state);
     try {
-      await s.generate(JSON.stringify(request), (event) => reply({ event }));
+      const engineImages = await Promise.all((images ?? []).map(engineImage));
+      const done = s.generate(JSON.stringify(request), engineImages, (event) => reply({ event }));
+      // The engine forgets an abort that came before the generation started (a stale one
+      // must not cut the next generation short); one that came while the images were read
+      // belongs to this generation.
+      if (state.aborted) s.cancel();
+      await done;
     } finally {
       running.delete(session);
     }
@@ -210,7 +264,11 @@ const handlers = {
   },
   async abort({ session }) {
     // Only a running generation is stopped: a late abort must not cut the next one short.
-    if (running.has(session)) sessions.get(session)?.cancel();
+    const state = running.get(session);
+    if (state) {
+      state.aborted = true;
+      sessions.get(session)?.cancel();
+    }
     return null;
   },
   async closeSession({ session }) {
@@ -222,11 +280,13 @@ const handlers = {
 
 self.onmessage = async ({ data }) => {
   const { id, op } = data;
-  const reply = (msg) => self.postMessage({ id, ...msg });
+  const reply = (msg, transfer = []) => self.postMessage({ id, ...msg }, transfer);
   try {
     const handler = handlers[op];
     if (!handler) throw { code: "bad_request", message: `unknown operation ${op}` };
-    reply({ ok: await handler(data, reply) });
+    const out = await handler(data, reply);
+    if (out instanceof Transferred) reply({ ok: out.value }, out.transfer);
+    else reply({ ok: out });
   } catch (e) {
     reply({ error: plain(e) });
   }

@@ -239,8 +239,14 @@ fn attend_image(c: &mut Criterion) {
         ));
         let out = View::of(&ctx.storage("out", u64::from(n * heads * d) * 4));
         let head = |i: u32| {
-            Tensor::strided(&qkv, DType::F32, &[n, heads, d], &[width, d, 1], i * heads * d)
-                .unwrap()
+            Tensor::strided(
+                &qkv,
+                DType::F32,
+                &[n, heads, d],
+                &[width, d, 1],
+                i * heads * d,
+            )
+            .unwrap()
         };
         let (q, k, v) = (head(0), head(1), head(2));
         let o = Tensor::new(&out, &[n, heads, d]).unwrap();
@@ -254,7 +260,9 @@ fn attend_image(c: &mut Criterion) {
             softcap: 0.0,
             relative: None,
         };
-        group.throughput(Throughput::Elements(u64::from(heads) * u64::from(n) * u64::from(n)));
+        group.throughput(Throughput::Elements(
+            u64::from(heads) * u64::from(n) * u64::from(n),
+        ));
         for kernel in [ops::AttendKernel::Tiled, ops::AttendKernel::Coop] {
             let Ok(d) = ops::attend_with(&ctx, &a, &o, kernel) else {
                 continue;

@@ -10,9 +10,15 @@
 //   WGEMMA_EXPECTED  the native run's token ids      WGEMMA_OUT       where the screenshot goes
 //   WGEMMA_DEMO_REQUEST, WGEMMA_DEMO_EXPECTED        what is typed into the demo page, and the
 //                                                    native run's tokens for it
+//   WGEMMA_VISION_MODEL, WGEMMA_VISION_MMPROJ, WGEMMA_VISION_IMAGE  a tiny Gemma 4 with its
+//                                        vision projector, and a PNG (URL paths)
+//   WGEMMA_VISION_IMAGE_FILE  the PNG on disk (picked through the demo's file input)
+//   WGEMMA_VISION_NATIVE  a JSON file of the native run: the PNG's soft tokens and a chat
+//                         about it (turns of {request, ids, encodedImages, cachedTokens})
 //   WGEMMA_BENCH     optional: a bigger model's URL path to time (load, prefill, decode)
 //   WGEMMA_CHROMIUM_ARGS  optional: more browser flags, space-separated
 // Prints one JSON line of results; exits non-zero when a check fails.
+import { readFileSync } from "node:fs";
 import { chromium } from "playwright-core";
 
 const env = process.env;
@@ -114,23 +120,139 @@ try {
 
   // Gemma 4: the per-layer embedding rows come by range requests as tokens are fed.
   const g4 = await page.evaluate(
-    async ({ model, request }) => {
+    async ({ model, request, image }) => {
       const { WGemma } = await import("./wgemma.js");
       const m = await WGemma.load(model, { cache: false });
       const ids = [];
       const { messages, ...options } = request;
       for await (const ev of m.session({ context: 256 }).generate(messages, options))
         if (ev.type === "token") ids.push(ev.id);
+      // No projector: no vision tower.
+      const noVision = await m.encodeImage(image).then(
+        () => "no error",
+        (e) => `${e.code}: ${e.message}`,
+      );
+      const vision = m.info().vision;
       m.dispose();
-      return ids;
+      return { ids, noVision, vision };
     },
-    { model: env.WGEMMA_G4_MODEL, request },
+    { model: env.WGEMMA_G4_MODEL, request, image: env.WGEMMA_VISION_IMAGE },
   );
   const expected4 = JSON.parse(env.WGEMMA_G4_EXPECTED);
   check(
     "Gemma 4 with per-layer rows fetched by range equals the native run",
-    JSON.stringify(g4) === JSON.stringify(expected4),
-    `browser ${JSON.stringify(g4)} vs native ${JSON.stringify(expected4)}`,
+    JSON.stringify(g4.ids) === JSON.stringify(expected4),
+    `browser ${JSON.stringify(g4.ids)} vs native ${JSON.stringify(expected4)}`,
+  );
+  check(
+    "a model without a vision tower says so",
+    g4.vision === null && g4.noVision.startsWith("no_vision: "),
+    JSON.stringify(g4),
+  );
+
+  // Images: the vision tower loads from its projector file and encodes a file as natively; a
+  // chat about the picture decoded by the browser (an ImageBitmap) gives the native tokens,
+  // its next turn finds the picture in the cache, and a truncated file is an error.
+  const visionNative = JSON.parse(readFileSync(env.WGEMMA_VISION_NATIVE, "utf8"));
+  const vision = await page.evaluate(
+    async ({ model, mmproj, image, native }) => {
+      const { WGemma } = await import("./wgemma.js");
+      const timed = async (f) => {
+        const t0 = performance.now();
+        const value = await f();
+        return { value, ms: Math.round(performance.now() - t0) };
+      };
+      const load = await timed(() => WGemma.load(model, { mmproj, cache: false }));
+      const m = load.value;
+      // The picture as a File: read and decoded in the worker.
+      const file = new File([await (await fetch(image)).blob()], "picture.png", { type: "image/png" });
+      const encode = await timed(() => m.encodeImage(file, { imageTokens: native.imageTokens }));
+      const { data, rows, width } = encode.value;
+      let maxDiff = 0;
+      let scale = 0;
+      data.forEach((x, i) => {
+        maxDiff = Math.max(maxDiff, Math.abs(x - native.softTokens[i]));
+        scale = Math.max(scale, Math.abs(native.softTokens[i]));
+      });
+      // The same picture decoded by the browser: it reaches the engine as pixels.
+      const bitmap = await createImageBitmap(file, { colorSpaceConversion: "none", premultiplyAlpha: "none" });
+      // A request of the native run, its `images` counts filled with the turn's picture.
+      const chat = async (s, { messages, ...options }, picture) => {
+        messages = messages.map((msg) => (msg.images ? { ...msg, images: Array(msg.images).fill(picture) } : msg));
+        const ids = [];
+        let done = null;
+        for await (const ev of s.generate(messages, options)) {
+          if (ev.type === "token") ids.push(ev.id);
+          else done = ev;
+        }
+        return { ids, encodedImages: done.timings.encodedImages, cachedTokens: done.timings.cachedTokens };
+      };
+      const s = m.session({ context: 256 });
+      const turns = [];
+      let bad = null;
+      for (const turn of native.turns) {
+        turns.push(await timed(() => chat(s, turn.request, bitmap)));
+        if (bad === null) {
+          // A truncated PNG between the turns: an error, and the cache stays as it was.
+          const truncated = file.slice(0, file.size / 2);
+          bad = await chat(s, turn.request, truncated).then(
+            () => "no error",
+            (e) => `${e.code}: ${e.message}`,
+          );
+        }
+      }
+      const vision = m.info().vision;
+      m.dispose();
+      const encoded = { ms: encode.ms, rows, width, length: data.length, maxDiff, scale };
+      return { loadMs: load.ms, vision, encode: encoded, turns, bad };
+    },
+    {
+      model: env.WGEMMA_VISION_MODEL,
+      mmproj: env.WGEMMA_VISION_MMPROJ,
+      image: env.WGEMMA_VISION_IMAGE,
+      native: visionNative,
+    },
+  );
+  results.vision = vision;
+  const enc = vision.encode;
+  console.error(
+    `${elapsed()} vision: load ${vision.loadMs} ms, encode ${enc.ms} ms, turns ${vision.turns.map((t) => t.ms).join(", ")} ms`,
+  );
+  check(
+    "the projector's vision tower loads",
+    vision.vision?.imageTokens?.includes(visionNative.imageTokens),
+    JSON.stringify(vision.vision),
+  );
+  // Both sides run f32 kernels on the same pixels. Measured: 4e-5 of the values' scale apart
+  // (SwiftShader's exp and tanh are approximate), as much as one pixel one level brighter
+  // moves them; the whole picture one level brighter moves them by 1.6e-2. 1e-3 is 25x the
+  // noise and 16x below that.
+  check(
+    "the browser's soft tokens match the native ones",
+    enc.rows === visionNative.rows &&
+      enc.length === visionNative.softTokens.length &&
+      enc.scale > 0 &&
+      enc.maxDiff <= 1e-3 * enc.scale,
+    `${JSON.stringify(enc)} vs native ${visionNative.rows} rows of ${visionNative.softTokens.length / visionNative.rows}`,
+  );
+  const turn = (i) => {
+    const got = vision.turns[i].value;
+    const want = visionNative.turns[i];
+    return [
+      JSON.stringify(got.ids) === JSON.stringify(want.ids) &&
+        got.encodedImages === want.encodedImages &&
+        got.cachedTokens === want.cachedTokens,
+      `browser ${JSON.stringify(got)} vs native ${JSON.stringify({ ...want, request: undefined })}`,
+    ];
+  };
+  check("an image chat (an ImageBitmap) gives the native tokens", ...turn(0));
+  check("a truncated PNG is a bad_image error", vision.bad.startsWith("bad_image: "), vision.bad);
+  const [same, detail] = turn(1);
+  const next = vision.turns[1].value;
+  check(
+    "the next turn takes the picture from the cache",
+    same && next.encodedImages === 0 && next.cachedTokens > visionNative.rows,
+    detail,
   );
 
   // Every weight dtype compiles under Chromium's WGSL compiler and matches native.
@@ -290,6 +412,55 @@ try {
     "a picked file loads and answers the same",
     picked.status.includes("loaded in") && JSON.stringify(picked.tokens) === JSON.stringify(demoExpected),
     JSON.stringify(picked),
+  );
+
+  // The demo page with a projector: an image attached by the file picker shows a preview its
+  // button removes, a pasted one too, and the next message carries it (the reply itself is
+  // the API checks' business: the model is dropped once the message is sent).
+  const visionModel = await page.evaluateHandle(() => window.wgemmaDemo.model);
+  await page.fill("#url", env.WGEMMA_VISION_MODEL);
+  await page.fill("#mmproj-url", env.WGEMMA_VISION_MMPROJ);
+  await page.click("#load-url");
+  await page.waitForFunction((old) => window.wgemmaDemo.model && window.wgemmaDemo.model !== old, visionModel);
+  await page.waitForSelector("#attach:not([disabled])", { state: "attached" });
+  await page.setInputFiles("#attach", env.WGEMMA_VISION_IMAGE_FILE);
+  const thumbs = () => page.locator("#attachments img").count();
+  const picked1 = await thumbs();
+  // Dispatched, not clicked: a click waits for a rendered frame, which SwiftShader's GPU
+  // process, busy compiling the new model's kernels, takes seconds to draw.
+  await page.dispatchEvent("#attachments button", "click");
+  const removed = await thumbs();
+  await page.evaluate(async (image) => {
+    const blob = await (await fetch(image)).blob();
+    const data = new DataTransfer();
+    data.items.add(new File([blob], "pasted.png", { type: "image/png" }));
+    const paste = new ClipboardEvent("paste", { clipboardData: data, bubbles: true, cancelable: true });
+    document.getElementById("prompt").dispatchEvent(paste);
+  }, env.WGEMMA_VISION_IMAGE);
+  const pasted = await thumbs();
+  const sent = await page.evaluate(() => {
+    const d = window.wgemmaDemo;
+    document.getElementById("prompt").value = "What is in this picture?";
+    document.getElementById("image-tokens").value = "70";
+    // send() records the message before it awaits anything.
+    document.getElementById("send").click();
+    const out = {
+      status: document.getElementById("model-status").textContent,
+      images: d.messages.at(-1)?.images?.map((f) => `${f.name} ${f.type}`),
+      logImages: document.querySelectorAll(".turn.user img").length,
+      left: document.querySelectorAll("#attachments img").length,
+    };
+    d.model.dispose();
+    return out;
+  });
+  check(
+    "the demo page attaches, previews, removes and sends images",
+    /vision/.test(sent.status) &&
+      [picked1, removed, pasted].join() === "1,0,1" &&
+      JSON.stringify(sent.images) === JSON.stringify(["pasted.png image/png"]) &&
+      sent.logImages === 1 &&
+      sent.left === 0,
+    JSON.stringify({ picked1, removed, pasted, ...sent }),
   );
 
   if (env.WGEMMA_BENCH) {

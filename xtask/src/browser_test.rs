@@ -2,13 +2,18 @@
 //! Chromium (WebGPU on SwiftShader) through `web/tests/browser.mjs`: greedy tokens of a tiny
 //! model must equal the native run's, a second load must come from the cache, abort and bad
 //! URLs must behave, and the demo page must stream a reply (screenshot in the output folder).
-//! `--bench-model` also times a real model there (load, prefill, decode).
+//! Images: the tiny vision model with its projector must give the native soft tokens and, in
+//! a two-turn chat, the native tokens. `--bench-model` also times a real model there (load,
+//! prefill, decode).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use futures::StreamExt;
-use wgemma::{Event, GenerateRequest, LoadOptions, Model, session_options_from_json};
+use wgemma::{
+    Event, GenerateRequest, ImageInput, LoadOptions, Model, Session, Timings,
+    session_options_from_json,
+};
 use wgemma_gguf::GgmlType;
 use wgemma_kernels::{ContextOptions, GPU_DTYPES};
 use wgemma_text::synth::{SynthSpec, write_synthetic};
@@ -62,29 +67,115 @@ fn session_options() -> serde_json::Value {
     serde_json::json!({ "context": 256 })
 }
 
-/// Token ids of the native run of each request, without `shader-f16` as on SwiftShader.
+/// The native runs' GPU: without `shader-f16`, as on SwiftShader.
+fn native_gpu() -> ContextOptions {
+    ContextOptions {
+        allow_f16: false,
+        ..ContextOptions::default().with_env()
+    }
+}
+
+/// One generation: its token ids, text and timings.
+fn generate(
+    session: &mut Session,
+    request: &serde_json::Value,
+    images: Vec<ImageInput>,
+) -> Result<(Vec<u32>, String, Timings), TaskError> {
+    let mut req = GenerateRequest::from_json(request)?;
+    req.images = images;
+    let mut events = Box::pin(session.generate(req));
+    let (mut ids, mut text, mut timings) = (Vec::new(), String::new(), Timings::default());
+    while let Some(event) = pollster::block_on(events.next()) {
+        match event? {
+            Event::Token { id, text: t } => {
+                ids.push(id);
+                text.push_str(&t);
+            }
+            Event::Done { timings: t, .. } => timings = t,
+        }
+    }
+    Ok((ids, text, timings))
+}
+
+/// Token ids of the native run of each request, each in a new session.
 fn native_tokens(model: &Path, requests: &[serde_json::Value]) -> Result<Vec<Vec<u32>>, TaskError> {
     let opts = LoadOptions {
-        gpu: ContextOptions {
-            allow_f16: false,
-            ..ContextOptions::default().with_env()
-        },
+        gpu: native_gpu(),
         ..LoadOptions::default()
     };
     let model = pollster::block_on(Model::load_file(model, opts))?;
     let mut all = Vec::new();
     for request in requests {
         let mut session = model.session(session_options_from_json(&session_options())?)?;
-        let mut events = Box::pin(session.generate(GenerateRequest::from_json(request)?));
-        let mut ids = Vec::new();
-        while let Some(event) = pollster::block_on(events.next()) {
-            if let Event::Token { id, .. } = event? {
-                ids.push(id);
-            }
-        }
-        all.push(ids);
+        all.push(generate(&mut session, request, Vec::new())?.0);
     }
     Ok(all)
+}
+
+/// The tiny Gemma 4 with a vision tower (`crates/runtime/tests/vision.rs`'s), its projector
+/// and an image that needs no resize at the smallest budget, which keeps the browser's
+/// encode short.
+const VISION_MODEL: &str = "gemma4_tiny_vision_e2b.gguf";
+const VISION_MMPROJ: &str = "gemma4_tiny_vision_e2b_mmproj.gguf";
+const VISION_IMAGE: &str = "exact_480x336.png";
+const IMAGE_TOKENS: u32 = 70;
+
+/// The vision chat's questions; the first message holds the picture. The chat stays near 110
+/// positions: past about 150, the browser's logits drift from native on this model even
+/// without images (the CPU reference agrees with native).
+const VISION_TURNS: [&str; 2] = ["What is in this picture?", "And its colours?"];
+
+/// A chat request: greedy, few tokens, distinct ones (see `request`). The first message's
+/// `images` is how many images it holds; the browser puts its images there.
+fn vision_request(messages: &[serde_json::Value]) -> serde_json::Value {
+    serde_json::json!({
+        "messages": messages,
+        "maxTokens": 4,
+        "presencePenalty": 1000.0,
+        "imageTokens": IMAGE_TOKENS,
+    })
+}
+
+/// What the browser's vision checks compare with: the image's soft tokens (from the file),
+/// and a chat of `VISION_TURNS` in one session about the same picture as decoded pixels (the
+/// browser sends an `ImageBitmap`): each turn's request, tokens, images encoded and cached
+/// tokens.
+fn native_vision(fixtures: &Path) -> Result<serde_json::Value, TaskError> {
+    let opts = LoadOptions {
+        gpu: native_gpu(),
+        mmproj: Some(fixtures.join(VISION_MMPROJ)),
+        ..LoadOptions::default()
+    };
+    let model = pollster::block_on(Model::load_file(fixtures.join(VISION_MODEL), opts))?;
+    let png = std::fs::read(fixtures.join(VISION_IMAGE))?;
+    let file = ImageInput::from_bytes(png.clone()).with_budget(IMAGE_TOKENS);
+    let pixels = ImageInput::from_rgb(wgemma_vision::decode(&png)?).with_budget(IMAGE_TOKENS);
+    let (soft, rows) = pollster::block_on(model.encode_image_to_vec(&file))?;
+    let mut session = model.session(session_options_from_json(&session_options())?)?;
+    let mut messages = Vec::new();
+    let mut turns = Vec::new();
+    for (i, question) in VISION_TURNS.into_iter().enumerate() {
+        let mut message = serde_json::json!({"role": "user", "content": question});
+        if i == 0 {
+            message["images"] = 1.into();
+        }
+        messages.push(message);
+        let request = vision_request(&messages);
+        let (ids, reply, t) = generate(&mut session, &request, vec![pixels.clone()])?;
+        turns.push(serde_json::json!({
+            "request": request,
+            "ids": ids,
+            "encodedImages": t.encoded_images,
+            "cachedTokens": t.cached_tokens,
+        }));
+        messages.push(serde_json::json!({"role": "assistant", "content": reply}));
+    }
+    Ok(serde_json::json!({
+        "imageTokens": IMAGE_TOKENS,
+        "softTokens": soft,
+        "rows": rows,
+        "turns": turns,
+    }))
 }
 
 /// Installs playwright-core (the driver only; it never downloads a browser).
@@ -165,9 +256,27 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     if expected.len() < 8 || expected4.len() < 8 {
         return Err("a native run stopped too early to compare anything".into());
     }
+    let fixtures = root.join("crates/gemma4-vision/tests/fixtures");
+    let vision = native_vision(&fixtures)?;
+    let vision_path = out.join("vision-native.json");
+    std::fs::write(&vision_path, vision.to_string())?;
+    eprintln!(
+        "native vision (no f16): {} soft tokens, turns {}",
+        vision["rows"],
+        vision["turns"]
+            .as_array()
+            .map(|t| t
+                .iter()
+                .map(|t| t["ids"].to_string())
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default()
+    );
     let tests = root.join("web/tests");
     ensure_playwright(&tests)?;
     models.extend([tiny.clone(), tiny4.clone()]);
+    let vision_files = [VISION_MODEL, VISION_MMPROJ, VISION_IMAGE].map(|f| fixtures.join(f));
+    models.extend(vision_files.iter().cloned());
     models.extend(a.bench_model.iter().cloned());
     let server = Server::start(root.join("web"), models, 0)?;
     let mut node = Command::new("node");
@@ -186,6 +295,11 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         )
         .env("WGEMMA_REQUEST", request().to_string())
         .env("WGEMMA_EXPECTED", serde_json::to_string(expected)?)
+        .env("WGEMMA_VISION_MODEL", name(&vision_files[0]))
+        .env("WGEMMA_VISION_MMPROJ", name(&vision_files[1]))
+        .env("WGEMMA_VISION_IMAGE", name(&vision_files[2]))
+        .env("WGEMMA_VISION_IMAGE_FILE", &vision_files[2])
+        .env("WGEMMA_VISION_NATIVE", &vision_path)
         .env("WGEMMA_DEMO_REQUEST", demo_request().to_string())
         .env(
             "WGEMMA_DEMO_EXPECTED",

@@ -43,6 +43,8 @@ pub enum ImageError {
         "{0} soft tokens per image is not a budget the model knows (70, 140, 280, 560 or 1120)"
     )]
     Budget(u32),
+    #[error("{len} bytes of pixels for {width} x {height}: RGB takes 3 a pixel, RGBA 4")]
+    PixelCount { len: usize, width: u32, height: u32 },
 }
 
 /// An image as the tower takes it.
@@ -71,38 +73,89 @@ impl Patches {
     }
 }
 
-/// Decodes a PNG, JPEG, WebP or GIF file (a GIF's first frame) to RGB (alpha dropped, as
-/// PIL's `convert("RGB")` does). Sides over [`MAX_SIDE`] are refused from the header.
-pub fn decode(bytes: &[u8]) -> Result<RgbImage, ImageError> {
-    let reader = |limits: Option<Limits>| {
-        let mut r = ImageReader::new(Cursor::new(bytes))
-            .with_guessed_format()
-            .map_err(|e| ImageError::Decode(e.to_string()))?;
-        if r.format().is_none() {
-            return Err(ImageError::Decode("unknown file format".into()));
-        }
-        if let Some(l) = limits {
-            r.limits(l);
-        }
-        Ok(r)
-    };
-    let (width, height) = reader(None)?
-        .into_dimensions()
+/// An image file's reader with its format guessed from its first bytes.
+fn reader(bytes: &[u8], limits: Option<Limits>) -> Result<ImageReader<Cursor<&[u8]>>, ImageError> {
+    let mut r = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
         .map_err(|e| ImageError::Decode(e.to_string()))?;
+    if r.format().is_none() {
+        return Err(ImageError::Decode("unknown file format".into()));
+    }
+    if let Some(l) = limits {
+        r.limits(l);
+    }
+    Ok(r)
+}
+
+/// Errors unless a `width x height` image is one wgemma takes.
+fn check_sides(width: u32, height: u32) -> Result<(), ImageError> {
     if width > MAX_SIDE || height > MAX_SIDE {
         return Err(ImageError::TooLarge { width, height });
     }
     if width == 0 || height == 0 {
         return Err(ImageError::TooSmall { width, height });
     }
+    Ok(())
+}
+
+/// An image file's (width, height) from its header, without decoding it; refused as
+/// [`decode`] refuses it.
+pub fn dimensions(bytes: &[u8]) -> Result<(u32, u32), ImageError> {
+    let (width, height) = reader(bytes, None)?
+        .into_dimensions()
+        .map_err(|e| ImageError::Decode(e.to_string()))?;
+    check_sides(width, height)?;
+    Ok((width, height))
+}
+
+/// Decodes a PNG, JPEG, WebP or GIF file (a GIF's first frame) to RGB (alpha dropped, as
+/// PIL's `convert("RGB")` does). Sides over [`MAX_SIDE`] are refused from the header.
+pub fn decode(bytes: &[u8]) -> Result<RgbImage, ImageError> {
+    dimensions(bytes)?;
     let mut limits = Limits::default();
     limits.max_image_width = Some(MAX_SIDE);
     limits.max_image_height = Some(MAX_SIDE);
     limits.max_alloc = Some(MAX_DECODE_BYTES);
-    let image = reader(Some(limits))?
+    let image = reader(bytes, Some(limits))?
         .decode()
         .map_err(|e| ImageError::Decode(e.to_string()))?;
     Ok(image.into_rgb8())
+}
+
+/// Decoded 8-bit pixels, row by row without padding, as RGB: 3 bytes a pixel (RGB) or 4
+/// (RGBA, what a browser canvas hands out; alpha dropped as [`decode`] drops it).
+pub fn from_pixels(width: u32, height: u32, pixels: &[u8]) -> Result<RgbImage, ImageError> {
+    check_sides(width, height)?;
+    let bad = || ImageError::PixelCount {
+        len: pixels.len(),
+        width,
+        height,
+    };
+    let n = (width as usize)
+        .checked_mul(height as usize)
+        .ok_or_else(bad)?;
+    let rgb = if pixels.len() == n * 3 {
+        pixels.to_vec()
+    } else if pixels.len() == n * 4 {
+        pixels
+            .chunks_exact(4)
+            .flat_map(|p| [p[0], p[1], p[2]])
+            .collect()
+    } else {
+        return Err(bad());
+    };
+    RgbImage::from_raw(width, height, rgb).ok_or_else(bad)
+}
+
+/// The soft tokens a `width x height` image becomes at `budget` (what [`patches`] gives it).
+pub fn soft_tokens(width: u32, height: u32, budget: u32) -> Result<u32, ImageError> {
+    if !TOKEN_BUDGETS.contains(&budget) {
+        return Err(ImageError::Budget(budget));
+    }
+    let side = PATCH * POOL;
+    let (th, tw) =
+        resized_size(height, width, budget).ok_or(ImageError::TooSmall { width, height })?;
+    Ok((th / side) * (tw / side))
 }
 
 /// The size (height, width) transformers resizes a `height x width` image to for `budget` soft
@@ -278,5 +331,38 @@ mod tests {
         assert!(matches!(decode(&forged), Err(ImageError::TooLarge { .. })));
         let rgb = RgbImage::new(48, 48);
         assert!(matches!(patches(&rgb, 281), Err(ImageError::Budget(281))));
+    }
+
+    /// Pixels as a browser hands them (RGBA or RGB) give the file's RGB; the header's size
+    /// and the soft-token count agree with what decoding and `patches` give.
+    #[test]
+    fn pixels_and_sizes_agree_with_decoding() {
+        let src = RgbaImage::from_fn(97, 61, |x, y| Rgba([x as u8, y as u8 * 3, 200, 17]));
+        let png = encode(&src, ImageFormat::Png);
+        let decoded = decode(&png).unwrap();
+        assert_eq!(from_pixels(97, 61, src.as_raw()).unwrap(), decoded);
+        assert_eq!(from_pixels(97, 61, decoded.as_raw()).unwrap(), decoded);
+        assert_eq!(dimensions(&png).unwrap(), (97, 61));
+        for budget in TOKEN_BUDGETS {
+            let p = patches(&decoded, budget).unwrap();
+            assert_eq!(soft_tokens(97, 61, budget).unwrap(), p.soft_tokens());
+        }
+        for (w, h, len) in [(97, 61, 97 * 61 * 2), (97, 61, 97 * 61 * 4 + 1), (2, 2, 0)] {
+            let e = from_pixels(w, h, &vec![0; len]);
+            assert!(matches!(e, Err(ImageError::PixelCount { .. })), "{e:?}");
+        }
+        assert!(matches!(
+            from_pixels(0, 5, &[]),
+            Err(ImageError::TooSmall { .. })
+        ));
+        assert!(matches!(
+            from_pixels(MAX_SIDE + 1, 1, &[]),
+            Err(ImageError::TooLarge { .. })
+        ));
+        assert!(matches!(
+            soft_tokens(10, 10, 100),
+            Err(ImageError::Budget(100))
+        ));
+        assert!(matches!(dimensions(&png[..20]), Err(ImageError::Decode(_))));
     }
 }

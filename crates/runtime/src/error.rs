@@ -35,7 +35,7 @@ pub enum Error {
     #[error("vision tower: {0}")]
     Vision(#[from] wgemma_vision::VisionError),
     #[error(
-        "the prompt has images, but the model has no vision tower (pass its projector file, e.g. --mmproj)"
+        "the model has no vision tower for images (its projector file adds one: `--mmproj`, or `mmproj` in the browser)"
     )]
     NoVision,
 }

@@ -6,6 +6,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use wgemma_text::tokenizer::Tokenizer;
+use wgemma_vision::preprocess::{dimensions, from_pixels, soft_tokens};
 use wgemma_vision::{DEFAULT_TOKEN_BUDGET, Patches, TOKEN_BUDGETS, decode, patches};
 
 use crate::error::Error;
@@ -44,20 +45,42 @@ impl ImageInput {
         }
     }
 
+    /// Decoded 8-bit pixels, row by row: RGB (3 bytes a pixel) or RGBA (4, as a browser's
+    /// canvas gives them; alpha dropped as for files), at the default budget.
+    pub fn from_pixels(width: u32, height: u32, pixels: &[u8]) -> Result<Self, Error> {
+        Ok(Self::from_rgb(from_pixels(width, height, pixels)?))
+    }
+
     /// This image at another soft-token budget.
     pub fn with_budget(mut self, budget: u32) -> Self {
         self.budget = budget;
         self
     }
 
-    /// Decodes and resizes the image into the tower's patches.
-    pub fn patches(&self) -> Result<Patches, Error> {
+    fn check_budget(&self) -> Result<(), Error> {
         if !TOKEN_BUDGETS.contains(&self.budget) {
             return Err(Error::Request(format!(
                 "an image budget of {} soft tokens; wgemma takes {TOKEN_BUDGETS:?}",
                 self.budget
             )));
         }
+        Ok(())
+    }
+
+    /// The soft tokens the image becomes, from its size alone (a file's header), so an
+    /// image the cache holds already is never decoded again.
+    pub fn soft_tokens(&self) -> Result<u32, Error> {
+        self.check_budget()?;
+        let (width, height) = match &self.data {
+            ImageData::Encoded(bytes) => dimensions(bytes)?,
+            ImageData::Rgb(rgb) => rgb.dimensions(),
+        };
+        Ok(soft_tokens(width, height, self.budget)?)
+    }
+
+    /// Decodes and resizes the image into the tower's patches.
+    pub fn patches(&self) -> Result<Patches, Error> {
+        self.check_budget()?;
         let decoded;
         let rgb = match &self.data {
             ImageData::Encoded(bytes) => {
@@ -108,19 +131,14 @@ pub(crate) struct ImageSpan {
     pub key: u64,
 }
 
-/// An image of a request, ready to encode.
-pub(crate) struct Prepared {
-    pub patches: Patches,
-    pub span: ImageSpan,
-}
-
 /// `tokens` with each image placeholder (the soft-token id, one per image, in order)
-/// expanded to the image's marker block, and where each image's soft tokens go.
+/// expanded to the image's marker block, and where each image's soft tokens go (in the
+/// images' order).
 pub(crate) fn expand(
     tokens: &[u32],
     images: &[ImageInput],
     ids: ImageTokens,
-) -> Result<(Vec<u32>, Vec<Prepared>), Error> {
+) -> Result<(Vec<u32>, Vec<ImageSpan>), Error> {
     let markers = tokens.iter().filter(|&&t| t == ids.soft).count();
     if markers != images.len() {
         return Err(Error::Request(format!(
@@ -129,28 +147,26 @@ pub(crate) fn expand(
         )));
     }
     let mut out = Vec::with_capacity(tokens.len());
-    let mut prepared = Vec::with_capacity(images.len());
+    let mut spans = Vec::with_capacity(images.len());
     let mut next = images.iter();
     for &t in tokens {
         match next.clone().next() {
             Some(image) if t == ids.soft => {
                 next.next();
-                let patches = image.patches()?;
-                let len = patches.soft_tokens() as usize;
+                let len = image.soft_tokens()? as usize;
                 out.push(ids.begin);
-                let span = ImageSpan {
+                spans.push(ImageSpan {
                     at: out.len(),
                     len,
                     key: image.key(),
-                };
+                });
                 out.extend(std::iter::repeat_n(ids.soft, len));
                 out.push(ids.end);
-                prepared.push(Prepared { patches, span });
             }
             _ => out.push(t),
         }
     }
-    Ok((out, prepared))
+    Ok((out, spans))
 }
 
 /// How much of `tokens` (with its images at `spans`) the cache already holds, given what it

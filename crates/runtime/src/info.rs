@@ -103,19 +103,7 @@ impl ModelInfo {
         match &self.vision {
             None => serde_json::Value::Null,
             Some(Err(e)) => serde_json::json!({ "error": e }),
-            Some(Ok(v)) => serde_json::json!({
-                "layout": format!("{:?}", v.layout),
-                "block_count": v.n_layer,
-                "embedding_length": v.n_embd,
-                "feed_forward_length": v.n_ff,
-                "head_count": v.n_head,
-                "head_dim": v.head_dim,
-                "projection_dim": v.projection_dim,
-                "positions": v.n_positions,
-                "clamps": format!("{:?}", v.clamps),
-                "standardize": v.standardize,
-                "out_scale": v.out_scale,
-            }),
+            Some(Ok(v)) => vision_json(v),
         }
     }
 
@@ -169,6 +157,23 @@ impl ModelInfo {
             "vision": self.vision_json(),
         })
     }
+}
+
+/// A vision tower's shape as `wgemma info --json` prints it.
+pub(crate) fn vision_json(v: &VisionConfig) -> serde_json::Value {
+    serde_json::json!({
+        "layout": format!("{:?}", v.layout),
+        "block_count": v.n_layer,
+        "embedding_length": v.n_embd,
+        "feed_forward_length": v.n_ff,
+        "head_count": v.n_head,
+        "head_dim": v.head_dim,
+        "projection_dim": v.projection_dim,
+        "positions": v.n_positions,
+        "clamps": format!("{:?}", v.clamps),
+        "standardize": v.standardize,
+        "out_scale": v.out_scale,
+    })
 }
 
 fn human_count(n: u64) -> String {

@@ -6,9 +6,14 @@
 //! fed without a chat template, or `"tokens": [2, 651]`), plus optional `maxTokens`,
 //! `temperature`, `topK`, `topP`, `minP`, `repeatPenalty`, `frequencyPenalty`,
 //! `presencePenalty`, `penaltyLastN`, `seed` and `stop` (strings).
+//!
+//! Images travel beside the JSON (bytes have no place in it), in prompt order: a message's
+//! `"images": N` opens it with N image placeholders, and its `content` may be a list of parts,
+//! `{"type": "text", "text": "..."}` and `{"type": "image"}`, each image part a placeholder in
+//! place; a text or token prompt holds its placeholders (`<|image|>`) itself.
 
 use serde_json::{Map, Value, json};
-use wgemma_text::chat::{Message, Role};
+use wgemma_text::chat::{IMAGE_PLACEHOLDER, Message, Role};
 use wgemma_text::{SamplingParams, SessionOptions};
 
 use crate::error::Error;
@@ -53,23 +58,45 @@ fn role(name: &str) -> Result<Role, Error> {
     }
 }
 
+/// A message's text: `content` as a string, or its parts joined, each image part an image
+/// placeholder.
+fn content(m: &Map<String, Value>) -> Result<String, Error> {
+    let need = || bad("every message needs a `content`: a string or a list of parts");
+    match m.get("content").ok_or_else(need)? {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => parts.iter().try_fold(String::new(), |mut out, part| {
+            let part = object(part)?;
+            match part.get("type").and_then(Value::as_str) {
+                Some("text") => out.push_str(
+                    part.get("text")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| bad("a text part needs a string `text`"))?,
+                ),
+                Some("image") => out.push_str(IMAGE_PLACEHOLDER),
+                t => return Err(bad(format!("a content part of type {t:?} (text, image)"))),
+            }
+            Ok(out)
+        }),
+        _ => Err(need()),
+    }
+}
+
+fn message(m: &Value) -> Result<Message, Error> {
+    let m = object(m)?;
+    let name = m
+        .get("role")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("every message needs a string `role`"))?;
+    let images = count(m, "images", u32::MAX.into())?.unwrap_or(0);
+    Ok(Message::new(role(name)?, content(m)?).with_images(images as usize))
+}
+
 fn prompt(o: &Map<String, Value>) -> Result<Prompt, Error> {
     if let Some(m) = o.get("messages") {
         let list = m
             .as_array()
             .ok_or_else(|| bad("`messages` must be an array"))?;
-        let messages = list
-            .iter()
-            .map(|m| {
-                let m = object(m)?;
-                let text = |k: &str| {
-                    m.get(k)
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| bad(format!("every message needs a string `{k}`")))
-                };
-                Ok(Message::new(role(text("role")?)?, text("content")?))
-            })
-            .collect::<Result<Vec<_>, Error>>()?;
+        let messages = list.iter().map(message).collect::<Result<Vec<_>, _>>()?;
         return Ok(Prompt::Chat(messages));
     }
     if let Some(p) = o.get("prompt") {
@@ -176,6 +203,8 @@ impl Timings {
             "decodeMs": self.decode_ms,
             "promptTokPerS": self.prompt_tok_per_s(),
             "decodeTokPerS": self.decode_tok_per_s(),
+            "encodedImages": self.encoded_images,
+            "encodeMs": self.encode_ms,
         })
     }
 }
@@ -254,6 +283,25 @@ mod tests {
         assert_eq!(r.sampling.min_p, SamplingParams::default().min_p);
     }
 
+    /// `images` opens a message with that many placeholders; image parts sit where they are.
+    #[test]
+    fn messages_with_images() {
+        let r = parse(
+            r#"{"messages": [{"role": "user", "content": "Hi", "images": 2},
+                             {"role": "assistant", "content": "Two."},
+                             {"role": "user", "content": [{"type": "text", "text": "A "},
+                                                          {"type": "image"},
+                                                          {"type": "text", "text": " and"}]}]}"#,
+        )
+        .expect("valid request");
+        let Prompt::Chat(m) = &r.prompt else {
+            panic!("expected a chat prompt, got {:?}", r.prompt)
+        };
+        assert_eq!((m[0].images, m[0].content.as_str()), (2, "Hi"));
+        assert_eq!(m[1].images, 0);
+        assert_eq!(m[2].content, format!("A {IMAGE_PLACEHOLDER} and"));
+    }
+
     #[test]
     fn text_and_token_prompts() {
         assert!(
@@ -278,6 +326,10 @@ mod tests {
             r#"{"prompt": "x", "temperature": -1}"#,
             r#"{"prompt": "x", "topK": "many"}"#,
             r#"{"prompt": "x", "stop": [""]}"#,
+            r#"{"messages": [{"role": "user", "content": "x", "images": -1}]}"#,
+            r#"{"messages": [{"role": "user", "content": [{"type": "video"}]}]}"#,
+            r#"{"messages": [{"role": "user", "content": [{"type": "text"}]}]}"#,
+            r#"{"messages": [{"role": "user", "content": 7}]}"#,
         ] {
             let e = parse(bad).expect_err(bad);
             assert_eq!(e.code(), "bad_request", "{bad}: {e}");
@@ -311,5 +363,17 @@ mod tests {
         .to_json();
         assert_eq!(d["reason"], "aborted");
         assert_eq!(d["timings"]["generatedTokens"], 0);
+        let t = Timings {
+            encoded_images: 2,
+            encode_ms: 12.5,
+            ..Timings::default()
+        };
+        assert_eq!(
+            (
+                t.to_json()["encodedImages"].clone(),
+                t.to_json()["encodeMs"].clone()
+            ),
+            (json!(2), json!(12.5))
+        );
     }
 }

@@ -73,7 +73,8 @@ impl Model {
     }
 
     /// [`Model::load`] with the vision tower of a llama.cpp projector file (`mmproj`) read
-    /// through `projector`.
+    /// through `projector`. The projector's header is read first, so a file without a tower
+    /// fails before the model's weights are read; progress counts both files' weights.
     pub async fn load_with_projector<R: RangeSource + ?Sized, P: RangeSource + ?Sized>(
         source: &R,
         projector: Option<&P>,
@@ -82,24 +83,48 @@ impl Model {
         let span = tracing::info_span!("load");
         let _enter = span.enter();
         let (header, _) = read_header(source).await?;
+        let projector = match projector {
+            Some(p) => {
+                let (h, _) = read_header(p).await?;
+                let cfg = VisionConfig::from_gguf(&h)?.ok_or(Error::NoVision)?;
+                Some((p, h, cfg))
+            }
+            None => None,
+        };
         let ctx = match opts.context.take() {
             Some(c) => c,
             None => Arc::new(GpuContext::new(opts.gpu.clone()).await?),
         };
+        // The projector's share of the bytes to load: its tensors (the tower's own count,
+        // known only once it starts, is scaled onto this so progress never goes back).
+        let extra: u64 = projector
+            .as_ref()
+            .map_or(0, |(_, h, _)| h.tensors().iter().map(|t| t.n_bytes).sum());
+        let mut progress = opts.on_progress.take();
+        let mut report = |done: u64, total: u64| {
+            if let Some(f) = progress.as_mut() {
+                f(LoadProgress { done, total });
+            }
+        };
+        let mut text_total = 0;
         let mut model = Self::from_header(
             header,
             source,
             ctx.clone(),
             opts.rows.take(),
             opts.experts,
-            opts.on_progress.take(),
+            &mut |p: LoadProgress| {
+                text_total = p.total;
+                report(p.done, p.total + extra);
+            },
         )
         .await?;
-        if let Some(projector) = projector {
-            let (header, _) = read_header(projector).await?;
-            let tower = load_tower(ctx, &header, projector)
-                .await?
-                .ok_or(Error::NoVision)?;
+        if let Some((projector, header, cfg)) = projector {
+            let tower = load_tower(ctx, &header, &cfg, projector, |done, total| {
+                let share = u128::from(done) * u128::from(extra) / u128::from(total.max(1));
+                report(text_total + (share as u64).min(extra), text_total + extra);
+            })
+            .await?;
             model.set_vision(tower)?;
         }
         Ok(model)
@@ -124,7 +149,7 @@ impl Model {
         ctx: Arc<GpuContext>,
         rows: Option<PleRows>,
         experts: ExpertPlacement,
-        mut on_progress: Option<Box<dyn FnMut(LoadProgress)>>,
+        on_progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self, Error> {
         let cfg = TextConfig::from_gguf(&header)?;
         let tokenizer = Tokenizer::from_metadata(&header.metadata, cfg.arch.name())?;
@@ -134,13 +159,22 @@ impl Model {
             experts,
             ..Default::default()
         };
-        let gpu = GpuModel::load_with(ctx.clone(), &header, &cfg, source, rows, placement, |p| {
-            if let Some(f) = on_progress.as_mut() {
-                f(p);
-            }
-        })
+        let gpu = GpuModel::load_with(
+            ctx.clone(),
+            &header,
+            &cfg,
+            source,
+            rows,
+            placement,
+            on_progress,
+        )
         .await?;
-        let vision = load_tower(ctx, &header, source).await?.map(Arc::new);
+        let vision = match VisionConfig::from_gguf(&header)? {
+            Some(v) => Some(Arc::new(
+                load_tower(ctx, &header, &v, source, |_, _| {}).await?,
+            )),
+            None => None,
+        };
         tracing::info!(
             architecture = cfg.arch.name(),
             layers = cfg.n_layer,
@@ -228,8 +262,14 @@ impl Model {
         self.adapter(lora)
     }
 
-    /// A new conversation with its own KV cache.
-    pub fn session(&self, opts: SessionOptions) -> Result<Session, Error> {
+    /// A new conversation with its own KV cache. Where an image's tokens see each other (Gemma
+    /// 4 26B/31B with a vision tower), prefill steps take at least the largest image (1120
+    /// soft tokens, or the whole context if shorter), which a step never cuts.
+    pub fn session(&self, mut opts: SessionOptions) -> Result<Session, Error> {
+        if self.vision().is_some() && self.config().bidirectional_images() {
+            let largest = *wgemma_vision::TOKEN_BUDGETS.iter().max().unwrap_or(&0) as usize;
+            opts.max_batch = opts.max_batch.max(largest.min(opts.context));
+        }
         let gpu = GpuSession::new(self.inner.gpu.clone(), opts)?;
         Ok(Session::new(self.clone(), gpu))
     }
@@ -288,20 +328,20 @@ impl Model {
     }
 }
 
-/// The vision tower a file holds (an mmproj file's, or an Ollama blob's), uploaded.
+/// The vision tower `cfg` describes (an mmproj file's, or an Ollama blob's), uploaded with
+/// `progress(done, total)` in bytes.
 async fn load_tower<R: RangeSource + ?Sized>(
     ctx: Arc<GpuContext>,
     header: &Gguf,
+    cfg: &VisionConfig,
     source: &R,
-) -> Result<Option<VisionTower>, Error> {
-    let Some(cfg) = VisionConfig::from_gguf(header)? else {
-        return Ok(None);
-    };
-    let tower = VisionTower::load(ctx, header, &cfg, source, |_, _| {}).await?;
+    progress: impl FnMut(u64, u64),
+) -> Result<VisionTower, Error> {
+    let tower = VisionTower::load(ctx, header, cfg, source, progress).await?;
     tracing::info!(
         layers = cfg.n_layer,
         width = cfg.n_embd,
         "vision tower loaded"
     );
-    Ok(Some(tower))
+    Ok(tower)
 }

@@ -385,18 +385,15 @@ impl Run<'_> {
         let s = &mut *self.session;
         s.gpu.drain().await?;
         let tokens = s.prompt_tokens(&self.req.prompt)?;
-        let (tokens, images) = if self.req.images.is_empty() {
+        let (tokens, spans) = if self.req.images.is_empty() {
             (tokens, Vec::new())
         } else {
             image::expand(&tokens, &self.req.images, s.model.image_tokens()?)?
         };
-        let spans: Vec<ImageSpan> = images.iter().map(|p| p.span.clone()).collect();
         // Reuse the cached prefix (and the images in it), but always feed at least one token
         // for logits.
         let common = image::reusable_prefix(s.gpu.tokens(), &s.images, &tokens, &spans)
             .min(tokens.len() - 1);
-        s.gpu.rewind(common)?;
-        s.images.retain(|i| i.at + i.len <= common);
         self.timings.prompt_tokens = tokens.len();
         self.timings.cached_tokens = common;
         if tokens.len() + 1 > s.gpu.capacity() {
@@ -406,14 +403,30 @@ impl Run<'_> {
             }
             .into());
         }
+        // Only the images past the cached prefix are decoded, before the cache is touched,
+        // so a bad image leaves the conversation as it was.
+        let mut fresh = Vec::new();
+        for (image, span) in self.req.images.iter().zip(&spans) {
+            if span.at >= common {
+                let vision = s.model.vision().ok_or(Error::NoVision)?;
+                fresh.push((vision, span, image.patches()?));
+            }
+        }
+        s.gpu.rewind(common)?;
+        s.images.retain(|i| i.at + i.len <= common);
         self.prompt_len = tokens.len();
         let encode_start = now_ms();
-        let mut soft = Vec::new();
-        for p in images.iter().filter(|p| p.span.at >= common) {
-            let vision = s.model.vision().ok_or(Error::NoVision)?;
-            let encoded = vision.encode(&p.patches).await?;
+        let mut soft = Vec::with_capacity(fresh.len());
+        for (vision, span, patches) in fresh {
+            let encoded = vision.encode(&patches).await?;
+            if encoded.tokens as usize != span.len {
+                return Err(Error::Request(format!(
+                    "an image became {} soft tokens where its size promised {}",
+                    encoded.tokens, span.len
+                )));
+            }
             soft.push(SoftTokens {
-                at: p.span.at - common,
+                at: span.at - common,
                 rows: encoded.rows,
                 bidirectional: true,
             });

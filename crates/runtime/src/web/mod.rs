@@ -1,7 +1,9 @@
 //! The browser binding (wasm-bindgen): what `web/worker.js` calls. The worker owns the model
 //! and its sessions; the page talks to the worker through `web/wgemma.js`, so a GPU step or a
-//! download never blocks the page. Errors reject with `{code, message}` objects.
+//! download never blocks the page. Errors reject with `{code, message}` objects. Images come
+//! as JS objects beside the JSON request (`image` module).
 
+mod image;
 mod range;
 
 use std::cell::RefCell;
@@ -9,13 +11,15 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use js_sys::{Function, Promise};
+use js_sys::{Float32Array, Function, Object, Promise, Reflect};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 use wgemma_text::{LoadProgress, PleRows, SessionOptions};
 
+use crate::clock::now_ms;
 use crate::json::session_options_from_json;
 use crate::{CancelHandle, ContextOptions, Error, GenerateRequest, LoadOptions, Model, Session};
+use image::{image_input, image_inputs};
 use range::{JsRangeSource, js_message};
 
 #[wasm_bindgen]
@@ -51,14 +55,22 @@ pub struct WasmModel {
 #[wasm_bindgen]
 impl WasmModel {
     /// Loads a model through `reader` (`{size, read(offset, length) -> Promise<Uint8Array>}`),
-    /// calling `on_progress(done, total)` (bytes) as the weights upload. `cpu_adapter` says
-    /// the page found WebGPU running on the CPU (SwiftShader), which the engine cannot see.
+    /// with the vision tower of a llama.cpp projector file through `mmproj` (a reader too, or
+    /// null), calling `on_progress(done, total)` (bytes of both) as the weights upload.
+    /// `cpu_adapter` says the page found WebGPU running on the CPU (SwiftShader), which the
+    /// engine cannot see.
     pub async fn load(
         reader: JsValue,
+        mmproj: JsValue,
         on_progress: Option<Function>,
         cpu_adapter: bool,
     ) -> Result<WasmModel, JsValue> {
         let source = Arc::new(JsRangeSource::new(reader).map_err(|e| reject(&e.into()))?);
+        let projector = if mmproj.is_null() || mmproj.is_undefined() {
+            None
+        } else {
+            Some(JsRangeSource::new(mmproj).map_err(|e| reject(&e.into()))?)
+        };
         let on_progress = on_progress.map(|f| {
             Box::new(move |p: LoadProgress| {
                 // A throwing progress callback must not abort the load.
@@ -79,16 +91,25 @@ impl WasmModel {
             },
             ..LoadOptions::default()
         };
-        let model = Model::load(&*source, opts).await.map_err(|e| reject(&e))?;
+        let model = Model::load_with_projector(&*source, projector.as_ref(), opts)
+            .await
+            .map_err(|e| reject(&e))?;
         Ok(WasmModel { model })
     }
 
-    /// What the file holds (as `wgemma info --json`, without the tensor list) and the GPU
-    /// it runs on.
+    /// What the file holds (as `wgemma info --json`, without the tensor list), the vision
+    /// tower loaded (from either file; null without one) and the GPU it runs on.
     pub fn info(&self) -> JsValue {
         let mut v = self.model.info().to_json();
         if let Some(o) = v.as_object_mut() {
             o.remove("tensors");
+            let vision = self.model.vision().map(|t| {
+                let mut v = crate::info::vision_json(&t.cfg);
+                v["imageTokens"] = serde_json::json!(wgemma_vision::TOKEN_BUDGETS);
+                v["defaultImageTokens"] = serde_json::json!(crate::DEFAULT_IMAGE_TOKENS);
+                v
+            });
+            o.insert("vision".into(), vision.unwrap_or_default());
             let ctx = self.model.gpu_context();
             o.insert(
                 "gpu".into(),
@@ -103,6 +124,35 @@ impl WasmModel {
             );
         }
         js_value(&v)
+    }
+
+    /// One image's soft tokens (`image` as for `generate`): resolves to `{data: Float32Array,
+    /// rows, width, ms}`, `rows` tokens of `width` values each, row by row.
+    #[wasm_bindgen(js_name = encodeImage)]
+    pub fn encode_image(&self, image: JsValue) -> Promise {
+        let image = match image_input(&image) {
+            Ok(i) => i,
+            Err(e) => return Promise::reject(&reject(&e)),
+        };
+        let model = self.model.clone();
+        future_to_promise(async move {
+            let start = now_ms();
+            let (values, rows) = model
+                .encode_image_to_vec(&image)
+                .await
+                .map_err(|e| reject(&e))?;
+            let ms = now_ms() - start;
+            let out = Object::new();
+            let set = |k: &str, v: &JsValue| Reflect::set(&out, &JsValue::from_str(k), v);
+            set("data", &Float32Array::from(&values[..]).into())?;
+            set("rows", &JsValue::from_f64(rows as f64))?;
+            set(
+                "width",
+                &JsValue::from_f64((values.len() / rows.max(1)) as f64),
+            )?;
+            set("ms", &JsValue::from_f64(ms))?;
+            Ok(out.into())
+        })
     }
 
     /// A new conversation; `options` is JSON (`{"context": 4096, "maxBatch": 256}`) or empty.
@@ -131,12 +181,17 @@ pub struct WasmSession {
 
 #[wasm_bindgen]
 impl WasmSession {
-    /// Generates for `request` (JSON, see the runtime's `json` module), calling
-    /// `on_event(event)` for each token and the final `done`; resolves when generation ends.
-    pub fn generate(&self, request: &str, on_event: Function) -> Promise {
-        let req = match parse_request(request) {
+    /// Generates for `request` (JSON, see the runtime's `json` module) with `images` (an
+    /// array of image objects, in prompt order, or null), calling `on_event(event)` for each
+    /// token and the final `done`; resolves when generation ends.
+    pub fn generate(&self, request: &str, images: JsValue, on_event: Function) -> Promise {
+        let mut req = match parse_request(request) {
             Ok(r) => r,
             Err(e) => return Promise::reject(&e),
+        };
+        req.images = match image_inputs(&images) {
+            Ok(i) => i,
+            Err(e) => return Promise::reject(&reject(&e)),
         };
         // An abort that came after the previous generation had finished is stale.
         self.cancel.withdraw();
