@@ -81,13 +81,17 @@ fn content(m: &Map<String, Value>) -> Result<String, Error> {
     }
 }
 
+/// The most images a message's `images` count may ask for: more than any context holds (each
+/// image is at least 72 tokens), few enough that the placeholders cost nothing to write out.
+const MAX_IMAGES_PER_MESSAGE: u64 = 4096;
+
 fn message(m: &Value) -> Result<Message, Error> {
     let m = object(m)?;
     let name = m
         .get("role")
         .and_then(Value::as_str)
         .ok_or_else(|| bad("every message needs a string `role`"))?;
-    let images = count(m, "images", u32::MAX.into())?.unwrap_or(0);
+    let images = count(m, "images", MAX_IMAGES_PER_MESSAGE)?.unwrap_or(0);
     Ok(Message::new(role(name)?, content(m)?).with_images(images as usize))
 }
 
@@ -327,6 +331,7 @@ mod tests {
             r#"{"prompt": "x", "topK": "many"}"#,
             r#"{"prompt": "x", "stop": [""]}"#,
             r#"{"messages": [{"role": "user", "content": "x", "images": -1}]}"#,
+            r#"{"messages": [{"role": "user", "content": "x", "images": 4294967295}]}"#,
             r#"{"messages": [{"role": "user", "content": [{"type": "video"}]}]}"#,
             r#"{"messages": [{"role": "user", "content": [{"type": "text"}]}]}"#,
             r#"{"messages": [{"role": "user", "content": 7}]}"#,

@@ -27,6 +27,13 @@ fn coop_bytes(d: u32) -> u32 {
     2 * bk * (dp + 8) * 2 + 64 * (dp + 8) * 2 + 64 * (dp + 4) * 4
 }
 
+/// `attend_coop.wgsl` for heads of dimension `d` (the mask's flag still to add).
+fn coop_source(d: u32) -> ShaderSource {
+    ShaderSource::new("attend_coop", &[ATTEND_MASK_WGSL, ATTEND_COOP_WGSL])
+        .flag("COOP")
+        .flag_if(d > 64, "HEAD_DIM_80")
+}
+
 /// Which kernel [`attend_with`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttendKernel {
@@ -235,11 +242,8 @@ pub fn attend_with(
     };
     let (label, source, items) = match chosen {
         AttendKernel::Coop => {
-            let source = ShaderSource::new("attend_coop", &[ATTEND_MASK_WGSL, ATTEND_COOP_WGSL])
-                .flag("COOP")
-                .flag_if(params.d > 64, "HEAD_DIM_80");
             let blocks = params.tq.div_ceil(TILED_BLOCK);
-            ("attend_coop", source, blocks * params.heads)
+            ("attend_coop", coop_source(params.d), blocks * params.heads)
         }
         AttendKernel::Tiled => {
             let d4 = params.d.div_ceil(4);
@@ -285,14 +289,9 @@ mod tests {
     #[test]
     fn every_coop_variant_validates() {
         for mask in ["CAUSAL", "FULL", "CANVAS", "SPANS", "LOCAL"] {
-            for wide in [false, true] {
-                let source =
-                    ShaderSource::new("attend_coop", &[ATTEND_MASK_WGSL, ATTEND_COOP_WGSL])
-                        .flag("COOP")
-                        .flag(mask)
-                        .flag_if(wide, "HEAD_DIM_80");
-                crate::shader::validate_coop(&source);
-                assert!(coop_bytes(if wide { 72 } else { 64 }) <= 48 * 1024);
+            for d in [64, COOP_MAX_HEAD_DIM] {
+                crate::shader::validate_coop(&coop_source(d).flag(mask));
+                assert!(coop_bytes(d) <= 48 * 1024);
             }
         }
     }

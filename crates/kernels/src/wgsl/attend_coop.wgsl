@@ -42,14 +42,19 @@ var<workgroup> ps: array<vec4<f16>, BQ * QP / 4u>;
 // Each tile's scores, then its weighted values.
 var<workgroup> ss: array<f32, BQ * SP>;
 
+// Which tensor `at` reads.
+const OF_Q: u32 = 0u;
+const OF_K: u32 = 1u;
+const OF_V: u32 = 2u;
+
 // Element c of row `row` (zero past the head) of q, k or v.
 fn at(which: u32, row: u32, head: u32, c: u32) -> f32 {
     if (c >= p.d) {
         return 0.0;
     }
     switch which {
-        case 0u: { return q[p.q_at + row * p.q0 + head * p.q1 + c * p.q2]; }
-        case 1u: { return k[p.k_at + row * p.k0 + head * p.k1 + c * p.k2]; }
+        case OF_Q: { return q[p.q_at + row * p.q0 + head * p.q1 + c * p.q2]; }
+        case OF_K: { return k[p.k_at + row * p.k0 + head * p.k1 + c * p.k2]; }
         default: { return v[p.v_at + row * p.v0 + head * p.v1 + c * p.v2]; }
     }
 }
@@ -76,8 +81,8 @@ fn fetch_tile(kb: u32, n: u32, kvh: u32, li: u32) -> TileLoad {
         let e = li + 256u * i;
         let j = e / (QP / 4u);
         if (e < TILE4 && j < n) {
-            t.k[i] = row4(1u, kb + j, kvh, e % (QP / 4u));
-            t.v[i] = row4(2u, kb + j, kvh, e % (QP / 4u));
+            t.k[i] = row4(OF_K, kb + j, kvh, e % (QP / 4u));
+            t.v[i] = row4(OF_V, kb + j, kvh, e % (QP / 4u));
         }
     }
     return t;
@@ -132,7 +137,7 @@ fn main(
         let qr = e / (QP / 4u);
         var x = vec4<f16>(0.0);
         if (first + qr < p.tq) {
-            x = row4(0u, first + qr, h, e % (QP / 4u));
+            x = row4(OF_Q, first + qr, h, e % (QP / 4u));
         }
         ps[e] = x;
     }
