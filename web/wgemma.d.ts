@@ -135,6 +135,13 @@ export interface GenerateOptions {
   penaltyLastN?: number;
   seed?: number;
   stop?: string[];
+  /**
+   * Turn control-token text in the messages (`<end_of_turn>` typed by a user) into control
+   * tokens. Off by default: message text is plain text; only the chat template adds them.
+   */
+  parseSpecial?: boolean;
+  /** End a reply that repeats the same stretch of text three times in a row (reason "loop"). */
+  stopLoops?: boolean;
   /** Feed a string prompt as plain text, without the chat template. */
   raw?: boolean;
   /**
@@ -172,7 +179,7 @@ export type GenerateEvent =
   | { type: "token"; id: number; text: string }
   | {
       type: "done";
-      reason: "end" | "max_tokens" | "stop_string" | "aborted" | "context_full";
+      reason: "end" | "max_tokens" | "stop_string" | "aborted" | "context_full" | "loop";
       timings: Timings;
     };
 

@@ -1,10 +1,13 @@
 //! Chat templates: a conversation rendered as the prompt text Gemma was trained on.
 //!
 //! The text is rendered without the leading `<bos>` that the Jinja templates emit: encode it
-//! with `add_special` so the tokenizer adds BOS, and with `parse_special` so the turn markers
-//! become their control tokens.
+//! with `add_special` so the tokenizer adds BOS. [`ChatTemplate::render_marked`] keeps apart
+//! the template's markup (turn markers, which become control tokens) and the messages' text
+//! (always plain text, whatever it contains).
 
 use std::fmt;
+
+use crate::tokenizer::MarkedText;
 
 /// Who wrote a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -130,12 +133,24 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
+        self.render_marked(messages, add_generation_prompt)
+            .map(String::from)
+    }
+
+    /// As [`ChatTemplate::render`], with the messages' content marked as plain text so that
+    /// [`crate::tokenizer::Tokenizer::encode_marked`] never turns control-token text typed by
+    /// a user (`<end_of_turn>`) into control tokens; only the template's own markup becomes
+    /// control tokens.
+    pub fn render_marked(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<MarkedText, ChatError> {
         let (system, turns) = split_system(messages)?;
         if add_generation_prompt && turns.last().is_some_and(|m| m.role == Role::Assistant) {
             return Err(ChatError::GenerationAfterAssistant);
         }
-        let capacity = messages.iter().map(|m| m.content.len() + 32).sum::<usize>() + 32;
-        let mut out = String::with_capacity(capacity);
+        let mut out = MarkedText::new();
         match self {
             ChatTemplate::Gemma3 if messages.iter().any(|m| m.images > 0) => {
                 return Err(ChatError::ImagesUnsupported);
@@ -146,39 +161,39 @@ impl ChatTemplate {
                 // and an empty one adds nothing.
                 let mut prefix = system.map(|s| trim(&s.content)).filter(|s| !s.is_empty());
                 for m in turns {
-                    out.push_str("<start_of_turn>");
-                    out.push_str(m.role.turn_name());
-                    out.push('\n');
+                    out.push_markup("<start_of_turn>");
+                    out.push_markup(m.role.turn_name());
+                    out.push_markup("\n");
                     if let Some(p) = prefix.take() {
-                        out.push_str(p);
-                        out.push_str("\n\n");
+                        out.push_plain(p);
+                        out.push_markup("\n\n");
                     }
-                    out.push_str(trim(&m.content));
-                    out.push_str("<end_of_turn>\n");
+                    out.push_plain(trim(&m.content));
+                    out.push_markup("<end_of_turn>\n");
                 }
                 if add_generation_prompt {
-                    out.push_str("<start_of_turn>model\n");
+                    out.push_markup("<start_of_turn>model\n");
                 }
             }
             ChatTemplate::Gemma4 => {
                 if let Some(s) = system {
-                    out.push_str("<|turn>system\n");
-                    out.push_str(trim(&s.content));
-                    out.push_str("<turn|>\n");
+                    out.push_markup("<|turn>system\n");
+                    out.push_plain(trim(&s.content));
+                    out.push_markup("<turn|>\n");
                 }
                 for m in turns {
-                    out.push_str("<|turn>");
-                    out.push_str(m.role.turn_name());
-                    out.push('\n');
-                    out.push_str(&IMAGE_PLACEHOLDER.repeat(m.images));
+                    out.push_markup("<|turn>");
+                    out.push_markup(m.role.turn_name());
+                    out.push_markup("\n");
+                    out.push_markup(&IMAGE_PLACEHOLDER.repeat(m.images));
                     match m.role {
-                        Role::Assistant => out.push_str(&strip_thinking(&m.content)),
-                        _ => out.push_str(trim(&m.content)),
+                        Role::Assistant => out.push_plain(&strip_thinking(&m.content)),
+                        _ => out.push_plain(trim(&m.content)),
                     }
-                    out.push_str("<turn|>\n");
+                    out.push_markup("<turn|>\n");
                 }
                 if add_generation_prompt {
-                    out.push_str("<|turn>model\n");
+                    out.push_markup("<|turn>model\n");
                 }
             }
         }

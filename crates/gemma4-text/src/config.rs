@@ -22,7 +22,7 @@ impl Arch {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("architecture {0:?} is not supported (gemma3 and gemma4 are)")]
+    #[error("architecture {} is not supported (gemma3 and gemma4 are)", wgemma_gguf::Quoted(.0))]
     Unsupported(String),
     #[error("the file has no general.architecture")]
     NoArchitecture,

@@ -16,7 +16,8 @@ pub mod tokenizer;
 pub use config::{Arch, ConfigError, LayerConfig, TextConfig};
 pub use forward::{
     ExpertPlacement, ForwardError, Fusions, GpuModel, GpuSession, LoadError, LoadOptions,
-    LoadProgress, PleRows, PreparedLora, SessionOptions, SoftTokens, Traced, WeightBytes,
+    LoadProgress, PleRows, PrefillWatch, PreparedLora, SessionOptions, SoftTokens, Traced,
+    WeightBytes,
 };
 pub use reference::{CpuModel, Input};
-pub use sampling::SamplingParams;
+pub use sampling::{SamplingError, SamplingParams};

@@ -1,8 +1,10 @@
 //! Sampling settings and the parts of sampling that run on the CPU: the final draw among the
 //! top-k candidates the GPU returns, and a full CPU reference sampler over whole logits.
 
+use std::fmt;
+
 use wgemma_kernels::cpu;
-use wgemma_kernels::ops::{PenaltyParams, TOPK_MAX};
+use wgemma_kernels::ops::{PenaltyParams, RING_CAP, TOPK_MAX};
 
 /// How the next token is chosen. The defaults are greedy decoding.
 #[derive(Clone, Debug, PartialEq)]
@@ -54,7 +56,87 @@ pub enum Strategy {
     TopK(u32),
 }
 
+/// A sampling setting outside the range where it means something.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{name} {value}: {rule}")]
+pub struct SamplingError {
+    /// The setting, as the CLI spells it (`temperature`, `top-p`).
+    pub name: &'static str,
+    /// The value given, as text.
+    pub value: String,
+    /// What is allowed, and why.
+    pub rule: &'static str,
+}
+
 impl SamplingParams {
+    /// Gemma's published sampling settings (temperature 1.0, top-k 64, top-p 0.95), which
+    /// Ollama and the model cards use; `seed` picks the draw.
+    pub fn gemma(seed: u64) -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 64,
+            top_p: 0.95,
+            seed,
+            ..Self::default()
+        }
+    }
+
+    /// Checks every setting: NaN, infinities and values that select nothing (a negative
+    /// temperature, a repeat penalty of 0 or below, top-p above 1) are errors rather than
+    /// something silently different.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        let err = |name, value: &dyn fmt::Display, rule| SamplingError {
+            name,
+            value: value.to_string(),
+            rule,
+        };
+        let t = self.temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(err(
+                "temperature",
+                &t,
+                "must be 0 (greedy) or above, and finite",
+            ));
+        }
+        if self.top_k > TOPK_MAX as usize {
+            return Err(err(
+                "top-k",
+                &self.top_k,
+                "must be at most 64, the candidates the GPU keeps (0: the whole vocabulary)",
+            ));
+        }
+        let unit = "must be from 0 to 1";
+        if !(0.0..=1.0).contains(&self.top_p) {
+            return Err(err("top-p", &self.top_p, unit));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(err("min-p", &self.min_p, unit));
+        }
+        let r = self.repeat_penalty;
+        if !(r.is_finite() && r > 0.0) {
+            return Err(err(
+                "repeat-penalty",
+                &r,
+                "must be above 0 and finite (1: off, above 1: fewer repeats)",
+            ));
+        }
+        let openai = "must be from -2 to 2";
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return Err(err("frequency-penalty", &self.frequency_penalty, openai));
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return Err(err("presence-penalty", &self.presence_penalty, openai));
+        }
+        if self.penalty_last_n > RING_CAP as usize {
+            return Err(err(
+                "penalty-last-n",
+                &self.penalty_last_n,
+                "must be at most 1024, the recent tokens the GPU keeps",
+            ));
+        }
+        Ok(())
+    }
+
     pub fn strategy(&self) -> Strategy {
         if self.temperature <= 0.0 || self.top_k == 1 {
             Strategy::Greedy

@@ -19,6 +19,7 @@ use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fmt;
+use std::ops::Range;
 
 use wgemma_gguf::{Array, Metadata, MetadataError};
 
@@ -27,7 +28,10 @@ use wgemma_gguf::{Array, Metadata, MetadataError};
 pub enum TokenizerError {
     #[error(transparent)]
     Metadata(#[from] MetadataError),
-    #[error("unsupported tokenizer model {0:?} (expected \"llama\" or \"gemma4\")")]
+    #[error(
+        "unsupported tokenizer model {} (expected \"llama\" or \"gemma4\")",
+        wgemma_gguf::Quoted(.0)
+    )]
     UnsupportedModel(String),
     #[error("the vocabulary is empty")]
     EmptyVocab,
@@ -52,6 +56,55 @@ pub enum Algorithm {
     SentencePiece,
     /// llama.cpp's BPE with the Gemma 4 pre-tokenizer: rank-ordered merges.
     Gemma4Bpe,
+}
+
+/// Prompt text built from markup (a chat template's `<start_of_turn>`, `<|image|>`, whose
+/// control-token text becomes those tokens) and plain text (what a user typed, whose
+/// `<end_of_turn>` stays the characters `<end_of_turn>`: a user cannot forge a turn).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MarkedText {
+    text: String,
+    /// Byte ranges of plain text, ascending and disjoint.
+    plain: Vec<Range<usize>>,
+}
+
+impl MarkedText {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends markup: control-token text in it becomes control tokens.
+    pub fn push_markup(&mut self, markup: &str) {
+        self.text.push_str(markup);
+    }
+
+    /// Appends plain text: it is tokenized as text whatever it contains.
+    pub fn push_plain(&mut self, text: &str) {
+        let start = self.text.len();
+        self.text.push_str(text);
+        match self.plain.last_mut() {
+            Some(last) if last.end == start => last.end = self.text.len(),
+            _ if text.is_empty() => {}
+            _ => self.plain.push(start..self.text.len()),
+        }
+    }
+
+    /// All of it, markup and plain text alike.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// Whether `start..end` touches plain text.
+    fn overlaps_plain(&self, start: usize, end: usize) -> bool {
+        let first_after = self.plain.partition_point(|r| r.end <= start);
+        self.plain.get(first_after).is_some_and(|r| r.start < end)
+    }
+}
+
+impl From<MarkedText> for String {
+    fn from(m: MarkedText) -> String {
+        m.text
+    }
 }
 
 /// llama.cpp token attributes, derived from the GGUF token types. A token can carry more than
@@ -288,12 +341,36 @@ impl Tokenizer {
     /// `parse_special`, the text of control tokens (`<start_of_turn>`, `<bos>`) becomes those
     /// tokens instead of plain text.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
-        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        let fragments = if parse_special {
+            self.specials.partition(text, Some(&MarkedText::default()))
+        } else {
+            self.specials.partition(text, None)
+        };
+        self.encode_fragments(fragments, add_special)
+    }
+
+    /// Token ids of a prompt of markup and plain text: control-token text becomes control
+    /// tokens only where it lies wholly in markup. Where the plain text holds no control-token
+    /// text this equals `encode(text, add_special, true)`: both parse the text in one piece.
+    pub fn encode_marked(&self, marked: &MarkedText, add_special: bool) -> Vec<u32> {
+        let fragments = self.specials.partition(&marked.text, Some(marked));
+        self.encode_fragments(fragments, add_special)
+    }
+
+    fn encode_fragments(&self, fragments: Vec<Fragment<'_>>, add_special: bool) -> Vec<u32> {
+        let text_len: usize = fragments
+            .iter()
+            .map(|f| match f {
+                Fragment::Text(t) => t.len(),
+                Fragment::Special(_) => 1,
+            })
+            .sum();
+        let mut out = Vec::with_capacity(text_len / 3 + 2);
         if add_special && self.add_bos {
             out.push(self.bos);
         }
         let mut after_special = true;
-        for fragment in self.specials.partition(text, parse_special) {
+        for fragment in fragments {
             match fragment {
                 Fragment::Special(id) => {
                     out.push(id);
@@ -866,8 +943,11 @@ impl Specials {
     /// occurrences, and they are then claimed token by token in the same order. An
     /// occurrence of a token is claimed when it overlaps no earlier claim and starts after
     /// the previous claim of the same token.
-    fn partition<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Fragment<'t>> {
-        let mut runs = self.find_runs(text.as_bytes(), parse_special);
+    ///
+    /// `marked` is `None` when control tokens are not parsed; otherwise they are parsed where
+    /// they touch none of its plain text.
+    fn partition<'t>(&self, text: &'t str, marked: Option<&MarkedText>) -> Vec<Fragment<'t>> {
+        let mut runs = self.find_runs(text.as_bytes(), marked.is_some());
         runs.sort_unstable_by_key(|r| (r.rank, r.start));
 
         // start -> (end, id) of claimed occurrences.
@@ -889,6 +969,12 @@ impl Specials {
                         pos = end;
                         continue;
                     }
+                }
+                if tok.needs_parse_special
+                    && marked.is_some_and(|m| m.overlaps_plain(pos, pos + tok.len))
+                {
+                    pos += 1;
+                    continue;
                 }
                 claimed.insert(pos, (pos + tok.len, tok.id));
                 pos += tok.len;

@@ -63,7 +63,7 @@ pub struct VisionConfig {
 pub enum VisionConfigError {
     #[error(transparent)]
     Metadata(#[from] MetadataError),
-    #[error("the projector is {0:?}, not Gemma 4's vision tower (gemma4v)")]
+    #[error("the projector is {}, not Gemma 4's vision tower (gemma4v)", wgemma_gguf::Quoted(.0))]
     Projector(String),
     #[error("the vision tower has no tensor {0}")]
     MissingTensor(String),

@@ -19,6 +19,10 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 pub const MAX_DIMS: usize = 4;
 /// Arrays of arrays deeper than this are rejected (real files never nest at all).
 const MAX_ARRAY_DEPTH: usize = 4;
+/// The longest metadata key or tensor name accepted. Real ones are identifiers of under a
+/// hundred bytes (ggml caps tensor names at 64); a longer one is a corrupt length, rejected
+/// before its bytes are read, which also keeps any error that names it short.
+pub const MAX_NAME_LEN: u64 = 4096;
 
 /// One entry of the tensor table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -307,7 +311,7 @@ impl Gguf {
 
         let mut entries = Vec::with_capacity(c.capacity_hint(n_kv as usize, 13));
         for _ in 0..n_kv {
-            let key = c.string("metadata key")?;
+            let key = c.name("metadata key")?;
             let type_id = c.u32("metadata value type")?;
             let ty = ValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType {
                 key: key.clone(),
@@ -514,6 +518,23 @@ impl<'a> Cursor<'a> {
         Ok(String::from_utf8_lossy(bytes).into_owned())
     }
 
+    /// A metadata key or tensor name: a string of at most [`MAX_NAME_LEN`] bytes, checked
+    /// before anything is read (a streaming reader would otherwise fetch the bogus length).
+    fn name(&mut self, what: &'static str) -> Result<String, GgufError> {
+        let offset = self.pos as u64;
+        let len = self.u64(what)?;
+        if len > MAX_NAME_LEN {
+            return Err(GgufError::NameTooLong {
+                what,
+                len,
+                offset,
+                max: MAX_NAME_LEN,
+            });
+        }
+        let bytes = self.take(len, what)?;
+        Ok(String::from_utf8_lossy(bytes).into_owned())
+    }
+
     fn value(&mut self, key: &str, ty: ValueType, depth: usize) -> Result<Value, GgufError> {
         Ok(match ty {
             ValueType::U8 => Value::U8(self.array::<1>("u8 value")?[0]),
@@ -602,7 +623,7 @@ impl<'a> Cursor<'a> {
     }
 
     fn tensor_info(&mut self) -> Result<TensorInfo, GgufError> {
-        let name = self.string("tensor name")?;
+        let name = self.name("tensor name")?;
         let n_dims = self.u32("tensor dimension count")? as usize;
         if n_dims == 0 || n_dims > MAX_DIMS {
             return Err(GgufError::BadTensor {

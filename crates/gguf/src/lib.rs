@@ -23,15 +23,15 @@ mod write;
 
 pub use dequant::{IQ4_NL_LEVELS, dequantize, dequantize_to_vec, k4_scale_min, q3k_scales};
 pub use dtype::{GgmlType, QK_K};
-pub use error::{GgufError, MetadataError, SourceError, TensorError};
-pub use file::{DEFAULT_ALIGNMENT, Gguf, MAX_DIMS, Metadata, TensorInfo};
+pub use error::{GgufError, MetadataError, QUOTE_CHARS, Quoted, SourceError, TensorError};
+pub use file::{DEFAULT_ALIGNMENT, Gguf, MAX_DIMS, MAX_NAME_LEN, Metadata, TensorInfo};
 pub use quantize::quantize;
 pub use source::{
     BytesSource, FIRST_HEADER_READ, FetchedRows, MaybeSendSync, RangeSource, RowFetcher,
     TensorSource, read_header,
 };
 #[cfg(not(target_arch = "wasm32"))]
-pub use source::{FileRangeSource, MmapSource, cache_dir};
+pub use source::{FileRangeSource, MmapSource, cache_dir, read_file_header};
 pub use value::{Array, Value, ValueType};
 pub use write::{GgufWriter, TensorSpec, WriteError, write_gguf};
 

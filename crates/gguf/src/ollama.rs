@@ -12,6 +12,8 @@ const DEFAULT_NAMESPACE: &str = "library";
 const DEFAULT_TAG: &str = "latest";
 const MODEL_MEDIA_TYPE: &str = "application/vnd.ollama.image.model";
 const PROJECTOR_MEDIA_TYPE: &str = "application/vnd.ollama.image.projector";
+const PARAMS_MEDIA_TYPE: &str = "application/vnd.ollama.image.params";
+const TEMPLATE_MEDIA_TYPE: &str = "application/vnd.ollama.image.template";
 
 /// A parsed model reference: `[registry/][namespace/]model[:tag]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,11 +33,18 @@ pub struct OllamaModel {
     pub model: PathBuf,
     /// The vision/audio projector GGUF, when the manifest has one.
     pub projector: Option<PathBuf>,
+    /// The model's default options (JSON: `temperature`, `top_k`, ...), when it has some.
+    pub params: Option<PathBuf>,
+    /// The chat template (Go template text), when it has one: chat models do.
+    pub template: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum OllamaError {
-    #[error("{0:?} is not an Ollama model name ([registry/][namespace/]model[:tag])")]
+    #[error(
+        "{} is not an Ollama model name ([registry/][namespace/]model[:tag])",
+        crate::Quoted(.0)
+    )]
     BadName(String),
     #[error("no Ollama model store found: set OLLAMA_MODELS or HOME")]
     NoStore,
@@ -184,9 +193,11 @@ pub fn resolve_in(store: &Path, name: &str) -> Result<OllamaModel, OllamaError> 
     let projector = blob_of(PROJECTOR_MEDIA_TYPE)?;
     Ok(OllamaModel {
         name: parsed,
-        manifest,
+        manifest: manifest.clone(),
         model,
         projector,
+        params: blob_of(PARAMS_MEDIA_TYPE)?,
+        template: blob_of(TEMPLATE_MEDIA_TYPE)?,
     })
 }
 

@@ -59,7 +59,42 @@ impl TensorSource for BytesSource {
     }
 }
 
+/// Opens `path` for reading when it is a regular file: a directory or a FIFO, socket or
+/// device is an error naming what it is, and opening never blocks (a FIFO would wait for a
+/// writer). Returns the file and its length.
+#[cfg(not(target_arch = "wasm32"))]
+fn open_regular(path: &std::path::Path) -> Result<(std::fs::File, u64), SourceError> {
+    let kind = |meta: &std::fs::Metadata| {
+        if meta.is_dir() {
+            Err(SourceError::IsDirectory)
+        } else if !meta.is_file() {
+            Err(SourceError::NotRegularFile)
+        } else {
+            Ok(())
+        }
+    };
+    // Asked first for the message (Windows cannot open a directory at all); the open handle
+    // is asked again below, which is what counts if the path changes in between.
+    kind(&std::fs::metadata(path)?)?;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.read(true);
+    // Non-blocking, so that a FIFO put in place after the check cannot hang the open; reads
+    // of a regular file ignore the flag.
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut opts, libc::O_NONBLOCK);
+    let file = opts.open(path)?;
+    let meta = file.metadata()?;
+    kind(&meta)?;
+    Ok((file, meta.len()))
+}
+
 /// A memory-mapped file (native only).
+///
+/// Reads through the map are plain memory reads: if the file is truncated while it is mapped,
+/// touching a page past the new end kills the process with SIGBUS (on Linux and macOS) instead
+/// of returning an error. Read headers with [`read_file_header`], which copies through
+/// ordinary reads, and do not truncate or rewrite a model file in place while it is loaded
+/// (write a new file and rename it over the old one instead: the map keeps the old one).
 #[cfg(not(target_arch = "wasm32"))]
 pub struct MmapSource {
     map: memmap2::Mmap,
@@ -67,11 +102,12 @@ pub struct MmapSource {
 
 #[cfg(not(target_arch = "wasm32"))]
 impl MmapSource {
-    /// Maps `path` read-only.
+    /// Maps `path` read-only; it must be a regular file.
     pub fn open(path: impl AsRef<std::path::Path>) -> Result<Self, SourceError> {
-        let file = std::fs::File::open(path.as_ref())?;
-        // SAFETY: the map is read-only; a model file changed underneath a running process is
-        // outside what any loader can defend against (llama.cpp maps the same way).
+        let (file, _) = open_regular(path.as_ref())?;
+        // SAFETY: the map is read-only and only ever read as bytes. A file truncated underneath
+        // it faults on access (SIGBUS, see the type's documentation): a risk every mmap-based
+        // loader takes (llama.cpp maps the same way), documented rather than defended against.
         let map = unsafe { memmap2::Mmap::map(&file)? };
         Ok(Self { map })
     }
@@ -182,9 +218,9 @@ pub struct FileRangeSource {
 
 #[cfg(not(target_arch = "wasm32"))]
 impl FileRangeSource {
+    /// Opens `path`; it must be a regular file.
     pub fn open(path: impl AsRef<std::path::Path>) -> Result<Self, SourceError> {
-        let file = std::fs::File::open(path.as_ref())?;
-        let len = file.metadata()?.len();
+        let (file, len) = open_regular(path.as_ref())?;
         Ok(Self { file, len })
     }
 
@@ -230,9 +266,27 @@ impl RangeSource for FileRangeSource {
             }
         }
         let mut buf = vec![0u8; len as usize];
-        self.read_at(offset, &mut buf)?;
+        self.read_at(offset, &mut buf).map_err(|e| match e.kind() {
+            // The length was checked against the size at open: the file shrank since.
+            std::io::ErrorKind::UnexpectedEof => SourceError::Shrank {
+                offset,
+                len,
+                size: self.len,
+            },
+            _ => SourceError::Io(e),
+        })?;
         Ok(buf)
     }
+}
+
+/// Reads and parses the header of the GGUF file at `path` with ordinary positioned reads
+/// (never through a memory map), so a file cut short or truncated while it is read gives an
+/// error, not a SIGBUS. Only the header's bytes are read.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn read_file_header(path: impl AsRef<std::path::Path>) -> Result<Gguf, GgufError> {
+    let file = FileRangeSource::open(path)?;
+    // FileRangeSource's reads are synchronous: every future is ready when first polled.
+    futures::executor::block_on(read_header(&file)).map(|(g, _)| g)
 }
 
 /// The first read of a header; doubled on each further read, so a header of `h` bytes costs

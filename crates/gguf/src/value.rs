@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::error::Quoted;
+
 /// The value types GGUF metadata can hold, with their on-disk ids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u32)]
@@ -283,12 +285,23 @@ impl Array {
 }
 
 impl fmt::Display for Value {
+    /// A short human form (what `wgemma info` and error messages show): strings quoted and
+    /// cut at [`crate::QUOTE_CHARS`] characters, arrays past 8 entries as their length and
+    /// type. [`Value::to_json`] gives everything.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Value::String(s) => write!(f, "{s:?}"),
+            Value::String(s) => write!(f, "{}", Quoted(s)),
             // Rust prints the shortest decimal that round-trips the f32 (1e-6, not 9.99e-7).
             Value::F32(v) => write!(f, "{v}"),
             Value::Array(a) if a.len() > 8 => write!(f, "[{} x {}]", a.len(), a.element_type()),
+            Value::Array(Array::String(v)) => {
+                f.write_str("[")?;
+                for (i, s) in v.iter().enumerate() {
+                    let sep = if i == 0 { "" } else { "," };
+                    write!(f, "{sep}{}", Quoted(s))?;
+                }
+                f.write_str("]")
+            }
             other => write!(f, "{}", other.to_json()),
         }
     }

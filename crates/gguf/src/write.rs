@@ -4,7 +4,8 @@
 use std::io::{self, Write};
 
 use crate::dtype::GgmlType;
-use crate::file::{DEFAULT_ALIGNMENT, MAGIC};
+use crate::error::Quoted;
+use crate::file::{DEFAULT_ALIGNMENT, MAGIC, MAX_NAME_LEN};
 use crate::value::{Array, Value};
 
 /// A tensor to be written: name, type and dimensions (ggml order).
@@ -35,8 +36,14 @@ impl TensorSpec {
 pub enum WriteError {
     #[error(transparent)]
     Io(#[from] io::Error),
-    #[error("tensor {name:?}: {reason}")]
+    #[error("tensor {}: {reason}", Quoted(.name))]
     Tensor { name: String, reason: String },
+    #[error("{what} {} is {len} bytes; readers take at most {MAX_NAME_LEN}", Quoted(.name))]
+    NameTooLong {
+        what: &'static str,
+        name: String,
+        len: usize,
+    },
     #[error("alignment {0} is not a non-zero power of two")]
     Alignment(u64),
 }
@@ -63,6 +70,18 @@ impl<W: Write> GgufWriter<W> {
     ) -> Result<Self, WriteError> {
         if alignment == 0 || !alignment.is_power_of_two() {
             return Err(WriteError::Alignment(alignment));
+        }
+        // The reader refuses longer names as corrupt lengths; never write a file it refuses.
+        let names = metadata.iter().map(|(k, _)| ("metadata key", k));
+        let names = names.chain(specs.iter().map(|s| ("tensor name", &s.name)));
+        for (what, name) in names {
+            if name.len() as u64 > MAX_NAME_LEN {
+                return Err(WriteError::NameTooLong {
+                    what,
+                    name: name.clone(),
+                    len: name.len(),
+                });
+            }
         }
         let sizes = specs
             .iter()

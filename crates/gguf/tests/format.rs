@@ -266,10 +266,19 @@ fn hostile_headers_give_typed_errors() {
     check(&Raw::new(3, 0, 1 << 60).pad_to(64), &|e| {
         matches!(e, E::ImplausibleCount { .. })
     });
-    // A string claiming more bytes than the file has.
+    // A string claiming more bytes than the file has (a key's length past the most a name
+    // takes is refused as such first).
     check(&Raw::new(3, 0, 1).u64(u64::MAX - 3).pad_to(64), &|e| {
-        matches!(e, E::Truncated { .. })
+        matches!(e, E::NameTooLong { .. })
     });
+    check(
+        &Raw::new(3, 0, 1)
+            .str("k")
+            .u32(8)
+            .u64(u64::MAX - 3)
+            .pad_to(64),
+        &|e| matches!(e, E::Truncated { .. }),
+    );
     check(&Raw::new(3, 0, 1).u64(1000).pad_to(64), &|e| {
         matches!(e, E::Truncated { .. })
     });
@@ -365,6 +374,69 @@ fn hostile_headers_give_typed_errors() {
     );
 }
 
+/// Corrupt lengths are errors before their bytes are read or allocated, and every message
+/// stays short however long the string the file claims or holds.
+#[test]
+fn corrupt_lengths_fail_early_with_short_messages() {
+    use GgufError as E;
+    let short = |e: &GgufError| {
+        let m = e.to_string();
+        // 64 characters, each escaped to at most a dozen bytes, and a sentence around them.
+        let head: String = m.chars().take(200).collect();
+        assert!(m.len() < 1000, "{} bytes: {head}", m.len());
+    };
+    // A key length past the end of the file, and one inside a large file but no real key's.
+    let e = Gguf::parse(&Raw::new(3, 0, 1).u64(u64::MAX - 3).pad_to(64)).unwrap_err();
+    assert!(matches!(e, E::NameTooLong { .. }), "{e:?}");
+    short(&e);
+    let bogus = 116 << 20;
+    let big = Raw::new(3, 0, 1).u64(bogus).pad_to(4 << 20);
+    let e = Gguf::parse(&big).unwrap_err();
+    assert!(
+        matches!(e, E::NameTooLong { len, .. } if len == bogus),
+        "{e:?}"
+    );
+    short(&e);
+    // Through a streaming reader the bogus length is not fetched: the first read says it all.
+    let src = CountingSource {
+        bytes: Raw::new(3, 0, 1).u64(3 << 20).pad_to(8 << 20),
+        requests: AtomicUsize::new(0),
+        max_end: AtomicU64::new(0),
+    };
+    let e = futures::executor::block_on(read_header(&src)).unwrap_err();
+    assert!(matches!(e, E::NameTooLong { .. }), "{e:?}");
+    assert_eq!(src.requests.load(Ordering::Relaxed), 1);
+    // The same for a tensor name.
+    let e = Gguf::parse(&Raw::new(3, 1, 0).u64(1 << 20).pad_to(2 << 20)).unwrap_err();
+    assert!(matches!(e, E::NameTooLong { .. }), "{e:?}");
+    // A 100 MB string value in a small file.
+    let e = Gguf::parse(&Raw::new(3, 0, 1).str("k").u32(8).u64(100 << 20).pad_to(256)).unwrap_err();
+    assert!(matches!(e, E::Truncated { .. }), "{e:?}");
+    short(&e);
+    // The longest key accepted, of control bytes, in an error: quoted short.
+    let key = "\u{1}".repeat(MAX_NAME_LEN as usize);
+    let e = Gguf::parse(&Raw::new(3, 0, 1).str(&key).u32(99).pad_to(8192)).unwrap_err();
+    assert!(matches!(e, E::UnknownValueType { .. }), "{e:?}");
+    short(&e);
+    // A long string value shown as a value (`wgemma info`, BadAlignment) is cut as well.
+    let e = Gguf::parse(
+        &Raw::new(3, 0, 1)
+            .str("general.alignment")
+            .u32(8)
+            .str(&"7".repeat(1 << 20))
+            .pad_to(2 << 20),
+    )
+    .unwrap_err();
+    assert!(matches!(e, E::BadAlignment(_)), "{e:?}");
+    short(&e);
+    // The writer refuses a name the reader would.
+    let long = "n".repeat(MAX_NAME_LEN as usize + 1);
+    assert!(matches!(
+        write_gguf(&[(long, Value::U32(1))], &[], 32),
+        Err(WriteError::NameTooLong { .. })
+    ));
+}
+
 /// A range source that counts its requests and checks they stay inside the header.
 struct CountingSource {
     bytes: Vec<u8>,
@@ -448,6 +520,76 @@ fn file_sources_read_the_same_bytes() {
     let r = futures::executor::block_on(file.read_range(5, 7)).unwrap();
     assert_eq!(r, &bytes[5..12]);
     assert!(futures::executor::block_on(file.read_range(bytes.len() as u64, 1)).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A directory or a FIFO is refused by what it is, at once (a FIFO is never waited on); a file
+/// that shrinks after it was opened is an error naming that, and the plain-read header reader
+/// gives what parsing the whole file gives.
+#[cfg(unix)]
+#[test]
+fn file_sources_refuse_what_is_not_a_regular_file() {
+    let dir = std::env::temp_dir().join(format!("wgemma-gguf-kinds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    assert!(matches!(
+        MmapSource::open(&dir),
+        Err(SourceError::IsDirectory)
+    ));
+    assert!(matches!(
+        FileRangeSource::open(&dir),
+        Err(SourceError::IsDirectory)
+    ));
+    assert!(matches!(
+        read_file_header(&dir),
+        Err(GgufError::Source(SourceError::IsDirectory))
+    ));
+    let fifo = dir.join("model.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // In a thread, so that an open that blocks fails the test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = fifo.clone();
+    std::thread::spawn(move || {
+        let mapped = matches!(MmapSource::open(&path), Err(SourceError::NotRegularFile));
+        let read = matches!(
+            FileRangeSource::open(&path),
+            Err(SourceError::NotRegularFile)
+        );
+        tx.send(mapped && read).unwrap();
+    });
+    let refused = rx.recv_timeout(std::time::Duration::from_secs(20));
+    assert_eq!(
+        refused,
+        Ok(true),
+        "opening a FIFO blocked or was not refused"
+    );
+    assert!(
+        SourceError::NotRegularFile
+            .to_string()
+            .contains("not a regular file")
+    );
+
+    let bytes = sample_file(32);
+    let path = dir.join("m.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    assert_eq!(
+        read_file_header(&path).unwrap(),
+        Gguf::parse(&bytes).unwrap()
+    );
+    let file = FileRangeSource::open(&path).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(10)
+        .unwrap();
+    assert!(matches!(
+        futures::executor::block_on(file.read_range(0, 64)),
+        Err(SourceError::Shrank { size, .. }) if size == bytes.len() as u64
+    ));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -26,6 +26,9 @@ pub enum Error {
     EmptyPrompt,
     #[error("bad request: {0}")]
     Request(String),
+    #[error("sampling: {0}")]
+    Sampling(#[from] wgemma_text::SamplingError),
+
     #[error("the session is busy with another generation")]
     Busy,
     #[error("LoRA adapter: {0}")]
@@ -61,11 +64,12 @@ impl Error {
             Error::Tokenizer(_) => "tokenizer",
             Error::Chat(_) => "chat",
             Error::Forward(F::ContextOverflow { .. }) => "context_overflow",
+            Error::Forward(F::NonFiniteLogits) => "bad_model",
             Error::Forward(F::Gpu(_)) | Error::Gpu(_) => "gpu",
             Error::Adapter(_) | Error::Forward(F::Lora(_)) => "adapter",
             Error::Forward(_) => "forward",
             Error::EmptyPrompt => "empty_prompt",
-            Error::Request(_) => "bad_request",
+            Error::Request(_) | Error::Sampling(_) => "bad_request",
             Error::Busy => "busy",
             Error::Image(_) => "bad_image",
             Error::Vision(_) => "vision",

@@ -6,6 +6,8 @@ use std::fmt;
 use wgemma_gguf::{GgmlType, Gguf, Value};
 use wgemma_vision::{ClampStore, VisionConfig, VisionLayout};
 
+use crate::recommend::SamplingHints;
+
 /// What a GGUF file holds, summarised.
 #[derive(Clone, Debug)]
 pub struct ModelInfo {
@@ -22,6 +24,10 @@ pub struct ModelInfo {
     /// The vision tower the file holds (an mmproj file's, or an Ollama blob's inside the
     /// model), or why it cannot be used; `None` without one.
     pub vision: Option<Result<VisionConfig, String>>,
+    /// Whether the file carries a chat template (instruction-tuned models do).
+    pub chat_template: bool,
+    /// The sampling settings the file recommends (`general.sampling.*`).
+    pub sampling: SamplingHints,
     header: Gguf,
 }
 
@@ -62,6 +68,8 @@ impl ModelInfo {
             vision: VisionConfig::from_gguf(g)
                 .map_err(|e| e.to_string())
                 .transpose(),
+            chat_template: crate::recommend::has_chat_template(&g.metadata),
+            sampling: SamplingHints::from_metadata(&g.metadata),
             header: g.clone(),
         }
     }
@@ -155,6 +163,7 @@ impl ModelInfo {
             "dtypes": dtypes,
             "tensors": tensors,
             "vision": self.vision_json(),
+            "chat_template": self.chat_template,
         })
     }
 }
@@ -174,6 +183,27 @@ pub(crate) fn vision_json(v: &VisionConfig) -> serde_json::Value {
         "standardize": v.standardize,
         "out_scale": v.out_scale,
     })
+}
+
+/// `temperature 1, top-k 64, top-p 0.95`: the settings a file recommends.
+fn hints_line(h: &SamplingHints) -> String {
+    let mut parts = Vec::new();
+    let mut float = |name: &str, v: Option<f32>| {
+        if let Some(v) = v {
+            parts.push(format!("{name} {v}"));
+        }
+    };
+    float("temperature", h.temperature);
+    float("top-p", h.top_p);
+    float("min-p", h.min_p);
+    float("repeat-penalty", h.repeat_penalty);
+    if let Some(k) = h.top_k {
+        parts.push(format!("top-k {k}"));
+    }
+    if let Some(n) = h.penalty_last_n {
+        parts.push(format!("penalty-last-n {n}"));
+    }
+    parts.join(", ")
 }
 
 fn human_count(n: u64) -> String {
@@ -229,6 +259,15 @@ impl fmt::Display for ModelInfo {
         }
         if let Some(line) = self.vision_line() {
             writeln!(f, "vision tower     {line}")?;
+        }
+        let template = if self.chat_template {
+            "yes"
+        } else {
+            "none (a pretrained model: `wgemma run` continues text)"
+        };
+        writeln!(f, "chat template    {template}")?;
+        if !self.sampling.is_empty() {
+            writeln!(f, "sampling         {}", hints_line(&self.sampling))?;
         }
         if !self.hyper_parameters.is_empty() {
             writeln!(f, "hyper-parameters")?;

@@ -5,7 +5,9 @@
 //! A request: `{"messages": [{"role": "user", "content": "..."}]}` (or `"prompt": "text"`,
 //! fed without a chat template, or `"tokens": [2, 651]`), plus optional `maxTokens`,
 //! `temperature`, `topK`, `topP`, `minP`, `repeatPenalty`, `frequencyPenalty`,
-//! `presencePenalty`, `penaltyLastN`, `seed` and `stop` (strings).
+//! `presencePenalty`, `penaltyLastN`, `seed`, `stop` (strings), `parseSpecial` (whether
+//! control-token text typed in the messages becomes control tokens) and `stopLoops` (stop a
+//! reply that repeats itself in a loop); both false by default.
 //!
 //! Images travel beside the JSON (bytes have no place in it), in prompt order: a message's
 //! `"images": N` opens it with N image placeholders, and its `content` may be a list of parts,
@@ -46,6 +48,15 @@ fn count(o: &Map<String, Value>, key: &str, max: u64) -> Result<Option<u64>, Err
         Some(x) => Err(bad(format!(
             "`{key}` must be a whole number from 0 to {max}, not {x}"
         ))),
+    }
+}
+
+/// An optional boolean, false when absent.
+fn flag(o: &Map<String, Value>, key: &str) -> Result<bool, Error> {
+    match o.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(bad(format!("`{key}` must be true or false"))),
     }
 }
 
@@ -143,9 +154,9 @@ impl GenerateRequest {
                 .map_or(d.penalty_last_n, |n| n as usize),
             seed: count(o, "seed", (1 << 53) - 1)?.unwrap_or(d.seed),
         };
-        if req.sampling.temperature < 0.0 {
-            return Err(bad("`temperature` must not be negative"));
-        }
+        req.sampling.validate()?;
+        req.parse_special = flag(o, "parseSpecial")?;
+        req.stop_loops = flag(o, "stopLoops")?;
         if let Some(n) = count(o, "maxTokens", u32::MAX.into())? {
             req.max_tokens = n as usize;
         }
@@ -193,6 +204,7 @@ impl StopReason {
             StopReason::StopString => "stop_string",
             StopReason::Cancelled => "aborted",
             StopReason::ContextFull => "context_full",
+            StopReason::Loop => "loop",
         }
     }
 }
@@ -265,7 +277,7 @@ mod tests {
             r#"{"messages": [{"role": "system", "content": "Be brief."},
                              {"role": "user", "content": "Hi"}],
                 "maxTokens": 12, "temperature": 0.7, "topK": 40, "topP": 0.9,
-                "seed": 7, "stop": ["\n\n"]}"#,
+                "seed": 7, "stop": ["\n\n"], "stopLoops": true}"#,
         )
         .expect("valid request");
         let Prompt::Chat(m) = &r.prompt else {
@@ -285,6 +297,7 @@ mod tests {
         );
         assert_eq!(r.stop, vec!["\n\n".to_string()]);
         assert_eq!(r.sampling.min_p, SamplingParams::default().min_p);
+        assert!(r.stop_loops && !r.parse_special);
     }
 
     /// `images` opens a message with that many placeholders; image parts sit where they are.
@@ -328,6 +341,11 @@ mod tests {
             r#"{"prompt": "x", "maxTokens": 1.5}"#,
             r#"{"prompt": "x", "maxTokens": -3}"#,
             r#"{"prompt": "x", "temperature": -1}"#,
+            r#"{"prompt": "x", "topP": 1.5}"#,
+            r#"{"prompt": "x", "repeatPenalty": 0}"#,
+            r#"{"prompt": "x", "topK": 65}"#,
+            r#"{"prompt": "x", "parseSpecial": 1}"#,
+            r#"{"prompt": "x", "stopLoops": "yes"}"#,
             r#"{"prompt": "x", "topK": "many"}"#,
             r#"{"prompt": "x", "stop": [""]}"#,
             r#"{"messages": [{"role": "user", "content": "x", "images": -1}]}"#,

@@ -22,6 +22,8 @@ mod json;
 mod model;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod pull;
+pub mod recommend;
+mod repeat;
 mod session;
 mod source;
 #[cfg(target_arch = "wasm32")]
@@ -32,6 +34,7 @@ pub use image::{ImageData, ImageInput};
 pub use info::ModelInfo;
 pub use json::session_options_from_json;
 pub use model::{Adapter, LoadOptions, Model};
+pub use recommend::SamplingHints;
 pub use session::{
     CancelHandle, Event, GenerateRequest, Prompt, Session, StepProfile, StopReason, Timings,
 };
@@ -42,5 +45,5 @@ pub use wgemma_text::ExpertPlacement;
 pub use wgemma_text::chat::{IMAGE_PLACEHOLDER, Message, Role};
 /// Soft tokens an image becomes at most unless a request says otherwise.
 pub const DEFAULT_IMAGE_TOKENS: u32 = wgemma_vision::DEFAULT_TOKEN_BUDGET;
-pub use wgemma_text::tokenizer::Tokenizer;
+pub use wgemma_text::tokenizer::{MarkedText, Tokenizer};
 pub use wgemma_text::{LoadProgress, SamplingParams, SessionOptions};

@@ -78,14 +78,27 @@ impl Model {
     pub async fn load_with_projector<R: RangeSource + ?Sized, P: RangeSource + ?Sized>(
         source: &R,
         projector: Option<&P>,
+        opts: LoadOptions,
+    ) -> Result<Self, Error> {
+        let (header, _) = read_header(source).await?;
+        let projector = match projector {
+            Some(p) => Some((p, read_header(p).await?.0)),
+            None => None,
+        };
+        Self::load_read(header, source, projector, opts).await
+    }
+
+    /// [`Model::load_with_projector`] once the headers are read.
+    async fn load_read<R: RangeSource + ?Sized, P: RangeSource + ?Sized>(
+        header: Gguf,
+        source: &R,
+        projector: Option<(&P, Gguf)>,
         mut opts: LoadOptions,
     ) -> Result<Self, Error> {
         let span = tracing::info_span!("load");
         let _enter = span.enter();
-        let (header, _) = read_header(source).await?;
         let projector = match projector {
-            Some(p) => {
-                let (h, _) = read_header(p).await?;
+            Some((p, h)) => {
                 let cfg = VisionConfig::from_gguf(&h)?.ok_or(Error::NoVision)?;
                 Some((p, h, cfg))
             }
@@ -193,30 +206,32 @@ impl Model {
         })
     }
 
-    /// Loads a local GGUF, memory-mapped (native only).
+    /// Loads a local GGUF (native only).
+    ///
+    /// The headers (model and `mmproj`) are read with ordinary reads, so a file that is cut
+    /// short, or is cut while its header is read, is an error. The weights are then uploaded
+    /// from a memory map, and Gemma 4's per-layer embedding rows are read from that map for as
+    /// long as the model lives: if the file is truncated or rewritten in place meanwhile, a
+    /// read past its new end faults and the process dies of SIGBUS instead of returning an
+    /// error (the risk every mmap-based loader takes, llama.cpp's included). Replace a model
+    /// file by writing a new one and renaming it over the old: the map keeps the old file.
     #[cfg(not(target_arch = "wasm32"))]
     pub async fn load_file(
         path: impl AsRef<std::path::Path>,
         mut opts: LoadOptions,
     ) -> Result<Self, Error> {
-        let path = path.as_ref();
-        let map =
-            wgemma_gguf::MmapSource::open(path).map_err(|e| crate::source::SourceError::Open {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })?;
+        let (header, map) = read_and_map(path.as_ref())?;
         let map = Arc::new(map);
         opts.rows = Some(PleRows::Mapped(map.clone()));
-        let projector = match opts.mmproj.take() {
-            Some(p) => Some(wgemma_gguf::MmapSource::open(&p).map_err(|e| {
-                crate::source::SourceError::Open {
-                    path: p.display().to_string(),
-                    reason: e.to_string(),
-                }
-            })?),
-            None => None,
+        let (projector_header, projector_map) = match opts.mmproj.take() {
+            Some(p) => {
+                let (h, m) = read_and_map(&p)?;
+                (Some(h), Some(m))
+            }
+            None => (None, None),
         };
-        Self::load_with_projector(&map, projector.as_ref(), opts).await
+        let projector = projector_map.as_ref().zip(projector_header);
+        Self::load_read(header, &map, projector, opts).await
     }
 
     /// Reads a LoRA adapter for this model from the bytes of a llama.cpp GGUF adapter, and
@@ -247,16 +262,7 @@ impl Model {
         let lora = if path.is_dir() {
             LoraAdapter::from_peft_dir(path)?
         } else {
-            let open = |e: String| crate::source::SourceError::Open {
-                path: path.display().to_string(),
-                reason: e,
-            };
-            let map = wgemma_gguf::MmapSource::open(path).map_err(|e| open(e.to_string()))?;
-            let g = Gguf::parse(wgemma_gguf::TensorSource::bytes(
-                &map,
-                0,
-                wgemma_gguf::TensorSource::len(&map),
-            )?)?;
+            let (g, map) = read_and_map(path)?;
             LoraAdapter::from_gguf(&g, &map)?
         };
         self.adapter(lora)
@@ -344,4 +350,29 @@ async fn load_tower<R: RangeSource + ?Sized>(
         "vision tower loaded"
     );
     Ok(tower)
+}
+
+/// The header of the GGUF at `path`, read with plain reads (a truncated file is an error, not
+/// a SIGBUS), and the file mapped for its tensors. A file whose length changed between the
+/// two is refused: the header would not describe the map.
+#[cfg(not(target_arch = "wasm32"))]
+fn read_and_map(path: &std::path::Path) -> Result<(Gguf, wgemma_gguf::MmapSource), Error> {
+    let open = |reason: String| crate::source::SourceError::Open {
+        path: path.display().to_string(),
+        reason,
+    };
+    let header = wgemma_gguf::read_file_header(path).map_err(|e| match e {
+        wgemma_gguf::GgufError::Source(e) => Error::from(open(e.to_string())),
+        e => Error::from(e),
+    })?;
+    let map = wgemma_gguf::MmapSource::open(path).map_err(|e| open(e.to_string()))?;
+    let mapped = wgemma_gguf::TensorSource::len(&map);
+    if mapped != header.file_len {
+        return Err(open(format!(
+            "the file changed while it was opened ({} bytes, then {mapped})",
+            header.file_len
+        ))
+        .into());
+    }
+    Ok((header, map))
 }

@@ -1,6 +1,7 @@
 //! A conversation: generation as a stream of events, cancellation, and KV-cache reuse across
 //! turns (a new request feeds only what differs from what the cache already holds).
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -8,13 +9,14 @@ use futures::Stream;
 use tracing::Instrument;
 use wgemma_kernels::Profiler;
 use wgemma_text::chat::Message;
-use wgemma_text::tokenizer::StreamDecoder;
-use wgemma_text::{ForwardError, GpuSession, SamplingParams, SoftTokens};
+use wgemma_text::tokenizer::{MarkedText, StreamDecoder};
+use wgemma_text::{ForwardError, GpuSession, PrefillWatch, SamplingParams, SoftTokens};
 
 use crate::clock::now_ms;
 use crate::error::Error;
 use crate::image::{self, ImageInput, ImageSpan};
 use crate::model::{Adapter, Model};
+use crate::repeat::RecentText;
 
 /// What to generate from.
 #[derive(Clone, Debug)]
@@ -41,6 +43,15 @@ pub struct GenerateRequest {
     /// [`crate::Message::images`] of them, earlier turns' too: those already in the cache are
     /// not encoded again), or one per `<|image|>` placeholder of a text or token prompt.
     pub images: Vec<ImageInput>,
+    /// Whether control-token text in the prompt's text (`<end_of_turn>` typed by a user)
+    /// becomes control tokens. Off by default: text is plain text and only the chat template
+    /// adds control tokens (and, in a text prompt, [`crate::IMAGE_PLACEHOLDER`] marks where an
+    /// image goes).
+    pub parse_special: bool,
+    /// Stop when the reply starts repeating itself in a loop ([`StopReason::Loop`]): the same
+    /// stretch of text three times in a row at its end. Off by default: a model's output is
+    /// never cut short unless asked.
+    pub stop_loops: bool,
 }
 
 impl GenerateRequest {
@@ -51,6 +62,8 @@ impl GenerateRequest {
             max_tokens: 256,
             stop: Vec::new(),
             images: Vec::new(),
+            parse_special: false,
+            stop_loops: false,
         }
     }
 }
@@ -65,6 +78,8 @@ pub enum StopReason {
     Cancelled,
     /// The KV cache is full.
     ContextFull,
+    /// The reply repeated itself in a loop ([`GenerateRequest::stop_loops`]).
+    Loop,
 }
 
 /// Where time went.
@@ -168,6 +183,8 @@ struct Run<'a> {
     /// The end, when text still had to go out before it.
     pending_done: Option<StopReason>,
     done: bool,
+    /// The end of the reply, for [`GenerateRequest::stop_loops`].
+    recent: RecentText,
 }
 
 impl Session {
@@ -199,6 +216,30 @@ impl Session {
         Ok(self.gpu.set_adapters(&gpu)?)
     }
 
+    /// Calls `progress(done, total)` with the prompt tokens read so far after each pass of a
+    /// prompt that takes several (of [`SessionOptions::max_batch`] tokens each): a progress
+    /// bar for long prompts. While it is set, [`CancelHandle::cancel`] also stops a long
+    /// prompt between passes (the reply ends with [`StopReason::Cancelled`], and the cache
+    /// keeps what was read). Passes are then waited for one by one, a small cost.
+    ///
+    /// [`SessionOptions::max_batch`]: wgemma_text::SessionOptions::max_batch
+    pub fn set_prompt_progress(
+        &mut self,
+        progress: Option<Box<dyn FnMut(usize, usize) + Send + Sync>>,
+    ) {
+        let cancel = self.cancel.clone();
+        self.gpu.watch_prefill(progress.map(|mut progress| {
+            Box::new(move |done, total| {
+                progress(done, total);
+                if cancel.take() {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            }) as PrefillWatch
+        }));
+    }
+
     /// Tokens in the KV cache.
     pub fn cached_tokens(&self) -> &[u32] {
         self.gpu.tokens()
@@ -215,14 +256,19 @@ impl Session {
         Ok(self.gpu.rewind(0)?)
     }
 
-    /// Token ids for a prompt.
-    pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, Error> {
+    /// Token ids for a prompt; `parse_special` as in [`GenerateRequest::parse_special`].
+    pub fn prompt_tokens(&self, prompt: &Prompt, parse_special: bool) -> Result<Vec<u32>, Error> {
         let tok = self.model.tokenizer();
         let ids = match prompt {
-            Prompt::Text(t) => tok.encode(t, tok.add_bos_default(), true),
+            Prompt::Text(t) if parse_special => tok.encode(t, tok.add_bos_default(), true),
+            Prompt::Text(t) => tok.encode_marked(&image_markup(t), tok.add_bos_default()),
             Prompt::Chat(messages) => {
-                let text = self.model.chat_template().render(messages, true)?;
-                tok.encode(&text, true, true)
+                let marked = self.model.chat_template().render_marked(messages, true)?;
+                if parse_special {
+                    tok.encode(marked.as_str(), true, true)
+                } else {
+                    tok.encode_marked(&marked, true)
+                }
             }
             Prompt::Tokens(t) => t.clone(),
         };
@@ -324,6 +370,7 @@ impl Session {
             first_ms: 0.0,
             pending_done: None,
             done: false,
+            recent: RecentText::default(),
         };
         futures::stream::unfold(run, |mut run| async move {
             if run.done {
@@ -382,9 +429,10 @@ impl Run<'_> {
     }
 
     async fn start_prefill(&mut self) -> Result<(), Error> {
+        self.req.sampling.validate()?;
         let s = &mut *self.session;
         s.gpu.drain().await?;
-        let tokens = s.prompt_tokens(&self.req.prompt)?;
+        let tokens = s.prompt_tokens(&self.req.prompt, self.req.parse_special)?;
         let (tokens, spans) = if self.req.images.is_empty() {
             (tokens, Vec::new())
         } else {
@@ -463,7 +511,12 @@ impl Run<'_> {
     /// Waits for the next sampled token, or says why there is none.
     async fn sample_next(&mut self) -> Result<Result<u32, StopReason>, Error> {
         if self.last.is_none() && self.submitted == 0 {
-            self.start().await?;
+            match self.start().await {
+                Err(Error::Forward(ForwardError::Interrupted)) => {
+                    return Ok(Err(StopReason::Cancelled));
+                }
+                started => started?,
+            }
         }
         self.top_up().await?;
         if self.session.gpu.in_flight() == 0 {
@@ -509,7 +562,17 @@ impl Run<'_> {
             return self.end(StopReason::EndOfGeneration).await;
         }
         self.generated += 1;
-        self.held.push_str(&self.decoder.push(tok, id));
+        let piece = self.decoder.push(tok, id);
+        if self.req.stop_loops {
+            self.recent.push(&piece);
+            if self.recent.repeats() {
+                self.held.push_str(&piece);
+                self.pending_done = Some(StopReason::Loop);
+                let text = std::mem::take(&mut self.held);
+                return Ok(Event::Token { id, text });
+            }
+        }
+        self.held.push_str(&piece);
         if let Some(at) = self
             .req
             .stop
@@ -537,6 +600,20 @@ fn held_back(text: &str, stops: &[String]) -> usize {
         .flat_map(|s| (1..s.len()).filter(|&n| s.is_char_boundary(n) && text.ends_with(&s[..n])))
         .max()
         .unwrap_or(0)
+}
+
+/// A text prompt as plain text whose [`crate::IMAGE_PLACEHOLDER`]s alone are markup.
+fn image_markup(text: &str) -> MarkedText {
+    let mut marked = MarkedText::new();
+    let mut parts = text.split(crate::IMAGE_PLACEHOLDER);
+    if let Some(first) = parts.next() {
+        marked.push_plain(first);
+    }
+    for part in parts {
+        marked.push_markup(crate::IMAGE_PLACEHOLDER);
+        marked.push_plain(part);
+    }
+    marked
 }
 
 #[cfg(test)]

@@ -156,3 +156,184 @@ fn score_applies_lora_adapters_from_gguf_and_peft() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Runs the binary with `env` changes (`None` removes a variable), killing it after
+/// `limit`: a command that blocks (on a FIFO, say) fails the test instead of hanging it.
+fn wgemma_within(
+    args: &[&str],
+    env: &[(&str, Option<&str>)],
+    limit: std::time::Duration,
+) -> (Output, std::time::Duration) {
+    use std::process::Stdio;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wgemma"));
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let start = std::time::Instant::now();
+    let mut child = cmd.spawn().expect("the wgemma binary runs");
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            child.kill().ok();
+            panic!("wgemma {args:?} still runs after {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let elapsed = start.elapsed();
+    (child.wait_with_output().unwrap(), elapsed)
+}
+
+/// `bytes` with the u64 at `at` replaced.
+fn patch_u64(bytes: &mut [u8], at: usize, value: u64) {
+    bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
+}
+
+/// Corrupt lengths in a header: `info` and `run` fail at once with a short message, never
+/// one that quotes megabytes read from the file (a corrupt key length once gave 116 MB).
+#[test]
+fn corrupt_lengths_give_short_errors_fast() {
+    let dir = scratch_dir("corrupt");
+    let bytes = synthetic_bytes(&SynthSpec::tiny_gemma4(GgmlType::Q8_0)).unwrap();
+    // The first key's length (after magic, version and the two counts) claims 116 MB, in a
+    // file that holds that many bytes after it (sparse: the tail is a hole).
+    let mut key = bytes.clone();
+    patch_u64(&mut key, 24, 116 << 20);
+    let key_file = dir.join("key.gguf");
+    std::fs::write(&key_file, &key).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&key_file)
+        .unwrap()
+        .set_len(200 << 20)
+        .unwrap();
+    // A string value claiming 100 MB in a small file.
+    let meta = vec![
+        (
+            "general.architecture".to_string(),
+            wgemma_gguf::Value::String("gemma4".into()),
+        ),
+        (
+            "general.name".to_string(),
+            wgemma_gguf::Value::String("tiny".into()),
+        ),
+    ];
+    let mut value = wgemma_gguf::write_gguf(&meta, &[], 32).unwrap();
+    let at = value
+        .windows(12)
+        .position(|w| w == b"general.name")
+        .unwrap();
+    patch_u64(&mut value, at + 12 + 4, 100 << 20);
+    let value_file = dir.join("value.gguf");
+    std::fs::write(&value_file, &value).unwrap();
+
+    let limit = std::time::Duration::from_secs(30);
+    for file in [&key_file, &value_file] {
+        let path = file.to_str().unwrap();
+        for args in [vec!["info", path], vec!["run", "--model", path, "hi"]] {
+            let (out, took) = wgemma_within(&args, &[], limit);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{args:?} succeeded");
+            assert!(err.starts_with("error:"), "{err}");
+            assert!(err.len() < 1024, "{args:?}: {} bytes of error", err.len());
+            assert!(took.as_secs_f64() < 2.0, "{args:?} took {took:?}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A directory or a FIFO given as a model is named for what it is, and a FIFO is never
+/// opened (which would wait for a writer).
+#[cfg(unix)]
+#[test]
+fn a_directory_or_fifo_as_model_says_what_it_is() {
+    let dir = scratch_dir("kinds");
+    let fifo = dir.join("model.fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let (d, f) = (dir.to_str().unwrap(), fifo.to_str().unwrap());
+    let limit = std::time::Duration::from_secs(30);
+    for (args, says) in [
+        (vec!["info", d], "is a directory"),
+        (vec!["run", "--model", d, "hi"], "is a directory"),
+        (vec!["info", f], "is not a regular file"),
+        (
+            vec!["tokenize", "--model", f, "hi"],
+            "is not a regular file",
+        ),
+        (vec!["run", "--model", f, "hi"], "is not a regular file"),
+    ] {
+        let (out, _) = wgemma_within(&args, &[], limit);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("no such file"), "{args:?}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// On a machine without a desktop session (no XDG_RUNTIME_DIR), a command that uses the GPU
+/// prints nothing about Wayland: Mesa's device-selection layer used to make libwayland say
+/// "XDG_RUNTIME_DIR is invalid or not set" twice.
+#[test]
+fn gpu_commands_without_a_desktop_session_print_no_wayland_noise() {
+    let dir = scratch_dir("wayland");
+    let bytes = synthetic_bytes(&SynthSpec::tiny_gemma4(GgmlType::Q8_0)).unwrap();
+    let model = dir.join("tiny.gguf");
+    std::fs::write(&model, &bytes).unwrap();
+    let args = [
+        "score",
+        "--model",
+        model.to_str().unwrap(),
+        "--tokens",
+        "2,17,300",
+    ];
+    let env = [
+        ("XDG_RUNTIME_DIR", None),
+        ("WAYLAND_DISPLAY", None),
+        ("WAYLAND_SOCKET", None),
+    ];
+    let (out, _) = wgemma_within(&args, &env, std::time::Duration::from_secs(300));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("XDG_RUNTIME_DIR"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A warning logged into a pipe is plain text: no ANSI colour codes.
+#[test]
+fn logs_into_a_pipe_have_no_colour_codes() {
+    let dir = scratch_dir("colour");
+    let bytes = synthetic_bytes(&SynthSpec::tiny_gemma4(GgmlType::Q8_0)).unwrap();
+    let header = wgemma_gguf::Gguf::parse(&bytes).unwrap();
+    // An end-of-turn id outside the vocabulary: the tokenizer warns and ignores it.
+    let mut meta: Vec<_> = header
+        .metadata
+        .entries()
+        .iter()
+        .filter(|(k, _)| k != "tokenizer.ggml.eot_token_id")
+        .cloned()
+        .collect();
+    meta.push((
+        "tokenizer.ggml.eot_token_id".to_string(),
+        wgemma_gguf::Value::U32(u32::MAX),
+    ));
+    let model = dir.join("warns.gguf");
+    std::fs::write(&model, wgemma_gguf::write_gguf(&meta, &[], 32).unwrap()).unwrap();
+    let args = ["tokenize", "--model", model.to_str().unwrap(), "hi"];
+    let (out, _) = wgemma_within(
+        &args,
+        &[("NO_COLOR", None)],
+        std::time::Duration::from_secs(60),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("WARN"), "no warning logged: {err}");
+    assert!(!err.contains('\x1b'), "{err:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -10,5 +10,6 @@ pub use model::{
     ExpertPlacement, GpuModel, LoadError, LoadOptions, LoadProgress, PleRows, WeightBytes,
 };
 pub use session::{
-    ForwardError, Fusions, GpuSession, MAX_IN_FLIGHT, SessionOptions, SoftTokens, Traced,
+    ForwardError, Fusions, GpuSession, MAX_IN_FLIGHT, PrefillWatch, SessionOptions, SoftTokens,
+    Traced,
 };

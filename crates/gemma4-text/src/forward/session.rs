@@ -46,6 +46,12 @@ pub enum ForwardError {
     NoLogits,
     #[error("no sampled token to feed: start with a prompt")]
     NothingSampled,
+    #[error("the prompt was stopped part way (the cache holds what was read)")]
+    Interrupted,
+    #[error(
+        "the model's output is not a number (NaN or infinite logits): its weights are damaged or do not fit this architecture"
+    )]
+    NonFiniteLogits,
     #[error("steps are still in flight: read their tokens first")]
     Busy,
     #[error("reading per-layer embedding rows: {0}")]
@@ -61,6 +67,11 @@ pub enum ForwardError {
     #[error(transparent)]
     Lora(#[from] crate::lora::LoraError),
 }
+
+/// Watches a prompt of several passes: after each pass but the last has run on the GPU, it
+/// is told the tokens read and the total, and may stop there ([`ForwardError::Interrupted`];
+/// the cache keeps the passes done).
+pub type PrefillWatch = Box<dyn FnMut(usize, usize) -> std::ops::ControlFlow<()> + Send + Sync>;
 
 /// Soft tokens: rows of the model's width (f32, in a buffer of the session's GPU context)
 /// that take the place of the token embeddings at `rows.size / (4 * n_embd)` positions,
@@ -228,6 +239,8 @@ pub struct GpuSession {
     queue: StepQueue,
     /// Whether `logits` holds the last fed position's logits.
     has_logits: bool,
+    /// Told of each finished pass of a long prompt ([`GpuSession::watch_prefill`]).
+    watch: Option<PrefillWatch>,
     /// Per-layer embedding rows fetched ahead of the steps that feed their tokens (models
     /// whose rows come from an asynchronous source).
     fetched: HashMap<u32, Vec<u8>>,
@@ -329,6 +342,7 @@ impl GpuSession {
             ledger: Ledger::new(),
             queue: StepQueue::new(ctx),
             has_logits: false,
+            watch: None,
             fetched: HashMap::new(),
             streamed: AtomicU64::new(0),
             router_readback,
@@ -874,13 +888,47 @@ impl GpuSession {
                 } else {
                     let mut r = Recorder::new(&self.model.ctx, "prefill");
                     self.record_submitting_early(&mut r, &ops).await?;
-                    r.submit();
+                    let pass = r.submit();
+                    self.ledger.feed(chunk);
+                    if self.watch.is_some() {
+                        self.watch_pass(pass, range.end, tokens.len()).await?;
+                    }
+                    continue;
                 }
             }
             self.ledger.feed(chunk);
         }
         self.write_ring();
         self.has_logits = true;
+        Ok(())
+    }
+
+    /// Sets (or with `None` removes) what is told of each pass of a long prompt. Without
+    /// one, passes run back to back; with one, each is waited for before the next.
+    pub fn watch_prefill(&mut self, watch: Option<PrefillWatch>) {
+        self.watch = watch;
+    }
+
+    /// Waits for a prompt pass and tells the watch; stops the prompt if it says so.
+    async fn watch_pass(
+        &mut self,
+        pass: wgpu::SubmissionIndex,
+        done: usize,
+        total: usize,
+    ) -> Result<(), ForwardError> {
+        self.model
+            .ctx
+            .done(Some(pass), wgemma_kernels::WaitMode::Sleep)
+            .await?;
+        let stop = self
+            .watch
+            .as_mut()
+            .is_some_and(|w| w(done, total).is_break());
+        if stop {
+            self.write_ring();
+            self.has_logits = false;
+            return Err(ForwardError::Interrupted);
+        }
         Ok(())
     }
 
@@ -1143,7 +1191,7 @@ impl GpuSession {
     /// Waits for the oldest queued step and returns the token it sampled.
     pub async fn next_token(&mut self) -> Result<u32, ForwardError> {
         let ctx = self.model.ctx.clone();
-        let token = self
+        let (token, finite) = self
             .queue
             .read_oldest(&ctx)
             .await?
@@ -1164,13 +1212,21 @@ impl GpuSession {
             self.stage_ple_rows(&[token])?;
             self.queue.release(&ctx);
         }
+        // Only once the token is booked: the session stays consistent, and the caller
+        // decides what to do with a model that computes NaN.
+        if !finite {
+            return Err(ForwardError::NonFiniteLogits);
+        }
         Ok(token)
     }
 
     /// Reads every queued step back (their tokens are in the history or pending after this).
     pub async fn drain(&mut self) -> Result<(), ForwardError> {
         while self.in_flight() > 0 {
-            self.next_token().await?;
+            match self.next_token().await {
+                Ok(_) | Err(ForwardError::NonFiniteLogits) => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }

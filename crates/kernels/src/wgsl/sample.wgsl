@@ -1,7 +1,8 @@
 // Sampling that stays on the GPU, so a decode loop never waits for the CPU:
 // DRAW          picks among the k sorted (index, logit) candidates of top_k.wgsl: softmax at
 //               the temperature, min-p, top-p, then the token where the cumulative probability
-//               passes a uniform number drawn from (seed, step); writes it to result[0].
+//               passes a uniform number drawn from (seed, step); writes it to result[0] and
+//               the top candidate's logit to result[1].
 // RING_PUSH     appends result[0] (the token this step feeds) to the recent-token ring
 //               ring[0] = count, ring[1 + i % CAP] = token i.
 // PENALTY_RING  applies repetition/frequency/presence penalties to the logits of the last
@@ -116,6 +117,8 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
         }
     }
     result[0] = pick;
+    // The top candidate's logit: the reader checks it is finite (as argmax leaves its value).
+    result[1] = cand[1];
 #endif
 #if RING_PUSH
     if (li == 0u) {

@@ -2,6 +2,8 @@
 //! between turns, so each turn feeds only its new tokens.
 
 use std::io::{BufRead, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use wgemma::{GenerateRequest, Message, Prompt, Role};
 
@@ -29,20 +31,26 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<(), CliError> {
-    let model = load(&args.model, false)?;
-    let mut session = model.session(args.gen_args.session())?;
-    args.adapters.apply(&model, &mut session)?;
+    args.gen_args.check()?;
+    let loaded = load(&args.model, false)?;
+    let model = &loaded.model;
+    let sampling = args.gen_args.sampling(&loaded.sampling)?;
+    let mut session = model.session(args.gen_args.session(model)?)?;
+    args.adapters.apply(model, &mut session)?;
+    let interrupt = Interrupt::install(session.cancel_handle())?;
     let mut messages: Vec<Message> = Vec::new();
     if let Some(system) = &args.system {
-        messages.push(Message {
-            images: 0,
-            role: Role::System,
-            content: system.clone(),
-        });
+        messages.push(Message::system(system.clone()));
+    }
+    if !loaded.chat {
+        eprintln!(
+            "note: {} has no chat template (a pretrained model?): its replies may just continue your text",
+            loaded.label
+        );
     }
     eprintln!(
-        "chatting with {} (/image PATH attaches an image to your next message, /reset starts over, /exit or Ctrl-D quits)",
-        model.info().name.as_deref().unwrap_or("the model")
+        "chatting with {} (/image PATH attaches an image to your next message, /reset starts over; Ctrl-C stops a reply, /exit, Ctrl-D or Ctrl-C at the prompt quits)",
+        loaded.label
     );
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
@@ -55,7 +63,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         let line = line?;
         match line.trim() {
             "" => continue,
-            "/exit" | "/quit" => break,
+            "/exit" | "/quit" | "/bye" => break,
             "/reset" => {
                 messages.retain(|m| m.role == Role::System);
                 images.clear();
@@ -64,43 +72,23 @@ pub fn run(args: Args) -> Result<(), CliError> {
                 continue;
             }
             cmd if cmd.starts_with("/image") => {
-                let path = cmd.trim_start_matches("/image").trim();
-                match read_image(std::path::Path::new(path), args.image_tokens) {
-                    Ok(image) if !path.is_empty() => {
-                        pending.push(image);
-                        eprintln!(
-                            "attached {path} ({} waiting for your message)",
-                            pending.len()
-                        );
-                    }
-                    Ok(_) => eprintln!("usage: /image PATH"),
-                    Err(e) => eprintln!("error: {e}"),
-                }
+                attach(cmd, args.image_tokens, &mut pending);
                 continue;
             }
             _ => {}
         }
         let attached = pending.len();
         images.append(&mut pending);
-        messages.push(Message {
-            images: attached,
-            role: Role::User,
-            content: line,
-        });
-        let req = GenerateRequest {
-            prompt: Prompt::Chat(messages.clone()),
-            sampling: args.gen_args.sampling(),
-            max_tokens: args.gen_args.max_tokens,
-            stop: Vec::new(),
-            images: images.clone(),
-        };
-        let reply = reply_text(&mut session, req, args.stats);
+        messages.push(Message::user(line).with_images(attached));
+        let req = args.gen_args.request(
+            Prompt::Chat(messages.clone()),
+            sampling.clone(),
+            images.clone(),
+        );
+        let reply = interrupt.replying(|| reply_text(&mut session, req, args.stats));
         match reply {
-            Ok(text) => messages.push(Message {
-                images: 0,
-                role: Role::Assistant,
-                content: text,
-            }),
+            // A reply stopped by Ctrl-C stays in the conversation as far as it went.
+            Ok(text) => messages.push(Message::assistant(text)),
             Err(e) => {
                 // The turn failed (context full, a bad image, ...): drop it and its images
                 // and keep the conversation.
@@ -111,6 +99,58 @@ pub fn run(args: Args) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// `/image PATH`: reads the image for the next message.
+fn attach(cmd: &str, budget: u32, pending: &mut Vec<wgemma::ImageInput>) {
+    let path = cmd.trim_start_matches("/image").trim();
+    if path.is_empty() {
+        eprintln!("usage: /image PATH");
+        return;
+    }
+    match read_image(std::path::Path::new(path), budget) {
+        Ok(image) => {
+            pending.push(image);
+            eprintln!(
+                "attached {path} ({} waiting for your message)",
+                pending.len()
+            );
+        }
+        Err(e) => eprintln!("error: {e}"),
+    }
+}
+
+/// What Ctrl-C does in a chat, as in `ollama run`: during a reply it stops the reply (the
+/// conversation goes on); at the prompt it ends the program.
+struct Interrupt {
+    replying: Arc<AtomicBool>,
+    cancel: wgemma::CancelHandle,
+}
+
+impl Interrupt {
+    fn install(cancel: wgemma::CancelHandle) -> Result<Self, CliError> {
+        let replying = Arc::new(AtomicBool::new(false));
+        let (flag, stop) = (replying.clone(), cancel.clone());
+        ctrlc::set_handler(move || {
+            if flag.load(Ordering::SeqCst) {
+                stop.cancel();
+            } else {
+                eprintln!();
+                std::process::exit(130);
+            }
+        })?;
+        Ok(Self { replying, cancel })
+    }
+
+    /// Runs `reply` with Ctrl-C stopping it rather than the program.
+    fn replying<T>(&self, reply: impl FnOnce() -> T) -> T {
+        self.replying.store(true, Ordering::SeqCst);
+        let out = reply();
+        self.replying.store(false, Ordering::SeqCst);
+        // A Ctrl-C that came as the reply ended must not stop the next one.
+        self.cancel.withdraw();
+        out
+    }
 }
 
 /// Streams a reply and returns its text.

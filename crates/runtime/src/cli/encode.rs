@@ -20,7 +20,7 @@ pub struct Args {
 
 /// Prints the number of soft tokens (and writes them with `--out`).
 pub fn run(args: Args) -> Result<(), CliError> {
-    let model = load(&args.model, true)?;
+    let model = load(&args.model, true)?.model;
     let image = read_image(&args.image, args.image_tokens)?;
     let (values, tokens) = pollster::block_on(model.encode_image_to_vec(&image))?;
     if let Some(out) = &args.out {

@@ -1,6 +1,6 @@
 //! `wgemma info MODEL [--json]`.
 
-use wgemma::gguf::{Gguf, MmapSource, TensorSource};
+use wgemma::gguf::read_file_header;
 use wgemma::{ModelInfo, ModelSource};
 
 use super::CliError;
@@ -16,10 +16,9 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<(), CliError> {
     let source = ModelSource::resolve(&args.model)?;
-    let file =
-        MmapSource::open(&source.model).map_err(|e| format!("{}: {e}", source.model.display()))?;
-    let bytes = file.bytes(0, file.len())?;
-    let header = Gguf::parse(bytes).map_err(|e| format!("{}: {e}", source.model.display()))?;
+    // Plain reads of the header only: a truncated file is an error, never a SIGBUS.
+    let header =
+        read_file_header(&source.model).map_err(|e| format!("{}: {e}", source.model.display()))?;
     let info = ModelInfo::new(&header);
     if args.json {
         let mut json = info.to_json();
@@ -30,9 +29,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
         print!("{info}");
         if let Some(p) = &source.projector {
             println!("projector        {}", p.display());
-            let file = MmapSource::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            let header = Gguf::parse(file.bytes(0, file.len())?)
-                .map_err(|e| format!("{}: {e}", p.display()))?;
+            let header = read_file_header(p).map_err(|e| format!("{}: {e}", p.display()))?;
             if let Some(line) = ModelInfo::new(&header).vision_line() {
                 println!("  vision tower   {line}");
             }

@@ -2,7 +2,7 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 use wgemma::pull::DEFAULT_MODEL;
-use wgemma::{LoadOptions, Model, ModelSource};
+use wgemma::{LoadOptions, Model, ModelSource, SamplingHints};
 
 use super::CliError;
 
@@ -23,13 +23,26 @@ pub struct ModelArg {
     pub mmproj: Option<std::path::PathBuf>,
 }
 
+/// A loaded model and what its files recommend.
+pub struct Loaded {
+    pub model: Model,
+    /// Sampling settings the model recommends: its GGUF's, else its Ollama manifest's.
+    pub sampling: SamplingHints,
+    /// Whether the model is meant for chat: its GGUF or its Ollama manifest has a chat
+    /// template.
+    pub chat: bool,
+    /// What the user called it (a path or an Ollama name).
+    pub label: String,
+}
+
 /// Loads the model, showing upload progress on stderr unless `quiet`.
-pub fn load(arg: &ModelArg, quiet: bool) -> Result<Model, CliError> {
-    let path = match arg.model.as_deref() {
-        None => super::pull::run()?,
-        Some(name) if name == DEFAULT_MODEL.name => super::pull::run()?,
-        Some(spec) => ModelSource::resolve(spec)?.model,
+pub fn load(arg: &ModelArg, quiet: bool) -> Result<Loaded, CliError> {
+    let source = match arg.model.as_deref() {
+        None => default_source()?,
+        Some(name) if name == DEFAULT_MODEL.name => default_source()?,
+        Some(spec) => ModelSource::resolve(spec)?,
     };
+    let path = &source.model;
     let bar = if quiet {
         ProgressBar::hidden()
     } else {
@@ -53,10 +66,27 @@ pub fn load(arg: &ModelArg, quiet: bool) -> Result<Model, CliError> {
         mmproj: arg.mmproj.clone(),
         ..LoadOptions::default()
     };
-    let model = pollster::block_on(Model::load_file(&path, opts))
+    let model = pollster::block_on(Model::load_file(path, opts))
         .map_err(|e| format!("{}: {e}", path.display()))?;
     bar.finish_and_clear();
-    Ok(model)
+    let info = model.info();
+    Ok(Loaded {
+        sampling: info.sampling.clone().or(source.sampling_hints()),
+        chat: info.chat_template || source.chat_template,
+        label: info.name.clone().unwrap_or_else(|| source.label.clone()),
+        model,
+    })
+}
+
+/// The default model, fetched first if needed.
+fn default_source() -> Result<ModelSource, CliError> {
+    Ok(ModelSource {
+        model: super::pull::run()?,
+        projector: None,
+        label: DEFAULT_MODEL.name.to_string(),
+        params: None,
+        chat_template: false,
+    })
 }
 
 /// `--lora PATH[:SCALE]` shared by the subcommands that generate or score.

@@ -37,7 +37,7 @@ fn parse_image_at(s: &str) -> Result<(std::path::PathBuf, usize), String> {
 }
 
 pub fn run(args: Args) -> Result<(), CliError> {
-    let model = load(&args.model, true)?;
+    let model = load(&args.model, true)?.model;
     let context = args.tokens.len().max(16);
     let mut session = model.session(wgemma::SessionOptions {
         context,

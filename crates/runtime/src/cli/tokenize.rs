@@ -25,9 +25,8 @@ pub fn run(args: Args) -> Result<(), CliError> {
         }
         _ => super::pull::run()?,
     };
-    let map = wgemma::gguf::MmapSource::open(&path)?;
-    let bytes = wgemma::gguf::TensorSource::bytes(&map, 0, wgemma::gguf::TensorSource::len(&map))?;
-    let header = wgemma::gguf::Gguf::parse(bytes)?;
+    let header =
+        wgemma::gguf::read_file_header(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let arch = header.architecture().unwrap_or_default().to_string();
     let tok = wgemma::Tokenizer::from_metadata(&header.metadata, &arch)?;
     let add_bos = !args.no_bos && tok.add_bos_default();

@@ -215,7 +215,9 @@ impl WasmSession {
             Err(e) => return Promise::reject(&e),
         };
         self.lend(async move |session| {
-            let tokens = session.prompt_tokens(&req.prompt).map_err(|e| reject(&e))?;
+            let tokens = session
+                .prompt_tokens(&req.prompt, req.parse_special)
+                .map_err(|e| reject(&e))?;
             let steps = session.profile(&tokens).await.map_err(|e| reject(&e))?;
             Ok(steps.map_or(JsValue::NULL, |s| {
                 js_value(&serde_json::Value::Array(

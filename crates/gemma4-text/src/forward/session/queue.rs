@@ -204,10 +204,14 @@ impl StepQueue {
         self.waiting.take().is_some()
     }
 
-    /// Waits for the oldest submitted step and returns its token (`None`: nothing submitted).
+    /// Waits for the oldest submitted step and returns its token and whether the logit it
+    /// won with is finite (`None`: nothing submitted).
     /// With a step waiting for that token, natively the wait is urgent. Cancel-safe: dropped
     /// before it resolves, the step stays queued.
-    pub(super) async fn read_oldest(&mut self, ctx: &GpuContext) -> Result<Option<u32>, GpuError> {
+    pub(super) async fn read_oldest(
+        &mut self,
+        ctx: &GpuContext,
+    ) -> Result<Option<(u32, bool)>, GpuError> {
         let mode = match self.waiting {
             Some(_) => ctx.urgent_wait(),
             None => WaitMode::Sleep,
@@ -235,9 +239,18 @@ impl StepQueue {
                 .slice(..)
                 .get_mapped_range()
                 .map_err(|e| GpuError::Readback(e.to_string()))?;
-            u32::from_le_bytes([view[0], view[1], view[2], view[3]])
+            let word =
+                |i: usize| u32::from_le_bytes([view[i], view[i + 1], view[i + 2], view[i + 3]]);
+            (word(0), winning_logit_is_finite(f32::from_bits(word(4))))
         };
         buf.unmap();
         Ok(Some(token))
     }
+}
+
+/// The sampling kernels leave the logit the token won with beside it (argmax: the largest,
+/// with NaN counted as -3.4e38; the top-k draw: the top candidate's). All-NaN or infinite
+/// logits show there.
+fn winning_logit_is_finite(logit: f32) -> bool {
+    logit.is_finite() && logit > -3.0e38
 }

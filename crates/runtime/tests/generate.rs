@@ -1,0 +1,188 @@
+//! Generation through the public API on a tiny random Gemma 3: a model computing NaN stops
+//! with an error on every sampling path (and the session stays usable), sampling settings
+//! are checked before anything runs.
+
+use futures::StreamExt;
+use wgemma::gguf::{BytesSource, Gguf};
+use wgemma::{Error, Event, GenerateRequest, LoadOptions, Model, Prompt, SamplingParams};
+use wgemma_text::synth::{SynthSpec, synthetic_bytes};
+
+/// The tiny model's file, with the final norm's weights set to `poison` when given.
+fn tiny_model(poison: Option<f32>) -> Option<Model> {
+    let ctx = wgemma_test_support::gpu()?;
+    let mut bytes = synthetic_bytes(&SynthSpec::tiny_gemma3(wgemma::gguf::GgmlType::F32))
+        .expect("synthetic model");
+    if let Some(value) = poison {
+        let g = Gguf::parse(&bytes).expect("parses");
+        let t = g
+            .tensors()
+            .iter()
+            .find(|t| t.name == "output_norm.weight")
+            .expect("a final norm");
+        let start = (g.data_offset + t.offset) as usize;
+        for w in bytes[start..start + t.n_bytes as usize].chunks_exact_mut(4) {
+            w.copy_from_slice(&value.to_le_bytes());
+        }
+    }
+    let opts = LoadOptions {
+        context: Some(ctx.clone()),
+        ..LoadOptions::default()
+    };
+    Some(pollster::block_on(Model::load(&BytesSource::new(bytes), opts)).expect("loads"))
+}
+
+/// Greedy (argmax), the whole-vocabulary draw (Gumbel argmax) and the top-k draw.
+fn strategies() -> [SamplingParams; 3] {
+    let draw = |top_k| SamplingParams {
+        temperature: 0.8,
+        top_k,
+        seed: 7,
+        ..SamplingParams::default()
+    };
+    [SamplingParams::default(), draw(0), draw(20)]
+}
+
+/// Runs one request to its end: the generated text, or the error it ended with.
+fn generate(session: &mut wgemma::Session, sampling: SamplingParams) -> Result<usize, Error> {
+    let req = GenerateRequest {
+        sampling,
+        max_tokens: 6,
+        ..GenerateRequest::new(Prompt::Tokens(vec![2, 17, 301, 44, 9]))
+    };
+    pollster::block_on(async {
+        let mut stream = Box::pin(session.generate(req));
+        let mut tokens = 0;
+        while let Some(event) = stream.next().await {
+            if let Event::Token { .. } = event? {
+                tokens += 1;
+            }
+        }
+        Ok(tokens)
+    })
+}
+
+#[test]
+fn a_model_computing_nan_stops_with_an_error_on_every_sampling_path() {
+    for poison in [f32::NAN, f32::INFINITY] {
+        let Some(model) = tiny_model(Some(poison)) else {
+            return;
+        };
+        let mut session = model.session(Default::default()).expect("session");
+        for (i, sampling) in strategies().into_iter().enumerate() {
+            // Twice: the failed request leaves the session able to take the next one.
+            for attempt in 0..2 {
+                match generate(&mut session, sampling.clone()) {
+                    Err(e) => assert_eq!(e.code(), "bad_model", "{poison} {i} {attempt}: {e}"),
+                    Ok(n) => panic!("{poison}: strategy {i} generated {n} tokens from NaN"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_healthy_model_is_not_taken_for_a_broken_one() {
+    let Some(model) = tiny_model(None) else {
+        return;
+    };
+    let mut session = model.session(Default::default()).expect("session");
+    for sampling in strategies() {
+        let n = generate(&mut session, sampling).expect("generates");
+        assert!(n > 0);
+    }
+}
+
+#[test]
+fn sampling_settings_are_checked_before_anything_runs() {
+    let Some(model) = tiny_model(None) else {
+        return;
+    };
+    let mut session = model.session(Default::default()).expect("session");
+    let base = SamplingParams::default();
+    let bad = [
+        SamplingParams {
+            temperature: f32::NAN,
+            ..base.clone()
+        },
+        SamplingParams {
+            temperature: -1.0,
+            ..base.clone()
+        },
+        SamplingParams {
+            top_p: 1.5,
+            ..base.clone()
+        },
+        SamplingParams {
+            repeat_penalty: -1.0,
+            ..base.clone()
+        },
+        SamplingParams {
+            top_k: 65,
+            ..base.clone()
+        },
+    ];
+    for sampling in bad {
+        let e = generate(&mut session, sampling.clone()).expect_err("refused");
+        assert_eq!(e.code(), "bad_request", "{sampling:?}: {e}");
+        assert!(session.cached_tokens().is_empty(), "nothing ran");
+    }
+    assert!(generate(&mut session, SamplingParams::gemma(3)).expect("generates") > 0);
+}
+
+#[test]
+fn a_long_prompt_reports_its_passes_and_can_be_stopped_between_them() {
+    let Some(model) = tiny_model(None) else {
+        return;
+    };
+    let opts = wgemma::SessionOptions {
+        context: 128,
+        max_batch: 8,
+    };
+    let mut session = model.session(opts).expect("session");
+    let prompt: Vec<u32> = (0..30).map(|i| 3 + i * 7).collect();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    session.set_prompt_progress(Some(Box::new(move |done, total| {
+        log.lock().unwrap().push((done, total));
+    })));
+    let req = GenerateRequest {
+        max_tokens: 2,
+        ..GenerateRequest::new(Prompt::Tokens(prompt.clone()))
+    };
+    let run = |session: &mut wgemma::Session, req: GenerateRequest| {
+        pollster::block_on(async {
+            let mut stream = Box::pin(session.generate(req));
+            let mut last = None;
+            while let Some(event) = stream.next().await {
+                if let Event::Done { reason, .. } = event.expect("no error") {
+                    last = Some(reason);
+                }
+            }
+            last
+        })
+    };
+    assert_eq!(
+        run(&mut session, req.clone()),
+        Some(wgemma::StopReason::MaxTokens)
+    );
+    assert_eq!(*seen.lock().unwrap(), [(8, 30), (16, 30), (24, 30)]);
+
+    // A cancel during the prompt stops it after the pass that is running.
+    pollster::block_on(session.reset()).expect("reset");
+    let cancel = session.cancel_handle();
+    let log = seen.clone();
+    seen.lock().unwrap().clear();
+    session.set_prompt_progress(Some(Box::new(move |done, total| {
+        log.lock().unwrap().push((done, total));
+        if done == 16 {
+            cancel.cancel();
+        }
+    })));
+    assert_eq!(run(&mut session, req), Some(wgemma::StopReason::Cancelled));
+    assert_eq!(*seen.lock().unwrap(), [(8, 30), (16, 30)]);
+    assert_eq!(
+        session.cached_tokens(),
+        &prompt[..16],
+        "the cache keeps what was read"
+    );
+}
