@@ -32,6 +32,12 @@
 #              converter, and transformers' tower outputs and logits on test images
 #              (xtask/scripts/gemma4_vision_golden.py; transformers 5.23 from .dev/ if its
 #              wheel is there), as $OUT/vision-golden.tgz
+#   audio_golden   a tiny random Gemma 4 model with an audio tower, converted with llama.cpp's
+#              converter, and transformers' tower intermediates, soft tokens and teacher-forced
+#              logits on crates/gemma4-audio/tests/fixtures/a16k.wav
+#              (xtask/scripts/gemma4_audio_golden.py; carry [".dev"] for the transformers 5.23
+#              wheel and llama.cpp's source), as $OUT/audio-golden.tgz; the log in
+#              $OUT/audio-golden.log, its summary tail in $OUT/audio-golden.txt
 #   vision_bench   the E2B vision tower (synthetic, f16 mmproj) on a 1008x624 image (273
 #              soft tokens at the 280 budget) and a 1920x1344 one (1120 at 1120): our
 #              preprocessing, encode and time to first token of the image + a 20-word question
@@ -237,6 +243,17 @@ vision_golden() {
   done
   python3 xtask/scripts/gemma4_vision_golden.py --llama-cpp "$LL" 2>&1 | tail -n 30 | tee "$OUT/vision-golden.txt"
   tar czf "$OUT/vision-golden.tgz" crates/gemma4-vision/tests/fixtures crates/gemma4-vision/tests/golden
+}
+
+audio_golden() {
+  unpack
+  for whl in .dev/transformers-*.whl; do
+    [ -f "$whl" ] && python3 -m pip install --quiet --no-deps "$whl" 2>&1 | tail -n 3
+  done
+  python3 -u xtask/scripts/gemma4_audio_golden.py --llama-cpp "$LL" > "$OUT/audio-golden.log" 2>&1
+  echo "exit status $?" >> "$OUT/audio-golden.log"
+  tail -n 40 "$OUT/audio-golden.log" | tee "$OUT/audio-golden.txt"
+  tar czf "$OUT/audio-golden.tgz" crates/gemma4-audio/tests/fixtures crates/gemma4-audio/tests/golden
 }
 
 # Our side of vision_bench alone, into $OUT/vision-bench/.

@@ -12,6 +12,9 @@
 //!   per 30 s chunk, with the frame mask and the soft-token count of each chunk.
 //! - [`mel_chunks_from_bytes`]: all three in one call.
 //!
+//! - [`reference`]: the tower's f32 CPU reference forward (`AudioConfig::from_gguf`,
+//!   `AudioWeights::load` read a llama.cpp projector file), the oracle for the GPU tower.
+//!
 //! Bad input is an [`AudioError`], never a panic: malformed or truncated files, unsupported
 //! codecs, impossible channel counts or sample rates, NaN/infinite samples, and clips longer
 //! than [`MAX_DURATION_SECS`] (checked while decoding).
@@ -19,12 +22,15 @@
 mod decode;
 mod error;
 mod features;
+mod load;
 mod mel;
 mod pcm;
+pub mod reference;
 
 pub use decode::decode;
 pub use error::AudioError;
 pub use features::{CHUNK_SAMPLES, MAX_SOFT_TOKENS_PER_CHUNK, MelChunk, features, soft_tokens};
+pub use load::AudioLoadError;
 pub use mel::{HOP, N_MELS};
 pub use pcm::{
     MAX_CHANNELS, MAX_DURATION_SECS, MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, Pcm, Pcm16k, SAMPLE_RATE,

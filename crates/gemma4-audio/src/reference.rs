@@ -1,0 +1,452 @@
+//! The f32 CPU reference forward of the audio tower and its embedder: the oracle the GPU tower
+//! will be tested against, written as transformers' `Gemma4AudioModel` +
+//! `Gemma4MultimodalEmbedder` read (reference/multimodal.md §2).
+
+use crate::mel::N_MELS;
+
+/// The audio tower's shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AudioConfig {
+    pub n_layer: usize,
+    /// The conformer's width.
+    pub hidden: usize,
+    pub n_head: usize,
+    pub ff: usize,
+    /// Output channels of the two subsampling convolutions.
+    pub sscp_channels: [usize; 2],
+    /// The light convolution's depthwise kernel.
+    pub conv_kernel: usize,
+    /// Queries per attention block.
+    pub chunk: usize,
+    /// Keys a query sees back from itself, itself included.
+    pub context_left: usize,
+    pub logit_cap: f32,
+    pub eps: f32,
+    /// Width of the output projection (the embedder's input).
+    pub output_dims: usize,
+    /// The text model's width the soft tokens are projected to.
+    pub text_width: usize,
+}
+
+/// What the half-step feed-forward residual is scaled by (transformers' `residual_weight`).
+const RESIDUAL_WEIGHT: f32 = 0.5;
+/// Logit of a masked query-key pair (`attention_invalid_logits_value`).
+const INVALID_LOGIT: f32 = -1e9;
+
+impl AudioConfig {
+    pub fn head_dim(&self) -> usize {
+        self.hidden / self.n_head
+    }
+
+    /// Keys an attention block reads: the chunk and `context_left - 1` before it.
+    pub fn context_size(&self) -> usize {
+        self.chunk + self.context_left - 1
+    }
+
+    /// Relative positions with a term: distances `0..=context_size / 2`.
+    pub fn relative_positions(&self) -> usize {
+        self.context_size() / 2 + 1
+    }
+
+    /// Mel bins after both subsamplings (32 for 128 bins).
+    pub fn sscp_freq(&self) -> usize {
+        subsampled(subsampled(N_MELS))
+    }
+}
+
+/// `(n - 1) / 2 + 1`: a 3-wide, stride-2, pad-1 convolution's output length.
+pub fn subsampled(n: usize) -> usize {
+    n.saturating_sub(1) / 2 + 1
+}
+
+/// A linear layer's weight `[out, in]` (row-major) with transformers' `Gemma4ClippableLinear`
+/// ranges: `clamp(W clamp(x, input), output)`.
+#[derive(Clone, Debug)]
+pub struct ClampedLinear {
+    pub w: Vec<f32>,
+    pub input: [f32; 2],
+    pub output: [f32; 2],
+}
+
+/// One half-step feed-forward block.
+#[derive(Clone, Debug)]
+pub struct FeedForward {
+    pub pre_norm: Vec<f32>,
+    pub up: ClampedLinear,
+    pub down: ClampedLinear,
+    pub post_norm: Vec<f32>,
+}
+
+/// One conformer block's weights.
+#[derive(Clone, Debug)]
+pub struct ConformerLayer {
+    pub ffn1: FeedForward,
+    pub attn_pre_norm: Vec<f32>,
+    pub q: ClampedLinear,
+    pub k: ClampedLinear,
+    pub v: ClampedLinear,
+    pub post: ClampedLinear,
+    /// `[H * dh, hidden]`: the sinusoid of a distance to its key term.
+    pub relative_k: Vec<f32>,
+    /// `softplus(per_dim_scale)`, `[dh]` (llama.cpp stores it applied already).
+    pub query_scale: Vec<f32>,
+    pub attn_post_norm: Vec<f32>,
+    pub conv_pre_norm: Vec<f32>,
+    /// `[2 hidden, hidden]`: the GLU's value and gate halves.
+    pub conv_start: ClampedLinear,
+    /// `[hidden, kernel]`: the causal depthwise convolution.
+    pub conv_depthwise: Vec<f32>,
+    pub conv_norm: Vec<f32>,
+    pub conv_end: ClampedLinear,
+    pub ffn2: FeedForward,
+    pub out_norm: Vec<f32>,
+}
+
+/// The tower's weights as f32.
+#[derive(Clone, Debug)]
+pub struct AudioWeights {
+    /// `[c0, 1, 3, 3]` and `[c1, c0, 3, 3]` (PyTorch's Conv2d layout).
+    pub conv: [Vec<f32>; 2],
+    /// The LayerNorm weights after each convolution, `[c0]` and `[c1]`.
+    pub conv_norm: [Vec<f32>; 2],
+    /// `[hidden, freq * c1]` over the flattened (frequency, channel) plane, channel fastest.
+    pub input_projection: Vec<f32>,
+    pub layers: Vec<ConformerLayer>,
+    /// `[output_dims, hidden]` and its bias.
+    pub output_projection: (Vec<f32>, Vec<f32>),
+    /// `[text_width, output_dims]`.
+    pub embedding_projection: Vec<f32>,
+}
+
+/// The tower's values on one chunk of features, each row-major `[rows, width]`.
+#[derive(Clone, Debug, Default)]
+pub struct AudioTrace {
+    /// After the subsampling convolutions and the input projection, `[T', hidden]`.
+    pub sscp: Vec<f32>,
+    /// Validity of each of the `T'` positions.
+    pub mask: Vec<bool>,
+    /// Each conformer block's output, `[T', hidden]`.
+    pub layers: Vec<Vec<f32>>,
+    /// The output projection, `[T', output_dims]`.
+    pub output: Vec<f32>,
+    /// The embedder's output for the valid positions: `[tokens, text width]`.
+    pub soft_tokens: Vec<f32>,
+}
+
+/// `y[t] = W x[t]` for `W` `[out, in]` row-major and `x` `[rows, in]`.
+fn matmul(x: &[f32], w: &[f32], inputs: usize) -> Vec<f32> {
+    let outputs = w.len() / inputs;
+    let mut y = Vec::with_capacity(x.len() / inputs * outputs);
+    for row in x.chunks_exact(inputs) {
+        y.extend(
+            w.chunks_exact(inputs)
+                .map(|wr| wr.iter().zip(row).map(|(a, b)| a * b).sum::<f32>()),
+        );
+    }
+    y
+}
+
+impl ClampedLinear {
+    fn apply(&self, x: &[f32], inputs: usize) -> Vec<f32> {
+        let [lo, hi] = self.input;
+        let clamped: Vec<f32> = x.iter().map(|v| v.clamp(lo, hi)).collect();
+        let [lo, hi] = self.output;
+        let mut y = matmul(&clamped, &self.w, inputs);
+        y.iter_mut().for_each(|v| *v = v.clamp(lo, hi));
+        y
+    }
+}
+
+/// transformers' `Gemma4RMSNorm` per row of `width`: `x (mean x² + eps)^-½ w` (no `1 + w`).
+fn rms_norm(x: &[f32], w: Option<&[f32]>, width: usize, eps: f32) -> Vec<f32> {
+    let mut y = Vec::with_capacity(x.len());
+    for row in x.chunks_exact(width) {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / width as f32 + eps;
+        let r = ms.powf(-0.5);
+        match w {
+            Some(w) => y.extend(row.iter().zip(w).map(|(v, g)| v * r * g)),
+            None => y.extend(row.iter().map(|v| v * r)),
+        }
+    }
+    y
+}
+
+fn silu(v: f32) -> f32 {
+    v / (1.0 + (-v).exp())
+}
+
+fn sigmoid(v: f32) -> f32 {
+    1.0 / (1.0 + (-v).exp())
+}
+
+fn add_assign(x: &mut [f32], y: &[f32], scale: f32) {
+    x.iter_mut().zip(y).for_each(|(a, b)| *a += scale * b);
+}
+
+/// One subsampling step: the frame mask on the input rows, a 3x3 stride-2 pad-1 convolution
+/// without bias over (time, frequency), LayerNorm over the channels (weight, no bias), ReLU.
+/// `x` is `[cin, t, f]`; returns `[cout, t', f']`.
+fn sscp_layer(
+    x: &[f32],
+    (cin, t, f): (usize, usize, usize),
+    mask: &[bool],
+    (w, norm): (&[f32], &[f32]),
+    eps: f32,
+) -> Vec<f32> {
+    let cout = norm.len();
+    let (t2, f2) = (subsampled(t), subsampled(f));
+    let at = |c: usize, ti: isize, fi: isize| -> f32 {
+        if ti < 0 || fi < 0 || ti as usize >= t || fi as usize >= f || !mask[ti as usize] {
+            return 0.0;
+        }
+        x[(c * t + ti as usize) * f + fi as usize]
+    };
+    let mut y = vec![0f32; cout * t2 * f2];
+    for co in 0..cout {
+        for ti in 0..t2 {
+            for fi in 0..f2 {
+                let mut acc = 0f32;
+                for ci in 0..cin {
+                    for kt in 0..3 {
+                        for kf in 0..3 {
+                            let wv = w[((co * cin + ci) * 3 + kt) * 3 + kf];
+                            acc +=
+                                wv * at(ci, (2 * ti + kt) as isize - 1, (2 * fi + kf) as isize - 1);
+                        }
+                    }
+                }
+                y[(co * t2 + ti) * f2 + fi] = acc;
+            }
+        }
+    }
+    // LayerNorm over the channels at each (time, frequency), then ReLU.
+    for p in 0..t2 * f2 {
+        let mean = (0..cout).map(|c| y[c * t2 * f2 + p]).sum::<f32>() / cout as f32;
+        let var = (0..cout)
+            .map(|c| (y[c * t2 * f2 + p] - mean).powi(2))
+            .sum::<f32>()
+            / cout as f32;
+        let r = 1.0 / (var + eps).sqrt();
+        for c in 0..cout {
+            let v = &mut y[c * t2 * f2 + p];
+            *v = ((*v - mean) * r * norm[c]).max(0.0);
+        }
+    }
+    y
+}
+
+impl AudioWeights {
+    /// The subsampling: `features` `[t, 128]` and their mask to `[t', hidden]` and its mask.
+    fn subsample(
+        &self,
+        cfg: &AudioConfig,
+        features: &[f32],
+        mask: &[bool],
+    ) -> (Vec<f32>, Vec<bool>) {
+        let t = mask.len();
+        let [c0, c1] = cfg.sscp_channels;
+        let y0 = sscp_layer(
+            features,
+            (1, t, N_MELS),
+            mask,
+            (&self.conv[0], &self.conv_norm[0]),
+            cfg.eps,
+        );
+        let mask0: Vec<bool> = mask.iter().step_by(2).copied().collect();
+        let (t0, f0) = (subsampled(t), subsampled(N_MELS));
+        let y1 = sscp_layer(
+            &y0,
+            (c0, t0, f0),
+            &mask0,
+            (&self.conv[1], &self.conv_norm[1]),
+            cfg.eps,
+        );
+        let mask1: Vec<bool> = mask0.iter().step_by(2).copied().collect();
+        let (t1, f1) = (subsampled(t0), subsampled(f0));
+        // [c1, t1, f1] -> [t1, f1 * c1], channel fastest.
+        let mut flat = Vec::with_capacity(t1 * f1 * c1);
+        for ti in 0..t1 {
+            for fi in 0..f1 {
+                flat.extend((0..c1).map(|c| y1[(c * t1 + ti) * f1 + fi]));
+            }
+        }
+        (matmul(&flat, &self.input_projection, f1 * c1), mask1)
+    }
+
+    /// The whole tower on one chunk's features (`[frames, 128]` row-major) and frame mask.
+    pub fn forward(&self, cfg: &AudioConfig, features: &[f32], mask: &[bool]) -> AudioTrace {
+        let (mut x, mask) = self.subsample(cfg, features, mask);
+        let mut trace = AudioTrace {
+            sscp: x.clone(),
+            ..AudioTrace::default()
+        };
+        let positions = relative_sinusoids(cfg);
+        for layer in &self.layers {
+            x = layer.forward(cfg, &x, &mask, &positions);
+            trace.layers.push(x.clone());
+        }
+        let (w, b) = &self.output_projection;
+        let mut out = matmul(&x, w, cfg.hidden);
+        for row in out.chunks_exact_mut(cfg.output_dims) {
+            add_assign(row, b, 1.0);
+        }
+        let valid: Vec<f32> = out
+            .chunks_exact(cfg.output_dims)
+            .zip(&mask)
+            .filter(|(_, m)| **m)
+            .flat_map(|(r, _)| r.iter().copied())
+            .collect();
+        let normed = rms_norm(&valid, None, cfg.output_dims, cfg.eps);
+        trace.soft_tokens = matmul(&normed, &self.embedding_projection, cfg.output_dims);
+        trace.output = out;
+        trace.mask = mask;
+        trace
+    }
+}
+
+/// `[sin(p ω_i), cos(p ω_i)]` over the width for the distances `p` = `context/2, …, 1, 0`
+/// (transformers' `Gemma4AudioRelPositionalEncoding`), `[positions, hidden]`.
+fn relative_sinusoids(cfg: &AudioConfig) -> Vec<f32> {
+    let half = cfg.hidden / 2;
+    let step = (1e4f32).ln() / (half.saturating_sub(1).max(1)) as f32;
+    let inv: Vec<f32> = (0..half).map(|i| (-(i as f32) * step).exp()).collect();
+    let n = cfg.relative_positions();
+    let mut out = Vec::with_capacity(n * cfg.hidden);
+    for p in (0..n).rev() {
+        out.extend(inv.iter().map(|w| (p as f32 * w).sin()));
+        out.extend(inv.iter().map(|w| (p as f32 * w).cos()));
+    }
+    out
+}
+
+impl FeedForward {
+    /// `x + ½ post_norm(down silu(up pre_norm(x)))`.
+    fn forward(&self, cfg: &AudioConfig, x: &[f32]) -> Vec<f32> {
+        let d = cfg.hidden;
+        let h = rms_norm(x, Some(&self.pre_norm), d, cfg.eps);
+        let mut h = self.up.apply(&h, d);
+        h.iter_mut().for_each(|v| *v = silu(*v));
+        let h = self.down.apply(&h, cfg.ff);
+        let h = rms_norm(&h, Some(&self.post_norm), d, cfg.eps);
+        let mut y = x.to_vec();
+        add_assign(&mut y, &h, RESIDUAL_WEIGHT);
+        y
+    }
+}
+
+impl ConformerLayer {
+    fn forward(&self, cfg: &AudioConfig, x: &[f32], mask: &[bool], positions: &[f32]) -> Vec<f32> {
+        let d = cfg.hidden;
+        let mut x = self.ffn1.forward(cfg, x);
+        let h = rms_norm(&x, Some(&self.attn_pre_norm), d, cfg.eps);
+        let a = self.attention(cfg, &h, mask, positions);
+        add_assign(
+            &mut x,
+            &rms_norm(&a, Some(&self.attn_post_norm), d, cfg.eps),
+            1.0,
+        );
+        let c = self.light_conv(cfg, &x);
+        add_assign(&mut x, &c, 1.0);
+        let x = self.ffn2.forward(cfg, &x);
+        rms_norm(&x, Some(&self.out_norm), d, cfg.eps)
+    }
+
+    /// Chunked local attention with a relative-position term: each block of `chunk` queries
+    /// sees the keys from `context_left - 1` before its start; query `q` attends key `k` when
+    /// `0 <= q - k < context_left - 1` and the key is valid; logits are soft-capped.
+    fn attention(
+        &self,
+        cfg: &AudioConfig,
+        x: &[f32],
+        mask: &[bool],
+        positions: &[f32],
+    ) -> Vec<f32> {
+        let (d, nh, dh) = (cfg.hidden, cfg.n_head, cfg.head_dim());
+        let t = mask.len();
+        let q_scale = (dh as f32).powf(-0.5) / std::f32::consts::LN_2;
+        let k_scale = (1.0 + std::f32::consts::E).ln() / std::f32::consts::LN_2;
+        let mut q = self.q.apply(x, d);
+        let mut k = self.k.apply(x, d);
+        let v = self.v.apply(x, d);
+        for row in q.chunks_exact_mut(dh) {
+            row.iter_mut()
+                .zip(&self.query_scale)
+                .for_each(|(a, s)| *a *= q_scale * s);
+        }
+        k.iter_mut().for_each(|a| *a *= k_scale);
+        // rel[p] for distance p, `[positions, H * dh]` (the sinusoids run from the largest
+        // distance down to 0).
+        let n_pos = cfg.relative_positions();
+        let rel_rev = matmul(positions, &self.relative_k, d);
+        let rel = |dist: usize, h: usize| &rel_rev[(n_pos - 1 - dist) * d + h * dh..][..dh];
+        let window = cfg.context_left - 1;
+        let mut out = vec![0f32; t * d];
+        let mut logits = Vec::with_capacity(cfg.context_size());
+        for h in 0..nh {
+            for qi in 0..t {
+                let qv = &q[qi * d + h * dh..][..dh];
+                let block_start = qi / cfg.chunk * cfg.chunk;
+                let first = block_start as isize - window as isize;
+                logits.clear();
+                for kp in first..first + cfg.context_size() as isize {
+                    let dist = qi as isize - kp;
+                    let seen = kp >= 0
+                        && (kp as usize) < t
+                        && (0..window as isize).contains(&dist)
+                        && mask[kp as usize];
+                    if !seen {
+                        logits.push(INVALID_LOGIT);
+                        continue;
+                    }
+                    let kv = &k[kp as usize * d + h * dh..][..dh];
+                    let mut l: f32 = qv.iter().zip(kv).map(|(a, b)| a * b).sum();
+                    l += qv
+                        .iter()
+                        .zip(rel(dist as usize, h))
+                        .map(|(a, b)| a * b)
+                        .sum::<f32>();
+                    logits.push(cfg.logit_cap * (l / cfg.logit_cap).tanh());
+                }
+                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let weights: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
+                let total: f32 = weights.iter().sum();
+                let o = &mut out[qi * d + h * dh..][..dh];
+                for (j, w) in weights.iter().enumerate() {
+                    let kp = first + j as isize;
+                    if kp < 0 || kp as usize >= t {
+                        continue;
+                    }
+                    let vv = &v[kp as usize * d + h * dh..][..dh];
+                    o.iter_mut().zip(vv).for_each(|(a, b)| *a += w / total * b);
+                }
+            }
+        }
+        self.post.apply(&out, d)
+    }
+
+    /// The light convolution: GLU of `conv_start`, a causal depthwise convolution, RMSNorm,
+    /// SiLU, `conv_end`.
+    fn light_conv(&self, cfg: &AudioConfig, x: &[f32]) -> Vec<f32> {
+        let d = cfg.hidden;
+        let t = x.len() / d;
+        let h = rms_norm(x, Some(&self.conv_pre_norm), d, cfg.eps);
+        let h = self.conv_start.apply(&h, d);
+        let glu: Vec<f32> = h
+            .chunks_exact(2 * d)
+            .flat_map(|r| (0..d).map(move |c| r[c] * sigmoid(r[d + c])))
+            .collect();
+        let kw = cfg.conv_kernel;
+        let mut conv = vec![0f32; t * d];
+        for ti in 0..t {
+            for c in 0..d {
+                conv[ti * d + c] = (0..kw)
+                    .filter_map(|j| (ti + j).checked_sub(kw - 1).map(|src| (j, src)))
+                    .map(|(j, src)| self.conv_depthwise[c * kw + j] * glu[src * d + c])
+                    .sum();
+            }
+        }
+        let mut h = rms_norm(&conv, Some(&self.conv_norm), d, cfg.eps);
+        h.iter_mut().for_each(|v| *v = silu(*v));
+        self.conv_end.apply(&h, d)
+    }
+}
