@@ -2,6 +2,8 @@
 //! will be tested against, written as transformers' `Gemma4AudioModel` +
 //! `Gemma4MultimodalEmbedder` read (reference/multimodal.md §2).
 
+use wgemma_kernels::cpu;
+
 use crate::mel::N_MELS;
 
 /// The audio tower's shape.
@@ -30,8 +32,6 @@ pub struct AudioConfig {
 
 /// What the half-step feed-forward residual is scaled by (transformers' `residual_weight`).
 const RESIDUAL_WEIGHT: f32 = 0.5;
-/// Logit of a masked query-key pair (`attention_invalid_logits_value`).
-const INVALID_LOGIT: f32 = -1e9;
 
 impl AudioConfig {
     pub fn head_dim(&self) -> usize {
@@ -282,7 +282,7 @@ impl AudioWeights {
         };
         let positions = relative_sinusoids(cfg);
         for layer in &self.layers {
-            x = layer.forward(cfg, &x, &mask, &positions);
+            x = layer.forward(cfg, &x, &positions);
             trace.layers.push(x.clone());
         }
         let (w, b) = &self.output_projection;
@@ -335,11 +335,11 @@ impl FeedForward {
 }
 
 impl ConformerLayer {
-    fn forward(&self, cfg: &AudioConfig, x: &[f32], mask: &[bool], positions: &[f32]) -> Vec<f32> {
+    fn forward(&self, cfg: &AudioConfig, x: &[f32], positions: &[f32]) -> Vec<f32> {
         let d = cfg.hidden;
         let mut x = self.ffn1.forward(cfg, x);
         let h = rms_norm(&x, Some(&self.attn_pre_norm), d, cfg.eps);
-        let a = self.attention(cfg, &h, mask, positions);
+        let a = self.attention(cfg, &h, positions);
         add_assign(
             &mut x,
             &rms_norm(&a, Some(&self.attn_post_norm), d, cfg.eps),
@@ -351,18 +351,15 @@ impl ConformerLayer {
         rms_norm(&x, Some(&self.out_norm), d, cfg.eps)
     }
 
-    /// Chunked local attention with a relative-position term: each block of `chunk` queries
-    /// sees the keys from `context_left - 1` before its start; query `q` attends key `k` when
-    /// `0 <= q - k < context_left - 1` and the key is valid; logits are soft-capped.
-    fn attention(
-        &self,
-        cfg: &AudioConfig,
-        x: &[f32],
-        mask: &[bool],
-        positions: &[f32],
-    ) -> Vec<f32> {
-        let (d, nh, dh) = (cfg.hidden, cfg.n_head, cfg.head_dim());
-        let t = mask.len();
+    /// Chunked local attention with a relative-position term, through the kernel crate's
+    /// attention reference (`cpu::attend`, what `ops::attend` with `Mask::Local` computes):
+    /// query `q` sees key `k` when `0 <= q - k < context_left - 1`, the logit is
+    /// `cap tanh((q . k + q . rel[q - k]) / cap)`. transformers' blocks of `chunk` queries
+    /// see the same keys; it also masks keys past the valid frames, which only the padding
+    /// positions after them could see (the valid frames are a prefix), so the valid positions
+    /// agree and the padding positions (dropped from the soft tokens) may not.
+    fn attention(&self, cfg: &AudioConfig, x: &[f32], positions: &[f32]) -> Vec<f32> {
+        let (d, dh) = (cfg.hidden, cfg.head_dim());
         let q_scale = (dh as f32).powf(-0.5) / std::f32::consts::LN_2;
         let k_scale = (1.0 + std::f32::consts::E).ln() / std::f32::consts::LN_2;
         let mut q = self.q.apply(x, d);
@@ -374,53 +371,29 @@ impl ConformerLayer {
                 .for_each(|(a, s)| *a *= q_scale * s);
         }
         k.iter_mut().for_each(|a| *a *= k_scale);
-        // rel[p] for distance p, `[positions, H * dh]` (the sinusoids run from the largest
-        // distance down to 0).
-        let n_pos = cfg.relative_positions();
-        let rel_rev = matmul(positions, &self.relative_k, d);
-        let rel = |dist: usize, h: usize| &rel_rev[(n_pos - 1 - dist) * d + h * dh..][..dh];
+        // The sinusoids run from the largest distance down to 0; the attention takes the key
+        // term of each distance 0..window in order.
         let window = cfg.context_left - 1;
-        let mut out = vec![0f32; t * d];
-        let mut logits = Vec::with_capacity(cfg.context_size());
-        for h in 0..nh {
-            for qi in 0..t {
-                let qv = &q[qi * d + h * dh..][..dh];
-                let block_start = qi / cfg.chunk * cfg.chunk;
-                let first = block_start as isize - window as isize;
-                logits.clear();
-                for kp in first..first + cfg.context_size() as isize {
-                    let dist = qi as isize - kp;
-                    let seen = kp >= 0
-                        && (kp as usize) < t
-                        && (0..window as isize).contains(&dist)
-                        && mask[kp as usize];
-                    if !seen {
-                        logits.push(INVALID_LOGIT);
-                        continue;
-                    }
-                    let kv = &k[kp as usize * d + h * dh..][..dh];
-                    let mut l: f32 = qv.iter().zip(kv).map(|(a, b)| a * b).sum();
-                    l += qv
-                        .iter()
-                        .zip(rel(dist as usize, h))
-                        .map(|(a, b)| a * b)
-                        .sum::<f32>();
-                    logits.push(cfg.logit_cap * (l / cfg.logit_cap).tanh());
-                }
-                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let weights: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
-                let total: f32 = weights.iter().sum();
-                let o = &mut out[qi * d + h * dh..][..dh];
-                for (j, w) in weights.iter().enumerate() {
-                    let kp = first + j as isize;
-                    if kp < 0 || kp as usize >= t {
-                        continue;
-                    }
-                    let vv = &v[kp as usize * d + h * dh..][..dh];
-                    o.iter_mut().zip(vv).for_each(|(a, b)| *a += w / total * b);
-                }
-            }
-        }
+        let rel_desc = matmul(positions, &self.relative_k, d);
+        let n_pos = cfg.relative_positions();
+        let rel: Vec<f32> = (0..window)
+            .flat_map(|dist| rel_desc[(n_pos - 1 - dist) * d..][..d].iter().copied())
+            .collect();
+        let out = cpu::attend(
+            &cpu::AttendRef {
+                q: &q,
+                k: &k,
+                v: &v,
+                heads: cfg.n_head,
+                kv_heads: cfg.n_head,
+                d: dh,
+                q_pos0: 0,
+                scale: 1.0,
+                softcap: cfg.logit_cap,
+                relative: Some(&rel),
+            },
+            |qp, kp| kp <= qp && qp - kp < window,
+        );
         self.post.apply(&out, d)
     }
 
