@@ -139,8 +139,8 @@ impl ChatTemplate {
 
     /// As [`ChatTemplate::render`], with the messages' content marked as plain text so that
     /// [`crate::tokenizer::Tokenizer::encode_marked`] never turns control-token text typed by
-    /// a user (`<end_of_turn>`) into control tokens; only the template's own markup becomes
-    /// control tokens.
+    /// a user (`<end_of_turn>`) into control tokens; only the template's own markup and the
+    /// image placeholders a message holds become control tokens.
     pub fn render_marked(
         &self,
         messages: &[Message],
@@ -165,10 +165,10 @@ impl ChatTemplate {
                     out.push_markup(m.role.turn_name());
                     out.push_markup("\n");
                     if let Some(p) = prefix.take() {
-                        out.push_plain(p);
+                        push_content(&mut out, p);
                         out.push_markup("\n\n");
                     }
-                    out.push_plain(trim(&m.content));
+                    push_content(&mut out, trim(&m.content));
                     out.push_markup("<end_of_turn>\n");
                 }
                 if add_generation_prompt {
@@ -178,7 +178,7 @@ impl ChatTemplate {
             ChatTemplate::Gemma4 => {
                 if let Some(s) = system {
                     out.push_markup("<|turn>system\n");
-                    out.push_plain(trim(&s.content));
+                    push_content(&mut out, trim(&s.content));
                     out.push_markup("<turn|>\n");
                 }
                 for m in turns {
@@ -187,8 +187,8 @@ impl ChatTemplate {
                     out.push_markup("\n");
                     out.push_markup(&IMAGE_PLACEHOLDER.repeat(m.images));
                     match m.role {
-                        Role::Assistant => out.push_plain(&strip_thinking(&m.content)),
-                        _ => out.push_plain(trim(&m.content)),
+                        Role::Assistant => push_content(&mut out, &strip_thinking(&m.content)),
+                        _ => push_content(&mut out, trim(&m.content)),
                     }
                     out.push_markup("<turn|>\n");
                 }
@@ -198,6 +198,19 @@ impl ChatTemplate {
             }
         }
         Ok(out)
+    }
+}
+
+/// A message's text as plain text, except its [`IMAGE_PLACEHOLDER`]s: a message may say where
+/// its images go (the JSON API's image content parts become placeholders in place).
+pub fn push_content(out: &mut MarkedText, text: &str) {
+    let mut parts = text.split(IMAGE_PLACEHOLDER);
+    if let Some(first) = parts.next() {
+        out.push_plain(first);
+    }
+    for part in parts {
+        out.push_markup(IMAGE_PLACEHOLDER);
+        out.push_plain(part);
     }
 }
 

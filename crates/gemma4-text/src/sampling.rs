@@ -120,12 +120,12 @@ impl SamplingParams {
                 "must be above 0 and finite (1: off, above 1: fewer repeats)",
             ));
         }
-        let openai = "must be from -2 to 2";
-        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
-            return Err(err("frequency-penalty", &self.frequency_penalty, openai));
+        let finite = "must be a finite number";
+        if !self.frequency_penalty.is_finite() {
+            return Err(err("frequency-penalty", &self.frequency_penalty, finite));
         }
-        if !(-2.0..=2.0).contains(&self.presence_penalty) {
-            return Err(err("presence-penalty", &self.presence_penalty, openai));
+        if !self.presence_penalty.is_finite() {
+            return Err(err("presence-penalty", &self.presence_penalty, finite));
         }
         if self.penalty_last_n > RING_CAP as usize {
             return Err(err(

@@ -60,7 +60,10 @@ pub enum Algorithm {
 
 /// Prompt text built from markup (a chat template's `<start_of_turn>`, `<|image|>`, whose
 /// control-token text becomes those tokens) and plain text (what a user typed, whose
-/// `<end_of_turn>` stays the characters `<end_of_turn>`: a user cannot forge a turn).
+/// `<end_of_turn>` stays the characters `<end_of_turn>`: a user cannot forge a turn). As in
+/// llama.cpp without special-token parsing, the vocabulary's user-defined tokens (Gemma 3's
+/// whitespace runs, `<start_of_image>`) are still split out of plain text: they are ordinary
+/// pieces, not control tokens.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MarkedText {
     text: String,
@@ -78,7 +81,7 @@ impl MarkedText {
         self.text.push_str(markup);
     }
 
-    /// Appends plain text: it is tokenized as text whatever it contains.
+    /// Appends plain text: control-token text in it stays text.
     pub fn push_plain(&mut self, text: &str) {
         let start = self.text.len();
         self.text.push_str(text);

@@ -563,15 +563,6 @@ impl Run<'_> {
         }
         self.generated += 1;
         let piece = self.decoder.push(tok, id);
-        if self.req.stop_loops {
-            self.recent.push(&piece);
-            if self.recent.repeats() {
-                self.held.push_str(&piece);
-                self.pending_done = Some(StopReason::Loop);
-                let text = std::mem::take(&mut self.held);
-                return Ok(Event::Token { id, text });
-            }
-        }
         self.held.push_str(&piece);
         if let Some(at) = self
             .req
@@ -586,6 +577,14 @@ impl Run<'_> {
             // The text before the stop string still goes out, then the end.
             self.pending_done = Some(StopReason::StopString);
             return Ok(Event::Token { id, text });
+        }
+        if self.req.stop_loops {
+            self.recent.push(&piece);
+            if self.recent.repeats() {
+                self.pending_done = Some(StopReason::Loop);
+                let text = std::mem::take(&mut self.held);
+                return Ok(Event::Token { id, text });
+            }
         }
         let keep = held_back(&self.held, &self.req.stop);
         let text: String = self.held.drain(..self.held.len() - keep).collect();
@@ -605,14 +604,7 @@ fn held_back(text: &str, stops: &[String]) -> usize {
 /// A text prompt as plain text whose [`crate::IMAGE_PLACEHOLDER`]s alone are markup.
 fn image_markup(text: &str) -> MarkedText {
     let mut marked = MarkedText::new();
-    let mut parts = text.split(crate::IMAGE_PLACEHOLDER);
-    if let Some(first) = parts.next() {
-        marked.push_plain(first);
-    }
-    for part in parts {
-        marked.push_markup(crate::IMAGE_PLACEHOLDER);
-        marked.push_plain(part);
-    }
+    wgemma_text::chat::push_content(&mut marked, text);
     marked
 }
 

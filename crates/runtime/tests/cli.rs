@@ -195,7 +195,7 @@ fn patch_u64(bytes: &mut [u8], at: usize, value: u64) {
 }
 
 /// Corrupt lengths in a header: `info` and `run` fail at once with a short message, never
-/// one that quotes megabytes read from the file (a corrupt key length once gave 116 MB).
+/// one that quotes megabytes read from the file (a corrupt key length can claim 116 MB).
 #[test]
 fn corrupt_lengths_give_short_errors_fast() {
     let dir = scratch_dir("corrupt");
@@ -278,7 +278,7 @@ fn a_directory_or_fifo_as_model_says_what_it_is() {
 }
 
 /// On a machine without a desktop session (no XDG_RUNTIME_DIR), a command that uses the GPU
-/// prints nothing about Wayland: Mesa's device-selection layer used to make libwayland say
+/// prints nothing about Wayland: Mesa's device-selection layer would make libwayland say
 /// "XDG_RUNTIME_DIR is invalid or not set" twice.
 #[test]
 fn gpu_commands_without_a_desktop_session_print_no_wayland_noise() {

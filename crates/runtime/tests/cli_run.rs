@@ -202,9 +202,13 @@ fn ctrl_c_stops_the_reply_and_keeps_the_chat() {
     writeln!(stdin, "Thanks").unwrap();
     wait_for(&out, "a second reply", minute, |t| t.len() > first + 1);
     interrupt(&child);
-    wait_for(&err, "the second reply's end", minute, |t| {
-        t.matches("prompt: ").count() >= 2 && t.matches("> ").count() >= 3
+    wait_for(&err, "the second reply stopped", minute, |t| {
+        t.matches("stop: stopped").count() >= 2 && t.matches("> ").count() >= 3
     });
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the chat went on again"
+    );
     let stats = String::from_utf8_lossy(&err.lock().unwrap()).into_owned();
     let second = &stats[stats.rfind("prompt: ").unwrap()..];
     assert!(!second.contains("(0 cached)"), "{second}");

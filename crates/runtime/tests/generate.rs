@@ -1,17 +1,24 @@
-//! Generation through the public API on a tiny random Gemma 3: a model computing NaN stops
-//! with an error on every sampling path (and the session stays usable), sampling settings
-//! are checked before anything runs.
+//! Generation through the public API on tiny random Gemma 3 and Gemma 4 models: a model
+//! computing NaN stops with an error on every sampling path (and the session stays usable),
+//! sampling settings are checked before anything runs, long prompts report their passes.
 
 use futures::StreamExt;
-use wgemma::gguf::{BytesSource, Gguf};
+use wgemma::gguf::Gguf;
 use wgemma::{Error, Event, GenerateRequest, LoadOptions, Model, Prompt, SamplingParams};
 use wgemma_text::synth::{SynthSpec, synthetic_bytes};
 
-/// The tiny model's file, with the final norm's weights set to `poison` when given.
-fn tiny_model(poison: Option<f32>) -> Option<Model> {
+/// The tiny Gemma 3 (or with `gemma4` the tiny Gemma 4, whose per-layer embedding rows are
+/// read from the mapped file as each token is fed), with the final norm's weights set to
+/// `poison` when given; loaded from a file as the CLI loads it.
+fn tiny_model(gemma4: bool, poison: Option<f32>) -> Option<Model> {
     let ctx = wgemma_test_support::gpu()?;
-    let mut bytes = synthetic_bytes(&SynthSpec::tiny_gemma3(wgemma::gguf::GgmlType::F32))
-        .expect("synthetic model");
+    let dtype = wgemma::gguf::GgmlType::F32;
+    let spec = if gemma4 {
+        SynthSpec::tiny_gemma4(dtype)
+    } else {
+        SynthSpec::tiny_gemma3(dtype)
+    };
+    let mut bytes = synthetic_bytes(&spec).expect("synthetic model");
     if let Some(value) = poison {
         let g = Gguf::parse(&bytes).expect("parses");
         let t = g
@@ -24,22 +31,36 @@ fn tiny_model(poison: Option<f32>) -> Option<Model> {
             w.copy_from_slice(&value.to_le_bytes());
         }
     }
+    // Tests run on threads of one process: each file gets a name of its own.
+    static FILES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("wgemma-generate-{}-{n}.gguf", std::process::id());
+    let path = std::env::temp_dir().join(name);
+    std::fs::write(&path, bytes).expect("a scratch file");
     let opts = LoadOptions {
         context: Some(ctx.clone()),
         ..LoadOptions::default()
     };
-    Some(pollster::block_on(Model::load(&BytesSource::new(bytes), opts)).expect("loads"))
+    let model = pollster::block_on(Model::load_file(&path, opts)).expect("loads");
+    std::fs::remove_file(&path).ok();
+    Some(model)
 }
 
-/// Greedy (argmax), the whole-vocabulary draw (Gumbel argmax) and the top-k draw.
-fn strategies() -> [SamplingParams; 3] {
-    let draw = |top_k| SamplingParams {
-        temperature: 0.8,
+/// Greedy (argmax), the whole-vocabulary draw (Gumbel argmax) below and above temperature 1
+/// (where the noise scales -3.4e38 up) and the top-k draw.
+fn strategies() -> [SamplingParams; 4] {
+    let draw = |temperature, top_k| SamplingParams {
+        temperature,
         top_k,
         seed: 7,
         ..SamplingParams::default()
     };
-    [SamplingParams::default(), draw(0), draw(20)]
+    [
+        SamplingParams::default(),
+        draw(0.8, 0),
+        draw(1.5, 0),
+        draw(0.8, 20),
+    ]
 }
 
 /// Runs one request to its end: the generated text, or the error it ended with.
@@ -63,8 +84,8 @@ fn generate(session: &mut wgemma::Session, sampling: SamplingParams) -> Result<u
 
 #[test]
 fn a_model_computing_nan_stops_with_an_error_on_every_sampling_path() {
-    for poison in [f32::NAN, f32::INFINITY] {
-        let Some(model) = tiny_model(Some(poison)) else {
+    for (gemma4, poison) in [(false, f32::NAN), (false, f32::INFINITY), (true, f32::NAN)] {
+        let Some(model) = tiny_model(gemma4, Some(poison)) else {
             return;
         };
         let mut session = model.session(Default::default()).expect("session");
@@ -72,8 +93,12 @@ fn a_model_computing_nan_stops_with_an_error_on_every_sampling_path() {
             // Twice: the failed request leaves the session able to take the next one.
             for attempt in 0..2 {
                 match generate(&mut session, sampling.clone()) {
-                    Err(e) => assert_eq!(e.code(), "bad_model", "{poison} {i} {attempt}: {e}"),
-                    Ok(n) => panic!("{poison}: strategy {i} generated {n} tokens from NaN"),
+                    Err(e) => assert_eq!(
+                        e.code(),
+                        "bad_model",
+                        "gemma4 {gemma4}, {poison}, strategy {i}, attempt {attempt}: {e}"
+                    ),
+                    Ok(n) => panic!("gemma4 {gemma4}, {poison}: strategy {i} generated {n} tokens"),
                 }
             }
         }
@@ -82,19 +107,21 @@ fn a_model_computing_nan_stops_with_an_error_on_every_sampling_path() {
 
 #[test]
 fn a_healthy_model_is_not_taken_for_a_broken_one() {
-    let Some(model) = tiny_model(None) else {
-        return;
-    };
-    let mut session = model.session(Default::default()).expect("session");
-    for sampling in strategies() {
-        let n = generate(&mut session, sampling).expect("generates");
-        assert!(n > 0);
+    for gemma4 in [false, true] {
+        let Some(model) = tiny_model(gemma4, None) else {
+            return;
+        };
+        let mut session = model.session(Default::default()).expect("session");
+        for sampling in strategies() {
+            let n = generate(&mut session, sampling).expect("generates");
+            assert!(n > 0);
+        }
     }
 }
 
 #[test]
 fn sampling_settings_are_checked_before_anything_runs() {
-    let Some(model) = tiny_model(None) else {
+    let Some(model) = tiny_model(false, None) else {
         return;
     };
     let mut session = model.session(Default::default()).expect("session");
@@ -131,7 +158,7 @@ fn sampling_settings_are_checked_before_anything_runs() {
 
 #[test]
 fn a_long_prompt_reports_its_passes_and_can_be_stopped_between_them() {
-    let Some(model) = tiny_model(None) else {
+    let Some(model) = tiny_model(false, None) else {
         return;
     };
     let opts = wgemma::SessionOptions {

@@ -237,3 +237,30 @@ fn bad_image_requests_are_errors_and_the_session_goes_on() {
     let r = reply(&mut s, req(vec![image("up_97x61")], 1));
     assert!(matches!(r, Err(Error::NoVision)), "{r:?}");
 }
+
+/// An image content part of a JSON message becomes a placeholder in its text: that one stays
+/// the image token, while the same characters typed in a message's text of a model without
+/// the token, or control-token text typed there, stay text.
+#[test]
+fn json_image_parts_are_image_tokens_and_typed_markers_stay_text() {
+    let Some(model) = load(false) else { return };
+    let session = model.session(SessionOptions::default()).unwrap();
+    let tok = model.tokenizer();
+    let image = tok
+        .token_id(wgemma::IMAGE_PLACEHOLDER)
+        .expect("an image token");
+    let end_of_turn = tok.token_id("<turn|>").expect("an end-of-turn token");
+    let json = serde_json::json!({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Look<turn|> at"},
+        {"type": "image"},
+        {"type": "text", "text": "this."}
+    ]}]});
+    let req = GenerateRequest::from_json(&json).unwrap();
+    let ids = session
+        .prompt_tokens(&req.prompt, req.parse_special)
+        .unwrap();
+    let count = |id| ids.iter().filter(|&&t| t == id).count();
+    assert_eq!(count(image), 1, "{ids:?}");
+    // The template's own end of turn only: the typed one is text.
+    assert_eq!(count(end_of_turn), 1, "{ids:?}");
+}

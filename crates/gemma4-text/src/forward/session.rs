@@ -1197,11 +1197,17 @@ impl GpuSession {
             .await?
             .ok_or(ForwardError::NothingSampled)?;
         self.ledger.read_back(token);
-        if self.needs_token_on_cpu()
-            && let Err(e) = self.fetch_rows(&[token]).await
-        {
-            // The step recorded for this token cannot run: forget it, so the token is
-            // sampled but not fed, as if that step had never been queued.
+        let fetched = if !finite {
+            Err(ForwardError::NonFiniteLogits)
+        } else if self.needs_token_on_cpu() {
+            self.fetch_rows(&[token]).await
+        } else {
+            Ok(())
+        };
+        if let Err(e) = fetched {
+            // The step recorded for this token cannot run (a model computing NaN has no
+            // token worth feeding): forget it, so the token is sampled but not fed, as if
+            // that step had never been queued.
             if self.queue.drop_waiting() {
                 self.ledger.unfeed(token);
             }
@@ -1211,11 +1217,6 @@ impl GpuSession {
         if self.queue.has_waiting() {
             self.stage_ple_rows(&[token])?;
             self.queue.release(&ctx);
-        }
-        // Only once the token is booked: the session stays consistent, and the caller
-        // decides what to do with a model that computes NaN.
-        if !finite {
-            return Err(ForwardError::NonFiniteLogits);
         }
         Ok(token)
     }

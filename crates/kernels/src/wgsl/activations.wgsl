@@ -7,9 +7,11 @@ fn gelu_tanh(v: f32) -> f32 {
     return 0.5 * v * (1.0 + tanh(clamp(inner, -9.0, 9.0)));
 }
 
-// The logit softcap c * tanh(v / c); none when c <= 0.
+// The logit softcap c * tanh(v / c); none when c <= 0. A value that is not finite stays as
+// it is (clamp would turn NaN into a number on some drivers), so a model computing NaN still
+// shows it to the sampler.
 fn softcapped(v: f32, c: f32) -> f32 {
-    if (c > 0.0) {
+    if (c > 0.0 && abs(v) <= 3.4e38) {
         return c * tanh(clamp(v / c, -9.0, 9.0));
     }
     return v;

@@ -1,7 +1,7 @@
 // Two-stage argmax over n values. Stage PARTIAL: workgroup g reduces values
 // [g*CHUNK, (g+1)*CHUNK) to (value, index) in part[2g], part[2g+1]. Stage FINAL: one
 // workgroup reduces the partials and writes the index to result[0] and the value's bits to
-// result[1]. Ties go to the smaller index; NaN counts as -inf.
+// result[1]. Ties go to the smaller index; NaN and -inf count as -3.4e38.
 //
 // GUMBEL: each logit first becomes logit / temperature + Gumbel(seed, step, index) noise, so
 // the argmax is an exact sample from softmax(logits / temperature).
@@ -55,12 +55,14 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let i = start + j;
         if (i < p.n) {
             var v = x[i];
-            if (v != v) {
-                v = -3.4e38;
-            }
 #if GUMBEL
             v = v * p.inv_temp + gumbel(i);
 #endif
+            // NaN and -inf (also after the noise) count as the lowest value, so an index always
+            // wins and a model computing NaN shows in the value left beside it.
+            if (!(v > -3.4e38)) {
+                v = -3.4e38;
+            }
             if (better(v, i, best, besti)) {
                 best = v;
                 besti = i;

@@ -47,7 +47,8 @@ fn main(
         let i = wg.x * 4096u + t * 256u + li;
         if (i < p.n) {
             var v = x[p.x_at + wg.y * p.row_stride + i];
-            if (v != v) {
+            // NaN and -inf count as the lowest value, so every candidate has an index.
+            if (!(v > -3.4e38)) {
                 v = -3.4e38;
             }
             vals[t] = v;

@@ -26,7 +26,7 @@ pub struct ModelArg {
 /// A loaded model and what its files recommend.
 pub struct Loaded {
     pub model: Model,
-    /// Sampling settings the model recommends: its GGUF's, else its Ollama manifest's.
+    /// Sampling settings the model recommends: its Ollama manifest's, else its GGUF's.
     pub sampling: SamplingHints,
     /// Whether the model is meant for chat: its GGUF or its Ollama manifest has a chat
     /// template.
@@ -71,7 +71,8 @@ pub fn load(arg: &ModelArg, quiet: bool) -> Result<Loaded, CliError> {
     bar.finish_and_clear();
     let info = model.info();
     Ok(Loaded {
-        sampling: info.sampling.clone().or(source.sampling_hints()),
+        // An Ollama model's own parameters are what its users expect; the GGUF's keys fill in.
+        sampling: source.sampling_hints().or(info.sampling.clone()),
         chat: info.chat_template || source.chat_template,
         label: info.name.clone().unwrap_or_else(|| source.label.clone()),
         model,

@@ -87,7 +87,7 @@ pub fn main() -> ExitCode {
 }
 
 /// The most bytes of one message [`error_report`] prints: errors quote what they read
-/// short already, and this bounds any that does not (one once quoted a 116 MB string).
+/// short already, and this bounds any that does not (a corrupt length can claim megabytes).
 const MAX_MESSAGE_BYTES: usize = 4096;
 
 /// What `main` prints for an error: `error: ` and its message, then `  caused by: ` and each

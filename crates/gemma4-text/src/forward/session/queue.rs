@@ -248,9 +248,10 @@ impl StepQueue {
     }
 }
 
-/// The sampling kernels leave the logit the token won with beside it (argmax: the largest,
-/// with NaN counted as -3.4e38; the top-k draw: the top candidate's). All-NaN or infinite
-/// logits show there.
+/// The sampling kernels leave the value the token won with beside it: the largest logit
+/// (greedy), the largest logit / temperature + Gumbel noise (a whole-vocabulary draw), the top
+/// candidate's logit (a top-k draw), NaN and -inf counted as -3.4e38 in each. All-NaN or
+/// infinite logits show there; finite logits of a model keep far above it.
 fn winning_logit_is_finite(logit: f32) -> bool {
     logit.is_finite() && logit > -3.0e38
 }
