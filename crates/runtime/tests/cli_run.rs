@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use wgemma_gguf::GgmlType;
@@ -22,14 +22,21 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// A tiny random Gemma 3 (no chat template), written once per test binary.
+/// A tiny random Gemma 3 (no chat template), written once per test binary (its tests run on
+/// threads: the file is written under another name and renamed, so none reads it half
+/// written).
 fn tiny_model() -> PathBuf {
-    let path = std::env::temp_dir().join(format!("wgemma-cli-run-{}.gguf", std::process::id()));
-    if !path.is_file() {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let dir = std::env::temp_dir();
+        let path = dir.join(format!("wgemma-cli-run-{}.gguf", std::process::id()));
+        let partial = path.with_extension("partial");
         let bytes = synthetic_bytes(&SynthSpec::tiny_gemma3(GgmlType::F32)).unwrap();
-        std::fs::write(&path, bytes).unwrap();
-    }
-    path
+        std::fs::write(&partial, bytes).unwrap();
+        std::fs::rename(&partial, &path).unwrap();
+        path
+    })
+    .clone()
 }
 
 #[test]
