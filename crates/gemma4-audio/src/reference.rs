@@ -3,6 +3,7 @@
 //! `Gemma4MultimodalEmbedder` read (reference/multimodal.md §2).
 
 use wgemma_kernels::cpu;
+use wgemma_kernels::ops::Window2d;
 
 use crate::mel::N_MELS;
 
@@ -184,8 +185,9 @@ fn add_assign(x: &mut [f32], y: &[f32], scale: f32) {
 }
 
 /// One subsampling step: the frame mask on the input rows, a 3x3 stride-2 pad-1 convolution
-/// without bias over (time, frequency), LayerNorm over the channels (weight, no bias), ReLU.
-/// `x` is `[cin, t, f]`; returns `[cout, t', f']`.
+/// without bias over (time, frequency) (the kernel crate's `cpu::conv2d`), LayerNorm over the
+/// channels (weight, no bias), ReLU. `x` is `[cin, t, f]`; returns `[t', f', cout]`
+/// (channels last).
 fn sscp_layer(
     x: &[f32],
     (cin, t, f): (usize, usize, usize),
@@ -194,45 +196,34 @@ fn sscp_layer(
     eps: f32,
 ) -> Vec<f32> {
     let cout = norm.len();
-    let (t2, f2) = (subsampled(t), subsampled(f));
-    let at = |c: usize, ti: isize, fi: isize| -> f32 {
-        if ti < 0 || fi < 0 || ti as usize >= t || fi as usize >= f || !mask[ti as usize] {
-            return 0.0;
-        }
-        x[(c * t + ti as usize) * f + fi as usize]
-    };
-    let mut y = vec![0f32; cout * t2 * f2];
-    for co in 0..cout {
-        for ti in 0..t2 {
-            for fi in 0..f2 {
-                let mut acc = 0f32;
-                for ci in 0..cin {
-                    for kt in 0..3 {
-                        for kf in 0..3 {
-                            let wv = w[((co * cin + ci) * 3 + kt) * 3 + kf];
-                            acc +=
-                                wv * at(ci, (2 * ti + kt) as isize - 1, (2 * fi + kf) as isize - 1);
-                        }
-                    }
-                }
-                y[(co * t2 + ti) * f2 + fi] = acc;
-            }
+    let mut masked = x.to_vec();
+    for (i, row) in masked.chunks_exact_mut(f).enumerate() {
+        if !mask[i % t] {
+            row.fill(0.0);
         }
     }
-    // LayerNorm over the channels at each (time, frequency), then ReLU.
-    for p in 0..t2 * f2 {
-        let mean = (0..cout).map(|c| y[c * t2 * f2 + p]).sum::<f32>() / cout as f32;
-        let var = (0..cout)
-            .map(|c| (y[c * t2 * f2 + p] - mean).powi(2))
-            .sum::<f32>()
-            / cout as f32;
+    let window = Window2d {
+        kernel: [3, 3],
+        stride: [2, 2],
+        pad: [1, 1],
+    };
+    let mut y = cpu::conv2d(&masked, [cin, t, f], w, cout, window);
+    for row in y.chunks_exact_mut(cout) {
+        let mean = row.iter().sum::<f32>() / cout as f32;
+        let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / cout as f32;
         let r = 1.0 / (var + eps).sqrt();
-        for c in 0..cout {
-            let v = &mut y[c * t2 * f2 + p];
-            *v = ((*v - mean) * r * norm[c]).max(0.0);
-        }
+        row.iter_mut()
+            .zip(norm)
+            .for_each(|(v, g)| *v = ((*v - mean) * r * g).max(0.0));
     }
     y
+}
+
+/// `[t, f, c]` to `[c, t, f]`.
+fn channels_first(x: &[f32], (t, f, c): (usize, usize, usize)) -> Vec<f32> {
+    (0..c)
+        .flat_map(|ci| (0..t * f).map(move |p| x[p * c + ci]))
+        .collect()
 }
 
 impl AudioWeights {
@@ -254,7 +245,9 @@ impl AudioWeights {
         );
         let mask0: Vec<bool> = mask.iter().step_by(2).copied().collect();
         let (t0, f0) = (subsampled(t), subsampled(N_MELS));
-        let y1 = sscp_layer(
+        let y0 = channels_first(&y0, (t0, f0, c0));
+        // Channels last, as transformers flattens (frequency, channel) with channel fastest.
+        let flat = sscp_layer(
             &y0,
             (c0, t0, f0),
             &mask0,
@@ -262,14 +255,7 @@ impl AudioWeights {
             cfg.eps,
         );
         let mask1: Vec<bool> = mask0.iter().step_by(2).copied().collect();
-        let (t1, f1) = (subsampled(t0), subsampled(f0));
-        // [c1, t1, f1] -> [t1, f1 * c1], channel fastest.
-        let mut flat = Vec::with_capacity(t1 * f1 * c1);
-        for ti in 0..t1 {
-            for fi in 0..f1 {
-                flat.extend((0..c1).map(|c| y1[(c * t1 + ti) * f1 + fi]));
-            }
-        }
+        let f1 = subsampled(f0);
         (matmul(&flat, &self.input_projection, f1 * c1), mask1)
     }
 
