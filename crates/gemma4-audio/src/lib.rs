@@ -26,6 +26,8 @@ mod load;
 mod mel;
 mod pcm;
 pub mod reference;
+mod tensors;
+mod tower;
 
 pub use decode::decode;
 pub use error::AudioError;
@@ -35,6 +37,8 @@ pub use mel::{HOP, N_MELS};
 pub use pcm::{
     MAX_CHANNELS, MAX_DURATION_SECS, MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, Pcm, Pcm16k, SAMPLE_RATE,
 };
+pub use tensors::{AudioLayout, ClampedLinear, ConformerLayer, FeedForward, Tower, TowerTensors};
+pub use tower::{AudioTower, Encoded, TowerError};
 
 /// Decodes an audio file, resamples it to 16 kHz and computes its features: [`decode`], then
 /// [`Pcm::into_16k`], then [`features`].

@@ -1,13 +1,11 @@
-//! The audio tower's shape and weights from a llama.cpp projector file (`mmproj` GGUF,
-//! `clip.audio.projector_type = gemma4a`): the keys and tensor names of reference/multimodal.md
-//! §2, clamps as per-tensor scalars (`<linear>.input_min` …; absent ones do not clamp), the
-//! per-dimension query scale stored with softplus applied.
+//! The audio tower's shape from either file that holds it (a llama.cpp projector file,
+//! `clip.audio.projector_type = gemma4a`, or an Ollama `gemma4` blob with `gemma4.audio.*`
+//! keys; reference/multimodal.md §2), and its weights as f32 for the CPU reference.
 
 use wgemma_gguf::{Gguf, MetadataError, ReadError, TensorInfo, TensorSource, read_tensor_f32};
 
-use crate::reference::{
-    AudioConfig, AudioWeights, ClampedLinear, ConformerLayer, FeedForward, subsampled,
-};
+use crate::reference::{AudioConfig, AudioWeights};
+use crate::tensors::{AudioLayout, Mappers, TowerTensors};
 
 /// Queries per attention block, keys back, logit cap, depthwise kernel: fixed by the
 /// architecture (no file stores them; llama.cpp hard-codes them too).
@@ -32,41 +30,56 @@ pub enum AudioLoadError {
 }
 
 impl AudioConfig {
-    /// The audio tower `g` holds, if any (`Ok(None)` for a file without one).
+    /// The audio tower `g` holds, if any (`Ok(None)` for a file without one): a llama.cpp
+    /// projector file (`clip.audio.*`) or an Ollama `gemma4` blob (`gemma4.audio.*`).
     pub fn from_gguf(g: &Gguf) -> Result<Option<Self>, AudioLoadError> {
         let m = &g.metadata;
-        if g.architecture() != Some("clip")
-            || !m.opt_bool("clip.has_audio_encoder")?.unwrap_or(false)
-        {
-            return Ok(None);
-        }
-        let kind = m.get_str("clip.audio.projector_type")?;
-        if kind != "gemma4a" {
-            return Err(AudioLoadError::Projector(kind.to_string()));
-        }
+        let (layout, prefix, text_width) = match g.architecture() {
+            Some("clip") => {
+                if !m.opt_bool("clip.has_audio_encoder")?.unwrap_or(false) {
+                    return Ok(None);
+                }
+                let kind = m.get_str("clip.audio.projector_type")?;
+                if kind != "gemma4a" {
+                    return Err(AudioLoadError::Projector(kind.to_string()));
+                }
+                let width = m.get_u64("clip.audio.projection_dim")?;
+                (AudioLayout::Mmproj, "clip.audio", width)
+            }
+            Some("gemma4") if m.contains("gemma4.audio.block_count") => {
+                let width = m.get_u64("gemma4.embedding_length")?;
+                (AudioLayout::OllamaBlob, "gemma4.audio", width)
+            }
+            _ => return Ok(None),
+        };
         let size = |k: &str| -> Result<usize, AudioLoadError> {
-            Ok(m.get_u64(&format!("clip.audio.{k}"))? as usize)
+            Ok(m.get_u64(&format!("{prefix}.{k}"))? as usize)
         };
         let dims = |name: &str| -> Result<&[u64], AudioLoadError> { Ok(&tensor(g, name)?.dims) };
         let sscp_channels = [
             channels(dims("a.conv1d.0.weight")?, 1)?,
             channels(dims("a.conv1d.1.weight")?, 0)?,
         ];
-        let output_dims = match dims("a.pre_encode.out.weight")? {
+        let output = match layout {
+            AudioLayout::Mmproj => "a.pre_encode.out.weight",
+            AudioLayout::OllamaBlob => "mm.a.fc.weight",
+        };
+        let output_dims = match dims(output)? {
             [_, n] => *n as usize,
-            d => {
-                return Err(AudioLoadError::Shape(format!(
-                    "a.pre_encode.out.weight is {d:?}"
-                )));
-            }
+            d => return Err(AudioLoadError::Shape(format!("{output} is {d:?}"))),
+        };
+        let conv_kernel = match m.opt_u32(&format!("{prefix}.conv_kernel_size"))? {
+            Some(k) => k as usize,
+            None => CONV_KERNEL,
         };
         let cfg = Self {
+            layout,
             n_layer: size("block_count")?,
             hidden: size("embedding_length")?,
             n_head: size("attention.head_count")?,
             ff: size("feed_forward_length")?,
             sscp_channels,
-            conv_kernel: CONV_KERNEL,
+            conv_kernel,
             chunk: CHUNK,
             context_left: CONTEXT_LEFT,
             logit_cap: LOGIT_CAP,
@@ -74,20 +87,51 @@ impl AudioConfig {
             // llama.cpp forces).
             eps: 1e-6,
             output_dims,
-            text_width: size("projection_dim")?,
+            text_width: text_width as usize,
         };
-        if cfg.n_head == 0
-            || !cfg.hidden.is_multiple_of(cfg.n_head)
-            || !cfg.hidden.is_multiple_of(2)
-        {
-            return Err(AudioLoadError::Shape(format!(
-                "width {} over {} heads",
-                cfg.hidden, cfg.n_head
-            )));
-        }
+        cfg.check()?;
         Ok(Some(cfg))
     }
+
+    /// Sizes the forward can run with; huge ones are refused before anything is allocated.
+    fn check(&self) -> Result<(), AudioLoadError> {
+        let bad = |what: String| Err(AudioLoadError::Shape(what));
+        if self.n_head == 0 || !self.hidden.is_multiple_of(self.n_head) {
+            return bad(format!("width {} over {} heads", self.hidden, self.n_head));
+        }
+        if !self.hidden.is_multiple_of(4) || self.hidden > MAX_WIDTH {
+            return bad(format!(
+                "width {} (a multiple of 4 up to {MAX_WIDTH})",
+                self.hidden
+            ));
+        }
+        if self.head_dim() > 512
+            || self.n_layer > 64
+            || self.conv_kernel == 0
+            || self.conv_kernel > 64
+        {
+            return bad(format!(
+                "{} layers, heads of {}, a depthwise kernel of {}",
+                self.n_layer,
+                self.head_dim(),
+                self.conv_kernel
+            ));
+        }
+        for (what, n) in [
+            ("feed-forward width", self.ff),
+            ("output width", self.output_dims),
+            ("text width", self.text_width),
+        ] {
+            if n == 0 || !n.is_multiple_of(4) || n > 4 * MAX_WIDTH {
+                return bad(format!("{what} {n}"));
+            }
+        }
+        Ok(())
+    }
 }
+
+/// The widest conformer this reads (the released one is 1024 wide).
+const MAX_WIDTH: usize = 8192;
 
 fn tensor<'g>(g: &'g Gguf, name: &str) -> Result<&'g TensorInfo, AudioLoadError> {
     g.tensor(name)
@@ -110,103 +154,6 @@ fn channels(dims: &[u64], cin: usize) -> Result<usize, AudioLoadError> {
     }
 }
 
-/// Reads tensors of one file as f32, each checked against the shape the config implies.
-struct Reader<'a> {
-    g: &'a Gguf,
-    source: &'a dyn TensorSource,
-}
-
-impl Reader<'_> {
-    /// Tensor `name` with ggml dims `dims`.
-    fn read(&self, name: &str, dims: &[usize]) -> Result<Vec<f32>, AudioLoadError> {
-        let t = tensor(self.g, name)?;
-        if t.dims.iter().map(|&d| d as usize).ne(dims.iter().copied()) {
-            return Err(AudioLoadError::Shape(format!(
-                "{name} is {:?}, not {dims:?}",
-                t.dims
-            )));
-        }
-        Ok(read_tensor_f32(self.g, self.source, t)?)
-    }
-
-    /// One value of a clamp scalar, or `default` without one.
-    fn scalar(&self, name: &str, default: f32) -> Result<f32, AudioLoadError> {
-        match self.g.tensor(name) {
-            None => Ok(default),
-            Some(_) => Ok(self.read(name, &[1])?[0]),
-        }
-    }
-
-    /// A linear `[outputs, inputs]` with its clamp ranges.
-    fn linear(
-        &self,
-        name: &str,
-        inputs: usize,
-        outputs: usize,
-    ) -> Result<ClampedLinear, AudioLoadError> {
-        let range = |lo: &str, hi: &str| -> Result<[f32; 2], AudioLoadError> {
-            let r = [
-                self.scalar(&format!("{name}.{lo}"), f32::NEG_INFINITY)?,
-                self.scalar(&format!("{name}.{hi}"), f32::INFINITY)?,
-            ];
-            if r[0] <= r[1] {
-                Ok(r)
-            } else {
-                Err(AudioLoadError::Shape(format!(
-                    "{name}'s clamp range {r:?} is empty"
-                )))
-            }
-        };
-        Ok(ClampedLinear {
-            w: self.read(&format!("{name}.weight"), &[inputs, outputs])?,
-            input: range("input_min", "input_max")?,
-            output: range("output_min", "output_max")?,
-        })
-    }
-
-    fn feed_forward(
-        &self,
-        cfg: &AudioConfig,
-        p: &str,
-        suffix: &str,
-    ) -> Result<FeedForward, AudioLoadError> {
-        let d = cfg.hidden;
-        Ok(FeedForward {
-            pre_norm: self.read(&format!("{p}ffn_norm{suffix}.weight"), &[d])?,
-            up: self.linear(&format!("{p}ffn_up{suffix}"), d, cfg.ff)?,
-            down: self.linear(&format!("{p}ffn_down{suffix}"), cfg.ff, d)?,
-            post_norm: self.read(&format!("{p}ffn_post_norm{suffix}.weight"), &[d])?,
-        })
-    }
-
-    fn layer(&self, cfg: &AudioConfig, il: usize) -> Result<ConformerLayer, AudioLoadError> {
-        let (d, dh) = (cfg.hidden, cfg.head_dim());
-        let p = format!("a.blk.{il}.");
-        let vector = |name: &str| self.read(&format!("{p}{name}.weight"), &[d]);
-        let square = |name: &str| self.linear(&format!("{p}{name}"), d, d);
-        Ok(ConformerLayer {
-            ffn1: self.feed_forward(cfg, &p, "")?,
-            attn_pre_norm: vector("attn_pre_norm")?,
-            q: square("attn_q")?,
-            k: square("attn_k")?,
-            v: square("attn_v")?,
-            post: square("attn_out")?,
-            relative_k: self.read(&format!("{p}attn_k_rel.weight"), &[d, d])?,
-            query_scale: self.read(&format!("{p}per_dim_scale.weight"), &[dh])?,
-            attn_post_norm: vector("attn_post_norm")?,
-            // llama.cpp's names for the light convolution's two norms: `conv_norm` before
-            // the GLU, `norm_conv` after the depthwise convolution.
-            conv_pre_norm: vector("conv_norm")?,
-            conv_start: self.linear(&format!("{p}conv_pw1"), d, 2 * d)?,
-            conv_depthwise: self.read(&format!("{p}conv_dw.weight"), &[cfg.conv_kernel, d])?,
-            conv_norm: vector("norm_conv")?,
-            conv_end: square("conv_pw2")?,
-            ffn2: self.feed_forward(cfg, &p, "_1")?,
-            out_norm: vector("ln2")?,
-        })
-    }
-}
-
 impl AudioWeights {
     /// The tower's weights of `g` (whose shape `cfg` read) from `source`, as f32.
     pub fn load(
@@ -214,31 +161,17 @@ impl AudioWeights {
         cfg: &AudioConfig,
         source: &dyn TensorSource,
     ) -> Result<Self, AudioLoadError> {
-        let r = Reader { g, source };
-        let [c0, c1] = cfg.sscp_channels;
-        let freq = subsampled(subsampled(crate::mel::N_MELS));
-        let layers = (0..cfg.n_layer)
-            .map(|il| r.layer(cfg, il))
+        let t = TowerTensors::resolve(g, cfg)?;
+        let read = |_: &mut (), t: &&TensorInfo| read_tensor_f32(g, source, t);
+        let values = t
+            .clamp_tensors()
+            .iter()
+            .map(|c| read(&mut (), c))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self {
-            conv: [
-                r.read("a.conv1d.0.weight", &[3, 3, 1, c0])?,
-                r.read("a.conv1d.1.weight", &[3, 3, c0, c1])?,
-            ],
-            conv_norm: [
-                r.read("a.conv1d.0.norm.weight", &[c0])?,
-                r.read("a.conv1d.1.norm.weight", &[c1])?,
-            ],
-            input_projection: r.read("a.input_projection.weight", &[freq * c1, cfg.hidden])?,
-            layers,
-            output_projection: (
-                r.read("a.pre_encode.out.weight", &[cfg.hidden, cfg.output_dims])?,
-                r.read("a.pre_encode.out.bias", &[cfg.output_dims])?,
-            ),
-            embedding_projection: r.read(
-                "mm.a.input_projection.weight",
-                &[cfg.output_dims, cfg.text_width],
-            )?,
-        })
+        let mappers = Mappers {
+            matrix: read,
+            vector: read,
+        };
+        Ok(t.with_clamps(&values)?.try_map(&mut (), &mappers)?)
     }
 }

@@ -6,10 +6,12 @@ use wgemma_kernels::cpu;
 use wgemma_kernels::ops::Window2d;
 
 use crate::mel::N_MELS;
+use crate::tensors::{AudioLayout, ClampedLinear, ConformerLayer, FeedForward, Tower};
 
 /// The audio tower's shape.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AudioConfig {
+    pub layout: AudioLayout,
     pub n_layer: usize,
     /// The conformer's width.
     pub hidden: usize,
@@ -60,64 +62,8 @@ pub fn subsampled(n: usize) -> usize {
     n.saturating_sub(1) / 2 + 1
 }
 
-/// A linear layer's weight `[out, in]` (row-major) with transformers' `Gemma4ClippableLinear`
-/// ranges: `clamp(W clamp(x, input), output)`.
-#[derive(Clone, Debug)]
-pub struct ClampedLinear {
-    pub w: Vec<f32>,
-    pub input: [f32; 2],
-    pub output: [f32; 2],
-}
-
-/// One half-step feed-forward block.
-#[derive(Clone, Debug)]
-pub struct FeedForward {
-    pub pre_norm: Vec<f32>,
-    pub up: ClampedLinear,
-    pub down: ClampedLinear,
-    pub post_norm: Vec<f32>,
-}
-
-/// One conformer block's weights.
-#[derive(Clone, Debug)]
-pub struct ConformerLayer {
-    pub ffn1: FeedForward,
-    pub attn_pre_norm: Vec<f32>,
-    pub q: ClampedLinear,
-    pub k: ClampedLinear,
-    pub v: ClampedLinear,
-    pub post: ClampedLinear,
-    /// `[H * dh, hidden]`: the sinusoid of a distance to its key term.
-    pub relative_k: Vec<f32>,
-    /// `softplus(per_dim_scale)`, `[dh]` (llama.cpp stores it applied already).
-    pub query_scale: Vec<f32>,
-    pub attn_post_norm: Vec<f32>,
-    pub conv_pre_norm: Vec<f32>,
-    /// `[2 hidden, hidden]`: the GLU's value and gate halves.
-    pub conv_start: ClampedLinear,
-    /// `[hidden, kernel]`: the causal depthwise convolution.
-    pub conv_depthwise: Vec<f32>,
-    pub conv_norm: Vec<f32>,
-    pub conv_end: ClampedLinear,
-    pub ffn2: FeedForward,
-    pub out_norm: Vec<f32>,
-}
-
 /// The tower's weights as f32.
-#[derive(Clone, Debug)]
-pub struct AudioWeights {
-    /// `[c0, 1, 3, 3]` and `[c1, c0, 3, 3]` (PyTorch's Conv2d layout).
-    pub conv: [Vec<f32>; 2],
-    /// The LayerNorm weights after each convolution, `[c0]` and `[c1]`.
-    pub conv_norm: [Vec<f32>; 2],
-    /// `[hidden, freq * c1]` over the flattened (frequency, channel) plane, channel fastest.
-    pub input_projection: Vec<f32>,
-    pub layers: Vec<ConformerLayer>,
-    /// `[output_dims, hidden]` and its bias.
-    pub output_projection: (Vec<f32>, Vec<f32>),
-    /// `[text_width, output_dims]`.
-    pub embedding_projection: Vec<f32>,
-}
+pub type AudioWeights = Tower<Vec<f32>, Vec<f32>>;
 
 /// The tower's values on one chunk of features, each row-major `[rows, width]`.
 #[derive(Clone, Debug, Default)]
@@ -147,7 +93,7 @@ fn matmul(x: &[f32], w: &[f32], inputs: usize) -> Vec<f32> {
     y
 }
 
-impl ClampedLinear {
+impl ClampedLinear<Vec<f32>> {
     fn apply(&self, x: &[f32], inputs: usize) -> Vec<f32> {
         let [lo, hi] = self.input;
         let clamped: Vec<f32> = x.iter().map(|v| v.clamp(lo, hi)).collect();
@@ -271,10 +217,9 @@ impl AudioWeights {
             x = layer.forward(cfg, &x, &positions);
             trace.layers.push(x.clone());
         }
-        let (w, b) = &self.output_projection;
-        let mut out = matmul(&x, w, cfg.hidden);
+        let mut out = matmul(&x, &self.output_projection, cfg.hidden);
         for row in out.chunks_exact_mut(cfg.output_dims) {
-            add_assign(row, b, 1.0);
+            add_assign(row, &self.output_bias, 1.0);
         }
         let valid: Vec<f32> = out
             .chunks_exact(cfg.output_dims)
@@ -293,19 +238,23 @@ impl AudioWeights {
 /// `[sin(p ω_i), cos(p ω_i)]` over the width for the distances `p` = `context/2, …, 1, 0`
 /// (transformers' `Gemma4AudioRelPositionalEncoding`), `[positions, hidden]`.
 fn relative_sinusoids(cfg: &AudioConfig) -> Vec<f32> {
-    let half = cfg.hidden / 2;
+    sinusoids(cfg.hidden, (0..cfg.relative_positions()).rev())
+}
+
+/// `[sin(p ω_i), cos(p ω_i)]` rows of `width` for each distance `p` in turn.
+pub(crate) fn sinusoids(width: usize, distances: impl Iterator<Item = usize>) -> Vec<f32> {
+    let half = width / 2;
     let step = (1e4f32).ln() / (half.saturating_sub(1).max(1)) as f32;
     let inv: Vec<f32> = (0..half).map(|i| (-(i as f32) * step).exp()).collect();
-    let n = cfg.relative_positions();
-    let mut out = Vec::with_capacity(n * cfg.hidden);
-    for p in (0..n).rev() {
+    let mut out = Vec::new();
+    for p in distances {
         out.extend(inv.iter().map(|w| (p as f32 * w).sin()));
         out.extend(inv.iter().map(|w| (p as f32 * w).cos()));
     }
     out
 }
 
-impl FeedForward {
+impl FeedForward<Vec<f32>, Vec<f32>> {
     /// `x + ½ post_norm(down silu(up pre_norm(x)))`.
     fn forward(&self, cfg: &AudioConfig, x: &[f32]) -> Vec<f32> {
         let d = cfg.hidden;
@@ -320,7 +269,7 @@ impl FeedForward {
     }
 }
 
-impl ConformerLayer {
+impl ConformerLayer<Vec<f32>, Vec<f32>> {
     fn forward(&self, cfg: &AudioConfig, x: &[f32], positions: &[f32]) -> Vec<f32> {
         let d = cfg.hidden;
         let mut x = self.ffn1.forward(cfg, x);
