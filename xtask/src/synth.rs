@@ -13,8 +13,8 @@ pub struct Args {
     /// Where to write the GGUF.
     out: std::path::PathBuf,
     /// Which model: tiny-gemma3, tiny-gemma4, gemma3-270m, e2b, e4b, 26b-a4b (the last three
-    /// are Gemma 4's shapes), or a vision tower in llama.cpp's mmproj layout: e2b-mmproj,
-    /// e4b-mmproj.
+    /// are Gemma 4's shapes), or a vision or audio tower in llama.cpp's mmproj layout:
+    /// e2b-mmproj, e4b-mmproj, e2b-audio-mmproj, e4b-audio-mmproj.
     #[arg(long, default_value = "tiny-gemma3")]
     preset: String,
     /// Weight dtype of the tiny presets (F32, Q8_0, Q4_K, ...).
@@ -28,6 +28,12 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     if let Some(mut spec) = wgemma_vision::synth::VisionSynth::preset(&a.preset) {
         spec.seed = a.seed;
         std::fs::write(&a.out, wgemma_vision::synth::mmproj_bytes(&spec)?)?;
+        eprintln!("wrote {}", a.out.display());
+        return Ok(());
+    }
+    if let Some(mut spec) = wgemma_audio::synth::AudioSynth::preset(&a.preset) {
+        spec.seed = a.seed;
+        std::fs::write(&a.out, wgemma_audio::synth::mmproj_bytes(&spec)?)?;
         eprintln!("wrote {}", a.out.display());
         return Ok(());
     }

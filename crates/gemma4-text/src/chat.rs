@@ -47,10 +47,14 @@ pub struct Message {
     /// Images that open the message, each rendered as Gemma 4's image placeholder
     /// ([`IMAGE_PLACEHOLDER`]), which the caller expands into the image's soft tokens.
     pub images: usize,
+    /// Audio clips after the images, each rendered as [`AUDIO_PLACEHOLDER`].
+    pub audio: usize,
 }
 
 /// The text a chat template puts where a message holds an image (Gemma 4's `<|image|>`).
 pub const IMAGE_PLACEHOLDER: &str = "<|image|>";
+/// The text a chat template puts where a message holds an audio clip (`<|audio|>`).
+pub const AUDIO_PLACEHOLDER: &str = "<|audio|>";
 
 impl Message {
     pub fn new(role: Role, content: impl Into<String>) -> Self {
@@ -58,12 +62,19 @@ impl Message {
             role,
             content: content.into(),
             images: 0,
+            audio: 0,
         }
     }
 
     /// This message with `n` images before its text.
     pub fn with_images(mut self, n: usize) -> Self {
         self.images = n;
+        self
+    }
+
+    /// This message with `n` audio clips before its text (after its images).
+    pub fn with_audio(mut self, n: usize) -> Self {
+        self.audio = n;
         self
     }
 
@@ -99,7 +110,7 @@ pub enum ChatError {
     },
     #[error("a generation prompt cannot follow an assistant message")]
     GenerationAfterAssistant,
-    #[error("Gemma 3's chat template here takes no images")]
+    #[error("Gemma 3's chat template here takes no images or audio")]
     ImagesUnsupported,
 }
 
@@ -152,7 +163,7 @@ impl ChatTemplate {
         }
         let mut out = MarkedText::new();
         match self {
-            ChatTemplate::Gemma3 if messages.iter().any(|m| m.images > 0) => {
+            ChatTemplate::Gemma3 if messages.iter().any(|m| m.images + m.audio > 0) => {
                 return Err(ChatError::ImagesUnsupported);
             }
             ChatTemplate::Gemma3 => {
@@ -186,6 +197,7 @@ impl ChatTemplate {
                     out.push_markup(m.role.turn_name());
                     out.push_markup("\n");
                     out.push_markup(&IMAGE_PLACEHOLDER.repeat(m.images));
+                    out.push_markup(&AUDIO_PLACEHOLDER.repeat(m.audio));
                     match m.role {
                         Role::Assistant => push_content(&mut out, &strip_thinking(&m.content)),
                         _ => push_content(&mut out, trim(&m.content)),
@@ -201,16 +213,22 @@ impl ChatTemplate {
     }
 }
 
-/// A message's text as plain text, except its [`IMAGE_PLACEHOLDER`]s: a message may say where
-/// its images go (the JSON API's image content parts become placeholders in place).
-pub fn push_content(out: &mut MarkedText, text: &str) {
-    let mut parts = text.split(IMAGE_PLACEHOLDER);
-    if let Some(first) = parts.next() {
-        out.push_plain(first);
-    }
-    for part in parts {
-        out.push_markup(IMAGE_PLACEHOLDER);
-        out.push_plain(part);
+/// A message's text as plain text, except its [`IMAGE_PLACEHOLDER`]s and
+/// [`AUDIO_PLACEHOLDER`]s: a message may say where its images and clips go (the JSON API's
+/// image and audio content parts become placeholders in place).
+pub fn push_content(out: &mut MarkedText, mut text: &str) {
+    loop {
+        let next = [IMAGE_PLACEHOLDER, AUDIO_PLACEHOLDER]
+            .iter()
+            .filter_map(|p| text.find(p).map(|at| (at, *p)))
+            .min();
+        let Some((at, placeholder)) = next else {
+            out.push_plain(text);
+            return;
+        };
+        out.push_plain(&text[..at]);
+        out.push_markup(placeholder);
+        text = &text[at + placeholder.len()..];
     }
 }
 

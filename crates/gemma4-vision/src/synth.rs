@@ -3,7 +3,8 @@
 //! real tower's shapes: for benchmarks (`cargo xtask synth --preset e2b-mmproj`), and loadable
 //! by llama.cpp's mtmd as well as by wgemma.
 
-use wgemma_gguf::{Array, GgmlType, TensorSpec, Value, WriteError, write_gguf};
+use wgemma_gguf::synth::{RandomTensors, fan_in_scale};
+use wgemma_gguf::{Array, GgmlType, Value, WriteError, write_gguf};
 
 use crate::config::LAYER_LINEARS;
 
@@ -47,38 +48,16 @@ impl VisionSynth {
     }
 }
 
-/// xorshift64*: fast, reproducible, uniform in (-1, 1).
-struct Rng(u64);
-
-impl Rng {
-    fn uniform(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let bits = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40;
-        bits as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
-
 /// The tower's GGUF bytes.
 pub fn mmproj_bytes(s: &VisionSynth) -> Result<Vec<u8>, WriteError> {
-    let mut rng = Rng(s.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    let mut tensors = Vec::new();
+    let mut random = RandomTensors::new(s.seed);
     let mut add = |name: String, dims: &[u64], dtype: GgmlType, scale: f32, offset: f32| {
-        let n: u64 = dims.iter().product();
-        let values = (0..n).map(|_| offset + scale * rng.uniform());
-        let bytes: Vec<u8> = match dtype {
-            GgmlType::F16 => values
-                .flat_map(|v| half::f16::from_f32(v).to_le_bytes())
-                .collect(),
-            _ => values.flat_map(f32::to_le_bytes).collect(),
-        };
-        tensors.push((TensorSpec::new(name, dtype, dims), bytes));
+        random.add(name, dims, dtype, scale, offset);
     };
     let (d, ff) = (s.n_embd as u64, s.n_ff as u64);
     let dh = d / s.n_head as u64;
     let (f16, f32) = (GgmlType::F16, GgmlType::F32);
-    let fan = |n: u64| 1.7 / (n as f32).sqrt();
+    let fan = fan_in_scale;
     add(
         "v.patch_embd.weight".into(),
         &[16, 16, 3, d],
@@ -161,5 +140,5 @@ pub fn mmproj_bytes(s: &VisionSynth) -> Result<Vec<u8>, WriteError> {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    write_gguf(&meta, &tensors, 32)
+    write_gguf(&meta, &random.tensors, 32)
 }

@@ -18,6 +18,7 @@ mod file;
 pub mod ollama;
 mod quantize;
 mod source;
+pub mod synth;
 mod value;
 mod write;
 

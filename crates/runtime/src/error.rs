@@ -41,11 +41,27 @@ pub enum Error {
         "the model has no vision tower for images (its projector file adds one: `--mmproj`, or `mmproj` in the browser)"
     )]
     NoVision,
+    #[error("audio: {0}")]
+    Audio(#[from] wgemma_audio::AudioError),
+    #[error("audio tower: {0}")]
+    AudioTower(#[from] wgemma_audio::TowerError),
+    #[error(
+        "the model has no audio tower (its projector file adds one: `--mmproj`, or `mmproj` in the browser)"
+    )]
+    NoAudio,
+    #[error("the projector file holds neither a vision nor an audio tower")]
+    NoTower,
 }
 
 impl From<wgemma_vision::VisionConfigError> for Error {
     fn from(e: wgemma_vision::VisionConfigError) -> Self {
         Error::Vision(e.into())
+    }
+}
+
+impl From<wgemma_audio::AudioLoadError> for Error {
+    fn from(e: wgemma_audio::AudioLoadError) -> Self {
+        Error::AudioTower(e.into())
     }
 }
 
@@ -74,6 +90,10 @@ impl Error {
             Error::Image(_) => "bad_image",
             Error::Vision(_) => "vision",
             Error::NoVision => "no_vision",
+            Error::Audio(_) => "bad_audio",
+            Error::AudioTower(_) => "audio",
+            Error::NoAudio => "no_audio",
+            Error::NoTower => "no_tower",
         }
     }
 }

@@ -1,11 +1,8 @@
-//! Images in prompts: what a request carries, how each image's placeholder in the prompt
-//! becomes `<|image>` + N x `<|image|>` + `<image|>` (N the image's soft tokens), and which
-//! images a new request can take from the KV cache instead of encoding them again.
+//! Images in prompts: what a request carries, and the soft tokens it becomes.
 
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use wgemma_text::tokenizer::Tokenizer;
 use wgemma_vision::preprocess::{dimensions, from_pixels, soft_tokens};
 use wgemma_vision::{DEFAULT_TOKEN_BUDGET, Patches, TOKEN_BUDGETS, decode, patches};
 
@@ -102,92 +99,4 @@ impl ImageInput {
         }
         h.finish()
     }
-}
-
-/// The image tokens of a Gemma 4 vocabulary.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ImageTokens {
-    pub begin: u32,
-    pub soft: u32,
-    pub end: u32,
-}
-
-impl ImageTokens {
-    pub fn of(tok: &Tokenizer) -> Option<Self> {
-        Some(Self {
-            begin: tok.token_id("<|image>")?,
-            soft: tok.token_id("<|image|>")?,
-            end: tok.token_id("<image|>")?,
-        })
-    }
-}
-
-/// Where one image's soft tokens sit in a prompt.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ImageSpan {
-    /// Position of the first soft token.
-    pub at: usize,
-    pub len: usize,
-    pub key: u64,
-}
-
-/// `tokens` with each image placeholder (the soft-token id, one per image, in order)
-/// expanded to the image's marker block, and where each image's soft tokens go (in the
-/// images' order).
-pub(crate) fn expand(
-    tokens: &[u32],
-    images: &[ImageInput],
-    ids: ImageTokens,
-) -> Result<(Vec<u32>, Vec<ImageSpan>), Error> {
-    let markers = tokens.iter().filter(|&&t| t == ids.soft).count();
-    if markers != images.len() {
-        return Err(Error::Request(format!(
-            "the prompt has {markers} image placeholders for {} images",
-            images.len()
-        )));
-    }
-    let mut out = Vec::with_capacity(tokens.len());
-    let mut spans = Vec::with_capacity(images.len());
-    let mut next = images.iter();
-    for &t in tokens {
-        match next.clone().next() {
-            Some(image) if t == ids.soft => {
-                next.next();
-                let len = image.soft_tokens()? as usize;
-                out.push(ids.begin);
-                spans.push(ImageSpan {
-                    at: out.len(),
-                    len,
-                    key: image.key(),
-                });
-                out.extend(std::iter::repeat_n(ids.soft, len));
-                out.push(ids.end);
-            }
-            _ => out.push(t),
-        }
-    }
-    Ok((out, spans))
-}
-
-/// How much of `tokens` (with its images at `spans`) the cache already holds, given what it
-/// holds (`cached` tokens with images at `cached_spans`): the common token prefix, cut back
-/// to the start of the first image that differs or is only partly inside it.
-pub(crate) fn reusable_prefix(
-    cached: &[u32],
-    cached_spans: &[ImageSpan],
-    tokens: &[u32],
-    spans: &[ImageSpan],
-) -> usize {
-    let mut common = cached
-        .iter()
-        .zip(tokens)
-        .take_while(|(a, b)| a == b)
-        .count();
-    for s in spans {
-        let same = cached_spans.contains(s);
-        if s.at < common && (!same || s.at + s.len > common) {
-            common = common.min(s.at);
-        }
-    }
-    common
 }

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use wgemma_gguf::{GgmlType, Gguf, Value};
+use wgemma_audio::{AudioConfig, AudioLayout};
 use wgemma_vision::{ClampStore, VisionConfig, VisionLayout};
 
 use crate::recommend::SamplingHints;
@@ -24,6 +25,8 @@ pub struct ModelInfo {
     /// The vision tower the file holds (an mmproj file's, or an Ollama blob's inside the
     /// model), or why it cannot be used; `None` without one.
     pub vision: Option<Result<VisionConfig, String>>,
+    /// The audio tower the file holds, likewise.
+    pub audio: Option<Result<AudioConfig, String>>,
     /// Whether the file carries a chat template (instruction-tuned models do).
     pub chat_template: bool,
     /// The sampling settings the file recommends (`general.sampling.*`).
@@ -68,6 +71,9 @@ impl ModelInfo {
             vision: VisionConfig::from_gguf(g)
                 .map_err(|e| e.to_string())
                 .transpose(),
+            audio: AudioConfig::from_gguf(g)
+                .map_err(|e| e.to_string())
+                .transpose(),
             chat_template: crate::recommend::has_chat_template(&g.metadata),
             sampling: SamplingHints::from_metadata(&g.metadata),
             header: g.clone(),
@@ -105,6 +111,43 @@ impl ModelInfo {
             }
             Err(e) => format!("unusable: {e}"),
         })
+    }
+
+    /// The audio tower as one line: its shape, or why it cannot be used.
+    pub fn audio_line(&self) -> Option<String> {
+        Some(match self.audio.as_ref()? {
+            Ok(a) => format!(
+                "Gemma 4 conformer, {} blocks, width {}, {} heads of {}, feed-forward {}, projected to {} ({})",
+                a.n_layer,
+                a.hidden,
+                a.n_head,
+                a.head_dim(),
+                a.ff,
+                a.text_width,
+                match a.layout {
+                    AudioLayout::Mmproj => "llama.cpp mmproj",
+                    AudioLayout::OllamaBlob => "inside the Ollama blob",
+                },
+            ),
+            Err(e) => format!("unusable: {e}"),
+        })
+    }
+
+    fn audio_json(&self) -> serde_json::Value {
+        match &self.audio {
+            None => serde_json::Value::Null,
+            Some(Err(e)) => serde_json::json!({ "error": e }),
+            Some(Ok(a)) => serde_json::json!({
+                "layout": format!("{:?}", a.layout),
+                "block_count": a.n_layer,
+                "embedding_length": a.hidden,
+                "feed_forward_length": a.ff,
+                "head_count": a.n_head,
+                "subsampling_channels": a.sscp_channels,
+                "output_dims": a.output_dims,
+                "projection_dim": a.text_width,
+            }),
+        }
     }
 
     fn vision_json(&self) -> serde_json::Value {
@@ -163,6 +206,7 @@ impl ModelInfo {
             "dtypes": dtypes,
             "tensors": tensors,
             "vision": self.vision_json(),
+            "audio": self.audio_json(),
             "chat_template": self.chat_template,
         })
     }
@@ -259,6 +303,9 @@ impl fmt::Display for ModelInfo {
         }
         if let Some(line) = self.vision_line() {
             writeln!(f, "vision tower     {line}")?;
+        }
+        if let Some(line) = self.audio_line() {
+            writeln!(f, "audio tower      {line}")?;
         }
         let template = if self.chat_template {
             "yes"

@@ -14,11 +14,13 @@
 //! # Ok(()) }
 //! ```
 
+mod audio;
 mod clock;
 mod error;
 mod image;
 mod info;
 mod json;
+mod media;
 mod model;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod pull;
@@ -29,6 +31,7 @@ mod source;
 #[cfg(target_arch = "wasm32")]
 mod web;
 
+pub use audio::AudioInput;
 pub use error::Error;
 pub use image::{ImageData, ImageInput};
 pub use info::ModelInfo;
@@ -36,13 +39,14 @@ pub use json::session_options_from_json;
 pub use model::{Adapter, LoadOptions, Model};
 pub use recommend::SamplingHints;
 pub use session::{
-    CancelHandle, Event, GenerateRequest, Prompt, Session, StepProfile, StopReason, Timings,
+    CancelHandle, Event, GenerateRequest, MediaInput, Prompt, Session, StepProfile, StopReason,
+    Timings,
 };
 pub use source::{ModelSource, SourceError};
 pub use wgemma_gguf as gguf;
 pub use wgemma_kernels::{ContextOptions, GpuContext};
 pub use wgemma_text::ExpertPlacement;
-pub use wgemma_text::chat::{IMAGE_PLACEHOLDER, Message, Role};
+pub use wgemma_text::chat::{AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, Message, Role};
 /// Soft tokens an image becomes at most unless a request says otherwise.
 pub const DEFAULT_IMAGE_TOKENS: u32 = wgemma_vision::DEFAULT_TOKEN_BUDGET;
 pub use wgemma_text::tokenizer::{MarkedText, Tokenizer};

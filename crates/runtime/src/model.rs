@@ -11,9 +11,12 @@ use wgemma_text::{
     ExpertPlacement, GpuModel, GpuSession, LoadProgress, PleRows, SessionOptions, TextConfig,
 };
 
+use wgemma_audio::{AudioConfig, AudioTower};
 use wgemma_vision::{Encoded, VisionConfig, VisionTower};
 
-use crate::image::{ImageInput, ImageTokens};
+use crate::audio::AudioInput;
+use crate::image::ImageInput;
+use crate::media::Markers;
 
 use crate::error::Error;
 use crate::info::ModelInfo;
@@ -34,8 +37,9 @@ pub struct LoadOptions {
     /// Where a mixture-of-experts model's experts live: by default on the GPU when they fit
     /// there, else streamed in from host memory layer by layer.
     pub experts: ExpertPlacement,
-    /// A llama.cpp projector file (`mmproj`) whose vision tower [`Model::load_file`] loads
-    /// with the model (not needed when the model file holds the tower, as Ollama's do).
+    /// A llama.cpp projector file (`mmproj`) whose vision and audio towers
+    /// [`Model::load_file`] loads with the model (not needed when the model file holds the
+    /// towers, as Ollama's do).
     #[cfg(not(target_arch = "wasm32"))]
     pub mmproj: Option<std::path::PathBuf>,
 }
@@ -44,6 +48,8 @@ pub(crate) struct Inner {
     pub gpu: Arc<GpuModel>,
     /// The vision tower, from the model file or a projector file.
     pub vision: Option<Arc<VisionTower>>,
+    /// The audio tower, likewise.
+    pub audio: Option<Arc<AudioTower>>,
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
     pub info: ModelInfo,
@@ -72,9 +78,10 @@ impl Model {
         Self::load_with_projector::<R, R>(source, None, opts).await
     }
 
-    /// [`Model::load`] with the vision tower of a llama.cpp projector file (`mmproj`) read
-    /// through `projector`. The projector's header is read first, so a file without a tower
-    /// fails before the model's weights are read; progress counts both files' weights.
+    /// [`Model::load`] with the vision and audio towers of a llama.cpp projector file
+    /// (`mmproj`) read through `projector`. The projector's header is read first, so a file
+    /// without a tower fails before the model's weights are read; progress counts both files'
+    /// weights.
     pub async fn load_with_projector<R: RangeSource + ?Sized, P: RangeSource + ?Sized>(
         source: &R,
         projector: Option<&P>,
@@ -99,8 +106,11 @@ impl Model {
         let _enter = span.enter();
         let projector = match projector {
             Some((p, h)) => {
-                let cfg = VisionConfig::from_gguf(&h)?.ok_or(Error::NoVision)?;
-                Some((p, h, cfg))
+                let towers = (VisionConfig::from_gguf(&h)?, AudioConfig::from_gguf(&h)?);
+                if towers.0.is_none() && towers.1.is_none() {
+                    return Err(Error::NoTower);
+                }
+                Some((p, h, towers))
             }
             None => None,
         };
@@ -132,27 +142,49 @@ impl Model {
             },
         )
         .await?;
-        if let Some((projector, header, cfg)) = projector {
-            let tower = load_tower(ctx, &header, &cfg, projector, |done, total| {
-                let share = u128::from(done) * u128::from(extra) / u128::from(total.max(1));
-                report(text_total + (share as u64).min(extra), text_total + extra);
-            })
-            .await?;
-            model.set_vision(tower)?;
+        if let Some((projector, header, (vision, audio))) = projector {
+            // The towers' bytes as one share of the progress, vision first.
+            let vision_bytes = match &vision {
+                Some(_) => vision_tensor_bytes(&header).min(extra),
+                None => 0,
+            };
+            let total = text_total + extra;
+            if let Some(cfg) = vision {
+                let tower = load_tower(ctx.clone(), &header, &cfg, projector, |done, all| {
+                    report(text_total + scaled(done, all, vision_bytes), total);
+                })
+                .await?;
+                model.set_tower(Tower::Vision(tower))?;
+            }
+            if let Some(cfg) = audio {
+                let base = text_total + vision_bytes;
+                let tower = AudioTower::load(ctx, &header, &cfg, projector, |done, all| {
+                    report(base + scaled(done, all, extra - vision_bytes), total);
+                })
+                .await?;
+                model.set_tower(Tower::Audio(tower))?;
+            }
         }
         Ok(model)
     }
 
-    fn set_vision(&mut self, tower: VisionTower) -> Result<(), Error> {
+    /// Adds a projector file's tower, checked against the model's width.
+    fn set_tower(&mut self, tower: Tower) -> Result<(), Error> {
         let width = self.inner.gpu.cfg.n_embd;
-        if tower.cfg.projection_dim != width {
+        let (what, projects_to) = match &tower {
+            Tower::Vision(t) => ("vision", t.cfg.projection_dim),
+            Tower::Audio(t) => ("audio", t.cfg.text_width),
+        };
+        if projects_to != width {
             return Err(Error::Request(format!(
-                "the vision tower projects to width {}, the model is {width} wide: a projector for another model",
-                tower.cfg.projection_dim
+                "the {what} tower projects to width {projects_to}, the model is {width} wide: a projector for another model"
             )));
         }
         let inner = Arc::get_mut(&mut self.inner).ok_or(Error::Busy)?;
-        inner.vision = Some(Arc::new(tower));
+        match tower {
+            Tower::Vision(t) => inner.vision = Some(Arc::new(t)),
+            Tower::Audio(t) => inner.audio = Some(Arc::new(t)),
+        }
         Ok(())
     }
 
@@ -184,7 +216,13 @@ impl Model {
         .await?;
         let vision = match VisionConfig::from_gguf(&header)? {
             Some(v) => Some(Arc::new(
-                load_tower(ctx, &header, &v, source, |_, _| {}).await?,
+                load_tower(ctx.clone(), &header, &v, source, |_, _| {}).await?,
+            )),
+            None => None,
+        };
+        let audio = match AudioConfig::from_gguf(&header)? {
+            Some(a) => Some(Arc::new(
+                AudioTower::load(ctx, &header, &a, source, |_, _| {}).await?,
             )),
             None => None,
         };
@@ -199,6 +237,7 @@ impl Model {
             inner: Arc::new(Inner {
                 gpu: Arc::new(gpu),
                 vision,
+                audio,
                 tokenizer,
                 template,
                 info,
@@ -312,10 +351,48 @@ impl Model {
         Ok((self.gpu_context().read_f32(&encoded.rows).await?, tokens))
     }
 
-    /// The vocabulary's image tokens (`<|image>`, `<|image|>`, `<image|>`).
-    pub(crate) fn image_tokens(&self) -> Result<ImageTokens, Error> {
-        ImageTokens::of(self.tokenizer())
-            .ok_or_else(|| Error::Request("the model's vocabulary has no image tokens".into()))
+    /// One clip's soft tokens, left on the GPU: one block of rows per 30 s chunk, in order.
+    pub async fn encode_audio(&self, audio: &AudioInput) -> Result<Vec<Encoded>, Error> {
+        let tower = self.audio().ok_or(Error::NoAudio)?;
+        let mut out = Vec::with_capacity(audio.chunks().len());
+        for chunk in audio.chunks() {
+            let e = tower.encode(chunk).await?;
+            out.push(Encoded {
+                rows: e.rows,
+                tokens: e.tokens,
+                width: e.width,
+            });
+        }
+        Ok(out)
+    }
+
+    /// One clip's soft tokens read back: `[tokens, model width]` row by row (all chunks), and
+    /// `tokens`.
+    pub async fn encode_audio_to_vec(
+        &self,
+        audio: &AudioInput,
+    ) -> Result<(Vec<f32>, usize), Error> {
+        let (mut rows, mut tokens) = (Vec::new(), 0);
+        for e in self.encode_audio(audio).await? {
+            rows.extend(self.gpu_context().read_f32(&e.rows).await?);
+            tokens += e.tokens as usize;
+        }
+        Ok((rows, tokens))
+    }
+
+    /// The vocabulary's image markers (`<|image>`, `<|image|>`, `<image|>`).
+    pub(crate) fn image_markers(&self) -> Option<Markers> {
+        Markers::image(self.tokenizer())
+    }
+
+    /// The vocabulary's audio markers (`<|audio>`, `<|audio|>`, `<audio|>`).
+    pub(crate) fn audio_markers(&self) -> Option<Markers> {
+        Markers::audio(self.tokenizer())
+    }
+
+    /// The audio tower, when the model file or its projector file has one.
+    pub fn audio(&self) -> Option<&Arc<AudioTower>> {
+        self.inner.audio.as_ref()
     }
 
     /// The vision tower, when the model file or its projector file has one.
@@ -332,6 +409,29 @@ impl Model {
     pub fn gpu_bytes(&self) -> u64 {
         self.inner.gpu.gpu_bytes()
     }
+}
+
+/// `done / total` of `part` bytes (a tower's own count scaled onto its share of the file, so
+/// progress never goes back).
+fn scaled(done: u64, total: u64, part: u64) -> u64 {
+    let share = u128::from(done) * u128::from(part) / u128::from(total.max(1));
+    (share as u64).min(part)
+}
+
+/// A tower a projector file adds.
+enum Tower {
+    Vision(VisionTower),
+    Audio(AudioTower),
+}
+
+/// Bytes of the vision tower's tensors in a projector file (`v.*` and `mm.input_projection`).
+fn vision_tensor_bytes(header: &Gguf) -> u64 {
+    header
+        .tensors()
+        .iter()
+        .filter(|t| t.name.starts_with("v.") || t.name.starts_with("mm.input"))
+        .map(|t| t.n_bytes)
+        .sum()
 }
 
 /// The vision tower `cfg` describes (an mmproj file's, or an Ollama blob's), uploaded with

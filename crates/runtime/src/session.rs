@@ -14,7 +14,9 @@ use wgemma_text::{ForwardError, GpuSession, PrefillWatch, SamplingParams, SoftTo
 
 use crate::clock::now_ms;
 use crate::error::Error;
-use crate::image::{self, ImageInput, ImageSpan};
+use crate::audio::AudioInput;
+use crate::image::ImageInput;
+use crate::media::{self, Inputs, Source, Span};
 use crate::model::{Adapter, Model};
 use crate::repeat::RecentText;
 
@@ -43,6 +45,9 @@ pub struct GenerateRequest {
     /// [`crate::Message::images`] of them, earlier turns' too: those already in the cache are
     /// not encoded again), or one per `<|image|>` placeholder of a text or token prompt.
     pub images: Vec<ImageInput>,
+    /// The prompt's audio clips, in order, as [`GenerateRequest::images`] (one per
+    /// `<|audio|>` placeholder; a chat message's [`crate::Message::audio`] of them).
+    pub audio: Vec<AudioInput>,
     /// Whether control-token text in the prompt's text (`<end_of_turn>` typed by a user)
     /// becomes control tokens. Off by default: text is plain text and only the chat template
     /// adds control tokens (and, in a text prompt, [`crate::IMAGE_PLACEHOLDER`] marks where an
@@ -62,6 +67,7 @@ impl GenerateRequest {
             max_tokens: 256,
             stop: Vec::new(),
             images: Vec::new(),
+            audio: Vec::new(),
             parse_special: false,
             stop_loops: false,
         }
@@ -97,6 +103,8 @@ pub struct Timings {
     /// Images the request encoded (those the cache held already are not), and the time
     /// that took (part of `prompt_ms`).
     pub encoded_images: usize,
+    /// Audio clips the request encoded (likewise; their time is in `encode_ms` too).
+    pub encoded_audio: usize,
     pub encode_ms: f64,
 }
 
@@ -159,8 +167,8 @@ pub struct Session {
     model: Model,
     gpu: GpuSession,
     cancel: CancelHandle,
-    /// Where the cache holds images' soft tokens.
-    images: Vec<ImageSpan>,
+    /// Where the cache holds images' and clips' soft tokens.
+    media: Vec<Span>,
 }
 
 /// Per-request state of the generation loop.
@@ -193,7 +201,7 @@ impl Session {
             model,
             gpu,
             cancel: CancelHandle::default(),
-            images: Vec::new(),
+            media: Vec::new(),
         }
     }
 
@@ -291,27 +299,60 @@ impl Session {
         tokens: &[u32],
         images: &[(usize, ImageInput)],
     ) -> Result<Vec<(u32, f32)>, Error> {
+        let media: Vec<_> = images
+            .iter()
+            .map(|(at, i)| (*at, MediaInput::Image(i.clone())))
+            .collect();
+        self.score_with(tokens, &media).await
+    }
+
+    /// [`Session::score`] with images and audio: each `(pos, input)` puts the input's soft
+    /// tokens at `tokens[pos..]`, which must hold as many of its placeholders (`<|image|>`,
+    /// `<|audio|>`; a long clip's chunks one after the other).
+    pub async fn score_with(
+        &mut self,
+        tokens: &[u32],
+        inputs: &[(usize, MediaInput)],
+    ) -> Result<Vec<(u32, f32)>, Error> {
         self.gpu.drain().await?;
         self.gpu.rewind(0)?;
-        self.images.clear();
-        let mut soft = Vec::with_capacity(images.len());
-        for (at, image) in images {
-            let encoded = self.model.encode_image(image).await?;
-            let len = encoded.tokens as usize;
-            let soft_id = self.model.image_tokens()?.soft;
+        self.media.clear();
+        let mut soft = Vec::with_capacity(inputs.len());
+        for (at, input) in inputs {
+            let (encoded, markers, bidirectional) = match input {
+                MediaInput::Image(i) => (
+                    vec![self.model.encode_image(i).await?],
+                    self.model.image_markers(),
+                    true,
+                ),
+                MediaInput::Audio(a) => (
+                    self.model.encode_audio(a).await?,
+                    self.model.audio_markers(),
+                    false,
+                ),
+            };
+            let len: usize = encoded.iter().map(|e| e.tokens as usize).sum();
+            let soft_id = markers
+                .ok_or_else(|| Error::Request("the vocabulary has no tokens for this input".into()))?
+                .soft;
             if tokens
                 .get(*at..at + len)
                 .is_none_or(|t| t.iter().any(|&x| x != soft_id))
             {
                 return Err(Error::Request(format!(
-                    "an image of {len} soft tokens at token {at}: the tokens there are not {len} image placeholders"
+                    "an input of {len} soft tokens at token {at}: the tokens there are not {len} of its placeholders"
                 )));
             }
-            soft.push(SoftTokens {
-                at: *at,
-                rows: encoded.rows,
-                bidirectional: true,
-            });
+            let mut pos = *at;
+            for e in encoded {
+                let n = e.tokens as usize;
+                soft.push(SoftTokens {
+                    at: pos,
+                    rows: e.rows,
+                    bidirectional,
+                });
+                pos += n;
+            }
         }
         let r = self.gpu.score_with(tokens, &soft).await;
         if r.is_err() {
@@ -433,14 +474,20 @@ impl Run<'_> {
         let s = &mut *self.session;
         s.gpu.drain().await?;
         let tokens = s.prompt_tokens(&self.req.prompt, self.req.parse_special)?;
-        let (tokens, spans) = if self.req.images.is_empty() {
+        let inputs = Inputs {
+            images: &self.req.images,
+            audio: &self.req.audio,
+            image_markers: s.model.image_markers(),
+            audio_markers: s.model.audio_markers(),
+        };
+        let (tokens, spans) = if inputs.images.is_empty() && inputs.audio.is_empty() {
             (tokens, Vec::new())
         } else {
-            image::expand(&tokens, &self.req.images, s.model.image_tokens()?)?
+            media::expand(&tokens, &inputs)?
         };
-        // Reuse the cached prefix (and the images in it), but always feed at least one token
+        // Reuse the cached prefix (and the inputs in it), but always feed at least one token
         // for logits.
-        let common = image::reusable_prefix(s.gpu.tokens(), &s.images, &tokens, &spans)
+        let common = media::reusable_prefix(s.gpu.tokens(), &s.media, &tokens, &spans)
             .min(tokens.len() - 1);
         self.timings.prompt_tokens = tokens.len();
         self.timings.cached_tokens = common;
@@ -454,31 +501,26 @@ impl Run<'_> {
         // Only the images past the cached prefix are decoded, before the cache is touched,
         // so a bad image leaves the conversation as it was.
         let mut fresh = Vec::new();
-        for (image, span) in self.req.images.iter().zip(&spans) {
-            if span.at >= common {
-                let vision = s.model.vision().ok_or(Error::NoVision)?;
-                fresh.push((vision, span, image.patches()?));
-            }
+        for span in spans.iter().filter(|span| span.at >= common) {
+            fresh.push(match span.source {
+                Source::Image(i) => {
+                    let vision = s.model.vision().ok_or(Error::NoVision)?;
+                    Fresh::Image(vision.clone(), span, self.req.images[i].patches()?)
+                }
+                Source::Audio(i) => {
+                    s.model.audio().ok_or(Error::NoAudio)?;
+                    Fresh::Audio(span, &self.req.audio[i])
+                }
+            });
         }
         s.gpu.rewind(common)?;
-        s.images.retain(|i| i.at + i.len <= common);
+        s.media.retain(|i| i.at + i.len <= common);
         self.prompt_len = tokens.len();
         let encode_start = now_ms();
         let mut soft = Vec::with_capacity(fresh.len());
-        for (vision, span, patches) in fresh {
-            let encoded = vision.encode(&patches).await?;
-            if encoded.tokens as usize != span.len {
-                return Err(Error::Request(format!(
-                    "an image became {} soft tokens where its size promised {}",
-                    encoded.tokens, span.len
-                )));
-            }
-            soft.push(SoftTokens {
-                at: span.at - common,
-                rows: encoded.rows,
-                bidirectional: true,
-            });
-            self.timings.encoded_images += 1;
+        for f in fresh {
+            f.encode(&s.model, common, &mut soft, &mut self.timings)
+                .await?;
         }
         self.timings.encode_ms = now_ms() - encode_start;
         s.gpu.fetch_rows(&tokens[common..]).await?;
@@ -488,7 +530,7 @@ impl Run<'_> {
         s.gpu
             .begin_with(&tokens[common..], &soft, &self.req.sampling, 0)
             .await?;
-        s.images = spans;
+        s.media = spans;
         self.submitted = 1;
         Ok(())
     }
@@ -590,6 +632,60 @@ impl Run<'_> {
         let text: String = self.held.drain(..self.held.len() - keep).collect();
         Ok(Event::Token { id, text })
     }
+}
+
+/// An image or a clip of a request's prompt that the cache does not hold, ready to encode.
+enum Fresh<'a> {
+    Image(Arc<wgemma_vision::VisionTower>, &'a Span, wgemma_vision::Patches),
+    Audio(&'a Span, &'a AudioInput),
+}
+
+impl Fresh<'_> {
+    /// Encodes the input and adds its soft tokens (positions counted from `common`, where the
+    /// pass starts): an image's see each other where the model says so, a clip's are causal.
+    async fn encode(
+        self,
+        model: &Model,
+        common: usize,
+        soft: &mut Vec<SoftTokens>,
+        timings: &mut Timings,
+    ) -> Result<(), Error> {
+        let (span, encoded, bidirectional) = match self {
+            Fresh::Image(vision, span, patches) => {
+                timings.encoded_images += 1;
+                let e = vision.encode(&patches).await?;
+                (span, vec![e], true)
+            }
+            Fresh::Audio(span, clip) => {
+                timings.encoded_audio += 1;
+                (span, model.encode_audio(clip).await?, false)
+            }
+        };
+        let mut at = span.at;
+        for e in encoded {
+            soft.push(SoftTokens {
+                at: at - common,
+                rows: e.rows,
+                bidirectional,
+            });
+            at += e.tokens as usize;
+        }
+        if at - span.at != span.len {
+            return Err(Error::Request(format!(
+                "an input became {} soft tokens where its size promised {}",
+                at - span.at,
+                span.len
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// An image or an audio clip for [`Session::score_with`].
+#[derive(Clone, Debug)]
+pub enum MediaInput {
+    Image(ImageInput),
+    Audio(AudioInput),
 }
 
 /// How many bytes at the end of `text` could begin one of the stop strings.

@@ -211,14 +211,7 @@ pub fn ollama_vision_blob(text: &[u8], mmproj: &[u8]) -> Vec<u8> {
     }
     meta.push(("gemma4.vision.projector.scale_factor".into(), Value::U32(3)));
     meta.push(("gemma4.vision.num_channels".into(), Value::U32(3)));
-    let bytes = |g: &Gguf, all: &[u8], name: &str| {
-        let t = g.tensor(name).unwrap();
-        let r = g.tensor_range(t);
-        (
-            TensorSpec::new(name, t.dtype, &t.dims),
-            all[r.start as usize..r.end as usize].to_vec(),
-        )
-    };
+    let bytes = |g: &Gguf, all: &[u8], name: &str| tensor_bytes(g, all, name, name);
     let mut tensors: Vec<_> = tg
         .tensors()
         .iter()
@@ -259,5 +252,85 @@ pub fn ollama_vision_blob(text: &[u8], mmproj: &[u8]) -> Vec<u8> {
         &[packed.len() as u64],
     );
     tensors.push((spec, bytemuck::cast_slice(&packed).to_vec()));
+    write_gguf(&meta, &tensors, 32).unwrap()
+}
+
+/// Tensor `name` of `g` (whose file is `all`), named `to`.
+fn tensor_bytes(
+    g: &wgemma_gguf::Gguf,
+    all: &[u8],
+    name: &str,
+    to: &str,
+) -> (wgemma_gguf::TensorSpec, Vec<u8>) {
+    let t = g.tensor(name).unwrap();
+    let r = g.tensor_range(t);
+    (
+        wgemma_gguf::TensorSpec::new(to, t.dtype, &t.dims),
+        all[r.start as usize..r.end as usize].to_vec(),
+    )
+}
+
+/// A tensor of llama.cpp's audio projector by the name Ollama's converter gives it (the
+/// renames of reference/multimodal.md section 2, the inverse of Ollama's compat layer).
+pub fn ollama_audio_name(name: &str) -> String {
+    let renamed = [
+        ("a.input_projection.", "a.pre_encode.out."),
+        ("a.pre_encode.out.", "mm.a.fc."),
+    ]
+    .iter()
+    .find_map(|(from, to)| name.strip_prefix(from).map(|rest| format!("{to}{rest}")));
+    if let Some(n) = renamed {
+        return n;
+    }
+    let Some((block, rest)) = name
+        .strip_prefix("a.blk.")
+        .and_then(|r| r.split_once('.'))
+    else {
+        return name.to_string();
+    };
+    let (role, end) = rest.split_once('.').unwrap_or((rest, ""));
+    let role = match role {
+        "attn_pre_norm" => "ln1",
+        "attn_post_norm" => "ln2",
+        "ln2" => "layer_pre_norm",
+        "attn_k_rel" => "linear_pos",
+        r => r,
+    };
+    format!("a.blk.{block}.{role}.{end}")
+}
+
+/// An Ollama-style Gemma 4 blob: the text model of `text` with the audio tower of `mmproj`
+/// inside it, as Ollama's converter lays one out: the tower's keys under `gemma4.audio.*`, its
+/// tensors by Ollama's names ([`ollama_audio_name`]), the clamp scalars kept.
+pub fn ollama_audio_blob(text: &[u8], mmproj: &[u8]) -> Vec<u8> {
+    use wgemma_gguf::{Gguf, Value, write_gguf};
+    let (tg, ag) = (Gguf::parse(text).unwrap(), Gguf::parse(mmproj).unwrap());
+    let mut meta: Vec<(String, Value)> = tg.metadata.entries().to_vec();
+    for key in [
+        "block_count",
+        "embedding_length",
+        "feed_forward_length",
+        "attention.head_count",
+        "attention.layer_norm_epsilon",
+    ] {
+        let value = ag
+            .metadata
+            .entries()
+            .iter()
+            .find(|(k, _)| *k == format!("clip.audio.{key}"));
+        meta.push((format!("gemma4.audio.{key}"), value.unwrap().1.clone()));
+    }
+    meta.push(("gemma4.audio.conv_kernel_size".into(), Value::U32(5)));
+    let mut tensors: Vec<_> = tg
+        .tensors()
+        .iter()
+        .map(|t| tensor_bytes(&tg, text, &t.name, &t.name))
+        .collect();
+    tensors.extend(
+        ag.tensors()
+            .iter()
+            .filter(|t| t.name.starts_with("a.") || t.name.starts_with("mm.a."))
+            .map(|t| tensor_bytes(&ag, mmproj, &t.name, &ollama_audio_name(&t.name))),
+    );
     write_gguf(&meta, &tensors, 32).unwrap()
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use wgemma::{GenerateRequest, Message, Prompt, Role};
 
 use super::CliError;
-use super::load::{AdapterArgs, ModelArg, load, read_image};
+use super::load::{AdapterArgs, Media, ModelArg, load, read_audio, read_image};
 use super::run::{GenArgs, print_stats, stream_reply};
 
 #[derive(clap::Args)]
@@ -49,13 +49,14 @@ pub fn run(args: Args) -> Result<(), CliError> {
         );
     }
     eprintln!(
-        "chatting with {} (/image PATH attaches an image to your next message, /reset starts over; Ctrl-C stops a reply, /exit, Ctrl-D or Ctrl-C at the prompt quits)",
+        "chatting with {} (/image PATH or /audio PATH attaches an image or a clip to your next message, /reset starts over; Ctrl-C stops a reply, /exit, Ctrl-D or Ctrl-C at the prompt quits)",
         loaded.label
     );
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
-    // Every image of the conversation so far, in order, and those waiting for the next message.
-    let (mut images, mut pending) = (Vec::new(), Vec::new());
+    // Every image and clip of the conversation so far, in order, and those waiting for the
+    // next message.
+    let (mut media, mut pending) = (Media::default(), Media::default());
     loop {
         eprint!("> ");
         std::io::stderr().flush()?;
@@ -66,56 +67,64 @@ pub fn run(args: Args) -> Result<(), CliError> {
             "/exit" | "/quit" | "/bye" => break,
             "/reset" => {
                 messages.retain(|m| m.role == Role::System);
-                images.clear();
-                pending.clear();
+                media = Media::default();
+                pending = Media::default();
                 pollster::block_on(session.reset())?;
                 continue;
             }
-            cmd if cmd.starts_with("/image") => {
+            cmd if cmd.starts_with("/image") || cmd.starts_with("/audio") => {
                 attach(cmd, args.image_tokens, &mut pending);
                 continue;
             }
             _ => {}
         }
-        let attached = pending.len();
-        images.append(&mut pending);
-        messages.push(Message::user(line).with_images(attached));
+        let attached = (pending.images.len(), pending.audio.len());
+        media.images.append(&mut pending.images);
+        media.audio.append(&mut pending.audio);
+        messages.push(
+            Message::user(line)
+                .with_images(attached.0)
+                .with_audio(attached.1),
+        );
         let req = args.gen_args.request(
             Prompt::Chat(messages.clone()),
             sampling.clone(),
-            images.clone(),
+            media.clone(),
         );
         let reply = interrupt.replying(|| reply_text(&mut session, req, args.stats));
         match reply {
             // A reply stopped by Ctrl-C stays in the conversation as far as it went.
             Ok(text) => messages.push(Message::assistant(text)),
             Err(e) => {
-                // The turn failed (context full, a bad image, ...): drop it and its images
-                // and keep the conversation.
+                // The turn failed (context full, a bad image, ...): drop it with its images
+                // and clips and keep the conversation.
                 eprintln!("error: {e}");
                 messages.pop();
-                images.truncate(images.len() - attached);
+                media.images.truncate(media.images.len() - attached.0);
+                media.audio.truncate(media.audio.len() - attached.1);
             }
         }
     }
     Ok(())
 }
 
-/// `/image PATH`: reads the image for the next message.
-fn attach(cmd: &str, budget: u32, pending: &mut Vec<wgemma::ImageInput>) {
-    let path = cmd.trim_start_matches("/image").trim();
+/// `/image PATH` or `/audio PATH`: reads the image or the clip for the next message.
+fn attach(cmd: &str, budget: u32, pending: &mut Media) {
+    let (command, path) = cmd.split_at(6);
+    let path = path.trim();
     if path.is_empty() {
-        eprintln!("usage: /image PATH");
+        eprintln!("usage: {command} PATH");
         return;
     }
-    match read_image(std::path::Path::new(path), budget) {
-        Ok(image) => {
-            pending.push(image);
-            eprintln!(
-                "attached {path} ({} waiting for your message)",
-                pending.len()
-            );
-        }
+    let read = match command {
+        "/image" => read_image(path.as_ref(), budget).map(|i| pending.images.push(i)),
+        _ => read_audio(path.as_ref()).map(|a| pending.audio.push(a)),
+    };
+    match read {
+        Ok(()) => eprintln!(
+            "attached {path} ({} waiting for your message)",
+            pending.images.len() + pending.audio.len()
+        ),
         Err(e) => eprintln!("error: {e}"),
     }
 }

@@ -152,9 +152,10 @@ mod tests {
     }
 }
 
-/// `--image PATH` and `--image-tokens N` shared by the subcommands that take images.
+/// `--image PATH`, `--image-tokens N` and `--audio PATH`, shared by the subcommands that take
+/// images and audio.
 #[derive(clap::Args, Clone, Debug, Default)]
-pub struct ImageArgs {
+pub struct MediaArgs {
     /// An image (PNG, JPEG, WebP or GIF) for the prompt; repeat it for several. The model
     /// needs a vision tower (`--mmproj`, or a model file that holds one).
     #[arg(long = "image", value_name = "PATH")]
@@ -163,15 +164,35 @@ pub struct ImageArgs {
     /// slower).
     #[arg(long, default_value_t = wgemma::DEFAULT_IMAGE_TOKENS)]
     pub image_tokens: u32,
+    /// An audio clip (WAV, FLAC, MP3 or Ogg/Vorbis, up to 10 minutes; 25 soft tokens a
+    /// second) for the prompt, after the images; repeat it for several. The model needs an
+    /// audio tower (Gemma 4 E2B/E4B with `--mmproj`, or a model file that holds one).
+    #[arg(long = "audio", value_name = "PATH")]
+    pub audio: Vec<std::path::PathBuf>,
 }
 
-impl ImageArgs {
-    /// Reads the images.
-    pub fn read(&self) -> Result<Vec<wgemma::ImageInput>, CliError> {
-        self.images
-            .iter()
-            .map(|p| read_image(p, self.image_tokens))
-            .collect()
+/// A prompt's images and clips, read.
+#[derive(Clone, Debug, Default)]
+pub struct Media {
+    pub images: Vec<wgemma::ImageInput>,
+    pub audio: Vec<wgemma::AudioInput>,
+}
+
+impl MediaArgs {
+    /// Reads the images and clips.
+    pub fn read(&self) -> Result<Media, CliError> {
+        Ok(Media {
+            images: self
+                .images
+                .iter()
+                .map(|p| read_image(p, self.image_tokens))
+                .collect::<Result<_, _>>()?,
+            audio: self
+                .audio
+                .iter()
+                .map(|p| read_audio(p))
+                .collect::<Result<_, _>>()?,
+        })
     }
 }
 
@@ -179,4 +200,11 @@ impl ImageArgs {
 pub fn read_image(path: &std::path::Path, budget: u32) -> Result<wgemma::ImageInput, CliError> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(wgemma::ImageInput::from_bytes(bytes).with_budget(budget))
+}
+
+/// An audio file as a prompt's clip (decoded and turned into features here, so a bad file is
+/// reported with its name).
+pub fn read_audio(path: &std::path::Path) -> Result<wgemma::AudioInput, CliError> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    wgemma::AudioInput::from_bytes(&bytes).map_err(|e| format!("{}: {e}", path.display()).into())
 }

@@ -10,7 +10,7 @@ use wgemma::{
 };
 
 use super::CliError;
-use super::load::{AdapterArgs, ImageArgs, ModelArg, load};
+use super::load::{AdapterArgs, Media, MediaArgs, ModelArg, load};
 
 /// Sampling and length settings shared by `run` and `chat`. A sampling setting left out
 /// comes from the model (its file's recommended settings, or an Ollama model's parameters),
@@ -113,14 +113,15 @@ impl GenArgs {
         &self,
         prompt: Prompt,
         sampling: SamplingParams,
-        images: Vec<wgemma::ImageInput>,
+        media: Media,
     ) -> GenerateRequest {
         GenerateRequest {
             prompt,
             sampling,
             max_tokens: self.max_tokens as usize,
             stop: Vec::new(),
-            images,
+            images: media.images,
+            audio: media.audio,
             parse_special: self.parse_special,
             stop_loops: self.stop_loops,
         }
@@ -144,7 +145,7 @@ pub struct Args {
     #[command(flatten)]
     gen_args: GenArgs,
     #[command(flatten)]
-    images: ImageArgs,
+    media: MediaArgs,
     /// Continue the prompt as plain text (no chat format) and print only the generated text.
     /// The default for a model without a chat template (a pretrained one).
     #[arg(long, conflicts_with_all = ["chat", "system"])]
@@ -166,7 +167,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
     let sampling = args.gen_args.sampling(&loaded.sampling)?;
     let mut session = model.session(args.gen_args.session(model)?)?;
     args.adapters.apply(model, &mut session)?;
-    let images = args.images.read()?;
+    let media = args.media.read()?;
     let chat = !args.raw && (loaded.chat || args.chat || args.system.is_some());
     if !args.raw && !chat {
         eprintln!(
@@ -179,13 +180,20 @@ pub fn run(args: Args) -> Result<(), CliError> {
         if let Some(system) = args.system {
             messages.push(Message::system(system));
         }
-        messages.push(Message::user(args.prompt).with_images(images.len()));
+        let message = Message::user(args.prompt)
+            .with_images(media.images.len())
+            .with_audio(media.audio.len());
+        messages.push(message);
         Prompt::Chat(messages)
     } else {
-        // The images open the text, as in a chat message.
-        Prompt::Text(wgemma::IMAGE_PLACEHOLDER.repeat(images.len()) + &args.prompt)
+        // The images and clips open the text, as in a chat message.
+        Prompt::Text(
+            wgemma::IMAGE_PLACEHOLDER.repeat(media.images.len())
+                + &wgemma::AUDIO_PLACEHOLDER.repeat(media.audio.len())
+                + &args.prompt,
+        )
     };
-    let req = args.gen_args.request(prompt, sampling, images);
+    let req = args.gen_args.request(prompt, sampling, media);
     let (_, timings, reason) = stream_reply(&mut session, req)?;
     if !args.raw {
         print_stats(&timings, reason);
@@ -228,11 +236,14 @@ pub fn stream_reply(
 }
 
 pub fn print_stats(t: &Timings, reason: StopReason) {
-    if t.encoded_images > 0 {
-        eprintln!(
-            "images: {} encoded in {:.0} ms",
-            t.encoded_images, t.encode_ms
-        );
+    let media = [(t.encoded_images, "image"), (t.encoded_audio, "audio clip")];
+    let encoded: Vec<String> = media
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}{}", if *n == 1 { "" } else { "s" }))
+        .collect();
+    if !encoded.is_empty() {
+        eprintln!("{} encoded in {:.0} ms", encoded.join(" and "), t.encode_ms);
     }
     let stop = match reason {
         StopReason::EndOfGeneration => "end of reply",
