@@ -47,6 +47,14 @@
 #              same with .dev/xtask-base, after it in the same call
 #   vision_tests  the vision tower against transformers' goldens, and image prompts'
 #              teacher-forced argmax, with this GPU's kernels (.dev/vision-tower, -runtime)
+#   audio_tests   the audio tower against transformers' goldens and the CPU reference, and
+#              audio prompts' teacher-forced argmax, with this GPU's kernels (.dev/audio-tower,
+#              .dev/audio-runtime)
+#   audio_bench   the E2B audio tower (synthetic, f16 mmproj) on a 30 s clip (750 soft
+#              tokens): our features, encode and time to first token of the clip + a short
+#              question (cargo xtask bench-audio), then llama.cpp's llama-mtmd-cli (CUDA) on the
+#              same files; $OUT/audio-bench/ and a table in $OUT/audio-bench.md
+#   audio_ours    audio_bench's side of ours alone (no llama.cpp build)
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
 # them: each device call gets an empty $OUT, so a table made in a later call on the same
@@ -59,7 +67,7 @@ mkdir -p "$OUT" "$W/models" "$R"
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-chmod +x .dev/xtask* .dev/kernels .dev/parity .dev/vision-*
+chmod +x .dev/xtask* .dev/kernels .dev/parity .dev/vision-* .dev/audio-*
 MODELS=${MODELS:-"gemma3-270m e2b e4b"}
 LL=$W/ll/lltrim
 CMAKE_COMMON="-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
@@ -298,6 +306,61 @@ vision_tests() {
   [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
   CI=true .dev/vision-tower 2>&1 | tail -n 30 | tee "$OUT/vision-tower.txt"
   CI=true .dev/vision-runtime 2>&1 | tail -n 30 | tee "$OUT/vision-runtime.txt"
+}
+
+# The audio tower's tests on this GPU's kernels (tensor cores, f16), fixtures found where
+# the binaries were built (/work/main).
+audio_tests() {
+  [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+  CI=true .dev/audio-tower 2>&1 | tail -n 30 | tee "$OUT/audio-tower.txt"
+  CI=true .dev/audio-runtime 2>&1 | tail -n 30 | tee "$OUT/audio-runtime.txt"
+}
+
+# Our side of audio_bench alone, into $OUT/audio-bench/.
+audio_ours() {
+  synth e2b e2b-audio-mmproj
+  local A=$OUT/audio-bench && mkdir -p "$A"
+  # 30 s of a sweeping tone over a hum, 16-bit mono at 16 kHz (the standard library alone).
+  python3 -c "
+import math, struct, wave
+w = wave.open('$W/models/clip-30s.wav', 'wb')
+w.setnchannels(1); w.setsampwidth(2); w.setframerate(16000)
+s = [int(9000 * math.sin(2 * math.pi * (300 + 40 * i / 16000) * i / 16000) + 3000 * math.sin(2 * math.pi * 97 * i / 16000)) for i in range(480000)]
+w.writeframes(struct.pack('<%dh' % len(s), *s)); w.close()
+"
+  .dev/xtask bench-audio --mmproj "$W/models/e2b-audio-mmproj.gguf" --model "$W/models/e2b.gguf" \
+    --audio "$W/models/clip-30s.wav" --reps 5 --profile --json > "$A/ours.json" 2> "$A/ours.err"
+  tail -c 800 "$A/ours.json"; echo
+}
+
+audio_bench() {
+  build_cuda
+  audio_ours
+  local A=$OUT/audio-bench
+  wait_for cuda
+  for rep in 1 2 3; do
+    "$LL/build-cuda/bin/llama-mtmd-cli" -m "$W/models/e2b.gguf" --mmproj "$W/models/e2b-audio-mmproj.gguf" \
+      --audio "$W/models/clip-30s.wav" -p "Transcribe this audio." -n 1 -ngl 99 --temp 0 --chat-template gemma \
+      > "$A/llama-$rep.txt" 2>&1
+  done
+  grep -h "encod\|prompt eval time\|n_tokens\|error" "$A"/llama-*.txt | head -n 20
+  python3 - "$A" <<'PY' | tee "$OUT/audio-bench.md"
+import json, pathlib, re, statistics, sys
+d = pathlib.Path(sys.argv[1])
+o = json.loads((d / "ours.json").read_text().strip().splitlines()[-1])
+enc, ttft = [], []
+for f in sorted(d.glob("llama-*.txt")):
+    t = f.read_text()
+    m = re.findall(r"encoded in (\d+) ms", t) or re.findall(r"encoding done in (\d+) ms", t)
+    if m: enc.append(sum(float(x) for x in m))
+    p = re.search(r"prompt eval time =\s+([\d.]+) ms", t)
+    if p: ttft.append(float(p.group(1)))
+med = lambda v: f"{statistics.median(v):.1f}" if v else "?"
+print("| clip | soft tokens | ours features ms | ours encode ms | ours TTFT ms | llama.cpp encode ms | llama.cpp prompt ms |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+print(f"| {o['seconds']:.0f} s | {o['soft_tokens']} | {o['features_ms']:.1f} | {o['encode_ms']:.1f} | {o['ttft_ms']:.1f} | {med(enc)} | {med(ttft)} |")
+PY
+  tar czf "$OUT/audio-bench.tgz" -C "$OUT" audio-bench && rm -rf "$A"
 }
 
 vision_bench() {

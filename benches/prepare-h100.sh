@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares, on the x86_64 dev machine, what benches/h100.sh carries to the lent H100:
 #   .gl/    the Vulkan loader debs (the device machine has the NVIDIA driver but no loader)
-#   .dev/   our release binaries (xtask, the kernel parity tests, the kernel benchmarks) and
+#   .dev/   our release binaries (xtask, the kernel parity tests, the kernel benchmarks, the
+#           vision and audio towers' tests) and
 #           llama.cpp's source from the llama-cpp-python 0.3.36 sdist, trimmed to what
 #           llama-bench and llama-mtmd-cli (CUDA), llama-quantize, llama-tokenize and the
 #           converter need (.dev/llama.tar.xz), plus the sdist's Python bindings
@@ -37,7 +38,9 @@ cp "$(exe test -p wgemma-kernels --test parity --release --no-run)" .dev/parity
 cp "$(exe bench -p wgemma-benches --bench kernels --no-run)" .dev/kernels
 cp "$(exe test -p wgemma-vision --test tower --release --no-run)" .dev/vision-tower
 cp "$(exe test -p wgemma --test vision --release --no-run)" .dev/vision-runtime
-strip .dev/xtask .dev/parity .dev/kernels .dev/vision-tower .dev/vision-runtime
+cp "$(exe test -p wgemma-audio --test tower --release --no-run)" .dev/audio-tower
+cp "$(exe test -p wgemma --test audio --release --no-run)" .dev/audio-runtime
+strip .dev/xtask .dev/parity .dev/kernels .dev/vision-tower .dev/vision-runtime .dev/audio-*
 # BASE=REV: also the xtask of that revision (.dev/xtask-base), for `h100.sh base` to measure
 # the change against in the same call. Built from a worktree into the same target folder.
 if [ -n "${BASE:-}" ]; then

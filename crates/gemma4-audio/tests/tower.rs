@@ -12,8 +12,35 @@ use wgemma_audio::reference::{AudioConfig, AudioTrace, AudioWeights};
 use wgemma_audio::{AudioTower, MelChunk, Pcm16k};
 use wgemma_gguf::{BytesSource, Gguf, MmapSource, TensorSource};
 
-fn golden(name: &str) -> Vec<f32> {
-    common::npy_f32(&format!("../golden/audio_e2b_a16k_{name}.npy"))
+/// Clips with transformers' stages: a multiple of 128 samples, and one whose pad leaves an
+/// invalid frame (the padding mask in the subsampling).
+const CLIPS: [&str; 2] = ["a16k", "b16k"];
+
+fn golden(clip: &str, name: &str) -> Vec<f32> {
+    common::npy_f32(&format!("../golden/audio_e2b_{clip}_{name}.npy"))
+}
+
+/// The features and mask transformers fed the tower for `clip`.
+fn golden_chunk(clip: &str) -> MelChunk {
+    let mask: Vec<bool> = golden(clip, "mask").iter().map(|&m| m != 0.0).collect();
+    MelChunk {
+        features: golden(clip, "features"),
+        soft_tokens: wgemma_audio::soft_tokens(&mask),
+        start_sample: 0,
+        samples: mask.len() * 160,
+        mask,
+    }
+}
+
+/// transformers' stages of `clip`, with the validity mask `mask` (the CPU reference's).
+fn golden_trace(clip: &str, mask: Vec<bool>) -> AudioTrace {
+    AudioTrace {
+        sscp: golden(clip, "sscp"),
+        layers: vec![golden(clip, "layer0"), golden(clip, "encoder")],
+        output: golden(clip, "output_proj"),
+        soft_tokens: golden(clip, "soft_tokens"),
+        mask,
+    }
 }
 
 /// `max |got - want| / max |want|`.
@@ -43,29 +70,21 @@ fn the_cpu_reference_matches_transformers_at_every_stage() {
         (cfg.sscp_channels, cfg.output_dims, cfg.text_width),
         ([128, 8], 48, 64)
     );
-    let features = golden("features");
-    let mask: Vec<bool> = golden("mask").iter().map(|&m| m != 0.0).collect();
-    let trace = w.forward(&cfg, &features, &mask);
-    assert_eq!(trace.mask.iter().filter(|&&m| m).count(), 33);
-    let stages = [
-        ("sscp", &trace.sscp),
-        ("layer0", &trace.layers[0]),
-        ("encoder", &trace.layers[1]),
-        ("output_proj", &trace.output),
-        ("soft_tokens", &trace.soft_tokens),
-    ];
-    for (name, got) in stages {
-        let err = rel_err(got, &golden(name));
-        eprintln!("{name}: relative error {err:.2e}");
-        assert!(err < 1e-4, "{name}: {err}");
+    for (clip, tokens) in CLIPS.into_iter().zip([33, 32]) {
+        let chunk = golden_chunk(clip);
+        let trace = w.forward(&cfg, &chunk.features, &chunk.mask);
+        assert_eq!(trace.mask.iter().filter(|&&m| m).count(), tokens);
+        let want = golden_trace(clip, trace.mask.clone());
+        compare(&format!("{clip} CPU vs transformers"), &trace, &want, &cfg, 1e-4);
     }
+    assert!(golden_chunk("b16k").mask.contains(&false), "b16k has an invalid frame");
 }
 
 #[test]
 fn features_from_the_wav_are_the_ones_transformers_fed_the_tower() {
     let chunks = wgemma_audio::mel_chunks_from_bytes(&common::fixture("a16k.wav")).unwrap();
     assert_eq!(chunks.len(), 1);
-    let err = common::max_abs_diff(&chunks[0].features, &golden("features"));
+    let err = common::max_abs_diff(&chunks[0].features, &golden("a16k", "features"));
     assert!(err < 1e-4, "{err}");
     assert_eq!(chunks[0].soft_tokens, 33);
 }
@@ -132,32 +151,25 @@ fn compare(what: &str, got: &AudioTrace, want: &AudioTrace, cfg: &AudioConfig, t
     }
 }
 
+/// The GPU's products may round through f16 (tensor cores): within 2e-3 of f32 at every
+/// stage, as the issue asks of transformers' values.
+const GPU_TOLERANCE: f32 = 2e-3;
+
 #[test]
 fn the_gpu_tower_matches_transformers_at_every_stage() {
     let Some((tower, cpu)) = gpu_tower() else {
         return;
     };
     let cfg = &tower.cfg;
-    let mask: Vec<bool> = golden("mask").iter().map(|&m| m != 0.0).collect();
-    let chunk = MelChunk {
-        features: golden("features"),
-        soft_tokens: 33,
-        start_sample: 0,
-        samples: mask.len() * 160,
-        mask,
-    };
-    let got = pollster::block_on(tower.trace(&chunk)).unwrap();
-    // transformers' stages, with the validity mask the CPU reference derives.
-    let want = AudioTrace {
-        sscp: golden("sscp"),
-        layers: vec![golden("layer0"), golden("encoder")],
-        output: golden("output_proj"),
-        soft_tokens: golden("soft_tokens"),
-        mask: cpu.forward(cfg, &chunk.features, &chunk.mask).mask,
-    };
-    compare("a16k vs transformers", &got, &want, cfg, 2e-3);
-    let encoded = pollster::block_on(tower.encode_to_vec(&chunk)).unwrap();
-    assert_eq!(encoded, got.soft_tokens, "encode and trace agree");
+    for clip in CLIPS {
+        let chunk = golden_chunk(clip);
+        let got = pollster::block_on(tower.trace(&chunk)).unwrap();
+        let mask = cpu.forward(cfg, &chunk.features, &chunk.mask).mask;
+        let want = golden_trace(clip, mask);
+        compare(&format!("{clip} vs transformers"), &got, &want, cfg, GPU_TOLERANCE);
+        let encoded = pollster::block_on(tower.encode_to_vec(&chunk)).unwrap();
+        assert_eq!(encoded, got.soft_tokens, "encode and trace agree");
+    }
 }
 
 /// A clip of `samples` at 16 kHz: two tones and a little noise.
@@ -193,7 +205,7 @@ fn the_gpu_tower_matches_the_cpu_reference_with_padding_and_on_a_full_chunk() {
             chunk.soft_tokens,
             "the tower's tokens are the placeholders the prompt gets"
         );
-        compare(&format!("{samples} samples"), &got, &want, cfg, 1e-3);
+        compare(&format!("{samples} samples"), &got, &want, cfg, GPU_TOLERANCE);
     }
 }
 

@@ -9,13 +9,14 @@
 //! control-token text typed in the messages becomes control tokens) and `stopLoops` (stop a
 //! reply that repeats itself in a loop); both false by default.
 //!
-//! Images travel beside the JSON (bytes have no place in it), in prompt order: a message's
-//! `"images": N` opens it with N image placeholders, and its `content` may be a list of parts,
-//! `{"type": "text", "text": "..."}` and `{"type": "image"}`, each image part a placeholder in
-//! place; a text or token prompt holds its placeholders (`<|image|>`) itself.
+//! Images and audio clips travel beside the JSON (bytes have no place in it), each kind in
+//! prompt order: a message's `"images": N` and `"audio": N` open it with N image, then N audio
+//! placeholders, and its `content` may be a list of parts, `{"type": "text", "text": "..."}`,
+//! `{"type": "image"}` and `{"type": "audio"}`, each image or audio part a placeholder in
+//! place; a text or token prompt holds its placeholders (`<|image|>`, `<|audio|>`) itself.
 
 use serde_json::{Map, Value, json};
-use wgemma_text::chat::{IMAGE_PLACEHOLDER, Message, Role};
+use wgemma_text::chat::{AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, Message, Role};
 use wgemma_text::{SamplingParams, SessionOptions};
 
 use crate::error::Error;
@@ -69,7 +70,7 @@ fn role(name: &str) -> Result<Role, Error> {
     }
 }
 
-/// A message's text: `content` as a string, or its parts joined, each image part an image
+/// A message's text: `content` as a string, or its parts joined, each image or audio part its
 /// placeholder.
 fn content(m: &Map<String, Value>) -> Result<String, Error> {
     let need = || bad("every message needs a `content`: a string or a list of parts");
@@ -84,7 +85,12 @@ fn content(m: &Map<String, Value>) -> Result<String, Error> {
                         .ok_or_else(|| bad("a text part needs a string `text`"))?,
                 ),
                 Some("image") => out.push_str(IMAGE_PLACEHOLDER),
-                t => return Err(bad(format!("a content part of type {t:?} (text, image)"))),
+                Some("audio") => out.push_str(AUDIO_PLACEHOLDER),
+                t => {
+                    return Err(bad(format!(
+                        "a content part of type {t:?} (text, image, audio)"
+                    )));
+                }
             }
             Ok(out)
         }),
@@ -92,8 +98,9 @@ fn content(m: &Map<String, Value>) -> Result<String, Error> {
     }
 }
 
-/// The most images a message's `images` count may ask for: more than any context holds (each
-/// image is at least 72 tokens), few enough that the placeholders cost nothing to write out.
+/// The most images (or clips) a message's `images` (`audio`) count may ask for: more than any
+/// context holds (each is at least 3 tokens with its markers), few enough that the
+/// placeholders cost nothing to write out.
 const MAX_IMAGES_PER_MESSAGE: u64 = 4096;
 
 fn message(m: &Value) -> Result<Message, Error> {
@@ -103,7 +110,10 @@ fn message(m: &Value) -> Result<Message, Error> {
         .and_then(Value::as_str)
         .ok_or_else(|| bad("every message needs a string `role`"))?;
     let images = count(m, "images", MAX_IMAGES_PER_MESSAGE)?.unwrap_or(0);
-    Ok(Message::new(role(name)?, content(m)?).with_images(images as usize))
+    let audio = count(m, "audio", MAX_IMAGES_PER_MESSAGE)?.unwrap_or(0);
+    Ok(Message::new(role(name)?, content(m)?)
+        .with_images(images as usize)
+        .with_audio(audio as usize))
 }
 
 fn prompt(o: &Map<String, Value>) -> Result<Prompt, Error> {
@@ -317,6 +327,26 @@ mod tests {
         assert_eq!((m[0].images, m[0].content.as_str()), (2, "Hi"));
         assert_eq!(m[1].images, 0);
         assert_eq!(m[2].content, format!("A {IMAGE_PLACEHOLDER} and"));
+    }
+
+    /// `audio` counts and audio parts, beside images.
+    #[test]
+    fn messages_with_audio() {
+        let r = parse(
+            r#"{"messages": [{"role": "user", "content": "Hi", "images": 1, "audio": 2},
+                             {"role": "user", "content": [{"type": "audio"},
+                                                          {"type": "text", "text": " said?"}]}]}"#,
+        )
+        .expect("valid request");
+        let Prompt::Chat(m) = &r.prompt else {
+            panic!("expected a chat prompt, got {:?}", r.prompt)
+        };
+        assert_eq!((m[0].images, m[0].audio), (1, 2));
+        assert_eq!(m[1].content, format!("{AUDIO_PLACEHOLDER} said?"));
+        let bad = parse(r#"{"messages": [{"role": "user", "content": "x", "audio": -1}]}"#);
+        assert!(bad.is_err());
+        let video = parse(r#"{"messages": [{"role": "user", "content": [{"type": "video"}]}]}"#);
+        assert!(video.is_err());
     }
 
     #[test]
