@@ -1,10 +1,21 @@
-// The demo page: pick a model (and its vision projector), watch it load, chat with streamed
-// tokens and attached or pasted images, stop, see tok/s.
+// The demo page: pick a model (and its projector), watch it load, chat with streamed tokens
+// and attached or pasted images, attached sound files and microphone recordings; stop, see
+// tok/s.
 import { WGemma } from "./wgemma.js";
 
 const $ = (id) => document.getElementById(id);
-// `pending`: the images attached to the next message, `{file, url}` (url: the preview's).
-const demo = { model: null, session: null, messages: [], pending: [], lastTokens: [], lastDone: null, busy: false };
+// `pending`: what is attached to the next message, `{kind, file, url}` (kind "image" or
+// "audio"; file: a File, or a recording's AudioBuffer; url: the preview's).
+const demo = {
+  model: null,
+  session: null,
+  messages: [],
+  pending: [],
+  lastTokens: [],
+  lastDone: null,
+  busy: false,
+  recorder: null,
+};
 // The browser test reads the state through this.
 window.wgemmaDemo = demo;
 
@@ -13,24 +24,38 @@ function setStatus(text, isError = false) {
   $("model-status").className = isError ? "error" : "";
 }
 
+// Which kinds of attachment the loaded model takes.
+function takes() {
+  const info = demo.model?.info();
+  return { image: Boolean(info?.vision), audio: Boolean(info?.audio) };
+}
+
 function enableChat(on) {
   $("prompt").disabled = !on;
   $("send").disabled = !on;
   $("new").disabled = !on;
-  const vision = on && Boolean(demo.model?.info().vision);
-  $("attach").disabled = !vision;
-  $("attach-label").setAttribute("aria-disabled", String(!vision));
-  $("attach-label").title = vision ? "attach an image (or paste or drop one on the prompt)" : "the model needs a vision tower (mmproj)";
-  if (!vision) clearPending();
+  const can = on ? takes() : { image: false, audio: false };
+  const any = can.image || can.audio;
+  $("attach").disabled = !any;
+  $("attach").accept = [can.image && "image/*", can.audio && "audio/*"].filter(Boolean).join(",");
+  $("attach-label").setAttribute("aria-disabled", String(!any));
+  $("attach-label").title = any
+    ? `attach ${[can.image && "an image", can.audio && "a sound file"].filter(Boolean).join(" or ")} (or paste or drop one on the prompt)`
+    : "the model needs a vision or audio tower (mmproj)";
+  $("record").disabled = !can.audio || !navigator.mediaDevices?.getUserMedia;
+  $("record").title = can.audio ? "record from the microphone" : "the model needs an audio tower (mmproj)";
+  if (!any) clearPending();
 }
 
-function thumb(url, onRemove) {
+// A preview: the image, or an audio player.
+function thumb(p, onRemove) {
   const div = document.createElement("div");
   div.className = "thumb";
-  const img = document.createElement("img");
-  img.src = url;
-  img.alt = "attached image";
-  div.append(img);
+  const media = document.createElement(p.kind === "audio" ? "audio" : "img");
+  media.src = p.url;
+  if (p.kind === "audio") media.controls = true;
+  else media.alt = "attached image";
+  div.append(media);
   if (onRemove) {
     const x = document.createElement("button");
     x.textContent = "×";
@@ -44,7 +69,7 @@ function thumb(url, onRemove) {
 function showPending() {
   $("attachments").replaceChildren(
     ...demo.pending.map((p) =>
-      thumb(p.url, () => {
+      thumb(p, () => {
         URL.revokeObjectURL(p.url);
         demo.pending = demo.pending.filter((q) => q !== p);
         showPending();
@@ -53,12 +78,60 @@ function showPending() {
   );
 }
 
+// The kind of attachment a file is, if the model takes it.
+function kindOf(file) {
+  const can = takes();
+  if (can.image && file.type.startsWith("image/")) return "image";
+  if (can.audio && file.type.startsWith("audio/")) return "audio";
+  return null;
+}
+
 function attach(files) {
   if ($("attach").disabled) return;
   for (const file of files) {
-    if (file.type.startsWith("image/")) demo.pending.push({ file, url: URL.createObjectURL(file) });
+    const kind = kindOf(file);
+    if (kind) demo.pending.push({ kind, file, url: URL.createObjectURL(file) });
   }
   showPending();
+}
+
+// Starts or stops a microphone recording; a finished one is decoded by the browser (whatever
+// container MediaRecorder chose) into an AudioBuffer and attached.
+async function toggleRecording() {
+  if (demo.recorder) {
+    demo.recorder.stop();
+    return;
+  }
+  let stream;
+  try {
+    stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+  } catch (e) {
+    addTurn("error", `Microphone: ${e.message}`);
+    return;
+  }
+  const recorder = new MediaRecorder(stream);
+  const parts = [];
+  recorder.ondataavailable = (e) => parts.push(e.data);
+  recorder.onstop = async () => {
+    for (const track of stream.getTracks()) track.stop();
+    demo.recorder = null;
+    $("record").textContent = "Record";
+    $("record").classList.remove("recording");
+    const blob = new Blob(parts, { type: recorder.mimeType });
+    try {
+      const context = new AudioContext();
+      const buffer = await context.decodeAudioData(await blob.arrayBuffer());
+      context.close();
+      demo.pending.push({ kind: "audio", file: buffer, url: URL.createObjectURL(blob) });
+      showPending();
+    } catch (e) {
+      addTurn("error", `Recording: ${e.message}`);
+    }
+  };
+  recorder.start();
+  demo.recorder = recorder;
+  $("record").textContent = "Stop recording";
+  $("record").classList.add("recording");
 }
 
 function clearPending() {
@@ -93,7 +166,8 @@ async function loadModel(source, label) {
       `${info.name ?? info.architecture} · ${mb(info.file_size)} MiB · loaded in ${(info.load.ms / 1000).toFixed(1)} s ` +
         `(${mb(info.load.fetchedBytes)} MiB downloaded, ${mb(info.load.cachedBytes)} MiB from cache) · ` +
         `${info.gpu.adapter || info.gpu.backend}${info.gpu.shaderF16 ? " · f16" : ""}` +
-        (info.vision ? " · vision" : ""),
+        (info.vision ? " · vision" : "") +
+        (info.audio ? " · audio" : ""),
     );
     enableChat(true);
     $("prompt").focus();
@@ -104,14 +178,14 @@ async function loadModel(source, label) {
   }
 }
 
-function addTurn(role, text, images = []) {
+function addTurn(role, text, attached = []) {
   const div = document.createElement("div");
   div.className = `turn ${role}`;
   div.textContent = text;
-  if (images.length) {
+  if (attached.length) {
     const row = document.createElement("div");
     row.className = "thumbs";
-    row.append(...images.map((p) => thumb(p.url)));
+    row.append(...attached.map((p) => thumb(p)));
     div.append(row);
   }
   $("log").append(div);
@@ -125,13 +199,14 @@ async function send() {
   demo.busy = true;
   $("send").disabled = true;
   $("stop").disabled = false;
-  const images = demo.pending;
+  const attached = demo.pending;
   demo.pending = [];
   showPending();
-  addTurn("user", `You: ${text}`, images);
-  // The whole conversation goes each turn, earlier images too: the session finds them in
-  // its cache and encodes only the new ones.
-  demo.messages.push({ role: "user", content: text, images: images.map((p) => p.file) });
+  addTurn("user", `You: ${text}`, attached);
+  // The whole conversation goes each turn, earlier images and clips too: the session finds
+  // them in its cache and encodes only the new ones.
+  const of = (kind) => attached.filter((p) => p.kind === kind).map((p) => p.file);
+  demo.messages.push({ role: "user", content: text, images: of("image"), audio: of("audio") });
   const out = addTurn("model", "Gemma: ");
   let reply = "";
   demo.lastTokens = [];
@@ -151,8 +226,12 @@ async function send() {
       } else {
         demo.lastDone = ev;
         const t = ev.timings;
+        const encoded = [
+          t.encodedImages && `${t.encodedImages} image${t.encodedImages > 1 ? "s" : ""}`,
+          t.encodedAudio && `${t.encodedAudio} clip${t.encodedAudio > 1 ? "s" : ""}`,
+        ].filter(Boolean);
         $("stats").textContent =
-          (t.encodedImages ? `${t.encodedImages} image${t.encodedImages > 1 ? "s" : ""} in ${t.encodeMs.toFixed(0)} ms · ` : "") +
+          (encoded.length ? `${encoded.join(" and ")} in ${t.encodeMs.toFixed(0)} ms · ` : "") +
           `prompt ${t.promptTokens} tok, ${t.promptTokPerS.toFixed(1)} tok/s · ` +
           `${t.generatedTokens} tok at ${t.decodeTokPerS.toFixed(1)} tok/s · ${ev.reason}`;
       }
@@ -186,7 +265,7 @@ $("prompt").onkeydown = (e) => {
 $("stop").onclick = () => demo.session?.abort();
 $("new").onclick = async () => {
   demo.messages = [];
-  for (const img of $("log").querySelectorAll("img")) URL.revokeObjectURL(img.src);
+  for (const media of $("log").querySelectorAll("img, audio")) URL.revokeObjectURL(media.src);
   $("log").textContent = "";
   clearPending();
   await demo.session?.reset();
@@ -195,8 +274,9 @@ $("attach").onchange = () => {
   attach($("attach").files);
   $("attach").value = "";
 };
+$("record").onclick = toggleRecording;
 $("prompt").onpaste = (e) => {
-  const files = [...(e.clipboardData?.files ?? [])].filter((f) => f.type.startsWith("image/"));
+  const files = [...(e.clipboardData?.files ?? [])].filter((f) => kindOf(f));
   if (files.length && !$("attach").disabled) {
     e.preventDefault();
     attach(files);

@@ -15,6 +15,10 @@ export type ErrorCode =
   | "bad_image" // an image that cannot be read: corrupt, empty, over 16384 pixels a side
   | "no_vision" // images for a model without a vision tower (load it with `mmproj`)
   | "vision" // the vision tower cannot be loaded or cannot take the image
+  | "bad_audio" // an audio clip that cannot be read: corrupt, an unsupported codec, over 10 minutes, NaN samples
+  | "no_audio" // audio for a model without an audio tower (Gemma 4 E2B/E4B, with `mmproj`)
+  | "audio" // the audio tower cannot be loaded or cannot take the clip
+  | "no_tower" // a projector file with neither a vision nor an audio tower
   | "adapter"
   | "busy"
   | "worker"
@@ -33,7 +37,7 @@ export interface LoadProgress {
 }
 
 export interface LoadOptions {
-  /** A llama.cpp projector file (`mmproj`) whose vision tower lets the model read images. */
+  /** A llama.cpp projector file (`mmproj`) whose vision and audio towers let the model read images and hear audio. */
   mmproj?: string | Blob;
   /** Weight bytes of both files uploaded so far. */
   onProgress?: (progress: LoadProgress) => void;
@@ -63,7 +67,35 @@ export interface ModelInfo {
   load: { ms: number; fetchedBytes: number; cachedBytes: number };
   /** The vision tower loaded (from `mmproj` or the model file), or null: no images. */
   vision: VisionInfo | null;
+  /** The audio tower loaded (from `mmproj` or the model file), or null: no audio. */
+  audio: AudioInfo | null;
 }
+
+export interface AudioInfo {
+  layout: "Mmproj" | "OllamaBlob";
+  block_count: number;
+  embedding_length: number;
+  /** The width of a soft token: the text model's. */
+  projection_dim: number;
+  /** The longest clip taken. */
+  maxSeconds: number;
+  [key: string]: unknown;
+}
+
+/**
+ * An audio clip: a WAV, FLAC, MP3 or Ogg/Vorbis file (`File`, `Blob`, `ArrayBuffer`,
+ * `Uint8Array`, or a URL string the worker fetches), decoded by the engine as natively; an
+ * `AudioBuffer` (what the browser decoded or recorded); interleaved PCM; or OpenAI's
+ * `input_audio` payload (base64 file bytes). Mixed to mono and resampled to 16 kHz.
+ */
+export type AudioSource =
+  | Blob
+  | ArrayBuffer
+  | ArrayBufferView
+  | string
+  | AudioBuffer
+  | { samples: Float32Array; sampleRate: number; channels?: number }
+  | { data: string; format?: string };
 
 export interface VisionInfo {
   layout: "Mmproj" | "OllamaBlob";
@@ -105,7 +137,10 @@ export type ContentPart =
   | { type: "text"; text: string }
   | { type: "image"; image: ImageSource; imageTokens?: number }
   /** OpenAI's (and WebLLM's) shape. */
-  | { type: "image_url"; image_url: { url: string } | string; imageTokens?: number };
+  | { type: "image_url"; image_url: { url: string } | string; imageTokens?: number }
+  | { type: "audio"; audio: AudioSource }
+  /** OpenAI's shape. */
+  | { type: "input_audio"; input_audio: { data: string; format?: string } };
 
 export interface SessionOptions {
   /** Positions the KV cache holds (prompt and reply). Default 4096. */
@@ -119,6 +154,8 @@ export interface Message {
   content: string | ContentPart[];
   /** Images that open the message, before its text (Gemma 4's layout). */
   images?: ImageInput[];
+  /** Audio clips after the images, before the text. */
+  audio?: AudioSource[];
 }
 
 export interface GenerateOptions {
@@ -149,6 +186,8 @@ export interface GenerateOptions {
    * they open the user turn).
    */
   images?: ImageInput[];
+  /** With a string prompt: its audio clips, as `images`. */
+  audio?: AudioSource[];
   /** The most soft tokens each image becomes unless it says otherwise (default 280). */
   imageTokens?: number;
 }
@@ -163,6 +202,8 @@ export interface Timings {
   decodeTokPerS: number;
   /** Images this request encoded (those of earlier turns come from the cache), and the vision tower's time on them (part of promptMs). */
   encodedImages: number;
+  /** Audio clips this request encoded (their time is in encodeMs too). */
+  encodedAudio: number;
   encodeMs: number;
 }
 
@@ -171,7 +212,7 @@ export interface SoftTokens {
   data: Float32Array;
   rows: number;
   width: number;
-  /** Decoding, resizing and the vision tower. */
+  /** Decoding, resizing and the tower. */
   ms: number;
 }
 
@@ -203,6 +244,8 @@ export class WGemma {
   info(): ModelInfo;
   /** One image's soft tokens (what the vision tower hands the text model). */
   encodeImage(image: ImageInput, options?: { imageTokens?: number }): Promise<SoftTokens>;
+  /** One audio clip's soft tokens (what the audio tower hands the text model). */
+  encodeAudio(clip: AudioSource): Promise<SoftTokens>;
   session(options?: SessionOptions): Session;
   dispose(): void;
 }

@@ -26,6 +26,20 @@
 // 560, 1120) is the most soft tokens an image becomes: more is finer detail and slower.
 // Keep sending the whole conversation, its images included: the session keeps the turns it
 // has seen in its KV cache and encodes only the images that are new.
+//
+// Audio (Gemma 4 E2B/E4B with an audio tower, from the projector file or the model file),
+// up to 10 minutes a clip, 25 soft tokens a second, clips over 30 s in 30 s chunks:
+//
+//   s.generate([{ role: "user", content: "Transcribe this.", audio: [file] }])  // clips open the turn
+//   s.generate([{ role: "user", content: [{ type: "audio", audio: buffer }, "Who speaks?"] }])
+//   s.generate("What is this sound?", { audio: [file] })
+//   const { data, rows, width } = await model.encodeAudio(file)
+//
+// A clip is a File or Blob, an ArrayBuffer or Uint8Array (a WAV, FLAC, MP3 or Ogg/Vorbis
+// file's bytes, decoded by the engine as natively), a URL string, an AudioBuffer (what the
+// browser decoded or recorded: `audioContext.decodeAudioData` turns a MediaRecorder's WebM or
+// an AAC file into one), `{ samples: Float32Array, sampleRate, channels }` (interleaved), or
+// OpenAI's `{ type: "input_audio", input_audio: { data: base64, format } }` part.
 
 /** Every rejection of this API: `code` says what kind of failure, `message` the details. */
 export class WGemmaError extends Error {
@@ -115,16 +129,69 @@ async function wireImage(item, imageTokens) {
   );
 }
 
-// A message for the worker: `images` becomes their count, content parts lose their images;
-// the images go to `wire` in prompt order (each message's `images`, then its image parts).
+// Interleaved samples of an AudioBuffer's channels.
+function interleaved(buffer) {
+  const { length, numberOfChannels: channels } = buffer;
+  const samples = new Float32Array(length * channels);
+  for (let c = 0; c < channels; c++) {
+    const data = buffer.getChannelData(c);
+    for (let i = 0; i < length; i++) samples[i * channels + c] = data[i];
+  }
+  return samples;
+}
+
+// One audio clip as the worker takes it (see worker.js's `engineAudio`), and what to transfer
+// with it (copies only, as for images).
+function wireAudio(clip) {
+  const out = (wire, transfer = []) => ({ wire, transfer });
+  if (typeof clip === "string") return out({ url: new URL(clip, globalThis.location?.href).href });
+  if (clip instanceof Blob) return out({ blob: clip });
+  if (clip instanceof ArrayBuffer) return out({ bytes: new Uint8Array(clip) });
+  if (ArrayBuffer.isView(clip) && !(clip instanceof Float32Array)) {
+    const bytes = copyOf(clip);
+    return out({ bytes }, [bytes.buffer]);
+  }
+  if (typeof AudioBuffer !== "undefined" && clip instanceof AudioBuffer) {
+    const samples = interleaved(clip);
+    return out({ samples, sampleRate: clip.sampleRate, channels: clip.numberOfChannels }, [samples.buffer]);
+  }
+  if (clip?.samples instanceof Float32Array) {
+    const samples = clip.samples.slice();
+    return out({ samples, sampleRate: clip.sampleRate, channels: clip.channels ?? 1 }, [samples.buffer]);
+  }
+  // OpenAI's `input_audio` payload: base64 file bytes.
+  if (typeof clip?.data === "string") {
+    let text;
+    try {
+      text = atob(clip.data);
+    } catch {
+      throw badRequest("an `input_audio` clip's `data` is not base64");
+    }
+    const bytes = Uint8Array.from(text, (c) => c.charCodeAt(0));
+    return out({ bytes }, [bytes.buffer]);
+  }
+  throw badRequest(
+    "an audio clip must be a File, Blob, ArrayBuffer, Uint8Array, URL string, AudioBuffer or { samples, sampleRate, channels }",
+  );
+}
+
+// A message for the worker: `images` and `audio` become their counts, content parts lose their
+// images and clips; these go to `wire.images` and `wire.audio` in prompt order (each message's
+// `images` or `audio`, then its parts of that kind).
 async function wireMessage(m, imageTokens, wire) {
-  // A message of images alone needs no text.
-  const out = { role: m?.role, content: m?.content ?? (m?.images?.length ? "" : undefined) };
-  const add = async (image, tokens = imageTokens) => wire.push(await wireImage(image, tokens));
+  // A message of images or clips alone needs no text.
+  const media = (m?.images?.length ?? 0) + (m?.audio?.length ?? 0);
+  const out = { role: m?.role, content: m?.content ?? (media ? "" : undefined) };
+  const add = async (image, tokens = imageTokens) => wire.images.push(await wireImage(image, tokens));
   if (m?.images != null) {
     if (!Array.isArray(m.images)) throw badRequest("a message's `images` must be an array");
     for (const image of m.images) await add(image);
     if (m.images.length) out.images = m.images.length;
+  }
+  if (m?.audio != null) {
+    if (!Array.isArray(m.audio)) throw badRequest("a message's `audio` must be an array");
+    for (const clip of m.audio) wire.audio.push(wireAudio(clip));
+    if (m.audio.length) out.audio = m.audio.length;
   }
   if (Array.isArray(m?.content)) {
     out.content = [];
@@ -136,6 +203,9 @@ async function wireMessage(m, imageTokens, wire) {
         const image = part.type === "image" ? part.image ?? part.url : part.image_url?.url ?? part.image_url;
         await add(image, part.imageTokens ?? imageTokens);
         out.content.push({ type: "image" });
+      } else if (part?.type === "audio" || part?.type === "input_audio") {
+        wire.audio.push(wireAudio(part.type === "audio" ? part.audio ?? part.url : part.input_audio));
+        out.content.push({ type: "audio" });
       } else {
         out.content.push(part);
       }
@@ -144,24 +214,33 @@ async function wireMessage(m, imageTokens, wire) {
   return out;
 }
 
-// The worker's request object for generate()'s arguments, the images beside it, and what to
-// transfer.
-async function toRequest(messages, { raw, images, imageTokens, ...rest }) {
-  const wire = [];
+// The worker's request object for generate()'s arguments, the images and clips beside it, and
+// what to transfer.
+async function toRequest(messages, { raw, images, audio, imageTokens, ...rest }) {
+  const wire = { images: [], audio: [] };
   let request;
   if (typeof messages === "string" && raw) {
-    // A raw prompt holds its image placeholders (`<|image|>`) itself.
-    for (const image of images ?? []) wire.push(await wireImage(image, imageTokens));
+    // A raw prompt holds its placeholders (`<|image|>`, `<|audio|>`) itself.
+    for (const image of images ?? []) wire.images.push(await wireImage(image, imageTokens));
+    for (const clip of audio ?? []) wire.audio.push(wireAudio(clip));
     request = { ...rest, prompt: messages };
   } else {
-    if (typeof messages === "string") messages = [{ role: "user", content: messages, images }];
-    else if (images != null) throw badRequest("`images` goes with a string prompt; put a message's images on it");
+    if (typeof messages === "string") messages = [{ role: "user", content: messages, images, audio }];
+    else if (images != null || audio != null) {
+      throw badRequest("`images` and `audio` go with a string prompt; put a message's own on it");
+    }
     if (!Array.isArray(messages)) throw badRequest("`messages` must be an array or a string");
     const out = [];
     for (const m of messages) out.push(await wireMessage(m, imageTokens, wire));
     request = { ...rest, messages: out };
   }
-  return { request, images: wire.map((w) => w.wire), transfer: wire.flatMap((w) => w.transfer) };
+  const all = [...wire.images, ...wire.audio];
+  return {
+    request,
+    images: wire.images.map((w) => w.wire),
+    audio: wire.audio.map((w) => w.wire),
+    transfer: all.flatMap((w) => w.transfer),
+  };
 }
 
 /** A conversation: its KV cache stays on the GPU between turns. */
@@ -185,15 +264,15 @@ export class Session {
   }
 
   /**
-   * Generates a reply. `messages` is an array of `{role, content, images?}` (content a string
-   * or a list of text and image parts) or one user turn as a string; with `{raw: true}` a
+   * Generates a reply. `messages` is an array of `{role, content, images?, audio?}` (content a
+   * string or a list of text, image and audio parts) or one user turn as a string; with `{raw: true}` a
    * string is fed as plain text, without the chat template. Yields `{type: "token", id, text}`
    * events, then `{type: "done", reason, timings}`. Leaving the loop early aborts the
    * generation.
    */
   async *generate(messages, options = {}) {
     await this.ready;
-    const { request, images, transfer } = await toRequest(messages, options);
+    const { request, images, audio, transfer } = await toRequest(messages, options);
     const queue = [];
     let wake = null;
     let finished = false;
@@ -203,7 +282,7 @@ export class Session {
     };
     this.enqueue(() =>
       this.channel.call(
-        { op: "generate", session: this.id, request, images },
+        { op: "generate", session: this.id, request, images, audio },
         ({ event }) => push({ event }),
         transfer,
       ),
@@ -239,8 +318,8 @@ export class Session {
    */
   async profile(messages, options = {}) {
     await this.ready;
-    const { request, images } = await toRequest(messages, options);
-    if (images.length) throw badRequest("profile takes prompts without images");
+    const { request, images, audio } = await toRequest(messages, options);
+    if (images.length || audio.length) throw badRequest("profile takes prompts without images or audio");
     return await this.enqueue(() => this.channel.call({ op: "profile", session: this.id, request }));
   }
 
@@ -265,8 +344,8 @@ export class WGemma {
 
   /**
    * Loads a GGUF from a URL (read with HTTP Range requests and kept in the Cache API unless
-   * `cache: false`) or from a `File`/`Blob`; `mmproj` (the same kinds) adds the vision tower
-   * of a llama.cpp projector file. `onProgress({loaded, total})` reports weight bytes (of
+   * `cache: false`) or from a `File`/`Blob`; `mmproj` (the same kinds) adds the vision and
+   * audio towers of a llama.cpp projector file. `onProgress({loaded, total})` reports weight bytes (of
    * both files) uploaded to the GPU.
    */
   static async load(source, { mmproj, onProgress, cache = true, workerUrl } = {}) {
@@ -300,6 +379,15 @@ export class WGemma {
   async encodeImage(image, { imageTokens } = {}) {
     const { wire, transfer } = await wireImage(image, imageTokens);
     return await this.channel.call({ op: "encodeImage", image: wire }, undefined, transfer);
+  }
+
+  /**
+   * One audio clip's soft tokens, what the audio tower hands the text model: `{data, rows,
+   * width, ms}` as for an image (a clip over 30 s: each chunk's tokens in turn).
+   */
+  async encodeAudio(clip) {
+    const { wire, transfer } = wireAudio(clip);
+    return await this.channel.call({ op: "encodeAudio", audio: wire }, undefined, transfer);
   }
 
   /** A new conversation; options: `{context, maxBatch}`. */

@@ -151,8 +151,8 @@ async function reader(source, cache) {
   return typeof source === "string" ? await httpReader(source, cache !== false) : blobReader(source);
 }
 
-// One image of wgemma.js's `wireImage` as the engine takes it: a file's bytes, or RGBA pixels.
-async function engineImage({ url, blob, bytes, bitmap, pixels, width, height, imageTokens }) {
+// The bytes of a URL (fetched here) or of a Blob; `what` names it in errors.
+async function bytesOf(url, blob, what) {
   if (url !== undefined) {
     let res;
     try {
@@ -161,13 +161,19 @@ async function engineImage({ url, blob, bytes, bitmap, pixels, width, height, im
       throw new SourceError(`${url}: ${e.message}`);
     }
     if (!res.ok) throw new SourceError(`${url}: HTTP ${res.status} ${res.statusText}`.trim());
-    bytes = new Uint8Array(await res.arrayBuffer());
-  } else if (blob !== undefined) {
-    try {
-      bytes = new Uint8Array(await blob.arrayBuffer());
-    } catch (e) {
-      throw new SourceError(`reading the image: ${e.message}`);
-    }
+    return new Uint8Array(await res.arrayBuffer());
+  }
+  try {
+    return new Uint8Array(await blob.arrayBuffer());
+  } catch (e) {
+    throw new SourceError(`reading the ${what}: ${e.message}`);
+  }
+}
+
+// One image of wgemma.js's `wireImage` as the engine takes it: a file's bytes, or RGBA pixels.
+async function engineImage({ url, blob, bytes, bitmap, pixels, width, height, imageTokens }) {
+  if (url !== undefined || blob !== undefined) {
+    bytes = await bytesOf(url, blob, "image");
   } else if (bitmap !== undefined) {
     ({ width, height } = bitmap);
     if (!width || !height) throw { code: "bad_image", message: "the ImageBitmap is empty or closed" };
@@ -178,6 +184,13 @@ async function engineImage({ url, blob, bytes, bitmap, pixels, width, height, im
   }
   if (bytes !== undefined) return { bytes, imageTokens };
   return { pixels: new Uint8Array(pixels.buffer, pixels.byteOffset, pixels.byteLength), width, height, imageTokens };
+}
+
+// One clip of wgemma.js's `wireAudio` as the engine takes it: a file's bytes, or PCM samples.
+async function engineAudio({ url, blob, bytes, samples, sampleRate, channels }) {
+  if (url !== undefined || blob !== undefined) return { bytes: await bytesOf(url, blob, "audio") };
+  if (bytes !== undefined) return { bytes };
+  return { samples, sampleRate, channels };
 }
 
 // A reply whose buffers move to the page instead of being copied.
@@ -235,17 +248,23 @@ const handlers = {
     const out = await model.encodeImage(await engineImage(image));
     return new Transferred(out, [out.data.buffer]);
   },
-  async generate({ session, request, images }, reply) {
+  async encodeAudio({ audio }) {
+    if (!model) throw { code: "no_model", message: "no model is loaded" };
+    const out = await model.encodeAudio(await engineAudio(audio));
+    return new Transferred(out, [out.data.buffer]);
+  },
+  async generate({ session, request, images, audio }, reply) {
     const s = sessions.get(session);
     if (!s) throw { code: "no_session", message: `no session ${session}` };
     const state = { aborted: false };
     running.set(session, state);
     try {
       const engineImages = await Promise.all((images ?? []).map(engineImage));
-      const done = s.generate(JSON.stringify(request), engineImages, (event) => reply({ event }));
+      const engineClips = await Promise.all((audio ?? []).map(engineAudio));
+      const done = s.generate(JSON.stringify(request), engineImages, engineClips, (event) => reply({ event }));
       // The engine forgets an abort that came before the generation started (a stale one
-      // must not cut the next generation short); one that came while the images were read
-      // belongs to this generation.
+      // must not cut the next generation short); one that came while the images and clips
+      // were read belongs to this generation.
       if (state.aborted) s.cancel();
       await done;
     } finally {

@@ -132,9 +132,13 @@ try {
         () => "no error",
         (e) => `${e.code}: ${e.message}`,
       );
-      const vision = m.info().vision;
+      const noAudio = await m.encodeAudio(new Uint8Array(44)).then(
+        () => "no error",
+        (e) => `${e.code}: ${e.message}`,
+      );
+      const { vision, audio } = m.info();
       m.dispose();
-      return { ids, noVision, vision };
+      return { ids, noVision, noAudio, vision, audio };
     },
     { model: env.WGEMMA_G4_MODEL, request, image: env.WGEMMA_VISION_IMAGE },
   );
@@ -147,6 +151,11 @@ try {
   check(
     "a model without a vision tower says so",
     g4.vision === null && g4.noVision.startsWith("no_vision: "),
+    JSON.stringify(g4),
+  );
+  check(
+    "a model without an audio tower says so (the clip is refused first when it cannot be read)",
+    g4.audio === null && /^(no_audio|bad_audio): /.test(g4.noAudio),
     JSON.stringify(g4),
   );
 
@@ -253,6 +262,92 @@ try {
     "the next turn takes the picture from the cache",
     same && next.encodedImages === 0 && next.cachedTokens > visionNative.rows,
     detail,
+  );
+
+  // Audio: the audio tower loads from its projector file and encodes a WAV file as natively;
+  // a chat about the clip decoded by the browser (an AudioBuffer: samples) gives the native
+  // tokens, its next turn finds the clip in the cache, and a truncated file is an error.
+  const audioNative = JSON.parse(readFileSync(env.WGEMMA_AUDIO_NATIVE, "utf8"));
+  const audio = await page.evaluate(
+    async ({ model, mmproj, clip, native }) => {
+      const { WGemma } = await import("./wgemma.js");
+      const m = await WGemma.load(model, { mmproj, cache: false });
+      const file = new File([await (await fetch(clip)).blob()], "clip.wav", { type: "audio/wav" });
+      const t0 = performance.now();
+      const { data, rows, width } = await m.encodeAudio(file);
+      const encodeMs = Math.round(performance.now() - t0);
+      let maxDiff = 0;
+      let scale = 0;
+      data.forEach((x, i) => {
+        maxDiff = Math.max(maxDiff, Math.abs(x - native.softTokens[i]));
+        scale = Math.max(scale, Math.abs(native.softTokens[i]));
+      });
+      const context = new OfflineAudioContext(1, 1, 16000);
+      const buffer = await context.decodeAudioData(await file.arrayBuffer());
+      const chat = async (s, { messages, ...options }, clip) => {
+        messages = messages.map((msg) => (msg.audio ? { ...msg, audio: Array(msg.audio).fill(clip) } : msg));
+        const ids = [];
+        let done = null;
+        for await (const ev of s.generate(messages, options)) {
+          if (ev.type === "token") ids.push(ev.id);
+          else done = ev;
+        }
+        return { ids, encodedAudio: done.timings.encodedAudio, cachedTokens: done.timings.cachedTokens };
+      };
+      const s = m.session({ context: 256 });
+      const turns = [];
+      let bad = null;
+      for (const turn of native.turns) {
+        turns.push(await chat(s, turn.request, buffer));
+        if (bad === null) {
+          const truncated = file.slice(0, 30);
+          bad = await chat(s, turn.request, truncated).then(
+            () => "no error",
+            (e) => `${e.code}: ${e.message}`,
+          );
+        }
+      }
+      const info = m.info().audio;
+      m.dispose();
+      const encoded = { ms: encodeMs, rows, width, length: data.length, maxDiff, scale };
+      return { info, encode: encoded, turns, bad, rate: buffer.sampleRate, frames: buffer.length };
+    },
+    {
+      model: env.WGEMMA_AUDIO_MODEL,
+      mmproj: env.WGEMMA_AUDIO_MMPROJ,
+      clip: env.WGEMMA_AUDIO_CLIP,
+      native: audioNative,
+    },
+  );
+  results.audio = audio;
+  console.error(`${elapsed()} audio: encode ${audio.encode.ms} ms`);
+  check("the projector's audio tower loads", audio.info?.maxSeconds > 0, JSON.stringify(audio.info));
+  // Both sides run f32 kernels on the same samples; the tolerance of the images' check.
+  check(
+    "the browser's audio soft tokens match the native ones",
+    audio.encode.rows === audioNative.rows &&
+      audio.encode.length === audioNative.softTokens.length &&
+      audio.encode.scale > 0 &&
+      audio.encode.maxDiff <= 1e-3 * audio.encode.scale,
+    `${JSON.stringify(audio.encode)} vs native ${audioNative.rows} rows`,
+  );
+  const audioTurn = (i) => {
+    const got = audio.turns[i];
+    const want = audioNative.turns[i];
+    return [
+      JSON.stringify(got.ids) === JSON.stringify(want.ids) &&
+        got.encodedAudio === want.encodedAudio &&
+        got.cachedTokens === want.cachedTokens,
+      `browser ${JSON.stringify(got)} vs native ${JSON.stringify({ ...want, request: undefined })} (decoded at ${audio.rate} Hz, ${audio.frames} frames)`,
+    ];
+  };
+  check("an audio chat (an AudioBuffer) gives the native tokens", ...audioTurn(0));
+  check("a truncated WAV is a bad_audio error", audio.bad.startsWith("bad_audio: "), audio.bad);
+  const [sameAudio, audioDetail] = audioTurn(1);
+  check(
+    "the next turn takes the clip from the cache",
+    sameAudio && audio.turns[1].encodedAudio === 0 && audio.turns[1].cachedTokens > audioNative.rows,
+    audioDetail,
   );
 
   // Every weight dtype compiles under Chromium's WGSL compiler and matches native.

@@ -3,7 +3,8 @@
 //! model must equal the native run's, a second load must come from the cache, abort and bad
 //! URLs must behave, and the demo page must stream a reply (screenshot in the output folder).
 //! Images: the tiny vision model with its projector must give the native soft tokens and, in
-//! a two-turn chat, the native tokens. `--bench-model` also times a real model there (load,
+//! a two-turn chat, the native tokens; audio likewise (a WAV file's soft tokens, a chat about
+//! the clip decoded by the browser into an `AudioBuffer`). `--bench-model` also times a real model there (load,
 //! prefill, decode).
 
 use std::path::{Path, PathBuf};
@@ -11,7 +12,7 @@ use std::process::Command;
 
 use futures::StreamExt;
 use wgemma::{
-    Event, GenerateRequest, ImageInput, LoadOptions, Model, Session, Timings,
+    AudioInput, Event, GenerateRequest, ImageInput, LoadOptions, Model, Session, Timings,
     session_options_from_json,
 };
 use wgemma_gguf::GgmlType;
@@ -81,8 +82,19 @@ fn generate(
     request: &serde_json::Value,
     images: Vec<ImageInput>,
 ) -> Result<(Vec<u32>, String, Timings), TaskError> {
+    generate_with(session, request, images, Vec::new())
+}
+
+/// [`generate`] with audio clips too.
+fn generate_with(
+    session: &mut Session,
+    request: &serde_json::Value,
+    images: Vec<ImageInput>,
+    audio: Vec<AudioInput>,
+) -> Result<(Vec<u32>, String, Timings), TaskError> {
     let mut req = GenerateRequest::from_json(request)?;
     req.images = images;
+    req.audio = audio;
     let mut events = Box::pin(session.generate(req));
     let (mut ids, mut text, mut timings) = (Vec::new(), String::new(), Timings::default());
     while let Some(event) = pollster::block_on(events.next()) {
@@ -176,6 +188,49 @@ fn native_vision(fixtures: &Path) -> Result<serde_json::Value, TaskError> {
         "rows": rows,
         "turns": turns,
     }))
+}
+
+/// The tiny Gemma 4 with an audio tower (`crates/runtime/tests/audio.rs`'s), its projector
+/// (which holds a vision tower too) and a 1.3 s clip (33 soft tokens).
+const AUDIO_MODEL: &str = "gemma4_tiny_audio.gguf";
+const AUDIO_MMPROJ: &str = "gemma4_tiny_audio_mmproj.gguf";
+const AUDIO_CLIP: &str = "a16k.wav";
+
+/// The audio chat's questions; the first message holds the clip.
+const AUDIO_TURNS: [&str; 2] = ["What do you hear?", "Is it rising?"];
+
+/// What the browser's audio checks compare with: the clip's soft tokens, and a chat of
+/// `AUDIO_TURNS` in one session about it (the browser sends it decoded, an `AudioBuffer`).
+fn native_audio(fixtures: &Path) -> Result<serde_json::Value, TaskError> {
+    let opts = LoadOptions {
+        gpu: native_gpu(),
+        mmproj: Some(fixtures.join(AUDIO_MMPROJ)),
+        ..LoadOptions::default()
+    };
+    let model = pollster::block_on(Model::load_file(fixtures.join(AUDIO_MODEL), opts))?;
+    let clip = AudioInput::from_bytes(&std::fs::read(fixtures.join(AUDIO_CLIP))?)?;
+    let (soft, rows) = pollster::block_on(model.encode_audio_to_vec(&clip))?;
+    let mut session = model.session(session_options_from_json(&session_options())?)?;
+    let mut messages = Vec::new();
+    let mut turns = Vec::new();
+    for (i, question) in AUDIO_TURNS.into_iter().enumerate() {
+        let mut message = serde_json::json!({"role": "user", "content": question});
+        if i == 0 {
+            message["audio"] = 1.into();
+        }
+        messages.push(message);
+        let request = vision_request(&messages);
+        let (ids, reply, t) =
+            generate_with(&mut session, &request, Vec::new(), vec![clip.clone()])?;
+        turns.push(serde_json::json!({
+            "request": request,
+            "ids": ids,
+            "encodedAudio": t.encoded_audio,
+            "cachedTokens": t.cached_tokens,
+        }));
+        messages.push(serde_json::json!({"role": "assistant", "content": reply}));
+    }
+    Ok(serde_json::json!({ "softTokens": soft, "rows": rows, "turns": turns }))
 }
 
 /// Installs playwright-core (the driver only; it never downloads a browser).
@@ -272,11 +327,29 @@ pub fn run(a: Args) -> Result<(), TaskError> {
                 .join(", "))
             .unwrap_or_default()
     );
+    let audio_fixtures = root.join("crates/gemma4-audio/tests/fixtures");
+    let audio = native_audio(&audio_fixtures)?;
+    let audio_path = out.join("audio-native.json");
+    std::fs::write(&audio_path, audio.to_string())?;
+    eprintln!(
+        "native audio (no f16): {} soft tokens, turns {}",
+        audio["rows"],
+        audio["turns"]
+            .as_array()
+            .map(|t| t
+                .iter()
+                .map(|t| t["ids"].to_string())
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default()
+    );
     let tests = root.join("web/tests");
     ensure_playwright(&tests)?;
     models.extend([tiny.clone(), tiny4.clone()]);
     let vision_files = [VISION_MODEL, VISION_MMPROJ, VISION_IMAGE].map(|f| fixtures.join(f));
     models.extend(vision_files.iter().cloned());
+    let audio_files = [AUDIO_MODEL, AUDIO_MMPROJ, AUDIO_CLIP].map(|f| audio_fixtures.join(f));
+    models.extend(audio_files.iter().cloned());
     models.extend(a.bench_model.iter().cloned());
     let server = Server::start(root.join("web"), models, 0)?;
     let mut node = Command::new("node");
@@ -300,6 +373,10 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         .env("WGEMMA_VISION_IMAGE", name(&vision_files[2]))
         .env("WGEMMA_VISION_IMAGE_FILE", &vision_files[2])
         .env("WGEMMA_VISION_NATIVE", &vision_path)
+        .env("WGEMMA_AUDIO_MODEL", name(&audio_files[0]))
+        .env("WGEMMA_AUDIO_MMPROJ", name(&audio_files[1]))
+        .env("WGEMMA_AUDIO_CLIP", name(&audio_files[2]))
+        .env("WGEMMA_AUDIO_NATIVE", &audio_path)
         .env("WGEMMA_DEMO_REQUEST", demo_request().to_string())
         .env(
             "WGEMMA_DEMO_EXPECTED",

@@ -34,11 +34,11 @@ pub use decode::decode;
 pub use error::AudioError;
 pub use features::{CHUNK_SAMPLES, MAX_SOFT_TOKENS_PER_CHUNK, MelChunk, features, soft_tokens};
 pub use load::AudioLoadError;
-pub use reference::AudioConfig;
 pub use mel::{HOP, N_MELS};
 pub use pcm::{
     MAX_CHANNELS, MAX_DURATION_SECS, MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, Pcm, Pcm16k, SAMPLE_RATE,
 };
+pub use reference::AudioConfig;
 pub use tensors::{AudioLayout, ClampedLinear, ConformerLayer, FeedForward, Tower, TowerTensors};
 pub use tower::{AudioTower, Encoded, TowerError};
 

@@ -55,14 +55,26 @@ impl AudioSynth {
 /// Adds a clamped linear `[inputs, outputs]` (ggml dims) with ranges around ±12.
 fn linear(r: &mut RandomTensors, name: &str, inputs: u64, outputs: u64) {
     let scale = fan_in_scale(inputs);
-    r.add(format!("{name}.weight"), &[inputs, outputs], GgmlType::F16, scale, 0.0);
+    r.add(
+        format!("{name}.weight"),
+        &[inputs, outputs],
+        GgmlType::F16,
+        scale,
+        0.0,
+    );
     for (end, sign) in [
         ("input_min", -1.0),
         ("input_max", 1.0),
         ("output_min", -1.0),
         ("output_max", 1.0),
     ] {
-        r.add(format!("{name}.{end}"), &[1], GgmlType::F32, 2.0, sign * 12.0);
+        r.add(
+            format!("{name}.{end}"),
+            &[1],
+            GgmlType::F32,
+            2.0,
+            sign * 12.0,
+        );
     }
 }
 
@@ -73,12 +85,30 @@ pub fn mmproj_bytes(s: &AudioSynth) -> Result<Vec<u8>, WriteError> {
     let [c0, c1] = s.sscp_channels.map(|c| c as u64);
     let f32t = GgmlType::F32;
     let freq = subsampled(subsampled(N_MELS)) as u64;
-    r.add("a.conv1d.0.weight".into(), &[3, 3, 1, c0], f32t, fan_in_scale(9), 0.0);
+    r.add(
+        "a.conv1d.0.weight".into(),
+        &[3, 3, 1, c0],
+        f32t,
+        fan_in_scale(9),
+        0.0,
+    );
     r.add("a.conv1d.0.norm.weight".into(), &[c0], f32t, 0.2, 1.0);
-    r.add("a.conv1d.1.weight".into(), &[3, 3, c0, c1], f32t, fan_in_scale(9 * c0), 0.0);
+    r.add(
+        "a.conv1d.1.weight".into(),
+        &[3, 3, c0, c1],
+        f32t,
+        fan_in_scale(9 * c0),
+        0.0,
+    );
     r.add("a.conv1d.1.norm.weight".into(), &[c1], f32t, 0.2, 1.0);
     let projection = fan_in_scale(freq * c1);
-    r.add("a.input_projection.weight".into(), &[freq * c1, d], GgmlType::F16, projection, 0.0);
+    r.add(
+        "a.input_projection.weight".into(),
+        &[freq * c1, d],
+        GgmlType::F16,
+        projection,
+        0.0,
+    );
     for il in 0..s.n_layer {
         let p = format!("a.blk.{il}.");
         for suffix in ["", "_1"] {
@@ -88,28 +118,61 @@ pub fn mmproj_bytes(s: &AudioSynth) -> Result<Vec<u8>, WriteError> {
             linear(&mut r, &format!("{p}ffn_up{suffix}"), d, ff);
             linear(&mut r, &format!("{p}ffn_down{suffix}"), ff, d);
         }
-        for n in ["attn_pre_norm", "attn_post_norm", "conv_norm", "norm_conv", "ln2"] {
+        for n in [
+            "attn_pre_norm",
+            "attn_post_norm",
+            "conv_norm",
+            "norm_conv",
+            "ln2",
+        ] {
             r.add(format!("{p}{n}.weight"), &[d], f32t, 0.2, 1.0);
         }
         for n in ["attn_q", "attn_k", "attn_v", "attn_out", "conv_pw2"] {
             linear(&mut r, &format!("{p}{n}"), d, d);
         }
         linear(&mut r, &format!("{p}conv_pw1"), d, 2 * d);
-        r.add(format!("{p}attn_k_rel.weight"), &[d, d], GgmlType::F16, fan_in_scale(d), 0.0);
+        r.add(
+            format!("{p}attn_k_rel.weight"),
+            &[d, d],
+            GgmlType::F16,
+            fan_in_scale(d),
+            0.0,
+        );
         r.add(format!("{p}per_dim_scale.weight"), &[dh], f32t, 0.2, 0.7);
-        r.add(format!("{p}conv_dw.weight"), &[5, d], f32t, fan_in_scale(5), 0.0);
+        r.add(
+            format!("{p}conv_dw.weight"),
+            &[5, d],
+            f32t,
+            fan_in_scale(5),
+            0.0,
+        );
     }
     let out = s.output_dims as u64;
-    r.add("a.pre_encode.out.weight".into(), &[d, out], GgmlType::F16, fan_in_scale(d), 0.0);
+    r.add(
+        "a.pre_encode.out.weight".into(),
+        &[d, out],
+        GgmlType::F16,
+        fan_in_scale(d),
+        0.0,
+    );
     r.add("a.pre_encode.out.bias".into(), &[out], f32t, 0.1, 0.0);
     let width = s.text_width as u64;
     let embed = fan_in_scale(out);
-    r.add("mm.a.input_projection.weight".into(), &[out, width], GgmlType::F16, embed, 0.0);
+    r.add(
+        "mm.a.input_projection.weight".into(),
+        &[out, width],
+        GgmlType::F16,
+        embed,
+        0.0,
+    );
     let u32v = |v: usize| Value::U32(v as u32);
     let meta: Vec<(String, Value)> = [
         ("general.architecture", Value::String("clip".into())),
         ("general.type", Value::String("mmproj".into())),
-        ("general.name", Value::String("synthetic Gemma 4 audio tower".into())),
+        (
+            "general.name",
+            Value::String("synthetic Gemma 4 audio tower".into()),
+        ),
         ("clip.has_vision_encoder", Value::Bool(false)),
         ("clip.has_audio_encoder", Value::Bool(true)),
         ("clip.audio.projector_type", Value::String("gemma4a".into())),

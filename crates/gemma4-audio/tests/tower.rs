@@ -75,9 +75,18 @@ fn the_cpu_reference_matches_transformers_at_every_stage() {
         let trace = w.forward(&cfg, &chunk.features, &chunk.mask);
         assert_eq!(trace.mask.iter().filter(|&&m| m).count(), tokens);
         let want = golden_trace(clip, trace.mask.clone());
-        compare(&format!("{clip} CPU vs transformers"), &trace, &want, &cfg, 1e-4);
+        compare(
+            &format!("{clip} CPU vs transformers"),
+            &trace,
+            &want,
+            &cfg,
+            1e-4,
+        );
     }
-    assert!(golden_chunk("b16k").mask.contains(&false), "b16k has an invalid frame");
+    assert!(
+        golden_chunk("b16k").mask.contains(&false),
+        "b16k has an invalid frame"
+    );
 }
 
 #[test]
@@ -166,7 +175,13 @@ fn the_gpu_tower_matches_transformers_at_every_stage() {
         let got = pollster::block_on(tower.trace(&chunk)).unwrap();
         let mask = cpu.forward(cfg, &chunk.features, &chunk.mask).mask;
         let want = golden_trace(clip, mask);
-        compare(&format!("{clip} vs transformers"), &got, &want, cfg, GPU_TOLERANCE);
+        compare(
+            &format!("{clip} vs transformers"),
+            &got,
+            &want,
+            cfg,
+            GPU_TOLERANCE,
+        );
         let encoded = pollster::block_on(tower.encode_to_vec(&chunk)).unwrap();
         assert_eq!(encoded, got.soft_tokens, "encode and trace agree");
     }
@@ -205,7 +220,13 @@ fn the_gpu_tower_matches_the_cpu_reference_with_padding_and_on_a_full_chunk() {
             chunk.soft_tokens,
             "the tower's tokens are the placeholders the prompt gets"
         );
-        compare(&format!("{samples} samples"), &got, &want, cfg, GPU_TOLERANCE);
+        compare(
+            &format!("{samples} samples"),
+            &got,
+            &want,
+            cfg,
+            GPU_TOLERANCE,
+        );
     }
 }
 

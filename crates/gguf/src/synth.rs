@@ -39,7 +39,8 @@ impl RandomTensors {
             ),
             _ => (GgmlType::F32, values.flat_map(f32::to_le_bytes).collect()),
         };
-        self.tensors.push((TensorSpec::new(name, dtype, dims), bytes));
+        self.tensors
+            .push((TensorSpec::new(name, dtype, dims), bytes));
     }
 }
 

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use wgemma_gguf::{GgmlType, Gguf, Value};
 use wgemma_audio::{AudioConfig, AudioLayout};
+use wgemma_gguf::{GgmlType, Gguf, Value};
 use wgemma_vision::{ClampStore, VisionConfig, VisionLayout};
 
 use crate::recommend::SamplingHints;
@@ -137,16 +137,7 @@ impl ModelInfo {
         match &self.audio {
             None => serde_json::Value::Null,
             Some(Err(e)) => serde_json::json!({ "error": e }),
-            Some(Ok(a)) => serde_json::json!({
-                "layout": format!("{:?}", a.layout),
-                "block_count": a.n_layer,
-                "embedding_length": a.hidden,
-                "feed_forward_length": a.ff,
-                "head_count": a.n_head,
-                "subsampling_channels": a.sscp_channels,
-                "output_dims": a.output_dims,
-                "projection_dim": a.text_width,
-            }),
+            Some(Ok(a)) => audio_json(a),
         }
     }
 
@@ -210,6 +201,20 @@ impl ModelInfo {
             "chat_template": self.chat_template,
         })
     }
+}
+
+/// An audio tower's shape as `wgemma info --json` prints it.
+pub(crate) fn audio_json(a: &AudioConfig) -> serde_json::Value {
+    serde_json::json!({
+        "layout": format!("{:?}", a.layout),
+        "block_count": a.n_layer,
+        "embedding_length": a.hidden,
+        "feed_forward_length": a.ff,
+        "head_count": a.n_head,
+        "subsampling_channels": a.sscp_channels,
+        "output_dims": a.output_dims,
+        "projection_dim": a.text_width,
+    })
 }
 
 /// A vision tower's shape as `wgemma info --json` prints it.

@@ -230,6 +230,7 @@ impl Timings {
             "promptTokPerS": self.prompt_tok_per_s(),
             "decodeTokPerS": self.decode_tok_per_s(),
             "encodedImages": self.encoded_images,
+            "encodedAudio": self.encoded_audio,
             "encodeMs": self.encode_ms,
         })
     }

@@ -87,7 +87,12 @@ impl Inputs<'_> {
             let i = seen[0];
             seen[0] += 1;
             return match self.images.get(i) {
-                Some(img) => Ok(Some((m, img.soft_tokens()? as usize, img.key(), Source::Image(i)))),
+                Some(img) => Ok(Some((
+                    m,
+                    img.soft_tokens()? as usize,
+                    img.key(),
+                    Source::Image(i),
+                ))),
                 None => Ok(None),
             };
         }

@@ -154,7 +154,7 @@ impl Model {
                     report(text_total + scaled(done, all, vision_bytes), total);
                 })
                 .await?;
-                model.set_tower(Tower::Vision(tower))?;
+                model.set_tower(Tower::Vision(Box::new(tower)))?;
             }
             if let Some(cfg) = audio {
                 let base = text_total + vision_bytes;
@@ -162,7 +162,7 @@ impl Model {
                     report(base + scaled(done, all, extra - vision_bytes), total);
                 })
                 .await?;
-                model.set_tower(Tower::Audio(tower))?;
+                model.set_tower(Tower::Audio(Box::new(tower)))?;
             }
         }
         Ok(model)
@@ -182,8 +182,8 @@ impl Model {
         }
         let inner = Arc::get_mut(&mut self.inner).ok_or(Error::Busy)?;
         match tower {
-            Tower::Vision(t) => inner.vision = Some(Arc::new(t)),
-            Tower::Audio(t) => inner.audio = Some(Arc::new(t)),
+            Tower::Vision(t) => inner.vision = Some(Arc::new(*t)),
+            Tower::Audio(t) => inner.audio = Some(Arc::new(*t)),
         }
         Ok(())
     }
@@ -420,8 +420,8 @@ fn scaled(done: u64, total: u64, part: u64) -> u64 {
 
 /// A tower a projector file adds.
 enum Tower {
-    Vision(VisionTower),
-    Audio(AudioTower),
+    Vision(Box<VisionTower>),
+    Audio(Box<AudioTower>),
 }
 
 /// Bytes of the vision tower's tensors in a projector file (`v.*` and `mm.input_projection`).

@@ -12,9 +12,9 @@ use wgemma_text::chat::Message;
 use wgemma_text::tokenizer::{MarkedText, StreamDecoder};
 use wgemma_text::{ForwardError, GpuSession, PrefillWatch, SamplingParams, SoftTokens};
 
+use crate::audio::AudioInput;
 use crate::clock::now_ms;
 use crate::error::Error;
-use crate::audio::AudioInput;
 use crate::image::ImageInput;
 use crate::media::{self, Inputs, Source, Span};
 use crate::model::{Adapter, Model};
@@ -333,7 +333,9 @@ impl Session {
             };
             let len: usize = encoded.iter().map(|e| e.tokens as usize).sum();
             let soft_id = markers
-                .ok_or_else(|| Error::Request("the vocabulary has no tokens for this input".into()))?
+                .ok_or_else(|| {
+                    Error::Request("the vocabulary has no tokens for this input".into())
+                })?
                 .soft;
             if tokens
                 .get(*at..at + len)
@@ -487,8 +489,8 @@ impl Run<'_> {
         };
         // Reuse the cached prefix (and the inputs in it), but always feed at least one token
         // for logits.
-        let common = media::reusable_prefix(s.gpu.tokens(), &s.media, &tokens, &spans)
-            .min(tokens.len() - 1);
+        let common =
+            media::reusable_prefix(s.gpu.tokens(), &s.media, &tokens, &spans).min(tokens.len() - 1);
         self.timings.prompt_tokens = tokens.len();
         self.timings.cached_tokens = common;
         if tokens.len() + 1 > s.gpu.capacity() {
@@ -636,7 +638,11 @@ impl Run<'_> {
 
 /// An image or a clip of a request's prompt that the cache does not hold, ready to encode.
 enum Fresh<'a> {
-    Image(Arc<wgemma_vision::VisionTower>, &'a Span, wgemma_vision::Patches),
+    Image(
+        Arc<wgemma_vision::VisionTower>,
+        &'a Span,
+        wgemma_vision::Patches,
+    ),
     Audio(&'a Span, &'a AudioInput),
 }
 

@@ -13,7 +13,10 @@ use wgemma::{
 };
 
 fn audio_dir() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../gemma4-audio/tests"))
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../gemma4-audio/tests"
+    ))
 }
 
 fn read(path: &str) -> Vec<u8> {
@@ -40,10 +43,8 @@ fn load(blob: bool) -> Option<Model> {
             &std::fs::read(&text).unwrap(),
             &std::fs::read(&mmproj).unwrap(),
         );
-        let path = std::env::temp_dir().join(format!(
-            "wgemma-audio-blob-{}.gguf",
-            std::process::id()
-        ));
+        let path =
+            std::env::temp_dir().join(format!("wgemma-audio-blob-{}.gguf", std::process::id()));
         std::fs::write(&path, bytes).unwrap();
         path
     } else {
@@ -71,8 +72,7 @@ fn numbers(v: &serde_json::Value) -> Vec<f64> {
 
 #[test]
 fn teacher_forced_audio_prompts_match_transformers_in_both_layouts() {
-    let golden: serde_json::Value =
-        serde_json::from_slice(&read("golden/audio_e2b.json")).unwrap();
+    let golden: serde_json::Value = serde_json::from_slice(&read("golden/audio_e2b.json")).unwrap();
     let tokens: Vec<u32> = numbers(&golden["prompt"])
         .iter()
         .map(|&t| t as u32)
@@ -148,13 +148,15 @@ fn chat_with_audio_keeps_earlier_clips_in_the_cache() {
     messages.push(Message::user("And this?").with_audio(1));
     audio.push(clip("a16k.flac"));
     let second = reply(&mut session, request(&messages, &audio)).unwrap();
-    assert_eq!(second.encoded_audio, 1, "the first clip comes from the cache");
+    assert_eq!(
+        second.encoded_audio, 1,
+        "the first clip comes from the cache"
+    );
     assert!(second.cached_tokens > 35);
     // An image and a clip in one message of a model whose projector holds both towers.
-    let png = std::fs::read(
-        audio_dir().join("../../gemma4-vision/tests/fixtures/exact_480x336.png"),
-    )
-    .unwrap();
+    let png =
+        std::fs::read(audio_dir().join("../../gemma4-vision/tests/fixtures/exact_480x336.png"))
+            .unwrap();
     let mut req = request(
         &[Message::user("Both?").with_images(1).with_audio(1)],
         &[clip("c44k.wav")],
@@ -167,7 +169,11 @@ fn chat_with_audio_keeps_earlier_clips_in_the_cache() {
 #[test]
 fn bad_audio_requests_are_errors_and_the_session_goes_on() {
     // Bad files are refused when the clip is made, before any request.
-    for bad in [&b"RIFF\x24\x00\x00\x00WAVEfmt "[..], b"", b"not audio at all"] {
+    for bad in [
+        &b"RIFF\x24\x00\x00\x00WAVEfmt "[..],
+        b"",
+        b"not audio at all",
+    ] {
         let e = AudioInput::from_bytes(bad).unwrap_err();
         assert_eq!(e.code(), "bad_audio", "{e}");
     }
@@ -176,7 +182,10 @@ fn bad_audio_requests_are_errors_and_the_session_goes_on() {
     let Some(model) = load(false) else { return };
     let mut session = model.session(SessionOptions::default()).unwrap();
     let one = [Message::user("Hi").with_audio(1)];
-    let count = reply(&mut session, request(&one, &[clip("a16k.wav"), clip("a16k.wav")]));
+    let count = reply(
+        &mut session,
+        request(&one, &[clip("a16k.wav"), clip("a16k.wav")]),
+    );
     assert!(matches!(count, Err(Error::Request(_))), "{count:?}");
     // A context too small for the clip's 33 tokens.
     let mut small = model

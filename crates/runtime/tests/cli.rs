@@ -337,3 +337,104 @@ fn logs_into_a_pipe_have_no_colour_codes() {
     assert!(!err.contains('\x1b'), "{err:?}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The audio fixtures of `crates/gemma4-audio/tests` (tiny model, projector, clips).
+fn audio_fixture(name: &str) -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../gemma4-audio/tests");
+    dir.join(name).display().to_string()
+}
+
+#[test]
+fn audio_on_the_command_line_encodes_scores_and_runs() {
+    let (model, mmproj) = (
+        audio_fixture("fixtures/gemma4_tiny_audio.gguf"),
+        audio_fixture("fixtures/gemma4_tiny_audio_mmproj.gguf"),
+    );
+    let clip = audio_fixture("fixtures/a16k.wav");
+    let dir = scratch_dir("audio");
+    let npy = dir.join("soft.npy").display().to_string();
+    let base = ["--model", &model, "--mmproj", &mmproj];
+    let encode = wgemma(
+        &[&["encode"], &base[..], &["--audio", &clip, "--out", &npy]].concat(),
+        None,
+    );
+    assert!(
+        encode.status.success(),
+        "{}",
+        String::from_utf8_lossy(&encode.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&encode.stdout).trim(), "33");
+    let bytes = std::fs::read(&npy).unwrap();
+    let array = npyz::NpyFile::new(&bytes[..]).unwrap();
+    assert_eq!(array.shape(), &[33, 64]);
+
+    let golden: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(audio_fixture("golden/audio_e2b.json")).unwrap())
+            .unwrap();
+    let tokens: Vec<String> = golden["prompt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    let at = format!("{clip}@{}", golden["audio_positions"][0]);
+    let score = wgemma(
+        &[
+            &["score"],
+            &base[..],
+            &["--tokens", &tokens.join(","), "--audio", &at],
+        ]
+        .concat(),
+        None,
+    );
+    let positions = json(&score)["positions"].as_array().unwrap().len();
+    assert_eq!(positions, tokens.len());
+    // A clip at the wrong place: its placeholders are not there.
+    let misplaced = format!("{clip}@3");
+    let wrong = wgemma(
+        &[
+            &["score"],
+            &base[..],
+            &["--tokens", &tokens.join(","), "--audio", &misplaced],
+        ]
+        .concat(),
+        None,
+    );
+    assert!(!wrong.status.success());
+
+    let run = wgemma(
+        &[
+            &["run"],
+            &base[..],
+            &[
+                "--audio",
+                &clip,
+                "--greedy",
+                "--max-tokens",
+                "3",
+                "What is it?",
+            ],
+        ]
+        .concat(),
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(stderr.contains("1 audio clip encoded"), "{stderr}");
+
+    // A file that is no audio: an error naming it, no panic.
+    let bad = dir.join("bad.wav");
+    std::fs::write(&bad, b"RIFF\x10\x00\x00\x00WAVEjunk").unwrap();
+    let bad = bad.display().to_string();
+    let out = wgemma(
+        &[&["run"], &base[..], &["--audio", &bad, "Hi"]].concat(),
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("bad.wav") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

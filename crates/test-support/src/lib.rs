@@ -282,10 +282,7 @@ pub fn ollama_audio_name(name: &str) -> String {
     if let Some(n) = renamed {
         return n;
     }
-    let Some((block, rest)) = name
-        .strip_prefix("a.blk.")
-        .and_then(|r| r.split_once('.'))
-    else {
+    let Some((block, rest)) = name.strip_prefix("a.blk.").and_then(|r| r.split_once('.')) else {
         return name.to_string();
     };
     let (role, end) = rest.split_once('.').unwrap_or((rest, ""));

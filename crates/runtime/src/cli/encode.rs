@@ -9,7 +9,12 @@ pub struct Args {
     #[command(flatten)]
     model: ModelArg,
     /// The image (PNG, JPEG, WebP or GIF).
-    #[arg(long, value_name = "PATH", required_unless_present = "audio", conflicts_with = "audio")]
+    #[arg(
+        long,
+        value_name = "PATH",
+        required_unless_present = "audio",
+        conflicts_with = "audio"
+    )]
     image: Option<std::path::PathBuf>,
     /// The audio clip (WAV, FLAC, MP3 or Ogg/Vorbis); a clip over 30 s gives each 30 s
     /// chunk's tokens in turn.

@@ -52,7 +52,10 @@ pub fn run(args: Args) -> Result<(), CliError> {
     args.adapters.apply(&model, &mut session)?;
     let mut inputs = Vec::new();
     for (path, pos) in &args.images {
-        inputs.push((*pos, MediaInput::Image(read_image(path, args.image_tokens)?)));
+        inputs.push((
+            *pos,
+            MediaInput::Image(read_image(path, args.image_tokens)?),
+        ));
     }
     for (path, pos) in &args.audio {
         inputs.push((*pos, MediaInput::Audio(read_audio(path)?)));

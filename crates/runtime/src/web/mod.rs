@@ -1,8 +1,9 @@
 //! The browser binding (wasm-bindgen): what `web/worker.js` calls. The worker owns the model
 //! and its sessions; the page talks to the worker through `web/wgemma.js`, so a GPU step or a
-//! download never blocks the page. Errors reject with `{code, message}` objects. Images come
-//! as JS objects beside the JSON request (`image` module).
+//! download never blocks the page. Errors reject with `{code, message}` objects. Images and
+//! audio clips come as JS objects beside the JSON request (`image` and `audio` modules).
 
+mod audio;
 mod image;
 mod range;
 
@@ -19,6 +20,7 @@ use wgemma_text::{LoadProgress, PleRows, SessionOptions};
 use crate::clock::now_ms;
 use crate::json::session_options_from_json;
 use crate::{CancelHandle, ContextOptions, Error, GenerateRequest, LoadOptions, Model, Session};
+use audio::{audio_input, audio_inputs};
 use image::{image_input, image_inputs};
 use range::{JsRangeSource, js_message};
 
@@ -97,8 +99,8 @@ impl WasmModel {
         Ok(WasmModel { model })
     }
 
-    /// What the file holds (as `wgemma info --json`, without the tensor list), the vision
-    /// tower loaded (from either file; null without one) and the GPU it runs on.
+    /// What the file holds (as `wgemma info --json`, without the tensor list), the vision and
+    /// audio towers loaded (from either file; null without one) and the GPU it runs on.
     pub fn info(&self) -> JsValue {
         let mut v = self.model.info().to_json();
         if let Some(o) = v.as_object_mut() {
@@ -110,6 +112,12 @@ impl WasmModel {
                 v
             });
             o.insert("vision".into(), vision.unwrap_or_default());
+            let audio = self.model.audio().map(|t| {
+                let mut v = crate::info::audio_json(&t.cfg);
+                v["maxSeconds"] = serde_json::json!(wgemma_audio::MAX_DURATION_SECS);
+                v
+            });
+            o.insert("audio".into(), audio.unwrap_or_default());
             let ctx = self.model.gpu_context();
             o.insert(
                 "gpu".into(),
@@ -137,21 +145,24 @@ impl WasmModel {
         let model = self.model.clone();
         future_to_promise(async move {
             let start = now_ms();
-            let (values, rows) = model
-                .encode_image_to_vec(&image)
-                .await
-                .map_err(|e| reject(&e))?;
-            let ms = now_ms() - start;
-            let out = Object::new();
-            let set = |k: &str, v: &JsValue| Reflect::set(&out, &JsValue::from_str(k), v);
-            set("data", &Float32Array::from(&values[..]).into())?;
-            set("rows", &JsValue::from_f64(rows as f64))?;
-            set(
-                "width",
-                &JsValue::from_f64((values.len() / rows.max(1)) as f64),
-            )?;
-            set("ms", &JsValue::from_f64(ms))?;
-            Ok(out.into())
+            let encoded = model.encode_image_to_vec(&image).await;
+            soft_tokens_object(encoded, start)
+        })
+    }
+
+    /// One audio clip's soft tokens (`audio` as for `generate`), as `encodeImage` gives an
+    /// image's (a clip over 30 s: each chunk's tokens in turn).
+    #[wasm_bindgen(js_name = encodeAudio)]
+    pub fn encode_audio(&self, audio: JsValue) -> Promise {
+        let audio = match audio_input(&audio) {
+            Ok(a) => a,
+            Err(e) => return Promise::reject(&reject(&e)),
+        };
+        let model = self.model.clone();
+        future_to_promise(async move {
+            let start = now_ms();
+            let encoded = model.encode_audio_to_vec(&audio).await;
+            soft_tokens_object(encoded, start)
         })
     }
 
@@ -181,18 +192,24 @@ pub struct WasmSession {
 
 #[wasm_bindgen]
 impl WasmSession {
-    /// Generates for `request` (JSON, see the runtime's `json` module) with `images` (an
-    /// array of image objects, in prompt order, or null), calling `on_event(event)` for each
-    /// token and the final `done`; resolves when generation ends.
-    pub fn generate(&self, request: &str, images: JsValue, on_event: Function) -> Promise {
+    /// Generates for `request` (JSON, see the runtime's `json` module) with `images` and
+    /// `audio` (arrays of image and audio objects, each in prompt order, or null), calling
+    /// `on_event(event)` for each token and the final `done`; resolves when generation ends.
+    pub fn generate(
+        &self,
+        request: &str,
+        images: JsValue,
+        audio: JsValue,
+        on_event: Function,
+    ) -> Promise {
         let mut req = match parse_request(request) {
             Ok(r) => r,
             Err(e) => return Promise::reject(&e),
         };
-        req.images = match image_inputs(&images) {
-            Ok(i) => i,
-            Err(e) => return Promise::reject(&reject(&e)),
-        };
+        match (image_inputs(&images), audio_inputs(&audio)) {
+            (Ok(i), Ok(a)) => (req.images, req.audio) = (i, a),
+            (Err(e), _) | (_, Err(e)) => return Promise::reject(&reject(&e)),
+        }
         // An abort that came after the previous generation had finished is stale.
         self.cancel.withdraw();
         self.lend(async move |session| {
@@ -254,6 +271,25 @@ impl WasmSession {
             result
         })
     }
+}
+
+/// `{data: Float32Array, rows, width, ms}` of soft tokens read back, `ms` since `start`.
+fn soft_tokens_object(
+    encoded: Result<(Vec<f32>, usize), Error>,
+    start: f64,
+) -> Result<JsValue, JsValue> {
+    let (values, rows) = encoded.map_err(|e| reject(&e))?;
+    let ms = now_ms() - start;
+    let out = Object::new();
+    let set = |k: &str, v: &JsValue| Reflect::set(&out, &JsValue::from_str(k), v);
+    set("data", &Float32Array::from(&values[..]).into())?;
+    set("rows", &JsValue::from_f64(rows as f64))?;
+    set(
+        "width",
+        &JsValue::from_f64((values.len() / rows.max(1)) as f64),
+    )?;
+    set("ms", &JsValue::from_f64(ms))?;
+    Ok(out.into())
 }
 
 fn parse_request(request: &str) -> Result<GenerateRequest, JsValue> {
