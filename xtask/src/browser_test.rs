@@ -233,6 +233,23 @@ fn native_audio(fixtures: &Path) -> Result<serde_json::Value, TaskError> {
     Ok(serde_json::json!({ "softTokens": soft, "rows": rows, "turns": turns }))
 }
 
+/// Writes a native run's results for the browser test (`{what}-native.json`) and says what
+/// they are.
+fn write_native(out: &Path, what: &str, v: &serde_json::Value) -> Result<PathBuf, TaskError> {
+    let path = out.join(format!("{what}-native.json"));
+    std::fs::write(&path, v.to_string())?;
+    let turns: Vec<String> = v["turns"]
+        .as_array()
+        .map(|t| t.iter().map(|t| t["ids"].to_string()).collect())
+        .unwrap_or_default();
+    eprintln!(
+        "native {what} (no f16): {} soft tokens, turns {}",
+        v["rows"],
+        turns.join(", ")
+    );
+    Ok(path)
+}
+
 /// Installs playwright-core (the driver only; it never downloads a browser).
 fn ensure_playwright(tests: &Path) -> Result<(), TaskError> {
     if tests.join("node_modules/playwright-core").is_dir() {
@@ -312,37 +329,9 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         return Err("a native run stopped too early to compare anything".into());
     }
     let fixtures = root.join("crates/gemma4-vision/tests/fixtures");
-    let vision = native_vision(&fixtures)?;
-    let vision_path = out.join("vision-native.json");
-    std::fs::write(&vision_path, vision.to_string())?;
-    eprintln!(
-        "native vision (no f16): {} soft tokens, turns {}",
-        vision["rows"],
-        vision["turns"]
-            .as_array()
-            .map(|t| t
-                .iter()
-                .map(|t| t["ids"].to_string())
-                .collect::<Vec<_>>()
-                .join(", "))
-            .unwrap_or_default()
-    );
+    let vision_path = write_native(&out, "vision", &native_vision(&fixtures)?)?;
     let audio_fixtures = root.join("crates/gemma4-audio/tests/fixtures");
-    let audio = native_audio(&audio_fixtures)?;
-    let audio_path = out.join("audio-native.json");
-    std::fs::write(&audio_path, audio.to_string())?;
-    eprintln!(
-        "native audio (no f16): {} soft tokens, turns {}",
-        audio["rows"],
-        audio["turns"]
-            .as_array()
-            .map(|t| t
-                .iter()
-                .map(|t| t["ids"].to_string())
-                .collect::<Vec<_>>()
-                .join(", "))
-            .unwrap_or_default()
-    );
+    let audio_path = write_native(&out, "audio", &native_audio(&audio_fixtures)?)?;
     let tests = root.join("web/tests");
     ensure_playwright(&tests)?;
     models.extend([tiny.clone(), tiny4.clone()]);
