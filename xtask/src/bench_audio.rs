@@ -7,13 +7,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::StreamExt;
-use wgemma::{AudioInput, Event, GenerateRequest, LoadOptions, Message, Model, Prompt};
+use wgemma::{AudioInput, GenerateRequest, LoadOptions, Message, Model, Prompt};
 use wgemma_audio::{AudioConfig, AudioTower};
 use wgemma_gguf::{Gguf, MmapSource, TensorSource};
 use wgemma_kernels::{ContextOptions, GpuContext};
 
 use crate::TaskError;
+use crate::timing::{first_token_ms, median, profile_json, timed_reps};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -36,11 +36,6 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// `seconds` of a sweeping tone over a hum at 16 kHz (what it sounds like does not change the
@@ -71,20 +66,17 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     };
     let features_ms = t.elapsed().as_secs_f64() * 1e3;
     let chunk = &clip.chunks()[0];
-    let mut encode = Vec::new();
-    for _ in 0..a.reps + 1 {
-        let t = Instant::now();
+    let (first_encode_ms, encode) = timed_reps(a.reps, || {
         pollster::block_on(tower.encode_to_vec(chunk))?;
-        encode.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    let first_encode_ms = encode.remove(0);
+        Ok(())
+    })?;
     let profile = if a.profile {
         pollster::block_on(tower.profile(chunk))?
     } else {
         None
     };
     let ttft = match &a.model {
-        Some(m) => Some(first_token_ms(m, &a, &ctx, &clip)?),
+        Some(m) => Some(first_token(m, &a, &ctx, &clip)?),
         None => None,
     };
     let out = serde_json::json!({
@@ -98,7 +90,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         "encode_ms_each": encode,
         "ttft_ms": ttft.as_ref().map(|t| t.0),
         "ttft_encode_ms": ttft.as_ref().map(|t| t.1),
-        "profile": profile.map(|k| k.iter().map(|(n, c, us)| serde_json::json!([n, c, us])).collect::<Vec<_>>()),
+        "profile": profile_json(profile),
     });
     if a.json {
         println!("{out}");
@@ -110,7 +102,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
 
 /// Median time to the first token (and the encode's part of it) of a chat turn with the clip
 /// and a short question, each from an empty cache.
-fn first_token_ms(
+fn first_token(
     model: &std::path::Path,
     a: &Args,
     ctx: &Arc<GpuContext>,
@@ -126,22 +118,10 @@ fn first_token_ms(
         context: 2048,
         max_batch: 1024,
     })?;
-    let (mut ttft, mut enc) = (Vec::new(), Vec::new());
-    for _ in 0..a.reps + 1 {
-        pollster::block_on(session.reset())?;
+    first_token_ms(&mut session, a.reps, || {
         let message = Message::user("Transcribe this audio.").with_audio(1);
         let mut req = GenerateRequest::new(Prompt::Chat(vec![message]));
         req.audio = vec![clip.clone()];
-        req.max_tokens = 1;
-        let mut stream = Box::pin(session.generate(req));
-        while let Some(e) = pollster::block_on(stream.next()) {
-            if let Event::Done { timings, .. } = e? {
-                ttft.push(timings.prompt_ms);
-                enc.push(timings.encode_ms);
-            }
-        }
-    }
-    ttft.remove(0);
-    enc.remove(0);
-    Ok((median(ttft), median(enc)))
+        req
+    })
 }

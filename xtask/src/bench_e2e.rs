@@ -13,6 +13,7 @@ use wgemma_text::{
 };
 
 use crate::TaskError;
+use crate::timing::median;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -81,11 +82,6 @@ fn random_adapter(model: &GpuModel, rank: usize) -> wgemma_text::lora::LoraAdapt
         }
     }
     adapter
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 pub fn run(a: Args) -> Result<(), TaskError> {

@@ -6,14 +6,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::StreamExt;
-use wgemma::{Event, GenerateRequest, ImageInput, LoadOptions, Message, Model, Prompt};
+use wgemma::{GenerateRequest, ImageInput, LoadOptions, Message, Model, Prompt};
 use wgemma_gguf::{Gguf, MmapSource, TensorSource};
 use wgemma_kernels::{ContextOptions, GpuContext};
 use wgemma_vision::preprocess::RgbImage;
 use wgemma_vision::{VisionConfig, VisionTower, patches};
 
 use crate::TaskError;
+use crate::timing::{first_token_ms, median, profile_json, timed_reps};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -38,11 +38,6 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// A smooth synthetic picture of `w x h` (what is in it does not change the work).
@@ -77,20 +72,17 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     let t = Instant::now();
     let p = patches(&img, a.budget)?;
     let preprocess_ms = t.elapsed().as_secs_f64() * 1e3;
-    let mut encode = Vec::new();
-    for _ in 0..a.reps + 1 {
-        let t = Instant::now();
+    let (first_encode_ms, encode) = timed_reps(a.reps, || {
         pollster::block_on(tower.encode_to_vec(&p))?;
-        encode.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    let first_encode_ms = encode.remove(0);
+        Ok(())
+    })?;
     let profile = if a.profile {
         pollster::block_on(tower.profile(&p))?
     } else {
         None
     };
     let ttft = match &a.model {
-        Some(m) => Some(first_token_ms(m, &a.mmproj, &ctx, &img, &a)?),
+        Some(m) => Some(first_token(m, &a.mmproj, &ctx, &img, &a)?),
         None => None,
     };
     let out = serde_json::json!({
@@ -105,7 +97,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         "encode_ms_each": encode,
         "ttft_ms": ttft.as_ref().map(|t| t.0),
         "ttft_encode_ms": ttft.as_ref().map(|t| t.1),
-        "profile": profile.map(|k| k.iter().map(|(n, c, us)| serde_json::json!([n, c, us])).collect::<Vec<_>>()),
+        "profile": profile_json(profile),
     });
     if a.json {
         println!("{out}");
@@ -117,7 +109,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
 
 /// Median time to the first token (and the encode's part of it) of a chat turn with the image
 /// and a 20-word question, each from an empty cache.
-fn first_token_ms(
+fn first_token(
     model: &std::path::Path,
     mmproj: &std::path::Path,
     ctx: &Arc<GpuContext>,
@@ -136,22 +128,10 @@ fn first_token_ms(
     })?;
     let question = "Describe this picture in detail: what do you see, which colours and shapes, \
                     and is anything unusual there?";
-    let (mut ttft, mut enc) = (Vec::new(), Vec::new());
-    for _ in 0..a.reps + 1 {
-        pollster::block_on(session.reset())?;
+    first_token_ms(&mut session, a.reps, || {
         let mut req =
             GenerateRequest::new(Prompt::Chat(vec![Message::user(question).with_images(1)]));
         req.images = vec![ImageInput::from_rgb(img.clone()).with_budget(a.budget)];
-        req.max_tokens = 1;
-        let mut stream = Box::pin(session.generate(req));
-        while let Some(e) = pollster::block_on(stream.next()) {
-            if let Event::Done { timings, .. } = e? {
-                ttft.push(timings.prompt_ms);
-                enc.push(timings.encode_ms);
-            }
-        }
-    }
-    ttft.remove(0);
-    enc.remove(0);
-    Ok((median(ttft), median(enc)))
+        req
+    })
 }

@@ -365,6 +365,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         .env("WGEMMA_AUDIO_MODEL", name(&audio_files[0]))
         .env("WGEMMA_AUDIO_MMPROJ", name(&audio_files[1]))
         .env("WGEMMA_AUDIO_CLIP", name(&audio_files[2]))
+        .env("WGEMMA_AUDIO_CLIP_FILE", &audio_files[2])
         .env("WGEMMA_AUDIO_NATIVE", &audio_path)
         .env("WGEMMA_DEMO_REQUEST", demo_request().to_string())
         .env(

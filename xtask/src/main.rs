@@ -11,6 +11,7 @@ mod browser_test;
 mod plans;
 mod serve;
 mod synth;
+mod timing;
 mod wasm;
 
 #[derive(Parser)]

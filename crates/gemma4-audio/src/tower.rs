@@ -21,7 +21,7 @@ use wgemma_kernels::ops::{
 };
 use wgemma_kernels::store::{StoreError, WeightStore, read_f32};
 use wgemma_kernels::{
-    DType, Dispatch, GpuContext, GpuError, GpuWeight, Profiler, Recorder, Tensor, View,
+    DType, Dispatch, GpuContext, GpuError, GpuWeight, Profiler, Recorder, Steps, Tensor, View,
 };
 
 use crate::features::MelChunk;
@@ -149,7 +149,7 @@ impl AudioTower {
                 .storage("audio soft tokens", plan.buffers.soft.size),
         );
         let mut rec = Recorder::new(&self.ctx, "audio tower");
-        plan.record_into(&mut rec);
+        plan.steps.record_into(&mut rec);
         rec.copy(&plan.buffers.soft, &rows, rows.size);
         rec.submit();
         Ok(Encoded {
@@ -177,7 +177,7 @@ impl AudioTower {
             return Ok(None);
         };
         let mut rec = Recorder::profiled(&self.ctx, "audio tower", &mut profiler);
-        plan.record_into(&mut rec);
+        plan.steps.record_into(&mut rec);
         rec.submit();
         Ok(Some(profiler.read(&self.ctx).await?))
     }
@@ -188,10 +188,10 @@ impl AudioTower {
         let plan = Plan::build(self, ChunkShape::of(chunk)?, true)?;
         plan.write_input(&self.ctx, chunk);
         let mut rec = Recorder::new(&self.ctx, "audio tower");
-        plan.record_into(&mut rec);
+        plan.steps.record_into(&mut rec);
         rec.submit();
-        let mut taps = Vec::with_capacity(plan.taps.len());
-        for view in &plan.taps {
+        let mut taps = Vec::with_capacity(plan.steps.taps().len());
+        for view in plan.steps.taps() {
             taps.push(self.ctx.read_f32(view).await?);
         }
         let soft_tokens = self.ctx.read_f32(&plan.buffers.soft).await?;
@@ -353,20 +353,13 @@ impl Buffers {
     }
 }
 
-/// What a plan records: a dispatch, or a copy of a value out (traces).
-enum Step {
-    Run(Dispatch),
-    Copy { from: View, to: View },
-}
-
 /// One chunk length's dispatches, built over its buffers.
 struct Plan {
     shape: ChunkShape,
     buffers: Buffers,
-    steps: Vec<Step>,
-    /// Values copied out when traced, in order: after the subsampling, each block's output,
-    /// the output projection.
-    taps: Vec<View>,
+    /// Traced, it copies out, in order: after the subsampling, each block's output, the
+    /// output projection.
+    steps: Steps,
 }
 
 impl Plan {
@@ -378,8 +371,7 @@ impl Plan {
             cfg,
             b: &buffers,
             s: shape,
-            steps: Vec::new(),
-            taps: traced.then(Vec::new),
+            steps: Steps::new(traced),
         };
         b.subsample(&tower.w)?;
         b.tap(&buffers.x);
@@ -388,12 +380,11 @@ impl Plan {
             b.tap(&buffers.x);
         }
         b.output(&tower.w)?;
-        let (steps, taps) = (b.steps, b.taps.unwrap_or_default());
+        let steps = b.steps;
         Ok(Self {
             shape,
             buffers,
             steps,
-            taps,
         })
     }
 
@@ -412,15 +403,6 @@ impl Plan {
             .collect();
         ctx.write(&self.buffers.mask0.buffer, 0, bytemuck::cast_slice(&mask));
     }
-
-    fn record_into(&self, rec: &mut Recorder<'_>) {
-        for s in &self.steps {
-            match s {
-                Step::Run(d) => rec.run(d),
-                Step::Copy { from, to } => rec.copy(from, to, to.size),
-            }
-        }
-    }
 }
 
 /// Builds a [`Plan`]'s steps.
@@ -429,8 +411,7 @@ struct Builder<'a> {
     cfg: &'a AudioConfig,
     b: &'a Buffers,
     s: ChunkShape,
-    steps: Vec<Step>,
-    taps: Option<Vec<View>>,
+    steps: Steps,
 }
 
 /// A product's input rows (view, stride) and where its output rows go (view, stride, first
@@ -443,21 +424,12 @@ struct Rows<'v> {
 
 impl Builder<'_> {
     fn push(&mut self, d: Result<Dispatch, GpuError>) -> Result<(), TowerError> {
-        self.steps.push(Step::Run(d?));
-        Ok(())
+        Ok(self.steps.push(d)?)
     }
 
     /// Copies `view` out when traced.
     fn tap(&mut self, view: &View) {
-        let Some(taps) = self.taps.as_mut() else {
-            return;
-        };
-        let to = View::of(&self.ctx.storage("audio tap", view.size));
-        taps.push(to.clone());
-        self.steps.push(Step::Copy {
-            from: view.clone(),
-            to,
-        });
+        self.steps.tap(self.ctx, view);
     }
 
     /// `[t1, cols]` rows of `view`, `stride` apart, from column `offset`.
@@ -481,10 +453,9 @@ impl Builder<'_> {
             input: bites(l.input),
             output: bites(l.output),
         };
-        for d in ops::matmul_clamped(self.ctx, &l.w, &args, clamp)? {
-            self.steps.push(Step::Run(d));
-        }
-        Ok(())
+        Ok(self
+            .steps
+            .extend(ops::matmul_clamped(self.ctx, &l.w, &args, clamp))?)
     }
 
     /// A `[D] -> [D]`-wide linear over the residual stream's rows.

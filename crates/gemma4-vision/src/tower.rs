@@ -14,7 +14,7 @@ use wgemma_kernels::ops::{
 };
 use wgemma_kernels::store::{WeightStore, read_f32};
 use wgemma_kernels::{
-    DType, Dispatch, GpuContext, GpuError, GpuWeight, Profiler, Recorder, Tensor, View,
+    DType, Dispatch, GpuContext, GpuError, GpuWeight, Profiler, Recorder, Steps, Tensor, View,
 };
 
 use crate::config::{POSITION_AXES, ROPE_THETA, VisionConfig};
@@ -142,7 +142,7 @@ impl VisionTower {
         // Each image's soft tokens in a buffer of their own: the plan's are the next image's.
         let rows = View::of(&self.ctx.storage("soft tokens", plan.buffers.soft.size));
         let mut rec = Recorder::new(&self.ctx, "vision tower");
-        plan.record_into(&mut rec);
+        plan.steps.record_into(&mut rec);
         rec.copy(&plan.buffers.soft, &rows, rows.size);
         rec.submit();
         Ok(Encoded {
@@ -170,7 +170,7 @@ impl VisionTower {
             return Ok(None);
         };
         let mut rec = Recorder::profiled(&self.ctx, "vision tower", &mut profiler);
-        plan.record_into(&mut rec);
+        plan.steps.record_into(&mut rec);
         rec.submit();
         Ok(Some(profiler.read(&self.ctx).await?))
     }
@@ -181,10 +181,10 @@ impl VisionTower {
         let plan = Plan::build(self, p, true)?;
         plan.write_input(&self.ctx, &self.w, p);
         let mut rec = Recorder::new(&self.ctx, "vision tower");
-        plan.record_into(&mut rec);
+        plan.steps.record_into(&mut rec);
         rec.submit();
-        let mut taps = Vec::with_capacity(plan.taps.len());
-        for (_, view) in &plan.taps {
+        let mut taps = Vec::with_capacity(plan.steps.taps().len());
+        for view in plan.steps.taps() {
             taps.push(self.ctx.read_f32(view).await?);
         }
         let soft_tokens = self.ctx.read_f32(&plan.buffers.soft).await?;
@@ -237,19 +237,12 @@ impl Buffers {
     }
 }
 
-/// What a plan records: a dispatch, or a copy of a value out (traces).
-enum Step {
-    Run(Dispatch),
-    Copy { from: View, to: View },
-}
-
 /// One image's dispatches, built over its buffers.
 struct Plan {
     buffers: Buffers,
-    steps: Vec<Step>,
-    /// Values copied out when traced, in order: the patch embedding, each layer's output,
-    /// the pooled tokens.
-    taps: Vec<(&'static str, View)>,
+    /// Traced, it copies out, in order: the patch embedding, each layer's output, the pooled
+    /// tokens.
+    steps: Steps,
     tokens: u32,
     width: u32,
     rows: u32,
@@ -263,8 +256,7 @@ struct Builder<'a> {
     b: &'a Buffers,
     /// Patches.
     n: u32,
-    steps: Vec<Step>,
-    taps: Option<Vec<(&'static str, View)>>,
+    steps: Steps,
 }
 
 impl Plan {
@@ -288,19 +280,17 @@ impl Plan {
             cfg,
             b: &buffers,
             n: p.rows * p.cols,
-            steps: Vec::new(),
-            taps: traced.then(Vec::new),
+            steps: Steps::new(traced),
         };
         b.embed(&tower.w, p)?;
         for l in &tower.w.layers {
             b.layer(l)?;
-            b.tap("layer", &buffers.x)?;
+            b.tap(&buffers.x);
         }
         b.pool_and_project(&tower.w, p)?;
-        let (steps, taps) = (b.steps, b.taps.unwrap_or_default());
+        let steps = b.steps;
         Ok(Self {
             steps,
-            taps,
             tokens: p.soft_tokens(),
             width: cfg.projection_dim as u32,
             rows: p.rows,
@@ -314,21 +304,11 @@ impl Plan {
         let input = w.patch_order.input(p);
         ctx.write(&self.buffers.input.buffer, 0, bytemuck::cast_slice(&input));
     }
-
-    fn record_into(&self, rec: &mut Recorder<'_>) {
-        for s in &self.steps {
-            match s {
-                Step::Run(d) => rec.run(d),
-                Step::Copy { from, to } => rec.copy(from, to, to.size),
-            }
-        }
-    }
 }
 
 impl Builder<'_> {
     fn push(&mut self, d: Result<Dispatch, GpuError>) -> Result<(), VisionError> {
-        self.steps.push(Step::Run(d?));
-        Ok(())
+        Ok(self.steps.push(d)?)
     }
 
     /// `[n, cols]` rows `stride` apart from column `offset` of `view`.
@@ -336,18 +316,9 @@ impl Builder<'_> {
         Tensor::strided(view, DType::F32, &[self.n, cols], &[stride, 1], offset)
     }
 
-    /// Copies `view`'s first `size` bytes out when traced.
-    fn tap(&mut self, name: &'static str, view: &View) -> Result<(), VisionError> {
-        let Some(taps) = self.taps.as_mut() else {
-            return Ok(());
-        };
-        let to = View::of(&self.ctx.storage(name, view.size));
-        taps.push((name, to.clone()));
-        self.steps.push(Step::Copy {
-            from: view.clone(),
-            to,
-        });
-        Ok(())
+    /// Copies `view` out when traced.
+    fn tap(&mut self, view: &View) {
+        self.steps.tap(self.ctx, view);
     }
 
     /// `x = W input + posX[col] + posY[row]`.
@@ -367,7 +338,8 @@ impl Builder<'_> {
         for pos in [by_col, by_row] {
             self.push(ops::binary(self.ctx, Binary::Add, &x, &pos, &x))?;
         }
-        self.tap("patch_embed", &b.x)
+        self.tap(&b.x);
+        Ok(())
     }
 
     /// `out[:, offset..] = clamp(W clamp(x))`, the clamps inside the product: `x` is (view,
@@ -392,10 +364,9 @@ impl Builder<'_> {
             input: Clamp::bites(l.clamp.input),
             output: Clamp::bites(l.clamp.output),
         };
-        for d in ops::matmul_clamped(self.ctx, &l.w, &args, clamp)? {
-            self.steps.push(Step::Run(d));
-        }
-        Ok(())
+        Ok(self
+            .steps
+            .extend(ops::matmul_clamped(self.ctx, &l.w, &args, clamp))?)
     }
 
     /// RMSNorm of `t`'s rows in place, times `weight` when given.
@@ -530,7 +501,7 @@ impl Builder<'_> {
             self.push(ops::binary(self.ctx, Binary::Sub, &pooled, &bias, &pooled))?;
             self.push(ops::binary(self.ctx, Binary::Mul, &pooled, &scale, &pooled))?;
         }
-        self.tap("pooled", &b.pooled)?;
+        self.tap(&b.pooled);
         self.norm(&pooled, None)?;
         let projection = Linear {
             w: w.projection.clone(),

@@ -16,6 +16,7 @@ mod poller;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod reflect;
 mod shader;
+mod steps;
 pub mod store;
 mod tensor;
 mod weights;
@@ -25,6 +26,7 @@ pub use device_class::DeviceClass;
 pub use gpu::{Bind, BindKind, Dispatch, KernelBindings, Profiler, Recorder, View, WaitMode};
 pub use params::{KernelParams, Params};
 pub use shader::ShaderSource;
+pub use steps::Steps;
 pub use tensor::{DType, Layout4, MAX_RANK, Tensor};
 pub use weights::{GPU_DTYPES, GpuWeight, WeightTile};
 pub use wgpu;

@@ -194,21 +194,15 @@ pub fn ollama_vision_blob(text: &[u8], mmproj: &[u8]) -> Vec<u8> {
     const CLAMPS: [&str; 4] = ["input_min", "input_max", "output_min", "output_max"];
     let (tg, vg) = (Gguf::parse(text).unwrap(), Gguf::parse(mmproj).unwrap());
     let mut meta: Vec<(String, Value)> = tg.metadata.entries().to_vec();
-    for key in [
+    let keys = [
         "block_count",
         "embedding_length",
         "feed_forward_length",
         "attention.head_count",
         "patch_size",
         "attention.layer_norm_epsilon",
-    ] {
-        let value = vg
-            .metadata
-            .entries()
-            .iter()
-            .find(|(k, _)| *k == format!("clip.vision.{key}"));
-        meta.push((format!("gemma4.vision.{key}"), value.unwrap().1.clone()));
-    }
+    ];
+    copy_keys(&mut meta, &vg, ("clip.vision", "gemma4.vision"), &keys);
     meta.push(("gemma4.vision.projector.scale_factor".into(), Value::U32(3)));
     meta.push(("gemma4.vision.num_channels".into(), Value::U32(3)));
     let bytes = |g: &Gguf, all: &[u8], name: &str| tensor_bytes(g, all, name, name);
@@ -253,6 +247,24 @@ pub fn ollama_vision_blob(text: &[u8], mmproj: &[u8]) -> Vec<u8> {
     );
     tensors.push((spec, bytemuck::cast_slice(&packed).to_vec()));
     write_gguf(&meta, &tensors, 32).unwrap()
+}
+
+/// Appends `from`'s keys `{prefix}.{key}` as `{to}.{key}` (a projector's keys as an Ollama
+/// blob names them).
+fn copy_keys(
+    meta: &mut Vec<(String, wgemma_gguf::Value)>,
+    from: &wgemma_gguf::Gguf,
+    (prefix, to): (&str, &str),
+    keys: &[&str],
+) {
+    for key in keys {
+        let value = from
+            .metadata
+            .entries()
+            .iter()
+            .find(|(k, _)| *k == format!("{prefix}.{key}"));
+        meta.push((format!("{to}.{key}"), value.unwrap().1.clone()));
+    }
 }
 
 /// Tensor `name` of `g` (whose file is `all`), named `to`.
@@ -303,20 +315,14 @@ pub fn ollama_audio_blob(text: &[u8], mmproj: &[u8]) -> Vec<u8> {
     use wgemma_gguf::{Gguf, Value, write_gguf};
     let (tg, ag) = (Gguf::parse(text).unwrap(), Gguf::parse(mmproj).unwrap());
     let mut meta: Vec<(String, Value)> = tg.metadata.entries().to_vec();
-    for key in [
+    let keys = [
         "block_count",
         "embedding_length",
         "feed_forward_length",
         "attention.head_count",
         "attention.layer_norm_epsilon",
-    ] {
-        let value = ag
-            .metadata
-            .entries()
-            .iter()
-            .find(|(k, _)| *k == format!("clip.audio.{key}"));
-        meta.push((format!("gemma4.audio.{key}"), value.unwrap().1.clone()));
-    }
+    ];
+    copy_keys(&mut meta, &ag, ("clip.audio", "gemma4.audio"), &keys);
     meta.push(("gemma4.audio.conv_kernel_size".into(), Value::U32(5)));
     let mut tensors: Vec<_> = tg
         .tensors()

@@ -67,11 +67,11 @@ fn main(
         if (kp < range.y && visible(qp, kp)) {
             s = logit(qp, kp, h, kvh);
         }
+        // A block without a visible key changes nothing. No branch on it: the barriers below
+        // need control flow that WGSL's uniformity analysis can prove uniform, and a value
+        // read back from workgroup memory is not one it can.
         let block_max = wg_max(s, li);
-        if (block_max <= MASKED) {
-            continue;
-        }
-        let new_max = max(run_max, block_max);
+        let new_max = select(run_max, max(run_max, block_max), block_max > MASKED);
         let corr = exp(run_max - new_max);
         var e = 0.0;
         if (s > MASKED) {

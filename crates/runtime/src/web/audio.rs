@@ -3,20 +3,11 @@
 //! sampleRate, channels}` (PCM, channels interleaved, as `web/wgemma.js` makes it of an
 //! `AudioBuffer`: what the browser decoded or recorded).
 
-use js_sys::{Array, Float32Array, Reflect, Uint8Array};
+use js_sys::{Array, Float32Array, Uint8Array};
 use wasm_bindgen::{JsCast, JsValue};
 
+use super::{bad, field};
 use crate::{AudioInput, Error};
-
-fn bad(msg: impl Into<String>) -> Error {
-    Error::Request(msg.into())
-}
-
-fn field(v: &JsValue, key: &str) -> Option<JsValue> {
-    Reflect::get(v, &JsValue::from_str(key))
-        .ok()
-        .filter(|x| !x.is_undefined() && !x.is_null())
-}
 
 /// A positive whole number in `u32`'s range.
 fn positive(v: &JsValue, key: &str) -> Result<u32, Error> {

@@ -3,20 +3,11 @@
 //! Uint8Array, width, height}` (RGBA or RGB, row by row, as a canvas gives them), each with an
 //! optional `imageTokens` (70, 140, 280, 560 or 1120; 280 by default).
 
-use js_sys::{Array, Reflect, Uint8Array};
+use js_sys::{Array, Uint8Array};
 use wasm_bindgen::{JsCast, JsValue};
 
+use super::{bad, field};
 use crate::{Error, ImageInput};
-
-fn bad(msg: impl Into<String>) -> Error {
-    Error::Request(msg.into())
-}
-
-fn field(v: &JsValue, key: &str) -> Option<JsValue> {
-    Reflect::get(v, &JsValue::from_str(key))
-        .ok()
-        .filter(|x| !x.is_undefined() && !x.is_null())
-}
 
 /// A whole number in `u32`'s range, or `None` where the field is absent.
 fn whole(v: &JsValue, key: &str) -> Result<Option<u32>, Error> {

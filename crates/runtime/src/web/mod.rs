@@ -44,6 +44,18 @@ fn reject(e: &Error) -> JsValue {
     js_value(&e.to_json())
 }
 
+/// A request error (a JS argument of the wrong shape).
+fn bad(msg: impl Into<String>) -> Error {
+    Error::Request(msg.into())
+}
+
+/// `v[key]`, `None` where it is absent, undefined or null.
+fn field(v: &JsValue, key: &str) -> Option<JsValue> {
+    Reflect::get(v, &JsValue::from_str(key))
+        .ok()
+        .filter(|x| !x.is_undefined() && !x.is_null())
+}
+
 fn parse_json(text: &str) -> Result<serde_json::Value, Error> {
     serde_json::from_str(text).map_err(|e| Error::Request(format!("not JSON: {e}")))
 }

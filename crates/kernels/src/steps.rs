@@ -1,0 +1,76 @@
+//! Work built once over fixed buffers and recorded as often as needed (a tower's plan for one
+//! input size): dispatches and, when traced, copies of intermediate values into buffers of
+//! their own, read back after the run.
+
+use crate::context::{GpuContext, GpuError};
+use crate::gpu::{Dispatch, Recorder, View};
+
+enum Step {
+    Run(Dispatch),
+    Copy { from: View, to: View },
+}
+
+/// A plan's steps, in order.
+pub struct Steps {
+    steps: Vec<Step>,
+    /// Where traced values are copied, in order; `None` when not traced.
+    taps: Option<Vec<View>>,
+}
+
+impl Steps {
+    /// No steps yet; `traced`: [`Steps::tap`] copies values out.
+    pub fn new(traced: bool) -> Self {
+        Self {
+            steps: Vec::new(),
+            taps: traced.then(Vec::new),
+        }
+    }
+
+    /// Adds a dispatch (or passes its error on).
+    pub fn push(&mut self, d: Result<Dispatch, GpuError>) -> Result<(), GpuError> {
+        self.steps.push(Step::Run(d?));
+        Ok(())
+    }
+
+    /// Adds dispatches (or passes their error on).
+    pub fn extend(&mut self, ds: Result<Vec<Dispatch>, GpuError>) -> Result<(), GpuError> {
+        self.steps.extend(ds?.into_iter().map(Step::Run));
+        Ok(())
+    }
+
+    /// When traced, copies what `view` holds at this point into a buffer of its own.
+    pub fn tap(&mut self, ctx: &GpuContext, view: &View) {
+        let Some(taps) = self.taps.as_mut() else {
+            return;
+        };
+        let to = View::of(&ctx.storage("tap", view.size));
+        taps.push(to.clone());
+        self.steps.push(Step::Copy {
+            from: view.clone(),
+            to,
+        });
+    }
+
+    /// The buffers [`Steps::tap`] copied into, in order (empty when not traced).
+    pub fn taps(&self) -> &[View] {
+        self.taps.as_deref().unwrap_or_default()
+    }
+
+    /// Steps recorded (dispatches and copies): what a profiler needs room for.
+    pub fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
+    pub fn record_into(&self, rec: &mut Recorder<'_>) {
+        for s in &self.steps {
+            match s {
+                Step::Run(d) => rec.run(d),
+                Step::Copy { from, to } => rec.copy(from, to, to.size),
+            }
+        }
+    }
+}
