@@ -31,8 +31,14 @@ pub fn audio_input(v: &JsValue) -> Result<AudioInput, Error> {
             .dyn_into::<Float32Array>()
             .map_err(|_| bad("an audio clip's `samples` must be a Float32Array"))?;
         let rate = positive(v, "sampleRate")?;
-        let channels = positive(v, "channels")? as usize;
-        return AudioInput::from_samples(&samples.to_vec(), rate, channels);
+        let channels = positive(v, "channels")?;
+        // Refused before the samples are copied into wasm memory.
+        let most =
+            u64::from(wgemma_audio::MAX_DURATION_SECS) * u64::from(rate) * u64::from(channels);
+        if u64::from(samples.length()) > most {
+            return Err(wgemma_audio::AudioError::TooLong.into());
+        }
+        return AudioInput::from_samples(&samples.to_vec(), rate, channels as usize);
     }
     Err(bad(
         "an audio clip needs `bytes` (a file) or `samples` with a `sampleRate` and `channels`",
