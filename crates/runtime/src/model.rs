@@ -106,8 +106,8 @@ impl Model {
         let _enter = span.enter();
         let projector = match projector {
             Some((p, h)) => {
-                let towers = (VisionConfig::from_gguf(&h)?, AudioConfig::from_gguf(&h)?);
-                if towers.0.is_none() && towers.1.is_none() {
+                let towers = Towers::of(&h)?;
+                if towers.is_empty() {
                     return Err(Error::NoTower);
                 }
                 Some((p, h, towers))
@@ -118,18 +118,17 @@ impl Model {
             Some(c) => c,
             None => Arc::new(GpuContext::new(opts.gpu.clone()).await?),
         };
-        // The projector's share of the bytes to load: its tensors (the tower's own count,
-        // known only once it starts, is scaled onto this so progress never goes back).
-        let extra: u64 = projector
+        // The projector's towers load after the model file's weights (and towers).
+        let extra = projector
             .as_ref()
-            .map_or(0, |(_, h, _)| h.tensors().iter().map(|t| t.n_bytes).sum());
+            .map_or(0, |(_, h, t)| t.bytes(h).iter().sum());
         let mut progress = opts.on_progress.take();
         let mut report = |done: u64, total: u64| {
             if let Some(f) = progress.as_mut() {
                 f(LoadProgress { done, total });
             }
         };
-        let mut text_total = 0;
+        let mut model_total = 0;
         let mut model = Self::from_header(
             header,
             source,
@@ -137,32 +136,23 @@ impl Model {
             opts.rows.take(),
             opts.experts,
             &mut |p: LoadProgress| {
-                text_total = p.total;
+                model_total = p.total;
                 report(p.done, p.total + extra);
             },
         )
         .await?;
-        if let Some((projector, header, (vision, audio))) = projector {
-            // The towers' bytes as one share of the progress, vision first.
-            let vision_bytes = match &vision {
-                Some(_) => vision_tensor_bytes(&header).min(extra),
-                None => 0,
-            };
-            let total = text_total + extra;
-            if let Some(cfg) = vision {
-                let tower = load_tower(ctx.clone(), &header, &cfg, projector, |done, all| {
-                    report(text_total + scaled(done, all, vision_bytes), total);
+        if let Some((projector, header, towers)) = projector {
+            let total = model_total + extra;
+            let (vision, audio) = towers
+                .load(ctx, &header, projector, &mut |done| {
+                    report(model_total + done, total)
                 })
                 .await?;
-                model.set_tower(Tower::Vision(Box::new(tower)))?;
+            if let Some(v) = vision {
+                model.set_tower(Tower::Vision(Box::new(v)))?;
             }
-            if let Some(cfg) = audio {
-                let base = text_total + vision_bytes;
-                let tower = AudioTower::load(ctx, &header, &cfg, projector, |done, all| {
-                    report(base + scaled(done, all, extra - vision_bytes), total);
-                })
-                .await?;
-                model.set_tower(Tower::Audio(Box::new(tower)))?;
+            if let Some(a) = audio {
+                model.set_tower(Tower::Audio(Box::new(a)))?;
             }
         }
         Ok(model)
@@ -204,6 +194,11 @@ impl Model {
             experts,
             ..Default::default()
         };
+        // An Ollama blob holds its towers beside the text weights: they load after them,
+        // within the same progress.
+        let towers = Towers::of(&header)?;
+        let tower_bytes: u64 = towers.bytes(&header).iter().sum();
+        let mut text_total = 0;
         let gpu = GpuModel::load_with(
             ctx.clone(),
             &header,
@@ -211,21 +206,25 @@ impl Model {
             source,
             rows,
             placement,
-            on_progress,
+            &mut |p: LoadProgress| {
+                text_total = p.total;
+                on_progress(LoadProgress {
+                    done: p.done,
+                    total: p.total + tower_bytes,
+                });
+            },
         )
         .await?;
-        let vision = match VisionConfig::from_gguf(&header)? {
-            Some(v) => Some(Arc::new(
-                load_tower(ctx.clone(), &header, &v, source, |_, _| {}).await?,
-            )),
-            None => None,
-        };
-        let audio = match AudioConfig::from_gguf(&header)? {
-            Some(a) => Some(Arc::new(
-                AudioTower::load(ctx, &header, &a, source, |_, _| {}).await?,
-            )),
-            None => None,
-        };
+        let total = text_total + tower_bytes;
+        let (vision, audio) = towers
+            .load(ctx, &header, source, &mut |done| {
+                on_progress(LoadProgress {
+                    done: text_total + done,
+                    total,
+                })
+            })
+            .await?;
+        let (vision, audio) = (vision.map(Arc::new), audio.map(Arc::new));
         tracing::info!(
             architecture = cfg.arch.name(),
             layers = cfg.n_layer,
@@ -424,14 +423,75 @@ enum Tower {
     Audio(Box<AudioTower>),
 }
 
-/// Bytes of the vision tower's tensors in a projector file (`v.*` and `mm.input_projection`).
-fn vision_tensor_bytes(header: &Gguf) -> u64 {
-    header
-        .tensors()
-        .iter()
-        .filter(|t| t.name.starts_with("v.") || t.name.starts_with("mm.input"))
-        .map(|t| t.n_bytes)
-        .sum()
+/// The towers a file holds: a projector file's, or an Ollama blob's beside its text model.
+struct Towers {
+    vision: Option<VisionConfig>,
+    audio: Option<AudioConfig>,
+}
+
+impl Towers {
+    fn of(g: &Gguf) -> Result<Self, Error> {
+        Ok(Self {
+            vision: VisionConfig::from_gguf(g)?,
+            audio: AudioConfig::from_gguf(g)?,
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.vision.is_none() && self.audio.is_none()
+    }
+
+    /// Bytes of each tower's tensors in `g`: `[vision, audio]` (0 for a tower it lacks).
+    fn bytes(&self, g: &Gguf) -> [u64; 2] {
+        let sum = |has: bool, of: fn(&str) -> bool| -> u64 {
+            let tensors = g.tensors().iter().filter(|t| of(&t.name));
+            if has {
+                tensors.map(|t| t.n_bytes).sum()
+            } else {
+                0
+            }
+        };
+        [
+            sum(self.vision.is_some(), |n| {
+                n.starts_with("v.") || n.starts_with("mm.input_projection")
+            }),
+            sum(self.audio.is_some(), |n| {
+                n.starts_with("a.") || n.starts_with("mm.a.")
+            }),
+        ]
+    }
+
+    /// Uploads the towers from `source` (the file `g` describes), vision first, calling
+    /// `progress(done)` in bytes of [`Towers::bytes`]' sum (each tower's own count scaled
+    /// onto its share, so progress never goes back).
+    async fn load<R: RangeSource + ?Sized>(
+        self,
+        ctx: Arc<GpuContext>,
+        g: &Gguf,
+        source: &R,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<(Option<VisionTower>, Option<AudioTower>), Error> {
+        let [vision_bytes, audio_bytes] = self.bytes(g);
+        let vision = match self.vision {
+            Some(cfg) => Some(
+                load_tower(ctx.clone(), g, &cfg, source, |done, all| {
+                    progress(scaled(done, all, vision_bytes));
+                })
+                .await?,
+            ),
+            None => None,
+        };
+        let audio = match self.audio {
+            Some(cfg) => Some(
+                AudioTower::load(ctx, g, &cfg, source, |done, all| {
+                    progress(vision_bytes + scaled(done, all, audio_bytes));
+                })
+                .await?,
+            ),
+            None => None,
+        };
+        Ok((vision, audio))
+    }
 }
 
 /// The vision tower `cfg` describes (an mmproj file's, or an Ollama blob's), uploaded with

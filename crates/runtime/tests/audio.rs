@@ -34,7 +34,10 @@ fn options() -> Option<LoadOptions> {
 /// The model with its projector file (which holds a vision tower too), or the Ollama-style
 /// blob holding the text model and the audio tower, loaded from files as the CLI does.
 fn load(blob: bool) -> Option<Model> {
-    let mut opts = options()?;
+    load_with(blob, options()?)
+}
+
+fn load_with(blob: bool, mut opts: LoadOptions) -> Option<Model> {
     let fixtures = audio_dir().join("fixtures");
     let text = fixtures.join("gemma4_tiny_audio.gguf");
     let mmproj = fixtures.join("gemma4_tiny_audio_mmproj.gguf");
@@ -205,4 +208,31 @@ fn bad_audio_requests_are_errors_and_the_session_goes_on() {
     let r = reply(&mut s, request(&one, &[clip("a16k.wav")]));
     assert!(matches!(r, Err(Error::NoAudio)), "{r:?}");
     reply(&mut s, request(&[Message::user("Hi")], &[])).unwrap();
+}
+
+/// Load progress (what a bar shows) covers the towers: an Ollama blob's inside the model file,
+/// and a projector file's, each ending at its total without going back.
+#[test]
+fn load_progress_counts_the_towers() {
+    for blob in [false, true] {
+        let Some(mut opts) = options() else { return };
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        opts.on_progress = Some(Box::new(move |p: wgemma::LoadProgress| {
+            sink.lock().unwrap().push((p.done, p.total));
+        }));
+        let model = load_with(blob, opts).unwrap();
+        let seen = seen.lock().unwrap().clone();
+        let &(done, total) = seen.last().unwrap();
+        assert_eq!(done, total, "blob {blob}: progress ends at its total");
+        assert!(
+            seen.windows(2).all(|w| w[1].0 >= w[0].0 && w[1].1 == total),
+            "blob {blob}: progress never goes back: {seen:?}"
+        );
+        let text = model.gpu_bytes();
+        assert!(
+            total > text,
+            "blob {blob}: {total} bytes counted, the text model's {text}"
+        );
+    }
 }
