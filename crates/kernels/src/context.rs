@@ -32,7 +32,7 @@ pub enum GpuError {
 /// Options for [`GpuContext::new`]. Environment variables override them: `WGEMMA_BACKEND`
 /// (vulkan, metal, dx12, gl, webgpu), `WGEMMA_ADAPTER` (substring of the adapter name),
 /// `WGEMMA_NO_F16=1`, `WGEMMA_NO_SUBGROUPS=1`, `WGEMMA_NO_COOP=1` (force the fallbacks),
-/// `WGEMMA_NO_INT8_ACTIVATIONS=1` and `WGEMMA_NO_BUSY_WAIT=1`.
+/// `WGEMMA_NO_INT8_ACTIVATIONS=1`, `WGEMMA_NO_BUSY_WAIT=1` and `WGEMMA_WEBGPU_LIMITS=1`.
 #[derive(Clone, Debug)]
 pub struct ContextOptions {
     pub power_preference: wgpu::PowerPreference,
@@ -68,6 +68,10 @@ pub struct ContextOptions {
     /// one CPU core busy while tokens are generated. Never on a CPU adapter, whose threads
     /// the spinning core would take.
     pub busy_wait: bool,
+    /// Ask only for WebGPU's default limits (`WGEMMA_WEBGPU_LIMITS=1`): natively, what a
+    /// browser that offers no more than them runs (fewer storage buffers a stage, less
+    /// workgroup memory), to find where the browser differs.
+    pub webgpu_limits: bool,
 }
 
 impl Default for ContextOptions {
@@ -83,6 +87,7 @@ impl Default for ContextOptions {
             shader_checks: false,
             cpu_adapter: false,
             busy_wait: true,
+            webgpu_limits: false,
         }
     }
 }
@@ -118,6 +123,9 @@ impl ContextOptions {
             }
             if on("WGEMMA_NO_BUSY_WAIT") {
                 self.busy_wait = false;
+            }
+            if on("WGEMMA_WEBGPU_LIMITS") {
+                self.webgpu_limits = true;
             }
         }
         self
@@ -226,7 +234,11 @@ impl GpuContext {
         let subgroups = options.allow_subgroups && available.contains(wgpu::Features::SUBGROUP);
         let timestamps = available.contains(wgpu::Features::TIMESTAMP_QUERY);
         // Ask for everything the adapter offers: weight tiles and scratch are sized from these.
-        let limits = adapter.limits();
+        let limits = if options.webgpu_limits {
+            wgpu::Limits::default()
+        } else {
+            adapter.limits()
+        };
         let coop_matmul = options.allow_coop
             && limits.max_compute_workgroup_storage_size >= crate::ops::COOP_MATMUL_BYTES
             && shader_f16
