@@ -54,7 +54,8 @@
 #              tokens): our features, encode and time to first token of the clip + a short
 #              question (cargo xtask bench-audio), then llama.cpp's llama-mtmd-cli (CUDA) on the
 #              same files; $OUT/audio-bench/ and a table in $OUT/audio-bench.md
-#   audio_ours    audio_bench's side of ours alone (no llama.cpp build)
+#   audio_ours    audio_bench's side of ours alone (no llama.cpp build); audio_split the
+#              encode with and without products split over k, in one call
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
 # them: each device call gets an empty $OUT, so a table made in a later call on the same
@@ -331,6 +332,19 @@ w.writeframes(struct.pack('<%dh' % len(s), *s)); w.close()
   .dev/xtask bench-audio --mmproj "$W/models/e2b-audio-mmproj.gguf" --model "$W/models/e2b.gguf" \
     --audio "$W/models/clip-30s.wav" --reps 5 --profile --json > "$A/ours.json" 2> "$A/ours.err"
   tail -c 800 "$A/ours.json"; echo
+}
+
+# audio_ours's encode with and without products split over k (WGEMMA_NO_SPLIT_K), side by
+# side, into $OUT/audio-bench/split-{on,off}.json.
+audio_split() {
+  audio_ours
+  local A=$OUT/audio-bench
+  for mode in on off; do
+    local no=0; [ "$mode" = off ] && no=1
+    WGEMMA_NO_SPLIT_K=$no .dev/xtask bench-audio --mmproj "$W/models/e2b-audio-mmproj.gguf" \
+      --audio "$W/models/clip-30s.wav" --reps 7 --profile --json > "$A/split-$mode.json" 2>> "$A/ours.err"
+    echo "split $mode: $(tail -c 700 "$A/split-$mode.json")"
+  done
 }
 
 audio_bench() {

@@ -447,6 +447,8 @@ impl Builder<'_> {
             y_stride: r.y.1,
             out: MatvecOut::Rows { softcap: 0.0 },
             y_offset: r.y.2,
+            // Not split over k: at 750 positions the split's sums cost more than its fuller
+            // GPU saves (benches/RESULTS.md, twenty-fourth session).
             partials: None,
         };
         let clamp = ProductClamp {

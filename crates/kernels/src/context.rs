@@ -32,7 +32,8 @@ pub enum GpuError {
 /// Options for [`GpuContext::new`]. Environment variables override them: `WGEMMA_BACKEND`
 /// (vulkan, metal, dx12, gl, webgpu), `WGEMMA_ADAPTER` (substring of the adapter name),
 /// `WGEMMA_NO_F16=1`, `WGEMMA_NO_SUBGROUPS=1`, `WGEMMA_NO_COOP=1` (force the fallbacks),
-/// `WGEMMA_NO_INT8_ACTIVATIONS=1`, `WGEMMA_NO_BUSY_WAIT=1` and `WGEMMA_WEBGPU_LIMITS=1`.
+/// `WGEMMA_NO_INT8_ACTIVATIONS=1`, `WGEMMA_NO_BUSY_WAIT=1`, `WGEMMA_WEBGPU_LIMITS=1` and
+/// `WGEMMA_NO_SPLIT_K=1`.
 #[derive(Clone, Debug)]
 pub struct ContextOptions {
     pub power_preference: wgpu::PowerPreference,
@@ -72,6 +73,9 @@ pub struct ContextOptions {
     /// browser that offers no more than them runs (fewer storage buffers a stage, less
     /// workgroup memory), to find where the browser differs.
     pub webgpu_limits: bool,
+    /// Split tiled products over k where their tiles alone would leave most of the GPU idle
+    /// (`WGEMMA_NO_SPLIT_K=1` turns it off, to measure what it brings).
+    pub allow_split_k: bool,
 }
 
 impl Default for ContextOptions {
@@ -88,6 +92,7 @@ impl Default for ContextOptions {
             cpu_adapter: false,
             busy_wait: true,
             webgpu_limits: false,
+            allow_split_k: true,
         }
     }
 }
@@ -126,6 +131,9 @@ impl ContextOptions {
             }
             if on("WGEMMA_WEBGPU_LIMITS") {
                 self.webgpu_limits = true;
+            }
+            if on("WGEMMA_NO_SPLIT_K") {
+                self.allow_split_k = false;
             }
         }
         self
@@ -197,6 +205,8 @@ pub struct GpuContext {
     shader_checks: bool,
     /// [`ContextOptions::busy_wait`], on a GPU adapter.
     pub(crate) busy_wait: bool,
+    /// [`ContextOptions::allow_split_k`].
+    pub(crate) split_k: bool,
     /// Held around every submit and poll ([`GpuContext::submit`], [`GpuContext::poll`]):
     /// [`crate::poller::Maintenance`] says why.
     pub(crate) maintenance: Arc<crate::poller::Maintenance>,
@@ -333,6 +343,7 @@ impl GpuContext {
             limits,
             errors,
             lost,
+            split_k: options.allow_split_k,
             pipelines: Mutex::new(HashMap::new()),
             unused: std::sync::OnceLock::new(),
             shader_checks: options.shader_checks,

@@ -220,6 +220,9 @@ kernel_params!(
         y_stride: u32,
         out_offset: u32,
         softcap: f32,
+        /// CLAMPED: the sum's range (a clamped product's output clamp).
+        out_min: f32,
+        out_max: f32,
     }
 );
 

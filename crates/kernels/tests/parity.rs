@@ -168,6 +168,26 @@ fn clamped_products_match_cpu() {
         let ds = ops::matmul_clamped(ctx, &w, &args, clamp).unwrap();
         run(ctx, &ds.iter().collect::<Vec<_>>());
         assert_close(&format!("clamped m={m}"), &read(ctx, &yv), &want, tol);
+        // Split over k in two: the input clamp in each part, the output clamp on the sum.
+        let partials = poisoned(ctx, (2 * m as u64 * n) as usize);
+        let (yv, split) = (poisoned(ctx, (m as u64 * n) as usize), partials.clone());
+        let in_parts = MatmulArgs {
+            y: &yv,
+            partials: Some(&split),
+            ..args
+        };
+        let ds = ops::matmul_clamped_in_parts(ctx, &w, &in_parts, clamp, 2).unwrap();
+        assert!(
+            ds.len() > w.tiles.len(),
+            "a summing dispatch after the parts"
+        );
+        run(ctx, &ds.iter().collect::<Vec<_>>());
+        assert_close(
+            &format!("clamped m={m} in 2 parts"),
+            &read(ctx, &yv),
+            &want,
+            tol,
+        );
         let inverted = ops::ProductClamp {
             input: Some([1.0, -1.0]),
             output: None,

@@ -63,7 +63,9 @@ pub struct ProductClamp {
 }
 
 /// [`matmul`] with its input and output clamped, inside the product's loads and stores: the
-/// tiled kernel whatever the token count, never split over k. Plain rows only.
+/// tiled kernel whatever the token count, split over k where its tiles alone would leave most
+/// of the GPU idle and `a.partials` is given (the output clamp then applies to the parts'
+/// sum). Plain rows only.
 pub fn matmul_clamped(
     ctx: &GpuContext,
     w: &GpuWeight,
@@ -73,6 +75,22 @@ pub fn matmul_clamped(
     if clamp == ProductClamp::default() {
         return matmul(ctx, w, a);
     }
+    let parts = match a.partials {
+        Some(_) => matmul_parts(ctx, w.cols as u32, w.rows, a.m, false),
+        None => 1,
+    };
+    matmul_clamped_in_parts(ctx, w, a, clamp, parts)
+}
+
+/// [`matmul_clamped`] split over k into `parts` parts (for tests; 1: not split): the input
+/// clamp applies as each part loads its inputs, the output clamp to the sum of the parts.
+pub fn matmul_clamped_in_parts(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    a: &MatmulArgs<'_>,
+    clamp: ProductClamp,
+    parts: u32,
+) -> Result<Vec<Dispatch>, GpuError> {
     let MatvecOut::Rows { softcap } = a.out else {
         return Err(shape(format!(
             "{}: a clamped product writes plain rows, not {:?}",
@@ -87,13 +105,21 @@ pub fn matmul_clamped(
     if a.m == 0 {
         return Ok(Vec::new());
     }
+    let steps = (w.cols as u32).div_ceil(64);
+    let per = steps.div_ceil(parts.max(1)).max(1);
+    if parts > 1 && steps.div_ceil(per) != parts {
+        return Err(shape(format!(
+            "{}: {parts} parts over {steps} steps of k",
+            w.name
+        )));
+    }
     tiled_products(
         ctx,
         w,
         a,
         Tiled {
-            per: w.cols.div_ceil(64) as u32,
-            parts: 1,
+            per,
+            parts: parts.max(1),
             softcap,
             clamp,
         },
@@ -263,8 +289,11 @@ fn tiled_products(
     let tile_rows = matmul_tile_rows(ctx) as u32;
     let clamped = t.clamp != ProductClamp::default();
     let pipeline = tiled_pipeline(ctx, w.dtype, geglu, Tiles::Plain, clamped)?;
-    let [in_min, in_max] = t.clamp.input.unwrap_or([f32::NEG_INFINITY, f32::INFINITY]);
-    let [out_min, out_max] = t.clamp.output.unwrap_or([f32::NEG_INFINITY, f32::INFINITY]);
+    let open = [f32::NEG_INFINITY, f32::INFINITY];
+    let [in_min, in_max] = t.clamp.input.unwrap_or(open);
+    let [out_min, out_max] = t.clamp.output.unwrap_or(open);
+    // Split, the parts are written whole and the output clamp goes to their sum.
+    let [tile_out_min, tile_out_max] = if split { open } else { [out_min, out_max] };
     // Split, the tiles write their rows of each part plainly: [part][token][row].
     let (y, y_stride, y_offset, tile_softcap) = match partials {
         Some(v) => (v, n, 0, 0.0),
@@ -290,8 +319,8 @@ fn tiled_products(
                 x_group: 1,
                 in_min,
                 in_max,
-                out_min,
-                out_max,
+                out_min: tile_out_min,
+                out_max: tile_out_max,
                 ..MatmulParams::default()
             });
             let wv = View::of(&tile.buffer);
@@ -318,8 +347,11 @@ fn tiled_products(
             y_stride: a.y_stride,
             out_offset: a.y_offset,
             softcap,
+            out_min,
+            out_max,
         });
-        let source = ShaderSource::new("matmul_parts", &[ACTIVATIONS_WGSL, MATMUL_PARTS_WGSL]);
+        let source = ShaderSource::new("matmul_parts", &[ACTIVATIONS_WGSL, MATMUL_PARTS_WGSL])
+            .flag_if(t.clamp.output.is_some(), "CLAMPED");
         dispatches.push(ctx.dispatch(
             "matmul_parts",
             ctx.pipeline(&source),

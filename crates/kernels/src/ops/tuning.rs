@@ -75,13 +75,16 @@ impl MatmulRouting {
     };
 
     pub fn of(ctx: &GpuContext) -> Self {
-        match TuningClass::of(ctx) {
+        let routing = match TuningClass::of(ctx) {
             TuningClass::Gpu => Self::GPU,
             TuningClass::CpuAdapter => Self {
                 matvec_max_tokens: u32::MAX,
                 ..Self::GPU
             },
-        }
+        };
+        // Without the split, every tile count fills the device.
+        let fill = if ctx.split_k { routing.fill } else { 0 };
+        Self { fill, ..routing }
     }
 }
 

@@ -1,5 +1,6 @@
 // The end of a product split over k (matmul.wgsl, matmul_coop.wgsl): y[t, out_offset + c] =
-// softcap(sum over parts z of part[z * part_stride + t * n + c]), one thread per output.
+// softcap(sum over parts z of part[z * part_stride + t * n + c]), one thread per output;
+// CLAMPED: then clamped to [out_min, out_max] (a clamped product's output clamp).
 
 struct Params {
     m: u32,
@@ -9,6 +10,8 @@ struct Params {
     y_stride: u32,
     out_offset: u32,
     softcap: f32,
+    out_min: f32,
+    out_max: f32,
 }
 
 @group(0) @binding(0) var<storage, read> part: array<f32>;
@@ -25,5 +28,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     for (var z = 0u; z < p.parts; z++) {
         s += part[z * p.part_stride + i];
     }
-    y[(i / p.n) * p.y_stride + p.out_offset + i % p.n] = softcapped(s, p.softcap);
+#if CLAMPED
+    let v = clamp(softcapped(s, p.softcap), p.out_min, p.out_max);
+#else
+    let v = softcapped(s, p.softcap);
+#endif
+    y[(i / p.n) * p.y_stride + p.out_offset + i % p.n] = v;
 }
