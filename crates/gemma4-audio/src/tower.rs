@@ -21,7 +21,7 @@ use wgemma_kernels::ops::{
 };
 use wgemma_kernels::store::{StoreError, WeightStore, read_f32};
 use wgemma_kernels::{
-    DType, Dispatch, GpuContext, GpuError, GpuWeight, Profiler, Recorder, Steps, Tensor, View,
+    DType, Dispatch, GpuContext, GpuError, GpuWeight, Recorder, Steps, Tensor, View,
 };
 
 use crate::features::MelChunk;
@@ -173,13 +173,7 @@ impl AudioTower {
     ) -> Result<Option<Vec<(&'static str, usize, f64)>>, TowerError> {
         let plan = self.plan(chunk)?;
         plan.write_input(&self.ctx, chunk);
-        let Some(mut profiler) = Profiler::new(&self.ctx, plan.steps.len() as u32) else {
-            return Ok(None);
-        };
-        let mut rec = Recorder::profiled(&self.ctx, "audio tower", &mut profiler);
-        plan.steps.record_into(&mut rec);
-        rec.submit();
-        Ok(Some(profiler.read(&self.ctx).await?))
+        Ok(plan.steps.profile(&self.ctx, "audio tower").await?)
     }
 
     /// The tower's forward on one chunk with its intermediate values read back (as
@@ -187,13 +181,7 @@ impl AudioTower {
     pub async fn trace(&self, chunk: &MelChunk) -> Result<AudioTrace, TowerError> {
         let plan = Plan::build(self, ChunkShape::of(chunk)?, true)?;
         plan.write_input(&self.ctx, chunk);
-        let mut rec = Recorder::new(&self.ctx, "audio tower");
-        plan.steps.record_into(&mut rec);
-        rec.submit();
-        let mut taps = Vec::with_capacity(plan.steps.taps().len());
-        for view in plan.steps.taps() {
-            taps.push(self.ctx.read_f32(view).await?);
-        }
+        let mut taps = plan.steps.run_traced(&self.ctx, "audio tower").await?;
         let soft_tokens = self.ctx.read_f32(&plan.buffers.soft).await?;
         let output = taps.pop().unwrap_or_default();
         let mut taps = taps.into_iter();

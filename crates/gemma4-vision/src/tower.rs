@@ -14,7 +14,7 @@ use wgemma_kernels::ops::{
 };
 use wgemma_kernels::store::{WeightStore, read_f32};
 use wgemma_kernels::{
-    DType, Dispatch, GpuContext, GpuError, GpuWeight, Profiler, Recorder, Steps, Tensor, View,
+    DType, Dispatch, GpuContext, GpuError, GpuWeight, Recorder, Steps, Tensor, View,
 };
 
 use crate::config::{POSITION_AXES, ROPE_THETA, VisionConfig};
@@ -166,13 +166,7 @@ impl VisionTower {
     ) -> Result<Option<Vec<(&'static str, usize, f64)>>, VisionError> {
         let plan = self.plan(p)?;
         plan.write_input(&self.ctx, &self.w, p);
-        let Some(mut profiler) = Profiler::new(&self.ctx, plan.steps.len() as u32) else {
-            return Ok(None);
-        };
-        let mut rec = Recorder::profiled(&self.ctx, "vision tower", &mut profiler);
-        plan.steps.record_into(&mut rec);
-        rec.submit();
-        Ok(Some(profiler.read(&self.ctx).await?))
+        Ok(plan.steps.profile(&self.ctx, "vision tower").await?)
     }
 
     /// The tower's forward on one image with its intermediate values read back (as
@@ -180,13 +174,7 @@ impl VisionTower {
     pub async fn trace(&self, p: &Patches) -> Result<Trace, VisionError> {
         let plan = Plan::build(self, p, true)?;
         plan.write_input(&self.ctx, &self.w, p);
-        let mut rec = Recorder::new(&self.ctx, "vision tower");
-        plan.steps.record_into(&mut rec);
-        rec.submit();
-        let mut taps = Vec::with_capacity(plan.steps.taps().len());
-        for view in plan.steps.taps() {
-            taps.push(self.ctx.read_f32(view).await?);
-        }
+        let mut taps = plan.steps.run_traced(&self.ctx, "vision tower").await?;
         let soft_tokens = self.ctx.read_f32(&plan.buffers.soft).await?;
         let pooled = taps.pop().unwrap_or_default();
         let mut taps = taps.into_iter();

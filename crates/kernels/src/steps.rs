@@ -3,7 +3,7 @@
 //! their own, read back after the run.
 
 use crate::context::{GpuContext, GpuError};
-use crate::gpu::{Dispatch, Recorder, View};
+use crate::gpu::{Dispatch, Profiler, Recorder, View};
 
 enum Step {
     Run(Dispatch),
@@ -63,6 +63,39 @@ impl Steps {
 
     pub fn is_empty(&self) -> bool {
         self.steps.is_empty()
+    }
+
+    /// Runs the steps once (one encoder, `label`) and reads back what [`Steps::tap`] copied,
+    /// in order.
+    pub async fn run_traced(
+        &self,
+        ctx: &GpuContext,
+        label: &str,
+    ) -> Result<Vec<Vec<f32>>, GpuError> {
+        let mut rec = Recorder::new(ctx, label);
+        self.record_into(&mut rec);
+        rec.submit();
+        let mut values = Vec::with_capacity(self.taps().len());
+        for view in self.taps() {
+            values.push(ctx.read_f32(view).await?);
+        }
+        Ok(values)
+    }
+
+    /// GPU time per kernel of one run, most expensive first: (kernel, dispatches,
+    /// microseconds). `None` where the adapter has no timestamp queries.
+    pub async fn profile(
+        &self,
+        ctx: &GpuContext,
+        label: &str,
+    ) -> Result<Option<Vec<(&'static str, usize, f64)>>, GpuError> {
+        let Some(mut profiler) = Profiler::new(ctx, self.steps.len() as u32) else {
+            return Ok(None);
+        };
+        let mut rec = Recorder::profiled(ctx, label, &mut profiler);
+        self.record_into(&mut rec);
+        rec.submit();
+        Ok(Some(profiler.read(ctx).await?))
     }
 
     pub fn record_into(&self, rec: &mut Recorder<'_>) {
