@@ -13,7 +13,7 @@ use wgemma_gguf::{Gguf, MmapSource, TensorSource};
 use wgemma_kernels::{ContextOptions, GpuContext};
 
 use crate::TaskError;
-use crate::timing::{first_token_ms, median, profile_json, timed_reps};
+use crate::timing::{first_token_ms, median, print, profile_json, timed_reps};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -92,12 +92,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         "ttft_encode_ms": ttft.as_ref().map(|t| t.1),
         "profile": profile_json(profile),
     });
-    if a.json {
-        println!("{out}");
-    } else {
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    }
-    Ok(())
+    print(&out, a.json)
 }
 
 /// Median time to the first token (and the encode's part of it) of a chat turn with the clip

@@ -61,3 +61,13 @@ pub fn profile_json(profile: Option<Vec<(&'static str, usize, f64)>>) -> serde_j
             .collect()
     })
 }
+
+/// Prints a benchmark's result: one JSON line with `json`, else indented.
+pub fn print(out: &serde_json::Value, json: bool) -> Result<(), TaskError> {
+    if json {
+        println!("{out}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(out)?);
+    }
+    Ok(())
+}
