@@ -235,6 +235,16 @@ impl AudioWeights {
     }
 }
 
+/// `dh^-½ / ln 2`: what transformers scales queries by before the per-dimension scale.
+pub(crate) fn query_scale(cfg: &AudioConfig) -> f32 {
+    (cfg.head_dim() as f32).powf(-0.5) / std::f32::consts::LN_2
+}
+
+/// `ln(1 + e) / ln 2`: what transformers scales keys by.
+pub(crate) fn key_scale() -> f32 {
+    (1.0 + std::f32::consts::E).ln() / std::f32::consts::LN_2
+}
+
 /// `[sin(p ω_i), cos(p ω_i)]` over the width for the distances `p` = `context/2, …, 1, 0`
 /// (transformers' `Gemma4AudioRelPositionalEncoding`), `[positions, hidden]`.
 fn relative_sinusoids(cfg: &AudioConfig) -> Vec<f32> {
@@ -295,8 +305,7 @@ impl ConformerLayer<Vec<f32>, Vec<f32>> {
     /// agree and the padding positions (dropped from the soft tokens) may not.
     fn attention(&self, cfg: &AudioConfig, x: &[f32], positions: &[f32]) -> Vec<f32> {
         let (d, dh) = (cfg.hidden, cfg.head_dim());
-        let q_scale = (dh as f32).powf(-0.5) / std::f32::consts::LN_2;
-        let k_scale = (1.0 + std::f32::consts::E).ln() / std::f32::consts::LN_2;
+        let (q_scale, k_scale) = (query_scale(cfg), key_scale());
         let mut q = self.q.apply(x, d);
         let mut k = self.k.apply(x, d);
         let v = self.v.apply(x, d);

@@ -25,9 +25,10 @@ use wgemma_kernels::{
 };
 
 use crate::features::MelChunk;
+use crate::features::soft_tokens;
 use crate::load::AudioLoadError;
 use crate::mel::N_MELS;
-use crate::reference::{AudioConfig, AudioTrace, sinusoids, subsampled};
+use crate::reference::{AudioConfig, AudioTrace, key_scale, query_scale, sinusoids, subsampled};
 use crate::tensors::{ClampedLinear, ConformerLayer, Mappers, Tower, TowerTensors};
 
 /// Why the GPU tower could not load or encode.
@@ -64,16 +65,6 @@ pub struct Encoded {
     pub rows: View,
     pub tokens: u32,
     pub width: u32,
-}
-
-/// `dh^-½ / ln 2`: what transformers scales queries by before the per-dimension scale.
-fn query_scale(cfg: &AudioConfig) -> f32 {
-    (cfg.head_dim() as f32).powf(-0.5) / std::f32::consts::LN_2
-}
-
-/// `ln(1 + e) / ln 2`: what transformers scales keys by.
-fn key_scale() -> f32 {
-    (1.0 + std::f32::consts::E).ln() / std::f32::consts::LN_2
 }
 
 /// Keys a query sees: itself and `window - 1` before it.
@@ -216,16 +207,16 @@ fn fold_constants(
     let (d, n) = (cfg.hidden as u32, window(cfg));
     let table = sinusoids(cfg.hidden, 0..n as usize);
     let table = View::of(&ctx.storage_init("audio sinusoids", bytemuck::cast_slice(&table)));
-    let mut steps = Vec::new();
+    let mut steps = Steps::new(false);
     let scale = |v: &View, len: usize, s: f32| -> Result<Dispatch, GpuError> {
         let t = Tensor::new(v, &[len as u32])?;
         ops::unary(ctx, Activation::Scale(s), &t, &t)
     };
     let mut relative = Vec::with_capacity(w.layers.len());
     for l in &w.layers {
-        steps.push(scale(&l.ffn1.post_norm, cfg.hidden, 0.5)?);
-        steps.push(scale(&l.ffn2.post_norm, cfg.hidden, 0.5)?);
-        steps.push(scale(&l.query_scale, cfg.head_dim(), query_scale(cfg))?);
+        steps.push(scale(&l.ffn1.post_norm, cfg.hidden, 0.5))?;
+        steps.push(scale(&l.ffn2.post_norm, cfg.hidden, 0.5))?;
+        steps.push(scale(&l.query_scale, cfg.head_dim(), query_scale(cfg)))?;
         let rel = View::of(&ctx.storage("audio relative keys", u64::from(n * d) * 4));
         let args = MatmulArgs {
             x: &table,
@@ -237,14 +228,12 @@ fn fold_constants(
             y_offset: 0,
             partials: None,
         };
-        steps.extend(ops::matmul(ctx, &l.relative_k, &args)?);
-        steps.push(scale(&rel, (n * d) as usize, 1.0 / key_scale())?);
+        steps.extend(ops::matmul(ctx, &l.relative_k, &args))?;
+        steps.push(scale(&rel, (n * d) as usize, 1.0 / key_scale()))?;
         relative.push(rel);
     }
     let mut rec = Recorder::new(ctx, "audio tower constants");
-    for s in &steps {
-        rec.run(s);
-    }
+    steps.record_into(&mut rec);
     rec.submit();
     Ok(relative)
 }
@@ -276,8 +265,7 @@ impl ChunkShape {
         }
         let t0 = subsampled(frames);
         let t1 = subsampled(t0);
-        // Frame `i` of a subsampled sequence is frame `2 i` of the one before it.
-        let tokens = subsampled(subsampled(valid)).min(t1) * usize::from(valid > 0);
+        let tokens = soft_tokens(&chunk.mask);
         Ok(Self {
             frames: frames as u32,
             t0: t0 as u32,

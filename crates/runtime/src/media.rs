@@ -79,10 +79,9 @@ impl Inputs<'_> {
     fn next(
         &self,
         t: u32,
+        [image, audio]: [Option<Markers>; 2],
         seen: &mut [usize; 2],
     ) -> Result<Option<(Markers, usize, u64, Source)>, Error> {
-        let image = Self::markers("image", self.images.len(), self.image_markers)?;
-        let audio = Self::markers("audio", self.audio.len(), self.audio_markers)?;
         if let Some(m) = image.filter(|m| m.soft == t) {
             let i = seen[0];
             seen[0] += 1;
@@ -113,9 +112,13 @@ impl Inputs<'_> {
 pub(crate) fn expand(tokens: &[u32], inputs: &Inputs<'_>) -> Result<(Vec<u32>, Vec<Span>), Error> {
     let mut out = Vec::with_capacity(tokens.len());
     let mut spans = Vec::new();
+    let markers = [
+        Inputs::markers("image", inputs.images.len(), inputs.image_markers)?,
+        Inputs::markers("audio", inputs.audio.len(), inputs.audio_markers)?,
+    ];
     let mut seen = [0; 2];
     for &t in tokens {
-        match inputs.next(t, &mut seen)? {
+        match inputs.next(t, markers, &mut seen)? {
             Some((m, len, key, source)) => {
                 out.push(m.begin);
                 spans.push(Span {
