@@ -56,6 +56,10 @@
 #              same files; $OUT/audio-bench/ and a table in $OUT/audio-bench.md
 #   audio_ours    audio_bench's side of ours alone (no llama.cpp build); audio_split the
 #              encode with and without products split over k, in one call
+#   coop_sweep the tiles of the products on tensor cores (WGEMMA_COOP_TILE, TILES): parity,
+#              kernel benchmarks, E2B prefill, the vision and audio towers, one tile at a time
+#   coop_check this revision's parity tests (tiles by shape and forced), product and image
+#              attention benchmarks, E2B prefill, vision and audio towers
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
 # them: each device call gets an empty $OUT, so a table made in a later call on the same
@@ -266,9 +270,8 @@ audio_golden() {
 }
 
 # Our side of vision_bench alone, into $OUT/vision-bench/.
-vision_ours() {
-  synth e2b e2b-mmproj
-  local V=$OUT/vision-bench && mkdir -p "$V"
+# The vision benches' two images, as PNG in $W/models.
+bench_images() {
   python3 -c "
 from PIL import Image
 import numpy as np
@@ -277,6 +280,67 @@ for w, h in [(1008, 624), (1920, 1344)]:
     img = np.stack([x * 255 // w, y * 255 // h, (x ^ y) & 255], -1).astype(np.uint8)
     Image.fromarray(img).save('$W/models/img-%dx%d.png' % (w, h))
 "
+}
+# The audio benches' clip: 30 s of a sweeping tone over a hum, 16-bit mono at 16 kHz (the
+# standard library alone).
+bench_clip() {
+  python3 -c "
+import math, struct, wave
+w = wave.open('$W/models/clip-30s.wav', 'wb')
+w.setnchannels(1); w.setsampwidth(2); w.setframerate(16000)
+s = [int(9000 * math.sin(2 * math.pi * (300 + 40 * i / 16000) * i / 16000) + 3000 * math.sin(2 * math.pi * 97 * i / 16000)) for i in range(480000)]
+w.writeframes(struct.pack('<%dh' % len(s), *s)); w.close()
+"
+}
+# The tiles of the products on tensor cores (WGEMMA_COOP_TILE, each of TILES: 64, 128, or auto
+# for the choice by shape): the products' parity tests, their kernel benchmarks (prefill and
+# the towers' shapes), E2B's prefill, the vision tower at both budgets and the audio tower,
+# each tile in turn, into $OUT/sweep-TILE-*.
+coop_sweep() {
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+  synth e2b e2b-mmproj e2b-audio-mmproj
+  bench_images
+  bench_clip
+  local t
+  for t in ${TILES:-auto 64 128}; do
+    export WGEMMA_COOP_TILE=${t#auto}
+    CI=true WGEMMA_EXPECT_COOP=1 .dev/parity matmul clamped 2>&1 | grep "test result" | tee "$OUT/sweep-$t-parity.txt"
+    .dev/kernels --bench --warm-up-time 0.2 --measurement-time 0.4 'matmul512|matmul_towers' \
+      > "$OUT/sweep-$t-kernels.txt" 2>&1
+    python3 benches/summarize.py "$OUT/sweep-$t-kernels.txt" > "$OUT/sweep-$t-kernels-summary.txt"
+    .dev/xtask bench-e2e --model "$W/models/e2b.gguf" --decode 8 --reps 5 --json > "$OUT/sweep-$t-e2e.json"
+    tail -c 400 "$OUT/sweep-$t-e2e.json"; echo
+    mkdir -p "$OUT/vision-bench" && vision_runs .dev/xtask "sweep-$t"
+    .dev/xtask bench-audio --mmproj "$W/models/e2b-audio-mmproj.gguf" --model "$W/models/e2b.gguf" \
+      --audio "$W/models/clip-30s.wav" --reps 5 --profile --json > "$OUT/sweep-$t-audio.json" 2> /dev/null
+    tail -c 300 "$OUT/sweep-$t-audio.json"; echo
+  done
+  unset WGEMMA_COOP_TILE
+}
+# This revision's side after a kernel change: the parity tests with the tiles chosen by shape
+# and with each tile forced, the kernel benchmarks of the products and the image attention,
+# E2B's prefill, the vision tower at both budgets and the audio tower.
+coop_check() {
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+  synth e2b e2b-mmproj e2b-audio-mmproj
+  bench_images
+  bench_clip
+  CI=true WGEMMA_EXPECT_COOP=1 .dev/parity 2>&1 | grep "test result\|FAILED\|panicked" | tee "$OUT/check-parity.txt"
+  for t in 64 128; do
+    WGEMMA_COOP_TILE=$t CI=true WGEMMA_EXPECT_COOP=1 .dev/parity matmul clamped 2>&1 | grep "test result" | tee -a "$OUT/check-parity.txt"
+  done
+  .dev/kernels --bench --warm-up-time 0.2 --measurement-time 0.4 'attend_image|matmul512|matmul_towers' \
+    > "$OUT/check-kernels.txt" 2>&1
+  python3 benches/summarize.py "$OUT/check-kernels.txt" | tee "$OUT/check-kernels-summary.txt"
+  .dev/xtask bench-e2e --model "$W/models/e2b.gguf" --decode 8 --reps 5 --json > "$OUT/check-e2e.json"
+  mkdir -p "$OUT/vision-bench" && vision_runs .dev/xtask check
+  .dev/xtask bench-audio --mmproj "$W/models/e2b-audio-mmproj.gguf" --model "$W/models/e2b.gguf" \
+    --audio "$W/models/clip-30s.wav" --reps 5 --profile --json > "$OUT/check-audio.json" 2> /dev/null
+}
+vision_ours() {
+  synth e2b e2b-mmproj
+  local V=$OUT/vision-bench && mkdir -p "$V"
+  bench_images
   vision_runs .dev/xtask ours
   tar czf "$OUT/vision-ours.tgz" -C "$OUT" vision-bench
 }
@@ -321,14 +385,7 @@ audio_tests() {
 audio_ours() {
   synth e2b e2b-audio-mmproj
   local A=$OUT/audio-bench && mkdir -p "$A"
-  # 30 s of a sweeping tone over a hum, 16-bit mono at 16 kHz (the standard library alone).
-  python3 -c "
-import math, struct, wave
-w = wave.open('$W/models/clip-30s.wav', 'wb')
-w.setnchannels(1); w.setsampwidth(2); w.setframerate(16000)
-s = [int(9000 * math.sin(2 * math.pi * (300 + 40 * i / 16000) * i / 16000) + 3000 * math.sin(2 * math.pi * 97 * i / 16000)) for i in range(480000)]
-w.writeframes(struct.pack('<%dh' % len(s), *s)); w.close()
-"
+  bench_clip
   .dev/xtask bench-audio --mmproj "$W/models/e2b-audio-mmproj.gguf" --model "$W/models/e2b.gguf" \
     --audio "$W/models/clip-30s.wav" --reps 5 --profile --json > "$A/ours.json" 2> "$A/ours.err"
   tail -c 800 "$A/ours.json"; echo

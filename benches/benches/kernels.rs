@@ -537,32 +537,65 @@ fn matmul_tokens(c: &mut Criterion, m: u64) {
             shapes.extend([(1536, 1536), (6144, 6144), (1536, 3072), (3072, 6144)]);
         }
         for (rows, cols) in shapes {
-            let q = quantize(dtype, &random((rows * cols) as usize, 3)).unwrap();
-            let w = GpuWeight::upload(&ctx, "w", dtype, cols, rows, &q, None).unwrap();
-            let x = View::of(
-                &ctx.storage_init("x", bytemuck::cast_slice(&random((m * cols) as usize, 5))),
-            );
-            let y = View::of(&ctx.storage("y", m * rows * 4));
-            let args = MatmulArgs {
-                x: &x,
-                y: &y,
-                m: m as u32,
-                x_stride: cols as u32,
-                y_stride: rows as u32,
-                out: ops::MatvecOut::Rows { softcap: 0.0 },
-                y_offset: 0,
-                partials: None,
-            };
-            let ds = ops::matmul(&ctx, &w, &args).unwrap();
-            group.throughput(Throughput::Elements(m * rows * cols));
-            group.bench_with_input(
-                BenchmarkId::new(dtype.name(), format!("{rows}x{cols}")),
-                &ds,
-                |b, ds| b.iter_custom(|iters| time_in_one_pass(&ctx, ds, iters)),
-            );
+            bench_product(&ctx, &mut group, dtype, (rows, cols, m), dtype.name());
         }
     }
     group.finish();
+}
+
+/// The towers' products (f16 weights): the E2B vision tower's over a 273-token image's
+/// 2,457 patches and a 1,120-token one's 10,080, the audio tower's over a 30 s chunk's 750
+/// frames.
+fn matmul_towers(c: &mut Criterion) {
+    let ctx = context();
+    let mut group = c.benchmark_group("matmul_towers");
+    let shapes = [
+        ("vision", 768u64, 768u64, 2457u64),
+        ("vision", 3072, 768, 2457),
+        ("vision", 768, 3072, 2457),
+        ("vision", 768, 768, 10080),
+        ("vision", 3072, 768, 10080),
+        ("audio", 1024, 1024, 750),
+        ("audio", 4096, 1024, 750),
+        ("audio", 1024, 4096, 750),
+    ];
+    for (tower, rows, cols, m) in shapes {
+        let name = format!("{tower}/F16/m{m}");
+        bench_product(&ctx, &mut group, GgmlType::F16, (rows, cols, m), &name);
+    }
+    group.finish();
+}
+
+/// One product of a random `rows` x `cols` weight of `dtype` over `m` tokens, named
+/// `name/ROWSxCOLS`; throughput in multiply-adds, reported as elements.
+fn bench_product(
+    ctx: &GpuContext,
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    dtype: GgmlType,
+    (rows, cols, m): (u64, u64, u64),
+    name: &str,
+) {
+    let q = quantize(dtype, &random((rows * cols) as usize, 3)).unwrap();
+    let w = GpuWeight::upload(ctx, "w", dtype, cols, rows, &q, None).unwrap();
+    let x = View::of(&ctx.storage_init("x", bytemuck::cast_slice(&random((m * cols) as usize, 5))));
+    let y = View::of(&ctx.storage("y", m * rows * 4));
+    let args = MatmulArgs {
+        x: &x,
+        y: &y,
+        m: m as u32,
+        x_stride: cols as u32,
+        y_stride: rows as u32,
+        out: ops::MatvecOut::Rows { softcap: 0.0 },
+        y_offset: 0,
+        partials: None,
+    };
+    let ds = ops::matmul(ctx, &w, &args).unwrap();
+    group.throughput(Throughput::Elements(m * rows * cols));
+    group.bench_with_input(
+        BenchmarkId::new(name, format!("{rows}x{cols}")),
+        &ds,
+        |b, ds| b.iter_custom(|iters| time_in_one_pass(ctx, ds, iters)),
+    );
 }
 
 /// What one dependent dispatch costs in a pass: a tiny elementwise op on a 1536-vector (each
@@ -609,6 +642,7 @@ criterion_group!(
     residual_matvec,
     layer_tuning,
     matmul_prefill,
+    matmul_towers,
     attention
 );
 criterion_main!(benches);

@@ -32,8 +32,9 @@ pub enum GpuError {
 /// Options for [`GpuContext::new`]. Environment variables override them: `WGEMMA_BACKEND`
 /// (vulkan, metal, dx12, gl, webgpu), `WGEMMA_ADAPTER` (substring of the adapter name),
 /// `WGEMMA_NO_F16=1`, `WGEMMA_NO_SUBGROUPS=1`, `WGEMMA_NO_COOP=1` (force the fallbacks),
-/// `WGEMMA_NO_INT8_ACTIVATIONS=1`, `WGEMMA_NO_BUSY_WAIT=1`, `WGEMMA_WEBGPU_LIMITS=1` and
-/// `WGEMMA_NO_SPLIT_K=1`.
+/// `WGEMMA_NO_INT8_ACTIVATIONS=1`, `WGEMMA_NO_BUSY_WAIT=1`, `WGEMMA_WEBGPU_LIMITS=1`,
+/// `WGEMMA_NO_SPLIT_K=1` and `WGEMMA_COOP_TILE` (64 or 128: the tokens of every tiled
+/// product's tile on tensor cores).
 #[derive(Clone, Debug)]
 pub struct ContextOptions {
     pub power_preference: wgpu::PowerPreference,
@@ -76,6 +77,9 @@ pub struct ContextOptions {
     /// Split tiled products over k where their tiles alone would leave most of the GPU idle
     /// (`WGEMMA_NO_SPLIT_K=1` turns it off, to measure what it brings).
     pub allow_split_k: bool,
+    /// The tile every plain product on cooperative matrices takes (`WGEMMA_COOP_TILE`);
+    /// `None`: chosen per product by its shape.
+    pub coop_tile: Option<crate::ops::CoopTile>,
 }
 
 impl Default for ContextOptions {
@@ -93,6 +97,7 @@ impl Default for ContextOptions {
             busy_wait: true,
             webgpu_limits: false,
             allow_split_k: true,
+            coop_tile: None,
         }
     }
 }
@@ -134,6 +139,9 @@ impl ContextOptions {
             }
             if on("WGEMMA_NO_SPLIT_K") {
                 self.allow_split_k = false;
+            }
+            if let Some(t) = var("WGEMMA_COOP_TILE") {
+                self.coop_tile = crate::ops::CoopTile::from_name(&t);
             }
         }
         self
@@ -207,6 +215,8 @@ pub struct GpuContext {
     pub(crate) busy_wait: bool,
     /// [`ContextOptions::allow_split_k`].
     pub(crate) split_k: bool,
+    /// [`ContextOptions::coop_tile`].
+    pub(crate) coop_tile: Option<crate::ops::CoopTile>,
     /// Held around every submit and poll ([`GpuContext::submit`], [`GpuContext::poll`]):
     /// [`crate::poller::Maintenance`] says why.
     pub(crate) maintenance: Arc<crate::poller::Maintenance>,
@@ -344,6 +354,7 @@ impl GpuContext {
             errors,
             lost,
             split_k: options.allow_split_k,
+            coop_tile: options.coop_tile,
             pipelines: Mutex::new(HashMap::new()),
             unused: std::sync::OnceLock::new(),
             shader_checks: options.shader_checks,

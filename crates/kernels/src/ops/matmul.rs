@@ -132,6 +132,73 @@ pub(super) fn matmul_tile_rows(ctx: &GpuContext) -> u64 {
     if ctx.features.coop_matmul { 128 } else { 64 }
 }
 
+/// The tiles of a plain product on cooperative matrices (`matmul_coop.wgsl`), both 128 weight
+/// rows wide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CoopTile {
+    /// 64 tokens, eight subgroups of 32 tokens x 32 rows.
+    Tokens64,
+    /// 128 tokens, eight subgroups of 32 x 64 (`TOKENS_128`): fewer fragment loads per
+    /// product and half the weight conversions, but half the workgroups.
+    Tokens128,
+}
+
+/// The fewest workgroups (tiles times parts over k) for which [`CoopTile::Tokens128`] beats
+/// 64-token tiles. On the H200 it was faster at 120 (E2B's vision tower's 768-row products
+/// over a 273-token image), slower at 48 and 64 (the audio tower's 1024-row products over a
+/// 30 s chunk; 2048 rows over 512 tokens unsplit), level at 192 (benches/RESULTS.md).
+const TOKENS_128_MIN_WORKGROUPS: u64 = 112;
+
+impl CoopTile {
+    /// The tile named by its tokens, `64` or `128` (`WGEMMA_COOP_TILE`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "64" => Some(Self::Tokens64),
+            "128" => Some(Self::Tokens128),
+            _ => None,
+        }
+    }
+
+    /// Tokens a tile takes.
+    pub fn tokens(self) -> u32 {
+        match self {
+            Self::Tokens64 => 64,
+            Self::Tokens128 => 128,
+        }
+    }
+
+    /// The tile of a plain product of `rows` rows over `m` tokens in `parts` parts over k:
+    /// the context's where it names one, otherwise 128 tokens where those tiles are
+    /// [`TOKENS_128_MIN_WORKGROUPS`] or more; 64 where the device lacks the workgroup
+    /// memory for 128.
+    pub fn of(ctx: &GpuContext, rows: u64, m: u32, parts: u32) -> Self {
+        if ctx.limits.max_compute_workgroup_storage_size < COOP_MATMUL_128_BYTES {
+            return Self::Tokens64;
+        }
+        if let Some(t) = ctx.coop_tile {
+            return t;
+        }
+        let workgroups = rows.div_ceil(128) * u64::from(m.div_ceil(128)) * u64::from(parts);
+        if workgroups >= TOKENS_128_MIN_WORKGROUPS {
+            Self::Tokens128
+        } else {
+            Self::Tokens64
+        }
+    }
+}
+
+/// Tokens a tile of a plain product takes where the device can run them ([`CoopTile`]), for
+/// the split over k: the 128-token tile, which the split then gives workgroups enough.
+fn split_tile_tokens(ctx: &GpuContext) -> u32 {
+    if ctx.features.coop_matmul
+        && ctx.limits.max_compute_workgroup_storage_size >= COOP_MATMUL_128_BYTES
+    {
+        ctx.coop_tile.map_or(128, CoopTile::tokens)
+    } else {
+        64
+    }
+}
+
 /// Parts over k that [`matmul`] splits a tiled product of `rows` rows of `k` values over `m`
 /// tokens into: 1 where its tiles fill the device, or where the tokens go through
 /// matrix-vector products; otherwise enough parts for the routing's target of workgroups,
@@ -141,7 +208,8 @@ pub fn matmul_parts(ctx: &GpuContext, k: u32, rows: u64, m: u32, geglu: bool) ->
     if geglu || m <= r.matvec_max_tokens {
         return 1;
     }
-    let tiles = rows.div_ceil(matmul_tile_rows(ctx)) * u64::from(m.div_ceil(64));
+    let tiles =
+        rows.div_ceil(matmul_tile_rows(ctx)) * u64::from(m.div_ceil(split_tile_tokens(ctx)));
     if tiles >= r.fill {
         return 1;
     }
@@ -287,8 +355,14 @@ fn tiled_products(
         _ => None,
     };
     let tile_rows = matmul_tile_rows(ctx) as u32;
+    let tile = CoopTile::of(ctx, u64::from(n), a.m, parts);
+    let tile_tokens = if ctx.features.coop_matmul {
+        tile.tokens()
+    } else {
+        64
+    };
     let clamped = t.clamp != ProductClamp::default();
-    let pipeline = tiled_pipeline(ctx, w.dtype, geglu, Tiles::Plain, clamped)?;
+    let pipeline = tiled_pipeline(ctx, w.dtype, geglu, Tiles::Plain(tile), clamped)?;
     let open = [f32::NEG_INFINITY, f32::INFINITY];
     let [in_min, in_max] = t.clamp.input.unwrap_or(open);
     let [out_min, out_max] = t.clamp.output.unwrap_or(open);
@@ -334,7 +408,7 @@ fn tiled_products(
                     p: Bind::Params(params),
                     groups: Bind::Skip,
                 },
-                [rows.div_ceil(tile_rows), a.m.div_ceil(64), parts],
+                [rows.div_ceil(tile_rows), a.m.div_ceil(tile_tokens), parts],
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -369,8 +443,8 @@ fn tiled_products(
 /// Which tiled products a pipeline runs.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Tiles {
-    /// One weight over the tokens in order.
-    Plain,
+    /// One weight over the tokens in order, in tiles of this shape on cooperative matrices.
+    Plain(CoopTile),
     /// The grouped experts' products, 64 slots of an expert a tile.
     Experts,
     /// The same, 16 slots a tile (`SMALL_TILES`, tensor cores only).
@@ -395,7 +469,8 @@ impl Tiles {
     pub(super) fn tokens(self) -> u32 {
         match self {
             Tiles::FewSlotExperts => 16,
-            Tiles::Plain | Tiles::Experts => 64,
+            Tiles::Plain(t) => t.tokens(),
+            Tiles::Experts => 64,
         }
     }
 }
@@ -435,9 +510,13 @@ fn tiled_source(
     ];
     Ok(ShaderSource::new(name, &wgsl)
         .flag_if(coop, "COOP")
+        .flag_if(
+            coop && tiles == Tiles::Plain(CoopTile::Tokens128),
+            "TOKENS_128",
+        )
         .flag(dtype_flag(dtype)?)
         .flag_if(geglu, "GEGLU_OUT")
-        .flag_if(tiles != Tiles::Plain, "EXPERTS")
+        .flag_if(!matches!(tiles, Tiles::Plain(_)), "EXPERTS")
         .flag_if(tiles == Tiles::FewSlotExperts, "SMALL_TILES")
         .flag_if(clamped, "CLAMPED"))
 }
@@ -459,8 +538,26 @@ mod tests {
     #[test]
     fn coop_variants_validate() {
         for (dtype, geglu, tiles, clamped) in [
-            (GgmlType::F16, false, Tiles::Plain, true),
-            (GgmlType::Q4K, true, Tiles::Plain, false),
+            (GgmlType::F16, false, Tiles::Plain(CoopTile::Tokens64), true),
+            (GgmlType::Q4K, true, Tiles::Plain(CoopTile::Tokens64), false),
+            (
+                GgmlType::Q6K,
+                true,
+                Tiles::Plain(CoopTile::Tokens128),
+                false,
+            ),
+            (
+                GgmlType::F16,
+                false,
+                Tiles::Plain(CoopTile::Tokens128),
+                true,
+            ),
+            (
+                GgmlType::Bf16,
+                false,
+                Tiles::Plain(CoopTile::Tokens128),
+                false,
+            ),
             (GgmlType::Q8_0, false, Tiles::FewSlotExperts, false),
         ] {
             let source = tiled_source(true, dtype, geglu, tiles, clamped).unwrap();

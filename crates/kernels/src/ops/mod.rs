@@ -40,8 +40,10 @@ const ROUTE_WGSL: &str = include_str!("../wgsl/route.wgsl");
 /// Token counts up to this use the matrix-vector kernel on a GPU; more use the tiled matmul.
 pub const MATVEC_MAX_TOKENS: u32 = 4;
 /// Workgroup memory of `matmul_coop.wgsl`: f16 tiles of 64 tokens' inputs and 128 rows'
-/// weights (rows padded to 72 halves) and one 16 x 16 f32 stage per subgroup.
+/// weights (rows padded to 72 halves) and one 16 x 16 f32 stage per subgroup; with
+/// [`CoopTile::Wide128`], 128 tokens' inputs ([`COOP_MATMUL_128_BYTES`]).
 pub const COOP_MATMUL_BYTES: u32 = (64 + 128) * 72 * 2 + 8 * 256 * 4;
+pub const COOP_MATMUL_128_BYTES: u32 = (128 + 128) * 72 * 2 + 8 * 256 * 4;
 /// The largest head dimension the attention kernel handles.
 pub const MAX_HEAD_DIM: u32 = 512;
 /// Most query heads per KV head that batched attention takes (Gemma has 2 to 8).

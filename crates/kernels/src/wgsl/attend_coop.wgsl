@@ -1,7 +1,8 @@
 // attend_tiled.wgsl's attention on cooperative matrices (tensor cores): f16 queries, keys,
 // values and weights, f32 scores, sums and outputs. One workgroup of eight 32-lane subgroups
 // per (block of 64 queries, head); keys come in tiles of BK, each tile's keys and values
-// fetched into registers while the tile before is being used. Per tile:
+// fetched into registers while the tile before is being used (as f32: converting them as
+// they arrive would wait for the loads there). Per tile:
 //   1. subgroup s scores query rows 16 (s / 2) against the tile's key blocks s % 2, s % 2 + 2,
 //      ..., its four (or five) query fragments held since the start; scores go to `ss` (f32);
 //   2. four threads per query row mask and softcap the row's scores, update the row's running
@@ -59,20 +60,21 @@ fn at(which: u32, row: u32, head: u32, c: u32) -> f32 {
     }
 }
 
-fn row4(which: u32, row: u32, head: u32, c4: u32) -> vec4<f16> {
+fn row4(which: u32, row: u32, head: u32, c4: u32) -> vec4<f32> {
     let c = 4u * c4;
-    return vec4<f16>(vec4<f32>(
+    return vec4<f32>(
         at(which, row, head, c),
         at(which, row, head, c + 1u),
         at(which, row, head, c + 2u),
         at(which, row, head, c + 3u),
-    ));
+    );
 }
 
-// A thread's share of a tile's keys and values (zero past the `n` keys of the tile).
+// A thread's share of a tile's keys and values (zero past the `n` keys of the tile), kept as
+// loaded (converted to f16 when stored) so that nothing waits on the loads until then.
 struct TileLoad {
-    k: array<vec4<f16>, LOADS>,
-    v: array<vec4<f16>, LOADS>,
+    k: array<vec4<f32>, LOADS>,
+    v: array<vec4<f32>, LOADS>,
 }
 
 fn fetch_tile(kb: u32, n: u32, kvh: u32, li: u32) -> TileLoad {
@@ -92,8 +94,8 @@ fn store_tile(t: TileLoad, li: u32) {
     for (var i = 0u; i < LOADS; i++) {
         let e = li + 256u * i;
         if (e < TILE4) {
-            ks[e] = t.k[i];
-            vs[e] = t.v[i];
+            ks[e] = vec4<f16>(t.k[i]);
+            vs[e] = vec4<f16>(t.v[i]);
         }
     }
 }
@@ -137,7 +139,7 @@ fn main(
         let qr = e / (QP / 4u);
         var x = vec4<f16>(0.0);
         if (first + qr < p.tq) {
-            x = row4(OF_Q, first + qr, h, e % (QP / 4u));
+            x = vec4<f16>(row4(OF_Q, first + qr, h, e % (QP / 4u)));
         }
         ps[e] = x;
     }

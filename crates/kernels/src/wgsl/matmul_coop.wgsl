@@ -4,9 +4,13 @@
 // 32 (s % 4) as 2 x 2 accumulators of 16 x 16. Per step of 64 values of k, each thread
 // dequantizes one 32-value unit of one weight row and converts 16 inputs, all into workgroup
 // memory as f16; the next step's global loads are issued before this step's products, so
-// their latency hides behind the tensor work. (A 128-token tile, which dequantizes each
-// weight half as often, measured 10-60% slower on the H100: half the workgroups.) GEGLU_OUT:
-// rows are gate/up pairs and the output is their gated activation (one column per pair).
+// their latency hides behind the tensor work.
+// TOKENS_128: a 128-token x 128-row tile, subgroup s owning the 32 tokens x 64 rows at
+// tokens 32 (s / 2), rows 64 (s % 2) as 2 x 4 accumulators: six fragment loads for eight
+// products rather than four for four, and each weight converted once per 128 tokens. Faster
+// where its tiles are enough to fill the device (matmul.rs's CoopTile).
+// GEGLU_OUT: rows are gate/up pairs and the output is their gated activation (one column per
+// pair).
 // Split over k (see matmul_io.wgsl), each part's sums go to its own slice of y, which
 // matmul_parts.wgsl adds up.
 // EXPERTS: a mixture-of-experts layer's products, grouped by expert (matmul_io.wgsl).
@@ -18,20 +22,33 @@
 
 #if SMALL_TILES
 const TM: u32 = 16u;
-// Row blocks per tile, their rows, and the accumulators of each subgroup.
+// Row blocks per tile, their rows, the row fragments of each, and the accumulators of each
+// subgroup.
 const SN: u32 = 8u;
 const BR: u32 = 16u;
+const FB: u32 = 1u;
 const ACCS: u32 = 1u;
+#else
+#if TOKENS_128
+const TM: u32 = 128u;
+const SN: u32 = 2u;
+const BR: u32 = 64u;
+const FB: u32 = 4u;
+const ACCS: u32 = 8u;
 #else
 const TM: u32 = 64u;
 const SN: u32 = 4u;
 const BR: u32 = 32u;
+const FB: u32 = 2u;
 const ACCS: u32 = 4u;
+#endif
 #endif
 const TN: u32 = 128u;
 const KS: u32 = 64u;
+// Eight subgroups: each thread converts one 32-value unit of the tile's weights a step.
+const THREADS: u32 = 256u;
 // Lanes loading each token's inputs, and the inputs each converts per step.
-const LPT: u32 = 256u / TM;
+const LPT: u32 = THREADS / TM;
 const XV: u32 = KS / LPT;
 // Row pitch of the tiles in workgroup memory: 8 halves of padding spread the rows of a
 // fragment load over the banks, and keep every fragment 16-byte aligned.
@@ -39,7 +56,7 @@ const PITCH: u32 = 72u;
 
 var<workgroup> xs: array<vec4<f16>, TM * PITCH / 4u>; // token-major: the A operand, row-major
 var<workgroup> ws: array<vec4<f16>, TN * PITCH / 4u>; // row-major W: the B operand, column-major
-var<workgroup> stage: array<f32, 2048>; // one 16 x 16 accumulator per subgroup
+var<workgroup> stage: array<f32, THREADS * 8u>; // one 16 x 16 accumulator per subgroup
 
 // The weights this thread converts at step `s`: unit 2s + h of row `row` of the tile's
 // weights from row `w_row`, fetched (dtypes.wgsl's fetch_unit) a step before they are
@@ -70,8 +87,8 @@ fn decode_w(raw: RawUnit, row: u32, s: u32, h: u32) -> array<vec4<f16>, 8> {
 
 // The XV inputs this thread converts at step `s` from input row `row` (none: `valid`
 // false): vec4 q, q + LPT, ... of the step, so that the threads of a token read consecutive
-// bytes at a time. Kept as loaded (converted to f16 when stored) so that nothing waits on
-// the loads until the next step.
+// bytes at a time. Kept as loaded (clamped and converted to f16 when stored) so that
+// nothing waits on the loads until then.
 fn load_x(valid: bool, row: u32, s: u32, q: u32) -> array<vec4<f32>, XV / 4u> {
     var r: array<vec4<f32>, XV / 4u>;
     if (valid) {
@@ -80,14 +97,14 @@ fn load_x(valid: bool, row: u32, s: u32, q: u32) -> array<vec4<f32>, XV / 4u> {
             // Past the row's end (float rows end at a multiple of 4): zero, so the weights
             // read there add nothing.
             if (s * KS + 4u * (q + LPT * i) < p.k) {
-                r[i] = input_vec(x[b + LPT * i]);
+                r[i] = x[b + LPT * i];
             }
         }
     }
     return r;
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let n0 = wg.x * TN;
     let m0 = wg.y * TM;
@@ -119,6 +136,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var c01 = coop_mat16x16<f32, C>();
     var c10 = coop_mat16x16<f32, C>();
     var c11 = coop_mat16x16<f32, C>();
+#if TOKENS_128
+    var c02 = coop_mat16x16<f32, C>();
+    var c03 = coop_mat16x16<f32, C>();
+    var c12 = coop_mat16x16<f32, C>();
+    var c13 = coop_mat16x16<f32, C>();
+#endif
     let first = part * (p.k_part / KS);
     let steps = min((p.k + KS - 1u) / KS, first + p.k_part / KS);
     var wraw = fetch_w(tt.w_row, n0 + wr, first, wh);
@@ -133,7 +156,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         let xo = xt * (PITCH / 4u) + xq;
         for (var i = 0u; i < XV / 4u; i++) {
-            xs[xo + LPT * i] = vec4<f16>(xv[i]);
+            xs[xo + LPT * i] = vec4<f16>(input_vec(xv[i]));
         }
         workgroupBarrier();
         if (s + 1u < steps) {
@@ -154,10 +177,19 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             c01 = coopMultiplyAdd(a_0, b_1, c01);
             c10 = coopMultiplyAdd(a_1, b_0, c10);
             c11 = coopMultiplyAdd(a_1, b_1, c11);
+#if TOKENS_128
+            let b_2 = coopLoad<coop_mat16x16<f16, B>>(&ws[(b0 + 32u * PITCH + kk) / 4u], PITCH / 4u);
+            let b_3 = coopLoad<coop_mat16x16<f16, B>>(&ws[(b0 + 48u * PITCH + kk) / 4u], PITCH / 4u);
+            c02 = coopMultiplyAdd(a_0, b_2, c02);
+            c03 = coopMultiplyAdd(a_0, b_3, c03);
+            c12 = coopMultiplyAdd(a_1, b_2, c12);
+            c13 = coopMultiplyAdd(a_1, b_3, c13);
+#endif
 #endif
         }
     }
-    // Each accumulator goes through the subgroup's stage to bounds-checked, capped stores.
+    // Each accumulator goes through the subgroup's stage to bounds-checked, capped stores:
+    // accumulator f holds tokens 16 (f / FB), rows 16 (f % FB) of the subgroup's block.
     let lane = li % 32u;
     let yb = part * p.part_stride + p.out_offset;
     let tok0 = m0 + (sg / SN) * 32u;
@@ -166,23 +198,34 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         switch f {
             case 0u: { coopStoreT(c00, &stage[sg * 256u], 16u); }
             case 1u: { coopStoreT(c01, &stage[sg * 256u], 16u); }
+#if TOKENS_128
+            case 2u: { coopStoreT(c02, &stage[sg * 256u], 16u); }
+            case 3u: { coopStoreT(c03, &stage[sg * 256u], 16u); }
+            case 4u: { coopStoreT(c10, &stage[sg * 256u], 16u); }
+            case 5u: { coopStoreT(c11, &stage[sg * 256u], 16u); }
+            case 6u: { coopStoreT(c12, &stage[sg * 256u], 16u); }
+            default: { coopStoreT(c13, &stage[sg * 256u], 16u); }
+#else
             case 2u: { coopStoreT(c10, &stage[sg * 256u], 16u); }
             default: { coopStoreT(c11, &stage[sg * 256u], 16u); }
+#endif
         }
         workgroupBarrier();
+        let tok_f = tok0 + 16u * (f / FB);
+        let row_f = row0 + 16u * (f % FB);
 #if GEGLU_OUT
         // Rows 2c and 2c + 1 (adjacent in the stage) are gate and up of activation c.
         for (var e = 2u * lane; e < 256u; e += 64u) {
-            let tok = tok0 + 16u * (f / 2u) + e / 16u;
-            let row = row0 + 16u * (f % 2u) + e % 16u;
+            let tok = tok_f + e / 16u;
+            let row = row_f + e % 16u;
             if (tok < tt.count && row < p.n) {
                 y[y_row(tt, tok) * p.y_stride + yb + row / 2u] = gelu_tanh(stage[sg * 256u + e]) * stage[sg * 256u + e + 1u];
             }
         }
 #else
         for (var e = lane; e < 256u; e += 32u) {
-            let tok = tok0 + 16u * (f / 2u) + e / 16u;
-            let row = row0 + 16u * (f % 2u) + e % 16u;
+            let tok = tok_f + e / 16u;
+            let row = row_f + e % 16u;
             if (tok < tt.count && row < p.n) {
                 y[y_row(tt, tok) * p.y_stride + yb + row] = output_value(stage[sg * 256u + e]);
             }
