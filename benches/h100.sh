@@ -60,6 +60,7 @@
 #              kernel benchmarks, E2B prefill, the vision and audio towers, one tile at a time
 #   coop_check this revision's parity tests (tiles by shape and forced), product and image
 #              attention benchmarks, E2B prefill, vision and audio towers
+#   coop_compare   this revision against .dev/xtask-base: E2E on MODELS, vision, audio
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
 # them: each device call gets an empty $OUT, so a table made in a later call on the same
@@ -336,6 +337,24 @@ coop_check() {
   mkdir -p "$OUT/vision-bench" && vision_runs .dev/xtask check
   .dev/xtask bench-audio --mmproj "$W/models/e2b-audio-mmproj.gguf" --model "$W/models/e2b.gguf" \
     --audio "$W/models/clip-30s.wav" --reps 5 --profile --json > "$OUT/check-audio.json" 2> /dev/null
+}
+# This revision against .dev/xtask-base in one call, one run each, base first: bench-e2e on
+# MODELS, the vision tower at both budgets and the audio tower; $OUT/pair-{base,ours}-*.
+coop_compare() {
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+  synth $MODELS e2b-mmproj e2b-audio-mmproj
+  bench_images
+  bench_clip
+  local side xt m
+  for side in base ours; do
+    xt=.dev/xtask && [ "$side" = base ] && xt=.dev/xtask-base
+    for m in $MODELS; do
+      "$xt" bench-e2e --model "$W/models/$m.gguf" --decode 32 --reps 3 --json > "$OUT/pair-$side-e2e-$m.json"
+    done
+    mkdir -p "$OUT/vision-bench" && vision_runs "$xt" "pair-$side"
+    "$xt" bench-audio --mmproj "$W/models/e2b-audio-mmproj.gguf" --model "$W/models/e2b.gguf" \
+      --audio "$W/models/clip-30s.wav" --reps 5 --profile --json > "$OUT/pair-$side-audio.json" 2> /dev/null
+  done
 }
 vision_ours() {
   synth e2b e2b-mmproj
