@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use wgemma_gguf::*;
 
-/// The real model, fetched by `cargo run -p wgemma -- pull` into the cache. Missing is a skip
+/// The real model, fetched by `cargo run -p wgemma-cli -- pull` into the cache. Missing is a skip
 /// on a developer machine and a failure in CI.
 fn real_model() -> Option<PathBuf> {
     let path = std::env::var_os("WGEMMA_GEMMA3_270M")
@@ -16,7 +16,7 @@ fn real_model() -> Option<PathBuf> {
     }
     assert!(
         std::env::var_os("CI").is_none(),
-        "CI is set but {} is missing: run `cargo run -p wgemma -- pull` first",
+        "CI is set but {} is missing: run `cargo run -p wgemma-cli -- pull` first",
         path.display()
     );
     eprintln!("skipping: {} not found", path.display());

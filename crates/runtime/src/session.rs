@@ -474,6 +474,14 @@ impl Run<'_> {
     async fn start_prefill(&mut self) -> Result<(), Error> {
         self.req.sampling.validate()?;
         let s = &mut *self.session;
+        // A model that cannot take the inputs says so first (their tokens' count would
+        // otherwise be measured against the context with towers it does not have).
+        if !self.req.images.is_empty() && s.model.vision().is_none() {
+            return Err(Error::NoVision);
+        }
+        if !self.req.audio.is_empty() && s.model.audio().is_none() {
+            return Err(Error::NoAudio);
+        }
         s.gpu.drain().await?;
         let tokens = s.prompt_tokens(&self.req.prompt, self.req.parse_special)?;
         let inputs = Inputs {

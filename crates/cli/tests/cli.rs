@@ -438,3 +438,50 @@ fn audio_on_the_command_line_encodes_scores_and_runs() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `wgemma serve` from the command line: it listens where asked, answers OpenAI's chat
+/// endpoint (with the key it was given) and stops on SIGTERM.
+#[cfg(unix)]
+#[test]
+fn serve_answers_chat_requests_until_stopped() {
+    use std::io::{Read, Write};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let model = audio_fixture("fixtures/gemma4_tiny_audio.gguf");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wgemma"))
+        .args(["serve", "--model", &model, "--port", &port.to_string()])
+        .env("WGEMMA_API_KEY", "k1")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let body = r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}"#;
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let started = std::time::Instant::now();
+    let reply = loop {
+        match std::net::TcpStream::connect(("127.0.0.1", port)) {
+            Ok(mut conn) => {
+                conn.write_all(request.as_bytes()).unwrap();
+                let mut reply = String::new();
+                conn.read_to_string(&mut reply).unwrap();
+                break reply;
+            }
+            Err(_) if started.elapsed() < std::time::Duration::from_secs(60) => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => panic!("the server never listened: {e}"),
+        }
+    };
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains("\"chat.completion\""), "{reply}");
+    // SAFETY: signalling the child this test started.
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(rc, 0);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}

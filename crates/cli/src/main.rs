@@ -1,4 +1,4 @@
-//! Command-line front end: argument parsing and one function per subcommand.
+//! The `wgemma` command-line tool: argument parsing and one module per subcommand.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -12,6 +12,7 @@ mod load;
 mod pull;
 mod run;
 mod score;
+mod serve;
 mod tokenize;
 
 #[derive(Parser)]
@@ -44,9 +45,12 @@ enum Command {
     /// An image's soft tokens (what the vision tower hands the text model): prints how many,
     /// and writes them as .npy with --out.
     Encode(encode::Args),
+    /// Serve models over HTTP with OpenAI's and Ollama's APIs (for editors, agents and the
+    /// `openai` and `ollama` client libraries).
+    Serve(serve::Args),
 }
 
-pub fn main() -> ExitCode {
+fn main() -> ExitCode {
     // Output piped into `head` and the like: end quietly when the reader goes away, as
     // command-line tools do, instead of panicking in println!.
     #[cfg(unix)]
@@ -76,6 +80,7 @@ pub fn main() -> ExitCode {
         Command::Tokenize(args) => tokenize::run(args),
         Command::Score(args) => score::run(args),
         Command::Encode(args) => encode::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,124 @@
+//! One request's generation as both APIs consume it: queued on its model, its first event
+//! awaited (so that a refused request gets an error status, not a broken stream), then read
+//! as text pieces and an end.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+use wgemma::{Event, StopReason, Timings};
+
+use crate::error::ApiError;
+use crate::models::{Job, Loaded};
+use crate::request::Ask;
+
+/// Events a session may run ahead of its client: few, so that a client gone away is noticed
+/// within a few steps (the send that finds the channel closed stops the generation).
+const EVENT_BUFFER: usize = 8;
+
+/// A generation under way.
+pub struct Generation {
+    pub model: Arc<Loaded>,
+    events: mpsc::Receiver<Result<Event, wgemma::Error>>,
+    /// The first event, read to see that the request was taken.
+    first: Option<Event>,
+    pub started: Instant,
+    /// How long the model took to load for this request (Ollama's `load_duration`).
+    pub load_ms: f64,
+}
+
+/// What a generation yields to its response.
+#[derive(Debug)]
+pub enum Piece {
+    Text(String),
+    Done {
+        reason: StopReason,
+        timings: Timings,
+    },
+    /// Failed after the first event (headers sent): ends the stream.
+    Failed(ApiError),
+}
+
+impl Generation {
+    /// Queues `ask` on `model` and waits for its first event.
+    pub async fn start(
+        model: Arc<Loaded>,
+        ask: Ask,
+        started: Instant,
+        load_ms: f64,
+    ) -> Result<Self, ApiError> {
+        let request = ask.into_request(&model)?;
+        let (tx, mut events) = mpsc::channel(EVENT_BUFFER);
+        model.submit(Job {
+            request,
+            events: tx,
+        })?;
+        let first = match events.recv().await {
+            Some(Ok(event)) => event,
+            Some(Err(e)) => return Err(ApiError::runtime(&e)),
+            None => return Err(ApiError::internal("the session ended without a reply")),
+        };
+        Ok(Self {
+            model,
+            events,
+            first: Some(first),
+            started,
+            load_ms,
+        })
+    }
+
+    /// The next piece; `None` after the end.
+    pub async fn next(&mut self) -> Option<Piece> {
+        let event = match self.first.take() {
+            Some(e) => Ok(e),
+            None => self.events.recv().await?,
+        };
+        Some(match event {
+            Ok(Event::Token { text, .. }) => Piece::Text(text),
+            Ok(Event::Done { reason, timings }) => {
+                log_done(&self.model.name, reason, &timings);
+                Piece::Done { reason, timings }
+            }
+            Err(e) => Piece::Failed(ApiError::runtime(&e)),
+        })
+    }
+
+    /// The whole reply and its end.
+    pub async fn collect(mut self) -> Result<(String, StopReason, Timings), ApiError> {
+        let mut text = String::new();
+        while let Some(piece) = self.next().await {
+            match piece {
+                Piece::Text(t) => text.push_str(&t),
+                Piece::Done { reason, timings } => return Ok((text, reason, timings)),
+                Piece::Failed(e) => return Err(e),
+            }
+        }
+        Err(ApiError::internal(
+            "the session ended without finishing the reply",
+        ))
+    }
+}
+
+fn log_done(model: &str, reason: StopReason, t: &Timings) {
+    tracing::info!(
+        model,
+        ?reason,
+        prompt_tokens = t.prompt_tokens,
+        cached_tokens = t.cached_tokens,
+        generated_tokens = t.generated_tokens,
+        prompt_tok_s = format!("{:.1}", t.prompt_tok_per_s()),
+        decode_tok_s = format!("{:.1}", t.decode_tok_per_s()),
+        "request done"
+    );
+}
+
+/// OpenAI's `finish_reason`.
+pub fn finish_reason(reason: StopReason) -> &'static str {
+    match reason {
+        StopReason::MaxTokens | StopReason::ContextFull => "length",
+        StopReason::EndOfGeneration
+        | StopReason::StopString
+        | StopReason::Loop
+        | StopReason::Cancelled => "stop",
+    }
+}
