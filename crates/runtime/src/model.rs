@@ -330,6 +330,34 @@ impl Model {
         &self.inner.tokenizer
     }
 
+    /// Token ids for a prompt (before images and clips become their soft tokens);
+    /// `parse_special` as in [`crate::GenerateRequest::parse_special`].
+    pub fn prompt_tokens(
+        &self,
+        prompt: &crate::Prompt,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, Error> {
+        use crate::Prompt;
+        let tok = self.tokenizer();
+        let ids = match prompt {
+            Prompt::Text(t) if parse_special => tok.encode(t, tok.add_bos_default(), true),
+            Prompt::Text(t) => tok.encode_marked(&image_markup(t), tok.add_bos_default()),
+            Prompt::Chat(messages) => {
+                let marked = self.chat_template().render_marked(messages, true)?;
+                if parse_special {
+                    tok.encode(marked.as_str(), true, true)
+                } else {
+                    tok.encode_marked(&marked, true)
+                }
+            }
+            Prompt::Tokens(t) => t.clone(),
+        };
+        if ids.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        Ok(ids)
+    }
+
     pub fn chat_template(&self) -> ChatTemplate {
         self.inner.template
     }
@@ -535,4 +563,11 @@ fn read_and_map(path: &std::path::Path) -> Result<(Gguf, wgemma_gguf::MmapSource
         .into());
     }
     Ok((header, map))
+}
+
+/// A text prompt as plain text whose [`crate::IMAGE_PLACEHOLDER`]s alone are markup.
+fn image_markup(text: &str) -> wgemma_text::tokenizer::MarkedText {
+    let mut marked = wgemma_text::tokenizer::MarkedText::new();
+    wgemma_text::chat::push_content(&mut marked, text);
+    marked
 }

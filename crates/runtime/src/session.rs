@@ -9,7 +9,7 @@ use futures::Stream;
 use tracing::Instrument;
 use wgemma_kernels::Profiler;
 use wgemma_text::chat::Message;
-use wgemma_text::tokenizer::{MarkedText, StreamDecoder};
+use wgemma_text::tokenizer::StreamDecoder;
 use wgemma_text::{ForwardError, GpuSession, PrefillWatch, SamplingParams, SoftTokens};
 
 use crate::audio::AudioInput;
@@ -266,24 +266,7 @@ impl Session {
 
     /// Token ids for a prompt; `parse_special` as in [`GenerateRequest::parse_special`].
     pub fn prompt_tokens(&self, prompt: &Prompt, parse_special: bool) -> Result<Vec<u32>, Error> {
-        let tok = self.model.tokenizer();
-        let ids = match prompt {
-            Prompt::Text(t) if parse_special => tok.encode(t, tok.add_bos_default(), true),
-            Prompt::Text(t) => tok.encode_marked(&image_markup(t), tok.add_bos_default()),
-            Prompt::Chat(messages) => {
-                let marked = self.model.chat_template().render_marked(messages, true)?;
-                if parse_special {
-                    tok.encode(marked.as_str(), true, true)
-                } else {
-                    tok.encode_marked(&marked, true)
-                }
-            }
-            Prompt::Tokens(t) => t.clone(),
-        };
-        if ids.is_empty() {
-            return Err(Error::EmptyPrompt);
-        }
-        Ok(ids)
+        self.model.prompt_tokens(prompt, parse_special)
     }
 
     /// Runs tokens through the model without generating (teacher forcing): after each token,
@@ -709,13 +692,6 @@ fn held_back(text: &str, stops: &[String]) -> usize {
         .flat_map(|s| (1..s.len()).filter(|&n| s.is_char_boundary(n) && text.ends_with(&s[..n])))
         .max()
         .unwrap_or(0)
-}
-
-/// A text prompt as plain text whose [`crate::IMAGE_PLACEHOLDER`]s alone are markup.
-fn image_markup(text: &str) -> MarkedText {
-    let mut marked = MarkedText::new();
-    wgemma_text::chat::push_content(&mut marked, text);
-    marked
 }
 
 #[cfg(test)]

@@ -9,8 +9,9 @@ use tokio::sync::mpsc;
 use wgemma::{Event, StopReason, Timings};
 
 use crate::error::ApiError;
-use crate::models::{Job, Loaded};
+use crate::models::Loaded;
 use crate::request::Ask;
+use crate::sessions::Job;
 
 /// Events a session may run ahead of its client: few, so that a client gone away is noticed
 /// within a few steps (the send that finds the channel closed stops the generation).

@@ -33,6 +33,7 @@ mod models;
 mod ollama;
 mod openai;
 mod request;
+mod sessions;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -96,6 +97,7 @@ impl Default for ServerConfig {
 pub(crate) struct App {
     pub registry: Registry,
     pub api_key: Option<String>,
+    pub max_body_bytes: usize,
 }
 
 pub(crate) type AppState = State<Arc<App>>;
@@ -112,6 +114,7 @@ pub fn router(config: &ServerConfig) -> Router {
     let app = Arc::new(App {
         registry: Registry::new(config.models.clone(), settings),
         api_key: config.api_key.clone(),
+        max_body_bytes: config.max_body_bytes,
     });
     let unloader = Arc::downgrade(&app);
     tokio::spawn(async move {
@@ -135,6 +138,10 @@ pub fn router(config: &ServerConfig) -> Router {
         .route("/api/version", get(ollama::version))
         .route("/metrics", get(metrics))
         .route("/", get(|| async { "wgemma is running" }))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            refuse_large_bodies,
+        ))
         .layer(axum::middleware::from_fn_with_state(app.clone(), authorize))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .with_state(app)
@@ -181,28 +188,28 @@ async fn metrics(State(app): AppState) -> Response {
     let series: [Series; 10] = [
         ("wgemma_requests_pending", "gauge", |l| l.pending() as u64),
         ("wgemma_requests_finished_total", "counter", |l| {
-            l.counters.finished.load(Relaxed)
+            l.sessions.counters.finished.load(Relaxed)
         }),
         ("wgemma_requests_cancelled_total", "counter", |l| {
-            l.counters.cancelled.load(Relaxed)
+            l.sessions.counters.cancelled.load(Relaxed)
         }),
         ("wgemma_requests_failed_total", "counter", |l| {
-            l.counters.failed.load(Relaxed)
+            l.sessions.counters.failed.load(Relaxed)
         }),
         ("wgemma_prompt_tokens_total", "counter", |l| {
-            l.counters.prompt_tokens.load(Relaxed)
+            l.sessions.counters.prompt_tokens.load(Relaxed)
         }),
         ("wgemma_prompt_tokens_cached_total", "counter", |l| {
-            l.counters.cached_tokens.load(Relaxed)
+            l.sessions.counters.cached_tokens.load(Relaxed)
         }),
         ("wgemma_generated_tokens_total", "counter", |l| {
-            l.counters.generated_tokens.load(Relaxed)
+            l.sessions.counters.generated_tokens.load(Relaxed)
         }),
         ("wgemma_prompt_microseconds_total", "counter", |l| {
-            l.counters.prompt_us.load(Relaxed)
+            l.sessions.counters.prompt_us.load(Relaxed)
         }),
         ("wgemma_decode_microseconds_total", "counter", |l| {
-            l.counters.decode_us.load(Relaxed)
+            l.sessions.counters.decode_us.load(Relaxed)
         }),
         ("wgemma_gpu_bytes", "gauge", |l| l.model.gpu_bytes()),
     ];
@@ -236,6 +243,28 @@ async fn authorize(State(app): AppState, request: Request, next: Next) -> Respon
     ApiError::unauthorized()
         .speaking(dialect_of(request.uri().path()))
         .into_response()
+}
+
+/// Refuses a body whose declared length is over the limit before reading any of it (the
+/// body extractor would refuse it too, but only after reading up to the limit).
+async fn refuse_large_bodies(State(app): AppState, request: Request, next: Next) -> Response {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n > app.max_body_bytes as u64 => ApiError::body(
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the body is {n} bytes; this server takes at most {}",
+                app.max_body_bytes
+            ),
+        )
+        .speaking(dialect_of(request.uri().path()))
+        .into_response(),
+        _ => next.run(request).await,
+    }
 }
 
 /// Compares without returning early at the first difference (the key is a secret).

@@ -1,20 +1,14 @@
 //! The models a server holds: resolved by name (an Ollama name or a GGUF path) and loaded on
-//! first use, each with its sessions, the threads that run them and a bounded queue of
-//! requests in front of them; unloaded after a while unused.
+//! first use, each with its sessions (`sessions.rs`); unloaded after a while unused.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use tokio::sync::mpsc as tmpsc;
-use wgemma::{
-    ContextOptions, Event, GenerateRequest, LoadOptions, Model, ModelSource, SamplingHints,
-    SessionOptions,
-};
+use wgemma::{ContextOptions, LoadOptions, Model, ModelSource, SamplingHints};
 
 use crate::error::ApiError;
+use crate::sessions::{Job, Sessions};
 
 /// A model the server offers by name before any request asks for it.
 #[derive(Clone, Debug)]
@@ -42,19 +36,6 @@ pub struct ModelSettings {
     pub gpu: ContextOptions,
 }
 
-/// One generation for a session thread: the request, and where its events go. A closed
-/// channel (the client went away) stops the generation at its next step.
-pub struct Job {
-    pub request: GenerateRequest,
-    pub events: tmpsc::Sender<Result<Event, wgemma::Error>>,
-}
-
-/// A job as queued: counted as pending until its session is done with it.
-struct Queued {
-    job: Job,
-    _pending: Pending,
-}
-
 /// A loaded model and the sessions that serve it.
 pub struct Loaded {
     pub name: String,
@@ -62,48 +43,11 @@ pub struct Loaded {
     /// Sampling settings the model recommends (its Ollama parameters, else its GGUF's).
     pub hints: SamplingHints,
     pub context: usize,
-    jobs: mpsc::SyncSender<Queued>,
-    /// Requests queued or running.
-    pending: Arc<AtomicUsize>,
-    queue: usize,
+    pub sessions: Arc<Sessions>,
     last_used: Mutex<Instant>,
     /// How long to stay loaded unused: the server's setting until a request's `keep_alive`
     /// says otherwise (`None`: forever).
     keep_alive: Mutex<Option<Duration>>,
-    pub counters: Arc<Counters>,
-}
-
-/// What a model's sessions have done since it loaded (`GET /metrics`).
-#[derive(Debug, Default)]
-pub struct Counters {
-    /// Generations that ran to their end.
-    pub finished: AtomicU64,
-    /// Generations stopped because their client went away.
-    pub cancelled: AtomicU64,
-    /// Generations that failed.
-    pub failed: AtomicU64,
-    pub prompt_tokens: AtomicU64,
-    /// Of those, the ones the cache already held.
-    pub cached_tokens: AtomicU64,
-    pub generated_tokens: AtomicU64,
-    /// Time spent on prompts and on generating, in microseconds.
-    pub prompt_us: AtomicU64,
-    pub decode_us: AtomicU64,
-}
-
-impl Counters {
-    fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-
-    fn record_done(&self, t: &wgemma::Timings) {
-        Self::add(&self.finished, 1);
-        Self::add(&self.prompt_tokens, t.prompt_tokens as u64);
-        Self::add(&self.cached_tokens, t.cached_tokens as u64);
-        Self::add(&self.generated_tokens, t.generated_tokens as u64);
-        Self::add(&self.prompt_us, (t.prompt_ms * 1e3) as u64);
-        Self::add(&self.decode_us, (t.decode_ms * 1e3) as u64);
-    }
 }
 
 impl Loaded {
@@ -123,39 +67,25 @@ impl Loaded {
         lock(&self.keep_alive).is_some_and(|limit| self.idle_for() >= limit)
     }
 
-    /// Queues `job`; refused when `queue` requests already wait.
+    /// Hands `job` to a session or queues it; refused when the queue is full.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         *lock(&self.last_used) = Instant::now();
-        self.pending.fetch_add(1, Ordering::Relaxed);
-        let queued = Queued {
-            job,
-            _pending: Pending(self.pending.clone()),
-        };
-        match self.jobs.try_send(queued) {
-            Ok(()) => Ok(()),
-            Err(mpsc::TrySendError::Full(_)) => Err(ApiError::busy(self.queue)),
-            Err(mpsc::TrySendError::Disconnected(_)) => {
-                Err(ApiError::internal("the model's sessions have stopped"))
-            }
-        }
+        // The prompt's tokens pick the session whose cache holds its start; a prompt that
+        // cannot be tokenized fails in the session, with the runtime's error.
+        let tokens = self
+            .model
+            .prompt_tokens(&job.request.prompt, job.request.parse_special)
+            .unwrap_or_default();
+        self.sessions.submit(job, &tokens)
     }
 
     /// Requests queued or running now.
     pub fn pending(&self) -> usize {
-        self.pending.load(Ordering::Relaxed)
+        self.sessions.pending()
     }
 
     fn idle_for(&self) -> Duration {
         lock(&self.last_used).elapsed()
-    }
-}
-
-/// Counts a request as pending until it is dropped (its session is done with it).
-struct Pending(Arc<AtomicUsize>);
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -274,69 +204,15 @@ fn load(served: ServedModel, settings: &ModelSettings) -> Result<Loaded, ApiErro
     let info = model.info();
     let hints = source.sampling_hints().or(info.sampling.clone());
     let context = settings.context.min(model.config().context_length).max(1);
-    let (jobs, rx) = mpsc::sync_channel(settings.queue);
-    let rx = Arc::new(Mutex::new(rx));
-    let counters = Arc::new(Counters::default());
-    for i in 0..settings.parallel.max(1) {
-        let session = model
-            .session(SessionOptions {
-                context,
-                ..SessionOptions::default()
-            })
-            .map_err(|e| ApiError::runtime(&e))?;
-        let (rx, counters) = (rx.clone(), counters.clone());
-        std::thread::Builder::new()
-            .name(format!("wgemma-session-{i}"))
-            .spawn(move || serve_jobs(session, &rx, &counters))
-            .map_err(|e| ApiError::internal(format!("starting a session thread: {e}")))?;
-    }
+    let sessions = Sessions::start(&model, settings.parallel, context, settings.queue)?;
     tracing::info!(model = %served.name, context, parallel = settings.parallel, "loaded");
     Ok(Loaded {
         name: served.name,
         model,
         hints,
         context,
-        jobs,
-        pending: Arc::new(AtomicUsize::new(0)),
-        queue: settings.queue,
+        sessions,
         last_used: Mutex::new(Instant::now()),
         keep_alive: Mutex::new(settings.idle_unload),
-        counters,
     })
-}
-
-/// A session thread: takes jobs until the model is unloaded (its queue's sender dropped).
-fn serve_jobs(
-    mut session: wgemma::Session,
-    jobs: &Mutex<mpsc::Receiver<Queued>>,
-    counters: &Counters,
-) {
-    loop {
-        let queued = lock(jobs).recv();
-        let Ok(queued) = queued else { return };
-        pollster::block_on(run_job(&mut session, queued.job, counters));
-    }
-}
-
-async fn run_job(session: &mut wgemma::Session, job: Job, counters: &Counters) {
-    let stream = session.generate(job.request);
-    futures::pin_mut!(stream);
-    let mut tokens = 0u64;
-    while let Some(event) = stream.next().await {
-        match &event {
-            Ok(Event::Token { .. }) => tokens += 1,
-            Ok(Event::Done { timings, .. }) => counters.record_done(timings),
-            Err(_) => Counters::add(&counters.failed, 1),
-        }
-        let last = !matches!(event, Ok(Event::Token { .. }));
-        if job.events.send(event).await.is_err() {
-            // The client went away: dropping the stream ends the generation here.
-            Counters::add(&counters.cancelled, 1);
-            Counters::add(&counters.generated_tokens, tokens);
-            return;
-        }
-        if last {
-            return;
-        }
-    }
 }

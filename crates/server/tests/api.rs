@@ -551,3 +551,39 @@ fn a_full_queue_refuses_at_once() {
         "{results:?}"
     );
 }
+
+/// A conversation's next turn goes to the session that holds its start, even after another
+/// request came between: most of its prompt is then read from the cache.
+#[test]
+fn a_conversation_returns_to_its_session() {
+    let addr = start(config());
+    let turn = |messages: &Value| {
+        let body = json!({"model": MODEL, "messages": messages, "max_tokens": 6, "temperature": 0});
+        let (status, text) = post(addr, "/v1/chat/completions", &body.to_string(), None);
+        assert_eq!(status, 200, "{text}");
+        json_of(&text)
+    };
+    let mut conversation = json!([{"role": "user", "content": "My name is Ada and I like maps."}]);
+    let first = turn(&conversation);
+    let reply = first["choices"][0]["message"]["content"].clone();
+    conversation.as_array_mut().unwrap().extend([
+        json!({"role": "assistant", "content": reply}),
+        json!({"role": "user", "content": "What do I like?"}),
+    ]);
+    let other = turn(&json!([{"role": "user", "content": "Something else entirely, please."}]));
+    assert!(
+        other["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            < 8
+    );
+    let second = turn(&conversation);
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let first_prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        cached >= first_prompt,
+        "{cached} of the first turn's {first_prompt} cached: {second}"
+    );
+}
