@@ -227,12 +227,20 @@ export type GenerateEvent =
 export class Session {
   generate(messages: Message[] | string, options?: GenerateOptions): AsyncGenerator<GenerateEvent>;
   abort(): void;
-  /** GPU time per kernel of a prefill over `messages` (without images) and one decode step; null without timestamp queries. */
+  /**
+   * GPU time per kernel of a prefill over `messages` and one decode step, after each image's
+   * (`vision`) and each 30 s audio chunk's (`audio`) tower forward; null without timestamp queries.
+   */
   profile(
     messages: Message[] | string,
     options?: GenerateOptions,
   ): Promise<
-    | { what: "prefill" | "decode"; tokens: number; totalUs: number; kernels: { name: string; dispatches: number; us: number }[] }[]
+    | {
+        what: "vision" | "audio" | "prefill" | "decode";
+        tokens: number;
+        totalUs: number;
+        kernels: { name: string; dispatches: number; us: number }[];
+      }[]
     | null
   >;
   reset(): Promise<void>;

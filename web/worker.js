@@ -272,10 +272,12 @@ const handlers = {
     }
     return null;
   },
-  async profile({ session, request }) {
+  async profile({ session, request, images, audio }) {
     const s = sessions.get(session);
     if (!s) throw { code: "no_session", message: `no session ${session}` };
-    return await s.profile(JSON.stringify(request));
+    const engineImages = await Promise.all((images ?? []).map(engineImage));
+    const engineClips = await Promise.all((audio ?? []).map(engineAudio));
+    return await s.profile(JSON.stringify(request), engineImages, engineClips);
   },
   async reset({ session }) {
     await sessions.get(session)?.reset();

@@ -210,10 +210,17 @@ try {
           );
         }
       }
+      // The first turn's prompt profiled: the tower's forward, then prefill and decode.
+      const { messages: firstMessages, ...firstOptions } = native.turns[0].request;
+      const withPicture = firstMessages.map((msg) =>
+        msg.images ? { ...msg, images: Array(msg.images).fill(bitmap) } : msg,
+      );
+      const steps = await s.profile(withPicture, firstOptions);
+      const profile = steps && steps.map((p) => ({ what: p.what, tokens: p.tokens, kernels: p.kernels.length, totalUs: p.totalUs }));
       const vision = m.info().vision;
       m.dispose();
       const encoded = { ms: encode.ms, rows, width, length: data.length, maxDiff, scale };
-      return { loadMs: load.ms, vision, encode: encoded, turns, bad };
+      return { loadMs: load.ms, vision, encode: encoded, turns, bad, profile };
     },
     {
       model: env.WGEMMA_VISION_MODEL,
@@ -255,6 +262,16 @@ try {
     ];
   };
   check("an image chat (an ImageBitmap) gives the native tokens", ...turn(0));
+  const vp = vision.profile;
+  check(
+    "profile with an image times the vision tower, then prefill and decode",
+    vp === null ||
+      (vp.length === 3 &&
+        vp.map((p) => p.what).join(",") === "vision,prefill,decode" &&
+        vp[0].tokens === visionNative.rows &&
+        vp.every((p) => p.kernels > 0 && p.totalUs > 0)),
+    JSON.stringify(vp),
+  );
   check("a truncated PNG is a bad_image error", vision.bad.startsWith("bad_image: "), vision.bad);
   const [same, detail] = turn(1);
   const next = vision.turns[1].value;

@@ -261,7 +261,7 @@ fn profile(
         if what == "prefill" {
             session.rewind(0)?;
         }
-        pollster::block_on(session.feed_profiled(tokens, Some(&mut profiler)))?;
+        pollster::block_on(session.feed_profiled(tokens, &[], Some(&mut profiler)))?;
         let each_row = pollster::block_on(profiler.read_each(ctx))?;
         if each {
             for (i, (label, workgroups, us)) in each_row.iter().enumerate() {

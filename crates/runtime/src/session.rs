@@ -300,6 +300,21 @@ impl Session {
         self.gpu.drain().await?;
         self.gpu.rewind(0)?;
         self.media.clear();
+        let soft = self.soft_tokens(tokens, inputs).await?;
+        let r = self.gpu.score_with(tokens, &soft).await;
+        if r.is_err() {
+            self.gpu.rewind(0)?;
+        }
+        Ok(r?)
+    }
+
+    /// Encodes each `(pos, input)` into the soft tokens that go at `tokens[pos..]`, checking
+    /// that the tokens there are as many of the input's placeholders.
+    async fn soft_tokens(
+        &self,
+        tokens: &[u32],
+        inputs: &[(usize, MediaInput)],
+    ) -> Result<Vec<SoftTokens>, Error> {
         let mut soft = Vec::with_capacity(inputs.len());
         for (at, input) in inputs {
             let (encoded, markers, bidirectional) = match input {
@@ -339,17 +354,103 @@ impl Session {
                 pos += n;
             }
         }
-        let r = self.gpu.score_with(tokens, &soft).await;
-        if r.is_err() {
-            self.gpu.rewind(0)?;
-        }
-        Ok(r?)
+        Ok(soft)
     }
 
     /// GPU time per kernel of one pass over `tokens` (a prefill) and of one decode step after
     /// it (timed as [`wgemma_kernels::Recorder::profiled`] says): `None` when the adapter has
     /// no timestamp queries. Starts from an empty cache and leaves one.
     pub async fn profile(&mut self, tokens: &[u32]) -> Result<Option<Vec<StepProfile>>, Error> {
+        self.profile_fed(tokens, &[]).await
+    }
+
+    /// [`Session::profile`] of a request's prompt with its images and clips: each tower's
+    /// forward on each input first (`vision`, `audio`: one entry an image or a 30 s chunk),
+    /// then the prefill with their soft tokens in place and one decode step. Starts from an
+    /// empty cache and leaves one.
+    pub async fn profile_request(
+        &mut self,
+        req: &GenerateRequest,
+    ) -> Result<Option<Vec<StepProfile>>, Error> {
+        let tokens = self.prompt_tokens(&req.prompt, req.parse_special)?;
+        if req.images.is_empty() && req.audio.is_empty() {
+            return self.profile(&tokens).await;
+        }
+        if !req.images.is_empty() && self.model.vision().is_none() {
+            return Err(Error::NoVision);
+        }
+        if !req.audio.is_empty() && self.model.audio().is_none() {
+            return Err(Error::NoAudio);
+        }
+        let inputs = Inputs {
+            images: &req.images,
+            audio: &req.audio,
+            image_markers: self.model.image_markers(),
+            audio_markers: self.model.audio_markers(),
+        };
+        let (tokens, spans) = media::expand(&tokens, &inputs)?;
+        let mut towers = Vec::new();
+        let mut placed = Vec::with_capacity(spans.len());
+        for span in &spans {
+            let input = match span.source {
+                Source::Image(i) => MediaInput::Image(req.images[i].clone()),
+                Source::Audio(i) => MediaInput::Audio(req.audio[i].clone()),
+            };
+            match self.profile_tower(&input).await? {
+                Some(steps) => towers.extend(steps),
+                None => return Ok(None),
+            }
+            placed.push((span.at, input));
+        }
+        self.gpu.drain().await?;
+        self.gpu.rewind(0)?;
+        self.media.clear();
+        let soft = self.soft_tokens(&tokens, &placed).await?;
+        Ok(self.profile_fed(&tokens, &soft).await?.map(|steps| {
+            towers.extend(steps);
+            towers
+        }))
+    }
+
+    /// One input's tower forward, timed per kernel (`None` without timestamp queries).
+    async fn profile_tower(&self, input: &MediaInput) -> Result<Option<Vec<StepProfile>>, Error> {
+        let mut steps = Vec::new();
+        match input {
+            MediaInput::Image(image) => {
+                let vision = self.model.vision().ok_or(Error::NoVision)?;
+                let patches = image.patches()?;
+                let Some(kernels) = vision.profile(&patches).await? else {
+                    return Ok(None);
+                };
+                steps.push(StepProfile {
+                    what: "vision",
+                    tokens: patches.soft_tokens() as usize,
+                    kernels,
+                });
+            }
+            MediaInput::Audio(clip) => {
+                let tower = self.model.audio().ok_or(Error::NoAudio)?;
+                for chunk in clip.chunks() {
+                    let Some(kernels) = tower.profile(chunk).await? else {
+                        return Ok(None);
+                    };
+                    steps.push(StepProfile {
+                        what: "audio",
+                        tokens: chunk.soft_tokens,
+                        kernels,
+                    });
+                }
+            }
+        }
+        Ok(Some(steps))
+    }
+
+    /// [`Session::profile`] with `soft` tokens in the prefill.
+    async fn profile_fed(
+        &mut self,
+        tokens: &[u32],
+        soft: &[SoftTokens],
+    ) -> Result<Option<Vec<StepProfile>>, Error> {
         let ctx = self.model.gpu_context().clone();
         let Some(mut profiler) = Profiler::new(&ctx, 4096) else {
             return Ok(None);
@@ -360,9 +461,12 @@ impl Session {
         self.gpu.drain().await?;
         self.gpu.rewind(0)?;
         let mut steps = Vec::new();
-        for (what, fed) in [("prefill", tokens), ("decode", &tokens[..1])] {
+        for (what, fed, soft) in [("prefill", tokens, soft), ("decode", &tokens[..1], &[][..])] {
             self.gpu.fetch_rows(fed).await?;
-            let r = self.gpu.feed_profiled(fed, Some(&mut profiler)).await;
+            if !soft.is_empty() {
+                self.gpu.fetch_rows(&[self.model.config().pad_id]).await?;
+            }
+            let r = self.gpu.feed_profiled(fed, soft, Some(&mut profiler)).await;
             let kernels = profiler.read(&ctx).await;
             r?;
             steps.push(StepProfile {

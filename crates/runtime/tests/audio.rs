@@ -236,3 +236,38 @@ fn load_progress_counts_the_towers() {
         );
     }
 }
+
+/// A request's profile with an image and a clip: each tower's forward, then the prefill with
+/// their soft tokens in place and one decode step, each timed per kernel; the session is
+/// usable afterwards.
+#[test]
+fn a_profile_of_a_request_times_the_towers_too() {
+    let Some(model) = load(false) else { return };
+    let mut session = model.session(SessionOptions::default()).unwrap();
+    let png =
+        std::fs::read(audio_dir().join("../../gemma4-vision/tests/fixtures/exact_480x336.png"))
+            .unwrap();
+    let mut req = request(
+        &[Message::user("Both?").with_images(1).with_audio(1)],
+        &[clip("a16k.wav")],
+    );
+    req.images = vec![wgemma::ImageInput::from_bytes(png).with_budget(70)];
+    let Some(steps) = pollster::block_on(session.profile_request(&req)).unwrap() else {
+        return; // No timestamp queries on this adapter.
+    };
+    let whats: Vec<_> = steps.iter().map(|s| s.what).collect();
+    assert_eq!(whats, ["vision", "audio", "prefill", "decode"]);
+    assert!(steps.iter().all(|s| !s.kernels.is_empty()));
+    let soft = steps[0].tokens + steps[1].tokens;
+    assert!(
+        steps[1].tokens == 33,
+        "the clip's soft tokens: {}",
+        steps[1].tokens
+    );
+    assert!(
+        steps[2].tokens > soft + 4,
+        "the prefill holds the soft tokens and the text"
+    );
+    let timings = reply(&mut session, req).unwrap();
+    assert_eq!(timings.prompt_tokens, steps[2].tokens);
+}

@@ -1053,13 +1053,14 @@ impl GpuSession {
         self.feed_recorded(tokens, soft, None).await
     }
 
-    /// [`GpuSession::feed`], timing each dispatch of the last chunk with `profiler`.
+    /// [`GpuSession::feed_with`], timing each dispatch of the last chunk with `profiler`.
     pub async fn feed_profiled(
         &mut self,
         tokens: &[u32],
+        soft: &[SoftTokens],
         profiler: Option<&mut Profiler>,
     ) -> Result<(), ForwardError> {
-        self.feed_recorded(tokens, &[], profiler).await
+        self.feed_recorded(tokens, soft, profiler).await
     }
 
     async fn feed_recorded(

@@ -236,18 +236,23 @@ impl WasmSession {
     }
 
     /// GPU time per kernel of a prefill over the prompt of `request` (JSON, as for
-    /// `generate`) and of one decode step: `[{what, tokens, totalUs, kernels}]`, or null
-    /// without timestamp queries. Leaves the conversation empty.
-    pub fn profile(&self, request: &str) -> Promise {
-        let req = match parse_request(request) {
+    /// `generate`, with its `images` and `audio`: each tower's forward comes first) and of one
+    /// decode step: `[{what, tokens, totalUs, kernels}]`, or null without timestamp queries.
+    /// Leaves the conversation empty.
+    pub fn profile(&self, request: &str, images: JsValue, audio: JsValue) -> Promise {
+        let mut req = match parse_request(request) {
             Ok(r) => r,
             Err(e) => return Promise::reject(&e),
         };
+        match (image_inputs(&images), audio_inputs(&audio)) {
+            (Ok(i), Ok(a)) => (req.images, req.audio) = (i, a),
+            (Err(e), _) | (_, Err(e)) => return Promise::reject(&reject(&e)),
+        }
         self.lend(async move |session| {
-            let tokens = session
-                .prompt_tokens(&req.prompt, req.parse_special)
+            let steps = session
+                .profile_request(&req)
+                .await
                 .map_err(|e| reject(&e))?;
-            let steps = session.profile(&tokens).await.map_err(|e| reject(&e))?;
             Ok(steps.map_or(JsValue::NULL, |s| {
                 js_value(&serde_json::Value::Array(
                     s.iter().map(|p| p.to_json()).collect(),
