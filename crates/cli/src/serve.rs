@@ -99,9 +99,8 @@ pub fn run(args: Args) -> Result<(), CliError> {
 /// A duration such as `5m` or `90s` (a bare number is seconds).
 fn humantime_duration(s: &str) -> Result<Duration, CliError> {
     if let Ok(secs) = s.parse::<f64>() {
-        if secs.is_finite() && secs >= 0.0 {
-            return Ok(Duration::from_secs_f64(secs));
-        }
+        return Duration::try_from_secs_f64(secs)
+            .map_err(|e| format!("--keep-alive {s}: {e}").into());
     }
     humantime::parse_duration(s).map_err(|e| format!("--keep-alive {s}: {e}").into())
 }

@@ -23,6 +23,8 @@ pub struct Generation {
     events: mpsc::Receiver<Result<Event, wgemma::Error>>,
     /// The first event, read to see that the request was taken.
     first: Option<Event>,
+    /// The end (or a failure) has been read.
+    ended: bool,
     pub started: Instant,
     /// How long the model took to load for this request (Ollama's `load_duration`).
     pub load_ms: f64,
@@ -63,6 +65,7 @@ impl Generation {
             model,
             events,
             first: Some(first),
+            ended: false,
             started,
             load_ms,
         })
@@ -70,10 +73,24 @@ impl Generation {
 
     /// The next piece; `None` after the end.
     pub async fn next(&mut self) -> Option<Piece> {
+        if self.ended {
+            return None;
+        }
         let event = match self.first.take() {
             Some(e) => Ok(e),
-            None => self.events.recv().await?,
+            None => match self.events.recv().await {
+                Some(e) => e,
+                // The session stopped without an end (it should not): say so rather than
+                // end the reply as if it were whole.
+                None => {
+                    self.ended = true;
+                    return Some(Piece::Failed(ApiError::internal(
+                        "the session ended before the reply did",
+                    )));
+                }
+            },
         };
+        self.ended = !matches!(event, Ok(Event::Token { .. }));
         Some(match event {
             Ok(Event::Token { text, .. }) => Piece::Text(text),
             Ok(Event::Done { reason, timings }) => {

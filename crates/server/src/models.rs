@@ -103,6 +103,9 @@ pub struct Registry {
     /// One slot per name; a slot's lock is held while its model loads, so that two requests
     /// for a new model load it once.
     slots: Mutex<HashMap<String, Slot>>,
+    /// The loaded models by name, apart from the slots' load locks, so that listings see a
+    /// model while another request for it holds its slot.
+    loaded: Mutex<HashMap<String, Arc<Loaded>>>,
 }
 
 impl Registry {
@@ -111,6 +114,7 @@ impl Registry {
             configured,
             settings,
             slots: Mutex::new(HashMap::new()),
+            loaded: Mutex::new(HashMap::new()),
         }
     }
 
@@ -137,6 +141,7 @@ impl Registry {
             .map_err(|e| ApiError::internal(format!("loading stopped: {e}")))??;
         let loaded = Arc::new(loaded);
         *guard = Some(loaded.clone());
+        lock(&self.loaded).insert(loaded.name.clone(), loaded.clone());
         Ok(loaded)
     }
 
@@ -164,11 +169,7 @@ impl Registry {
 
     /// The models loaded now.
     pub fn loaded(&self) -> Vec<Arc<Loaded>> {
-        let slots: Vec<_> = lock(&self.slots).values().cloned().collect();
-        slots
-            .iter()
-            .filter_map(|s| s.try_lock().ok().and_then(|g| g.clone()))
-            .collect()
+        lock(&self.loaded).values().cloned().collect()
     }
 
     /// Unloads the models unused for longer than their keep-alive with nothing pending.
@@ -181,6 +182,7 @@ impl Registry {
                     .is_some_and(|l| l.pending() == 0 && l.expired());
                 if idle {
                     if let Some(l) = guard.take() {
+                        lock(&self.loaded).remove(&l.name);
                         tracing::info!(model = %l.name, "unloading an idle model");
                     }
                 }

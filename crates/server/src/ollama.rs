@@ -182,6 +182,7 @@ fn images(o: &Map<String, Value>, media: &mut Media) -> Result<usize, ApiError> 
         }
     };
     for image in list {
+        media.room_for(false)?;
         let data = image
             .as_str()
             .ok_or_else(|| ApiError::bad_request("`images` must be a list of base64 strings"))?;

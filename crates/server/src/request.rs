@@ -13,6 +13,9 @@ use crate::models::Loaded;
 
 /// The largest file a `file://` image or audio URL may name.
 const MAX_MEDIA_FILE_BYTES: u64 = 64 << 20;
+/// The most images, and the most audio clips, one request may hold: each is decoded (a clip
+/// up to 10 minutes into features) before the request is queued.
+pub const MAX_MEDIA_PER_REQUEST: usize = 64;
 
 /// A request's JSON object.
 pub fn object(v: &Value) -> Result<&Map<String, Value>, ApiError> {
@@ -140,6 +143,23 @@ pub struct Media {
     pub audio: Vec<AudioInput>,
 }
 
+impl Media {
+    /// Refuses one more image or clip past [`MAX_MEDIA_PER_REQUEST`] of its kind.
+    pub fn room_for(&self, audio: bool) -> Result<(), ApiError> {
+        let (n, what) = if audio {
+            (self.audio.len(), "audio clips")
+        } else {
+            (self.images.len(), "images")
+        };
+        if n >= MAX_MEDIA_PER_REQUEST {
+            return Err(ApiError::bad_request(format!(
+                "more than {MAX_MEDIA_PER_REQUEST} {what} in one request"
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// What a request asks for, before it becomes a [`GenerateRequest`].
 pub struct Ask {
     pub prompt: Prompt,
@@ -205,6 +225,7 @@ pub fn openai_content(content: Option<&Value>, media: &mut Media) -> Result<Stri
                     }
                     _ => ("", None),
                 };
+                media.room_for(false)?;
                 let image = ImageInput::from_bytes(media_bytes(url)?);
                 media.images.push(image.with_budget(image_budget(detail)?));
                 out.push_str(IMAGE_PLACEHOLDER);
@@ -218,6 +239,7 @@ pub fn openai_content(content: Option<&Value>, media: &mut Media) -> Result<Stri
                     })?;
                 let data = string(a, "data")?
                     .ok_or_else(|| ApiError::bad_request("`input_audio` needs base64 `data`"))?;
+                media.room_for(true)?;
                 let clip = AudioInput::from_bytes(&base64_bytes(data)?)
                     .map_err(|e| ApiError::runtime(&e))?;
                 media.audio.push(clip);
@@ -258,18 +280,30 @@ fn media_bytes(url: &str) -> Result<Vec<u8>, ApiError> {
         return base64_bytes(data);
     }
     if let Some(path) = url.strip_prefix("file://") {
-        let meta =
-            std::fs::metadata(path).map_err(|e| ApiError::bad_request(format!("{url}: {e}")))?;
-        if meta.len() > MAX_MEDIA_FILE_BYTES {
-            return Err(ApiError::bad_request(format!(
-                "{url}: larger than {MAX_MEDIA_FILE_BYTES} bytes"
-            )));
-        }
-        return std::fs::read(path).map_err(|e| ApiError::bad_request(format!("{url}: {e}")));
+        return read_media_file(path, url);
     }
     Err(ApiError::bad_request(
         "an image URL must be a data: URI or a local file:// URL (this server fetches nothing)",
     ))
+}
+
+/// A regular file's bytes, at most [`MAX_MEDIA_FILE_BYTES`] (a FIFO would block and
+/// `/dev/zero` never end, whatever their sizes say).
+fn read_media_file(path: &str, url: &str) -> Result<Vec<u8>, ApiError> {
+    use std::io::Read;
+    let bad = |e: &dyn std::fmt::Display| ApiError::bad_request(format!("{url}: {e}"));
+    let meta = std::fs::metadata(path).map_err(|e| bad(&e))?;
+    if !meta.is_file() {
+        return Err(bad(&"not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_MEDIA_FILE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| bad(&e))?;
+    if bytes.len() as u64 > MAX_MEDIA_FILE_BYTES {
+        return Err(bad(&format!("larger than {MAX_MEDIA_FILE_BYTES} bytes")));
+    }
+    Ok(bytes)
 }
 
 /// Standard base64, padded or not, whitespace ignored.

@@ -243,24 +243,31 @@ fn serve(
 }
 
 async fn run(session: &mut wgemma::Session, job: Job, counters: &Counters) {
+    // A client that left while its request waited: nothing to run.
+    if job.events.is_closed() {
+        Counters::add(&counters.cancelled, 1);
+        return;
+    }
     let stream = session.generate(job.request);
     futures::pin_mut!(stream);
     let mut tokens = 0u64;
     while let Some(event) = stream.next().await {
-        match &event {
-            Ok(Event::Token { .. }) => tokens += 1,
-            Ok(Event::Done { timings, .. }) => counters.record_done(timings),
-            Err(_) => Counters::add(&counters.failed, 1),
-        }
-        let last = !matches!(event, Ok(Event::Token { .. }));
+        let end = match &event {
+            Ok(Event::Token { .. }) => None,
+            Ok(Event::Done { timings, .. }) => Some(Ok(*timings)),
+            Err(_) => Some(Err(())),
+        };
         if job.events.send(event).await.is_err() {
             // The client went away: dropping the stream ends the generation here.
             Counters::add(&counters.cancelled, 1);
             Counters::add(&counters.generated_tokens, tokens);
             return;
         }
-        if last {
-            return;
+        // Counted once delivered, so that a generation is finished, failed or cancelled.
+        match end {
+            None => tokens += 1,
+            Some(Ok(timings)) => return counters.record_done(&timings),
+            Some(Err(())) => return Counters::add(&counters.failed, 1),
         }
     }
 }
