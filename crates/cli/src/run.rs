@@ -70,7 +70,7 @@ impl GenArgs {
 
     /// The sampling settings: those given, else the model's hints, else Gemma's.
     pub fn sampling(&self, hints: &SamplingHints) -> Result<SamplingParams, CliError> {
-        let seed = self.seed.unwrap_or_else(fresh_seed);
+        let seed = self.seed.unwrap_or_else(wgemma::fresh_seed);
         let mut p = hints.apply(SamplingParams::gemma(seed));
         if let Some(t) = self.temperature {
             p.temperature = t;
@@ -126,14 +126,6 @@ impl GenArgs {
             stop_loops: self.stop_loops,
         }
     }
-}
-
-/// A seed no earlier run used (time and process id), for a fresh draw each run.
-fn fresh_seed() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    nanos ^ (u64::from(std::process::id()) << 32)
 }
 
 #[derive(clap::Args)]

@@ -32,6 +32,8 @@ mod source;
 mod web;
 
 pub use audio::AudioInput;
+#[cfg(not(target_arch = "wasm32"))]
+pub use clock::fresh_seed;
 pub use error::Error;
 pub use image::{ImageData, ImageInput};
 pub use info::ModelInfo;

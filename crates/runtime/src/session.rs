@@ -372,23 +372,10 @@ impl Session {
         &mut self,
         req: &GenerateRequest,
     ) -> Result<Option<Vec<StepProfile>>, Error> {
-        let tokens = self.prompt_tokens(&req.prompt, req.parse_special)?;
-        if req.images.is_empty() && req.audio.is_empty() {
+        let (tokens, spans) = expanded_prompt(&self.model, req)?;
+        if spans.is_empty() {
             return self.profile(&tokens).await;
         }
-        if !req.images.is_empty() && self.model.vision().is_none() {
-            return Err(Error::NoVision);
-        }
-        if !req.audio.is_empty() && self.model.audio().is_none() {
-            return Err(Error::NoAudio);
-        }
-        let inputs = Inputs {
-            images: &req.images,
-            audio: &req.audio,
-            image_markers: self.model.image_markers(),
-            audio_markers: self.model.audio_markers(),
-        };
-        let (tokens, spans) = media::expand(&tokens, &inputs)?;
         let mut towers = Vec::new();
         let mut placed = Vec::with_capacity(spans.len());
         for span in &spans {
@@ -561,27 +548,8 @@ impl Run<'_> {
     async fn start_prefill(&mut self) -> Result<(), Error> {
         self.req.sampling.validate()?;
         let s = &mut *self.session;
-        // A model that cannot take the inputs says so first (their tokens' count would
-        // otherwise be measured against the context with towers it does not have).
-        if !self.req.images.is_empty() && s.model.vision().is_none() {
-            return Err(Error::NoVision);
-        }
-        if !self.req.audio.is_empty() && s.model.audio().is_none() {
-            return Err(Error::NoAudio);
-        }
+        let (tokens, spans) = expanded_prompt(&s.model, &self.req)?;
         s.gpu.drain().await?;
-        let tokens = s.prompt_tokens(&self.req.prompt, self.req.parse_special)?;
-        let inputs = Inputs {
-            images: &self.req.images,
-            audio: &self.req.audio,
-            image_markers: s.model.image_markers(),
-            audio_markers: s.model.audio_markers(),
-        };
-        let (tokens, spans) = if inputs.images.is_empty() && inputs.audio.is_empty() {
-            (tokens, Vec::new())
-        } else {
-            media::expand(&tokens, &inputs)?
-        };
         // Reuse the cached prefix (and the inputs in it), but always feed at least one token
         // for logits.
         let common =
@@ -787,6 +755,29 @@ impl Fresh<'_> {
 pub enum MediaInput {
     Image(ImageInput),
     Audio(AudioInput),
+}
+
+/// `req`'s prompt tokens with its images' and clips' placeholders expanded to their soft
+/// tokens, and where each input's soft tokens sit. A model without the tower an input needs
+/// says so first (the input's tokens would otherwise be measured against the context).
+fn expanded_prompt(model: &Model, req: &GenerateRequest) -> Result<(Vec<u32>, Vec<Span>), Error> {
+    if !req.images.is_empty() && model.vision().is_none() {
+        return Err(Error::NoVision);
+    }
+    if !req.audio.is_empty() && model.audio().is_none() {
+        return Err(Error::NoAudio);
+    }
+    let tokens = model.prompt_tokens(&req.prompt, req.parse_special)?;
+    if req.images.is_empty() && req.audio.is_empty() {
+        return Ok((tokens, Vec::new()));
+    }
+    let inputs = Inputs {
+        images: &req.images,
+        audio: &req.audio,
+        image_markers: model.image_markers(),
+        audio_markers: model.audio_markers(),
+    };
+    media::expand(&tokens, &inputs)
 }
 
 /// How many bytes at the end of `text` could begin one of the stop strings.

@@ -86,7 +86,7 @@ async fn respond(
             } else {
                 "cmpl"
             },
-            rand_id()
+            wgemma::fresh_seed()
         ),
         created: unix_now(),
         model: if name.is_empty() {
@@ -383,16 +383,4 @@ pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-/// An id unique enough for a response (not a secret).
-pub(crate) fn rand_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
 }

@@ -103,7 +103,7 @@ pub struct Sampling {
 impl Sampling {
     /// The model's recommendation with these settings over it, checked.
     fn params(&self, model: &Loaded) -> Result<SamplingParams, ApiError> {
-        let seed = self.seed.unwrap_or_else(fresh_seed);
+        let seed = self.seed.unwrap_or_else(wgemma::fresh_seed);
         let mut p = model.hints.apply(SamplingParams::gemma(seed));
         let f = |v: Option<f64>, d: f32| v.map_or(d, |x| x as f32);
         p.temperature = f(self.temperature, p.temperature);
@@ -122,18 +122,6 @@ impl Sampling {
             .map_err(|e| ApiError::bad_request(format!("{} {}: {}", e.name, e.value, e.rule)))?;
         Ok(p)
     }
-}
-
-/// A seed of its own for a request that gives none.
-fn fresh_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
 }
 
 /// A prompt's images and audio clips, in prompt order.

@@ -5,52 +5,19 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use base64::Engine;
 use serde_json::{Value, json};
-use wgemma_server::{ServedModel, ServerConfig};
+use wgemma_server::ServerConfig;
 
-const MODEL: &str = "tiny";
+mod common;
 
-/// The tiny random Gemma 4 with an audio tower of `crates/gemma4-audio/tests` (made by
-/// transformers and llama.cpp's converter; its replies vary with the prompt, unlike a
-/// synthetic model's).
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../gemma4-audio/tests/fixtures")
-        .join(name)
-}
+use common::{MODEL, fixture, start};
 
 fn config() -> ServerConfig {
-    ServerConfig {
-        models: vec![ServedModel {
-            name: MODEL.into(),
-            spec: fixture("gemma4_tiny_audio.gguf").display().to_string(),
-            projector: Some(fixture("gemma4_tiny_audio_mmproj.gguf")),
-        }],
-        parallel: 2,
-        context: 1024,
-        ..ServerConfig::default()
-    }
-}
-
-/// Starts a server on a free port in a thread of its own; its address.
-fn start(config: ServerConfig) -> SocketAddr {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            axum::serve(listener, wgemma_server::router(&config))
-                .await
-                .unwrap();
-        });
-    });
-    rx.recv().unwrap()
+    common::config(true)
 }
 
 /// The server all tests share (one model load).

@@ -6,48 +6,26 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use wgemma_server::{ServedModel, ServerConfig};
+use wgemma_server::ServerConfig;
 
 const KEY: &str = "load-key";
 const STREAMS: usize = 100;
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../gemma4-audio/tests/fixtures")
-        .join(name)
-}
+mod common;
 
 fn start() -> SocketAddr {
-    let config = ServerConfig {
-        models: vec![ServedModel {
-            name: "tiny".into(),
-            spec: fixture("gemma4_tiny_audio.gguf").display().to_string(),
-            projector: None,
-        }],
+    common::start(ServerConfig {
         api_key: Some(KEY.into()),
         parallel: 4,
         queue: 2 * STREAMS,
         context: 256,
         max_body_bytes: 1 << 20,
-        ..ServerConfig::default()
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            axum::serve(listener, wgemma_server::router(&config))
-                .await
-                .unwrap();
-        });
-    });
-    rx.recv().unwrap()
+        ..common::config(false)
+    })
 }
 
 /// Sends `body` to `path` with `Content-Length: declared` (the body's own length unless

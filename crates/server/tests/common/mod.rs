@@ -1,0 +1,49 @@
+//! What the server's tests share: the tiny model and a server on a free port.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use wgemma_server::{ServedModel, ServerConfig};
+
+/// What the tests call the model.
+pub const MODEL: &str = "tiny";
+
+/// A file of `crates/gemma4-audio/tests/fixtures`: the tiny random Gemma 4 with image and audio
+/// towers (made by transformers and llama.cpp's converter; its replies vary with the prompt,
+/// unlike a synthetic model's) and its clips.
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../gemma4-audio/tests/fixtures")
+        .join(name)
+}
+
+/// A server of the tiny model as [`MODEL`] (with its projector where `towers`), two sessions
+/// of 1024 positions.
+pub fn config(towers: bool) -> ServerConfig {
+    ServerConfig {
+        models: vec![ServedModel {
+            name: MODEL.into(),
+            spec: fixture("gemma4_tiny_audio.gguf").display().to_string(),
+            projector: towers.then(|| fixture("gemma4_tiny_audio_mmproj.gguf")),
+        }],
+        parallel: 2,
+        context: 1024,
+        ..ServerConfig::default()
+    }
+}
+
+/// Starts a server on a free port in a thread of its own; its address.
+pub fn start(config: ServerConfig) -> SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            axum::serve(listener, wgemma_server::router(&config))
+                .await
+                .unwrap();
+        });
+    });
+    rx.recv().unwrap()
+}
