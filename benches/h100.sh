@@ -61,6 +61,10 @@
 #   coop_check this revision's parity tests (tiles by shape and forced), product and image
 #              attention benchmarks, E2B prefill, vision and audio towers
 #   coop_compare   this revision against .dev/xtask-base: E2E on MODELS, vision, audio
+#   batch      aggregate decode of 1, 4, 16 and 64 sequences stepped together (cargo xtask
+#              bench-batch: 512-token prompts, 128 generated each) on BATCH_MODELS (default
+#              "e2b"), then llama.cpp's llama-batched-bench (CUDA) on the same files and
+#              lengths; $OUT/batch/ and a table in $OUT/batch.md
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
 # them: each device call gets an empty $OUT, so a table made in a later call on the same
@@ -91,7 +95,7 @@ build_cuda() {
   # Already building (a call before this one on the same machine started it).
   [ -f "$W/cuda.pid" ] && kill -0 "$(cat "$W/cuda.pid")" 2> /dev/null && return
   setsid nohup bash -c "cd $LL && cmake -B build-cuda -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 $CMAKE_COMMON \
-    && cmake --build build-cuda -j14 --target llama-bench llama-mtmd-cli && touch $W/cuda.done" > "$W/llama-cuda-build.log" 2>&1 &
+    && cmake --build build-cuda -j14 --target ${CUDA_TARGETS:-llama-bench llama-batched-bench llama-mtmd-cli} && touch $W/cuda.done" > "$W/llama-cuda-build.log" 2>&1 &
   echo $! > "$W/cuda.pid"
 }
 
@@ -340,6 +344,26 @@ coop_check() {
 }
 # This revision against .dev/xtask-base in one call, one run each, base first: bench-e2e on
 # MODELS, the vision tower at both budgets and the audio tower; $OUT/pair-{base,ours}-*.
+batch() {
+  build_cuda
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+  local B=$OUT/batch m
+  local models=${BATCH_MODELS:-e2b} npl=${BATCH_SEQUENCES:-1,4,16,64}
+  mkdir -p "$B"
+  synth $models
+  for m in $models; do
+    .dev/xtask bench-batch --model "$W/models/$m.gguf" --sequences "$npl" --json --profile \
+      > "$B/ours-$m.jsonl" 2> "$B/ours-$m.err"
+  done
+  wait_for cuda
+  for m in $models; do
+    "$LL/build-cuda/bin/llama-batched-bench" -m "$W/models/$m.gguf" -ngl 99 -fa on -c 45000 \
+      -b 2048 -ub 512 -npp 512 -ntg 128 -npl "$npl" --output-format jsonl \
+      > "$B/llama-$m.jsonl" 2> "$B/llama-$m.err"
+  done
+  python3 benches/batch_table.py "$B" $models | tee "$OUT/batch.md"
+}
+
 coop_compare() {
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
   synth $MODELS e2b-mmproj e2b-audio-mmproj

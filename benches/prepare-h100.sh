@@ -52,7 +52,7 @@ if [ -n "${BASE:-}" ]; then
 fi
 
 # grep without -q reads tar's whole listing (no SIGPIPE under pipefail).
-if ! tar tJf .dev/llama.tar.xz 2> /dev/null | grep lltrim/tools/mtmd/ > /dev/null; then
+if ! tar tJf .dev/llama.tar.xz 2> /dev/null | grep lltrim/tools/batched-bench/ > /dev/null; then
   work=$(mktemp -d)
   # pip builds an sdist's metadata before saving it: scikit-build-core and cmake let it.
   python3 -m pip install --quiet scikit-build-core cmake
@@ -67,12 +67,12 @@ if ! tar tJf .dev/llama.tar.xz 2> /dev/null | grep lltrim/tools/mtmd/ > /dev/nul
   cp -r "$ll"/ggml/{CMakeLists.txt,cmake,include} "$t/ggml/"
   cp "$ll"/ggml/src/*.* "$t/ggml/src/"
   cp -r "$ll"/ggml/src/{ggml-cpu,ggml-cuda} "$t/ggml/src/"
-  cp -r "$ll"/tools/{llama-bench,quantize,tokenize,mtmd} "$t/tools/"
+  cp -r "$ll"/tools/{llama-bench,batched-bench,quantize,tokenize,mtmd} "$t/tools/"
   # mtmd without its sample media (test-*.jpeg/mp3/mp4), tests and Python converters.
   rm -rf "$t"/tools/mtmd/{test-*,tests,legacy-models}
   # Only the tools kept here.
   grep -v 'add_subdirectory' "$ll/tools/CMakeLists.txt" > "$t/tools/CMakeLists.txt"
-  printf 'add_subdirectory(%s)\n' llama-bench quantize tokenize mtmd >> "$t/tools/CMakeLists.txt"
+  printf 'add_subdirectory(%s)\n' llama-bench batched-bench quantize tokenize mtmd >> "$t/tools/CMakeLists.txt"
   cp -r "$src/llama_cpp" "$t/llama_cpp_py"
   (cd "$t/llama_cpp_py" && python3 -m zipfile -e "$work"/diskcache-*.whl .)
   tar cJf .dev/llama.tar.xz -C "$work" lltrim

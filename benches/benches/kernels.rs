@@ -135,6 +135,7 @@ fn attention(c: &mut Criterion) {
             softcap: 0.0,
             q_stride: width,
             last_key: None,
+            slot_rows: 0,
         };
         let heads = ops::HeadPostArgs {
             qkv: &qkv,
@@ -157,6 +158,7 @@ fn attention(c: &mut Criterion) {
             freq_scale: 1.0,
             freq_factors: None,
             eps: 1e-6,
+            slot_rows: 0,
         };
         let a = ops::attention_decode(&ctx, &args, 0, &scratch, None).unwrap();
         let post = ops::head_post(&ctx, &heads).unwrap();
@@ -211,6 +213,7 @@ fn attention_prefill(c: &mut Criterion) {
             softcap: 0.0,
             q_stride: nh * head_dim,
             last_key: None,
+            slot_rows: 0,
         };
         let ds = [ops::attention(&ctx, &args).unwrap()];
         group.throughput(Throughput::Elements(

@@ -84,15 +84,24 @@ fn random_adapter(model: &GpuModel, rank: usize) -> wgemma_text::lora::LoraAdapt
     adapter
 }
 
-pub fn run(a: Args) -> Result<(), TaskError> {
+/// A model loaded for a benchmark, with what the reports name.
+pub(crate) struct Loaded {
+    pub ctx: Arc<GpuContext>,
+    pub model: Arc<GpuModel>,
+    pub name: String,
+    pub load_s: f64,
+}
+
+/// Loads `path` onto the GPU (`stream_experts`: experts streamed from host memory).
+pub(crate) fn load(path: &std::path::Path, stream_experts: bool) -> Result<Loaded, TaskError> {
     let ctx = Arc::new(pollster::block_on(GpuContext::new(
         ContextOptions::default().with_env(),
     ))?);
-    let src = Arc::new(MmapSource::open(&a.model)?);
+    let src = Arc::new(MmapSource::open(path)?);
     let g = Gguf::parse(src.bytes(0, TensorSource::len(&*src))?)?;
     let cfg = TextConfig::from_gguf(&g)?;
     let t = Instant::now();
-    let experts = if a.stream_experts {
+    let experts = if stream_experts {
         ExpertPlacement::Streamed
     } else {
         ExpertPlacement::Auto
@@ -110,7 +119,34 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         |_| {},
     ))?);
     ctx.wait()?;
-    let load_s = t.elapsed().as_secs_f64();
+    let name = g
+        .metadata
+        .opt_str("general.name")?
+        .unwrap_or("?")
+        .to_string();
+    Ok(Loaded {
+        ctx,
+        model,
+        name,
+        load_s: t.elapsed().as_secs_f64(),
+    })
+}
+
+/// A synthetic prompt of `n` tokens (`seed` varies it).
+pub(crate) fn synthetic_prompt(n: usize, seed: u32, vocab: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i * 7919 + 13 + seed * 104_729) % vocab.max(1))
+        .collect()
+}
+
+pub fn run(a: Args) -> Result<(), TaskError> {
+    let Loaded {
+        ctx,
+        model,
+        name,
+        load_s,
+    } = load(&a.model, a.stream_experts)?;
+    let cfg = &model.cfg;
     let opts = SessionOptions {
         context: a.prompt + a.decode + 8,
         max_batch: a.prompt.min(512),
@@ -121,9 +157,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         session.set_adapters(&[(adapter, 1.0)])?;
     }
     let vocab = cfg.n_vocab as u32;
-    let prompt: Vec<u32> = (0..a.prompt as u32)
-        .map(|i| (i * 7919 + 13) % vocab.max(1))
-        .collect();
+    let prompt = synthetic_prompt(a.prompt, 0, vocab);
     let greedy = SamplingParams::default();
     let (mut prefill, mut ttft, mut decode, mut cpu_step) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -186,11 +220,6 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     let floor_ms = bytes_per_token as f64 / (a.floor_tbps * 1e12) * 1e3;
     let step_ms = 1e3 / decode;
     let memory = model.gpu_bytes() + session.gpu_bytes() + session.arena_bytes();
-    let name = g
-        .metadata
-        .opt_str("general.name")?
-        .unwrap_or("?")
-        .to_string();
     if a.json {
         println!(
             "{}",

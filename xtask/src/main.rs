@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench_audio;
+mod bench_batch;
 mod bench_e2e;
 mod bench_vision;
 mod browser_test;
@@ -25,6 +26,8 @@ struct Cli {
 enum Task {
     /// The audio tower's speed: features, encode, time to first token of an audio prompt.
     BenchAudio(bench_audio::Args),
+    /// Aggregate decode speed of 1, 4, 16, 64 sequences stepped together (batched decode).
+    BenchBatch(bench_batch::Args),
     /// End-to-end speed: prefill and decode tok/s, time to first token, memory, bandwidth use.
     BenchE2e(bench_e2e::Args),
     /// The vision tower's speed: preprocessing, encode, time to first token of an image prompt.
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.task {
         Task::BenchAudio(a) => bench_audio::run(a),
+        Task::BenchBatch(a) => bench_batch::run(a),
         Task::BenchE2e(a) => bench_e2e::run(a),
         Task::BenchVision(a) => bench_vision::run(a),
         Task::BrowserTest(a) => browser_test::run(a),

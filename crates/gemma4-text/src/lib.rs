@@ -15,7 +15,7 @@ pub mod tokenizer;
 
 pub use config::{Arch, ConfigError, LayerConfig, TextConfig};
 pub use forward::{
-    ExpertPlacement, ForwardError, Fusions, GpuModel, GpuSession, LoadError, LoadOptions,
+    BatchDecoder, BatchRow, ExpertPlacement, KvPool, ForwardError, Fusions, GpuModel, GpuSession, LoadError, LoadOptions,
     LoadProgress, PleRows, PrefillWatch, PreparedLora, SessionOptions, SoftTokens, Traced,
     WeightBytes,
 };

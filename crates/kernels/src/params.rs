@@ -90,6 +90,7 @@ kernel_params!(
         softcap: f32,
         capacity: u32,
         q_stride: u32,
+        slot_rows: u32,
     }
 );
 
@@ -173,6 +174,7 @@ kernel_params!(
         eps: f32,
         base: f32,
         freq_scale: f32,
+        slot_rows: u32,
     }
 );
 

@@ -757,6 +757,7 @@ fn attention_matches_cpu_for_prefill_decode_window_and_gqa() {
             softcap,
             q_stride: nh * hd,
             last_key: None,
+            slot_rows: 0,
         };
         run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
         assert_close(
@@ -821,9 +822,76 @@ fn attention_sees_the_rest_of_its_span() {
         softcap: 0.0,
         q_stride: nh * hd,
         last_key: Some(&upload_u32(ctx, &last)),
+        slot_rows: 0,
     };
     run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
     assert_close("attention with spans", &read(ctx, &out), &want, 1e-4);
+}
+
+/// A cache of several sequences (a batch of decode steps): each token sees only its own
+/// slot's keys, within the window, whatever lies in the slots beside it.
+#[test]
+fn attention_keeps_to_each_tokens_slot() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(31);
+    let (nh, nkv, hd, slot_rows, slots) = (6u32, 2u32, 64u32, 40u32, 3u32);
+    let cap = slot_rows * slots;
+    // (slot, position in the slot): the first rows, the last, and in between.
+    let rows = [(0u32, 5u32), (1, 0), (1, 39), (2, 17), (0, 39), (2, 2)];
+    let positions: Vec<u32> = rows.iter().map(|(s, p)| s * slot_rows + p).collect();
+    for window in [0u32, 8] {
+        let t = positions.len() as u32;
+        let q = rng.vec((t * nh * hd) as usize, 1.0);
+        let kc = rng.vec((cap * nkv * hd) as usize, 1.0);
+        let vc = rng.vec((cap * nkv * hd) as usize, 1.0);
+        let scale = 0.125;
+        let mut want = Vec::new();
+        for (ti, &pos) in positions.iter().enumerate() {
+            let one = (nh * hd) as usize;
+            let reference = cpu::AttendRef {
+                q: &q[ti * one..(ti + 1) * one],
+                k: &kc,
+                v: &vc,
+                heads: nh as usize,
+                kv_heads: nkv as usize,
+                d: hd as usize,
+                q_pos0: pos as usize,
+                scale,
+                softcap: 0.0,
+                relative: None,
+            };
+            let slot = |p: usize| p / slot_rows as usize;
+            want.extend(cpu::attend(&reference, |qp, kp| {
+                let near = |d: usize| window == 0 || d < window as usize;
+                slot(qp) == slot(kp) && kp <= qp && near(qp - kp)
+            }));
+        }
+        let out = poisoned(ctx, want.len());
+        let args = AttentionArgs {
+            q: &upload(ctx, &q),
+            k_cache: &upload(ctx, &kc),
+            v_cache: &upload(ctx, &vc),
+            positions: &upload_u32(ctx, &positions),
+            out: &out,
+            tokens: t,
+            n_head: nh,
+            n_kv_head: nkv,
+            head_dim: hd,
+            window,
+            scale,
+            softcap: 0.0,
+            q_stride: nh * hd,
+            last_key: None,
+            slot_rows,
+        };
+        run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
+        assert_close(
+            &format!("attention in slots, window {window}"),
+            &read(ctx, &out),
+            &want,
+            1e-4,
+        );
+    }
 }
 
 #[test]
@@ -1755,11 +1823,12 @@ fn heads_on_cpu(
 fn head_post_matches_norm_rope_and_store() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(43);
-    // (heads, kv heads, head_dim, n_rot, tokens, k_is_v, v_norm, freq factors)
-    for (nh, nkv, hd, n_rot, t, k_is_v, v_norm, ff) in [
-        (4u32, 1u32, 256u32, 256u32, 1u32, false, false, false),
-        (8, 2, 512, 512, 3, true, true, true),
-        (3, 3, 64, 32, 2, false, true, false),
+    // (heads, kv heads, head_dim, n_rot, tokens, k_is_v, v_norm, freq factors, rows a slot:
+    // the cache holds several sequences and the RoPE position is the row within the slot)
+    for (nh, nkv, hd, n_rot, t, k_is_v, v_norm, ff, slot_rows) in [
+        (4u32, 1u32, 256u32, 256u32, 1u32, false, false, false, 0u32),
+        (8, 2, 512, 512, 3, true, true, true, 4),
+        (3, 3, 64, 32, 2, false, true, false, 3),
     ] {
         let width = (nh + nkv * if k_is_v { 1 } else { 2 }) * hd;
         let stride = width + 8;
@@ -1800,6 +1869,7 @@ fn head_post_matches_norm_rope_and_store() {
             freq_scale: 1.0,
             freq_factors: ff.then_some(&ffv),
             eps: 1e-6,
+            slot_rows,
         };
         run(ctx, &[&ops::head_post(ctx, &args).unwrap()]);
         let got_qkv = read(ctx, &qkv_v);
@@ -1816,7 +1886,8 @@ fn head_post_matches_norm_rope_and_store() {
         };
         for (ti, &pos) in positions.iter().enumerate() {
             let base = ti * stride as usize;
-            let (q, k, v) = heads_on_cpu(&qkv[base..], &shape, pos, &qn, &kn, ffo);
+            let rope_pos = if slot_rows > 0 { pos % slot_rows } else { pos };
+            let (q, k, v) = heads_on_cpu(&qkv[base..], &shape, rope_pos, &qn, &kn, ffo);
             assert_close("head_post q", &got_qkv[base..][..q.len()], &q, 1e-4);
             let slot = pos as usize * row;
             assert_close("head_post k", &got_k[slot..slot + row], &k, 1e-4);
@@ -1844,6 +1915,7 @@ fn head_post_matches_norm_rope_and_store() {
         freq_scale: 1.0,
         freq_factors: None,
         eps: 1e-6,
+        slot_rows: 0,
     };
     run(ctx, &[&ops::head_post(ctx, &args).unwrap()]);
     let got = read(ctx, &qkv_v);
@@ -1924,6 +1996,7 @@ fn split_decode_attention_matches_cpu() {
             softcap: 0.0,
             q_stride: nh * hd,
             last_key: None,
+            slot_rows: 0,
         };
         let a = ops::attention_decode(ctx, &args, q_offset, &scratch, None).unwrap();
         run(ctx, &[&a.split, &a.combine]);
@@ -2034,6 +2107,7 @@ fn decode_attention_with_head_work_matches_cpu() {
                 freq_scale: 0.5,
                 freq_factors: ff.then_some(&ffv),
                 eps: 1e-6,
+                slot_rows: 0,
             };
             let args = AttentionArgs {
                 q: &qkv_v,
@@ -2050,6 +2124,7 @@ fn decode_attention_with_head_work_matches_cpu() {
                 softcap: 0.0,
                 q_stride: width,
                 last_key: None,
+                slot_rows: 0,
             };
             if fused {
                 let (split, merge) =
@@ -2107,6 +2182,7 @@ fn decode_attention_with_head_work_matches_cpu() {
         softcap: 0.0,
         q_stride: nh * hd,
         last_key: None,
+        slot_rows: 0,
     };
     let (_, merge) = ops::attention_split(ctx, &args, 0, &scratch, None).unwrap();
     let wq = quantize(GgmlType::Q8_0, &vec![0.25; 96 * 4]).unwrap();

@@ -19,12 +19,14 @@ use super::model::{GpuModel, HostExperts, PleRows, PleTable};
 use crate::sampling::{SamplingParams, Strategy};
 
 mod arena;
+mod batch;
 mod graph;
 mod kv;
 mod queue;
 
 pub(super) use arena::ArenaSlot;
 use arena::{Activations, Arena};
+pub use batch::{BatchDecoder, BatchRow, KvPool};
 use graph::DecoderGraph;
 use kv::KvCache;
 pub use queue::MAX_IN_FLIGHT;
@@ -66,6 +68,10 @@ pub enum ForwardError {
     Trace(String),
     #[error(transparent)]
     Lora(#[from] crate::lora::LoraError),
+    #[error("the KV pool's {slots} slots are all in use")]
+    PoolFull { slots: usize },
+    #[error("batched decode: {0}")]
+    Batch(String),
 }
 
 /// Watches a prompt of several passes: after each pass but the last has run on the GPU, it
@@ -227,6 +233,8 @@ pub struct GpuSession {
     model: Arc<GpuModel>,
     capacity: usize,
     max_batch: usize,
+    /// Rows of each sequence's slot when the cache holds several ([`BatchDecoder`]); 0: one.
+    slot_rows: usize,
     kv: KvCache,
     s: Scratch,
     /// Batched steps' activations, shared with the model's other sessions.
@@ -289,10 +297,44 @@ impl GpuSession {
     /// Allocates the KV cache and scratch and prepares the decode step.
     pub fn new(model: Arc<GpuModel>, opts: SessionOptions) -> Result<Self, ForwardError> {
         let _span = tracing::info_span!("session_new", context = opts.context).entered();
+        let capacity = opts.context.clamp(1, model.cfg.context_length.max(1));
+        let kv = KvCache::new(&model.ctx, &model.cfg, capacity);
+        Self::with_cache(model, opts.max_batch, kv, 0)
+    }
+
+    /// A session whose KV cache is a slot of `pool` (its context is at most the pool's slot),
+    /// so that [`BatchDecoder`] can run its decode steps together with the pool's other
+    /// sessions'. The slot is free again when the session is dropped.
+    pub fn in_pool(
+        model: Arc<GpuModel>,
+        opts: SessionOptions,
+        pool: &Arc<KvPool>,
+    ) -> Result<Self, ForwardError> {
+        let _span = tracing::info_span!("session_new", context = opts.context, pooled = true)
+            .entered();
+        if !Arc::ptr_eq(&model, pool.model()) {
+            return Err(ForwardError::Batch("the pool holds another model's caches".into()));
+        }
+        let slot = pool.take().ok_or(ForwardError::PoolFull {
+            slots: pool.slots(),
+        })?;
+        let kv = KvCache::in_slot(slot, opts.context)?;
+        Self::with_cache(model, opts.max_batch, kv, 0)
+    }
+
+    /// A session over `kv` (its capacity is the session's) whose steps are at most
+    /// `max_batch` tokens. With `slot_rows` > 0 the cache holds several sequences of that
+    /// many rows each (a [`BatchDecoder`]'s), and the one-token decode step is not prepared.
+    fn with_cache(
+        model: Arc<GpuModel>,
+        max_batch: usize,
+        kv: KvCache,
+        slot_rows: usize,
+    ) -> Result<Self, ForwardError> {
         let ctx = &model.ctx;
         let cfg = &model.cfg;
-        let capacity = opts.context.clamp(1, cfg.context_length.max(1));
-        let b = opts.max_batch.clamp(1, capacity);
+        let capacity = kv.capacity();
+        let b = max_batch.clamp(1, capacity);
         let buf = |name: &str, floats: u64| View::of(&ctx.storage(name, floats * 4));
         let d = cfg.n_embd as u64;
         let max_ff = cfg.layers.iter().map(|l| l.n_ff).max().unwrap_or(0) as u32;
@@ -318,7 +360,6 @@ impl GpuSession {
             ring: buf("ring", 1 + u64::from(ops::RING_CAP)),
         };
         let arena = Arena::for_model(&model, b);
-        let kv = KvCache::new(ctx, cfg, capacity);
 
         let router_readback =
             (model.streams_experts() && cfg!(not(target_arch = "wasm32"))).then(|| {
@@ -334,6 +375,7 @@ impl GpuSession {
             model: model.clone(),
             capacity,
             max_batch: b,
+            slot_rows,
             kv,
             s,
             arena,
@@ -350,8 +392,10 @@ impl GpuSession {
             adapters: Vec::new(),
             lora: None,
         };
-        session.decode =
-            session.plan(1, StepInput::ids(&session.s.result), LogitsFor::Last, None)?;
+        if slot_rows == 0 {
+            session.decode =
+                session.plan(1, StepInput::ids(&session.s.result), LogitsFor::Last, None)?;
+        }
         ctx.check()?;
         Ok(session)
     }
@@ -497,6 +541,7 @@ impl GpuSession {
                 None
             },
             eps: cfg.eps,
+            slot_rows: self.slot_rows as u32,
         }
     }
 
@@ -529,6 +574,7 @@ impl GpuSession {
             softcap: 0.0,
             q_stride: self.model.layers[il].qkv_width,
             last_key: (spans && lc.sliding).then_some(&a.last_key),
+            slot_rows: self.slot_rows as u32,
         })
     }
 

@@ -115,6 +115,10 @@ pub struct AttentionArgs<'a> {
     /// image's tokens see the rest of their image on Gemma 4 26B/31B's sliding layers. Those
     /// keys must be in the cache already (the whole image in this step or before).
     pub last_key: Option<&'a View>,
+    /// Cache rows per sequence when the cache holds several (a batch of sequences' decode
+    /// steps): a token at cache row `p` sees only the keys of rows `p - p % slot_rows ..`.
+    /// 0: one sequence.
+    pub slot_rows: u32,
 }
 
 /// Causal attention over the KV cache (with `last_key`, also ahead within spans).
@@ -166,6 +170,7 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
         softcap: a.softcap,
         capacity: capacity as u32,
         q_stride: a.q_stride,
+        slot_rows: a.slot_rows,
     });
     let source = ShaderSource::new("attention", &[ACTIVATIONS_WGSL, ATTENTION_WGSL])
         .constant("G", f64::from(a.n_head / a.n_kv_head))
@@ -256,14 +261,16 @@ pub fn attention_split<'a>(
     post: Option<&HeadPostArgs<'_>>,
 ) -> Result<(Dispatch, AttentionMerge<'a>), GpuError> {
     if a.tokens != 1
+        || a.slot_rows != 0
+        || post.is_some_and(|h| h.slot_rows != 0)
         || a.head_dim > MAX_HEAD_DIM
         || !a.head_dim.is_multiple_of(4)
         || a.n_kv_head == 0
         || !a.n_head.is_multiple_of(a.n_kv_head)
     {
         return Err(shape(format!(
-            "attention_decode: {} tokens, {} heads over {} KV heads of dim {}",
-            a.tokens, a.n_head, a.n_kv_head, a.head_dim
+            "attention_decode: {} tokens, {} heads over {} KV heads of dim {}, {} rows a slot",
+            a.tokens, a.n_head, a.n_kv_head, a.head_dim, a.slot_rows
         )));
     }
     a.q.expect_len32(

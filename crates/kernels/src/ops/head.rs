@@ -33,6 +33,9 @@ pub struct HeadPostArgs<'a> {
     pub freq_scale: f32,
     pub freq_factors: Option<&'a View>,
     pub eps: f32,
+    /// Cache rows per sequence when the cache holds several (a batch of sequences' decode
+    /// steps): a token at cache row `p` has RoPE position `p % slot_rows`. 0: one sequence.
+    pub slot_rows: u32,
 }
 
 /// The K/V side of [`head_post`].
@@ -126,6 +129,7 @@ pub fn head_post(ctx: &GpuContext, a: &HeadPostArgs<'_>) -> Result<Dispatch, Gpu
         eps: a.eps,
         base: a.base,
         freq_scale: a.freq_scale,
+        slot_rows: a.slot_rows,
     });
     let binds = HeadPostBindings {
         qkv: Bind::Storage(a.qkv),

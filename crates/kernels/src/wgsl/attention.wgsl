@@ -12,7 +12,9 @@
 // q: [tokens, q_stride] with head h at h * head_dim; k, v caches: [capacity, n_kv_head,
 // head_dim]; out: [tokens, n_head, head_dim]. Token m (at positions[m]) sees keys at positions
 // max(0, pos - window + 1) ..= pos (window 0 = unlimited); with SPANS, up to last_key[m]
-// where that is later (bidirectional within an image).
+// where that is later (bidirectional within an image). With slot_rows > 0 the cache holds
+// several sequences, slot_rows rows each (a batch of decode steps): a token sees only the keys
+// of its own slot.
 
 struct Params {
     n_head: u32,
@@ -24,6 +26,7 @@ struct Params {
     softcap: f32,
     capacity: u32,
     q_stride: u32,
+    slot_rows: u32,
 }
 
 @group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
@@ -88,6 +91,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var lo = 0u;
     if (p.window > 0u && pos + 1u > p.window) {
         lo = pos + 1u - p.window;
+    }
+    if (p.slot_rows > 0u) {
+        lo = max(lo, pos - pos % p.slot_rows);
     }
     var hi = min(pos, p.capacity - 1u);
 #if SPANS

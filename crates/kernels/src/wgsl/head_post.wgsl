@@ -4,7 +4,9 @@
 //
 // qkv holds, per token, [q: n_head*hd | k: n_kv*hd | v: n_kv*hd] (`stride` floats apart); with
 // K_IS_V the v part is absent and V is the raw (un-normed) K. Q is rewritten in place.
-// Workgroups 0..n_head-1 of a token take Q heads, the next n_kv take K/V heads.
+// Workgroups 0..n_head-1 of a token take Q heads, the next n_kv take K/V heads. With
+// slot_rows > 0 the cache holds several sequences, slot_rows rows each: a token at cache row
+// pos has RoPE position pos % slot_rows.
 
 struct Params {
     n_head: u32,
@@ -17,6 +19,7 @@ struct Params {
     eps: f32,
     base: f32,
     freq_scale: f32,
+    slot_rows: u32,
 }
 
 // The head's numbers for head_math.wgsl.
@@ -44,6 +47,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let t = wg.y;
     let hd = p.head_dim;
     let pos = positions[t];
+    let rope_pos = f32(select(pos, pos % p.slot_rows, p.slot_rows > 0u));
     let base = t * p.stride;
     if (head < p.n_head) {
         let o = base + head * hd;
@@ -52,7 +56,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
         workgroupBarrier();
         norm_row(0u, li, 1u, head_of_p());
-        rope_row(0u, li, f32(pos), head_of_p());
+        rope_row(0u, li, rope_pos, head_of_p());
         for (var d = li; d < hd; d += 256u) {
             qkv[o + d] = heads[0][d];
         }
@@ -86,7 +90,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     workgroupBarrier();
     norm_row(0u, li, 2u, head_of_p());
-    rope_row(0u, li, f32(pos), head_of_p());
+    rope_row(0u, li, rope_pos, head_of_p());
     if (in_cache) {
         for (var d = li; d < hd; d += 256u) {
             k_cache[slot + d] = heads[0][d];

@@ -1,14 +1,20 @@
 //! The KV cache: for each layer that owns one, a K and a V buffer of `capacity` rows of the
 //! layer's KV heads; layers that share (Gemma 4's last layers) read their source's
 //! (`LayerConfig::kv_source`). Rows past the session's position are stale and never read
-//! before they are written again, so rewinding is forgetting positions.
+//! before they are written again, so rewinding is forgetting positions. A session's cache is
+//! its own buffers, or one slot of a [`KvPool`]'s.
 
 use wgemma_kernels::{GpuContext, GpuError, View};
 
+use super::ForwardError;
+use super::batch::PoolSlot;
 use crate::config::TextConfig;
 
 pub(super) struct KvCache {
     layers: Vec<Option<(View, View)>>,
+    capacity: usize,
+    /// The pool slot the views lie in (given back when the cache is dropped).
+    slot: Option<PoolSlot>,
 }
 
 impl KvCache {
@@ -25,7 +31,55 @@ impl KvCache {
                 })
             })
             .collect();
-        Self { layers }
+        Self {
+            layers,
+            capacity,
+            slot: None,
+        }
+    }
+
+    /// A cache of at most `context` rows in `slot` of its pool.
+    pub(super) fn in_slot(slot: PoolSlot, context: usize) -> Result<Self, ForwardError> {
+        let rows = slot.pool().slot_rows();
+        let capacity = context.clamp(1, rows);
+        let layers = slot
+            .pool()
+            .layers()
+            .iter()
+            .map(|pair| {
+                let Some((k, v)) = pair else { return Ok(None) };
+                // Each slot takes the same share of every layer's buffer.
+                let bytes = k.size / slot.pool().slots() as u64;
+                let per_row = bytes / rows as u64;
+                let at = bytes * slot.index() as u64;
+                let len = per_row * capacity as u64;
+                Ok(Some((k.slice(at, len)?, v.slice(at, len)?)))
+            })
+            .collect::<Result<_, GpuError>>()?;
+        Ok(Self {
+            layers,
+            capacity,
+            slot: Some(slot),
+        })
+    }
+
+    /// The whole of a pool's buffers: the cache a [`super::BatchDecoder`]'s steps bind.
+    pub(super) fn whole_pool(layers: &[Option<(View, View)>], rows: usize) -> Self {
+        Self {
+            layers: layers.to_vec(),
+            capacity: rows,
+            slot: None,
+        }
+    }
+
+    /// Positions it holds.
+    pub(super) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The pool slot it lies in.
+    pub(super) fn slot(&self) -> Option<&PoolSlot> {
+        self.slot.as_ref()
     }
 
     /// The K and V buffers layer `il` writes (`None`: it reads another layer's).

@@ -252,6 +252,6 @@ impl StepQueue {
 /// (greedy), the largest logit / temperature + Gumbel noise (a whole-vocabulary draw), the top
 /// candidate's logit (a top-k draw), NaN and -inf counted as -3.4e38 in each. All-NaN or
 /// infinite logits show there; finite logits of a model keep far above it.
-fn winning_logit_is_finite(logit: f32) -> bool {
+pub(super) fn winning_logit_is_finite(logit: f32) -> bool {
     logit.is_finite() && logit > -3.0e38
 }

@@ -1,0 +1,367 @@
+//! Sessions that decode together. Their KV caches are slots of one [`KvPool`], so a single
+//! step ([`BatchDecoder::step`]) computes the next token of each: the products read every
+//! weight once for all the rows (decode is bound by reading weights, so M sequences cost little
+//! more than one), attention reads each row's own slot, and each row is sampled with its
+//! session's parameters into its session's state. Sequences join and leave between steps.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tracing::Instrument;
+
+use wgemma_kernels::{Profiler, Recorder, View, wgpu};
+
+use super::kv::KvCache;
+use super::queue::Sampled;
+use super::{ForwardError, GpuSession, LogitsFor, Op, StepInput};
+use crate::forward::model::GpuModel;
+use crate::sampling::SamplingParams;
+
+/// Slots hold a multiple of this many rows, so that every slot's views start on a storage
+/// binding's offset alignment (256 bytes) whatever the KV row's size.
+const SLOT_ALIGN: usize = 64;
+
+/// One K and one V buffer per cache-owning layer, split into equal slots: the caches of the
+/// sessions made with [`GpuSession::in_pool`].
+pub struct KvPool {
+    model: Arc<GpuModel>,
+    slot_rows: usize,
+    slots: usize,
+    layers: Vec<Option<(View, View)>>,
+    /// Indices of the slots no session holds.
+    free: Mutex<Vec<usize>>,
+}
+
+/// A slot a session holds; given back when dropped.
+pub(super) struct PoolSlot {
+    pool: Arc<KvPool>,
+    index: usize,
+}
+
+impl PoolSlot {
+    pub(super) fn pool(&self) -> &Arc<KvPool> {
+        &self.pool
+    }
+
+    pub(super) fn index(&self) -> usize {
+        self.index
+    }
+}
+
+impl Drop for PoolSlot {
+    fn drop(&mut self) {
+        let mut free = self.pool.free.lock().unwrap_or_else(PoisonError::into_inner);
+        free.push(self.index);
+    }
+}
+
+impl KvPool {
+    /// Room for `slots` sequences of up to `context` positions each (rounded up to a multiple
+    /// of 64, at most the model's context length).
+    pub fn new(
+        model: Arc<GpuModel>,
+        slots: usize,
+        context: usize,
+    ) -> Result<Arc<Self>, ForwardError> {
+        let cfg = &model.cfg;
+        let slots = slots.max(1);
+        let slot_rows = context
+            .clamp(1, cfg.context_length.max(1))
+            .next_multiple_of(SLOT_ALIGN);
+        let ctx = &model.ctx;
+        let mut layers = Vec::with_capacity(cfg.layers.len());
+        for (il, l) in cfg.layers.iter().enumerate() {
+            if !l.owns_kv(il) {
+                layers.push(None);
+                continue;
+            }
+            let row = (l.n_kv_head * l.head_dim * 4) as u64;
+            let bytes = (slots as u64)
+                .checked_mul(slot_rows as u64)
+                .and_then(|n| n.checked_mul(row))
+                .filter(|&b| b <= ctx.max_binding_size())
+                .ok_or_else(|| {
+                    ForwardError::Batch(format!(
+                        "{slots} slots of {slot_rows} positions exceed the GPU's largest \
+                         buffer ({} bytes) at layer {il}",
+                        ctx.max_binding_size()
+                    ))
+                })?;
+            let buf = |label: &str| View::of(&ctx.storage(label, bytes));
+            layers.push(Some((buf("k_pool"), buf("v_pool"))));
+        }
+        let _span = tracing::info_span!("kv_pool", slots, slot_rows).entered();
+        Ok(Arc::new(Self {
+            model,
+            slot_rows,
+            slots,
+            layers,
+            free: Mutex::new((0..slots).rev().collect()),
+        }))
+    }
+
+    pub fn model(&self) -> &Arc<GpuModel> {
+        &self.model
+    }
+
+    /// Sequences it holds at once.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Positions of each slot.
+    pub fn slot_rows(&self) -> usize {
+        self.slot_rows
+    }
+
+    /// Slots no session holds.
+    pub fn free_slots(&self) -> usize {
+        self.free.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    /// Bytes of GPU memory its buffers take.
+    pub fn bytes(&self) -> u64 {
+        self.layers.iter().flatten().map(|(k, v)| k.size + v.size).sum()
+    }
+
+    pub(super) fn layers(&self) -> &[Option<(View, View)>] {
+        &self.layers
+    }
+
+    pub(super) fn take(self: &Arc<Self>) -> Option<PoolSlot> {
+        let index = self
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()?;
+        Some(PoolSlot {
+            pool: self.clone(),
+            index,
+        })
+    }
+}
+
+/// One sequence's part of a batched step: the session (which has sampled a token, read back
+/// and not yet fed) and how to sample its next token.
+pub struct BatchRow<'a> {
+    pub session: &'a mut GpuSession,
+    pub params: &'a SamplingParams,
+    /// The sequence's step number (the sampler's random stream is seeded per step).
+    pub step: u32,
+}
+
+/// Runs the decode steps of a pool's sessions together.
+pub struct BatchDecoder {
+    pool: Arc<KvPool>,
+    /// A session over the whole pool: its batched steps' plans bind every slot, and each row
+    /// finds its own through its position.
+    host: GpuSession,
+    /// `[max_rows, vocab]`: every row's logits.
+    logits: View,
+    /// Each row's sampled token and winning logit, copied from its session to be read back.
+    readback: wgpu::Buffer,
+    /// The plan of a step over M rows, built on first use.
+    plans: HashMap<usize, Vec<Op>>,
+    max_rows: usize,
+}
+
+impl BatchDecoder {
+    /// A decoder of up to `max_rows` of `pool`'s sessions a step.
+    pub fn new(pool: Arc<KvPool>, max_rows: usize) -> Result<Self, ForwardError> {
+        let model = pool.model().clone();
+        let max_rows = max_rows.clamp(1, pool.slots());
+        let rows = pool.slots() * pool.slot_rows();
+        let kv = KvCache::whole_pool(pool.layers(), rows);
+        let host = GpuSession::with_cache(model.clone(), max_rows, kv, pool.slot_rows())?;
+        let ctx = &model.ctx;
+        let vocab = model.cfg.n_vocab as u64;
+        let logits = View::of(&ctx.storage("batch logits", max_rows as u64 * vocab * 4));
+        let readback = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("batch readback"),
+            size: max_rows as u64 * 8,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(Self {
+            pool,
+            host,
+            logits,
+            readback,
+            plans: HashMap::new(),
+            max_rows,
+        })
+    }
+
+    /// Rows a step takes at most.
+    pub fn max_rows(&self) -> usize {
+        self.max_rows
+    }
+
+    pub fn pool(&self) -> &Arc<KvPool> {
+        &self.pool
+    }
+
+    /// Bytes of GPU memory it holds besides the pool: the rows' logits and the host session's
+    /// scratch.
+    pub fn gpu_bytes(&self) -> u64 {
+        self.logits.size + self.host.s.bytes()
+    }
+
+    /// Feeds each row's sampled token and samples its next, all rows in one step, waiting
+    /// for the tokens. Per row: its token, or [`ForwardError::NonFiniteLogits`]. A row that
+    /// cannot take part (another pool's session, no token sampled, steps in flight, adapters,
+    /// a full context) fails the whole step before anything runs.
+    pub async fn step(
+        &mut self,
+        rows: &mut [BatchRow<'_>],
+    ) -> Result<Vec<Result<u32, ForwardError>>, ForwardError> {
+        self.step_profiled(rows, None).await
+    }
+
+    /// [`BatchDecoder::step`], timing each dispatch of the step with `profiler` (steps of
+    /// several rows).
+    pub async fn step_profiled(
+        &mut self,
+        rows: &mut [BatchRow<'_>],
+        profiler: Option<&mut Profiler>,
+    ) -> Result<Vec<Result<u32, ForwardError>>, ForwardError> {
+        let span = tracing::debug_span!("batch_decode", rows = rows.len());
+        self.step_rows(rows, profiler).instrument(span).await
+    }
+
+    async fn step_rows(
+        &mut self,
+        rows: &mut [BatchRow<'_>],
+        profiler: Option<&mut Profiler>,
+    ) -> Result<Vec<Result<u32, ForwardError>>, ForwardError> {
+        let tokens = self.check(rows)?;
+        if let [row] = rows {
+            // One row: the session's own decode step (split attention, fused kernels).
+            row.session.advance(row.params, row.step).await?;
+            return Ok(vec![row.session.next_token().await]);
+        }
+        let m = rows.len();
+        self.host.fetch_rows(&tokens).await?;
+        if !self.plans.contains_key(&m) {
+            let ids = &self.host.acts(m).ids;
+            let plan = self
+                .host
+                .plan(m as u32, StepInput::ids(ids), LogitsFor::All, Some(&self.logits))?;
+            self.plans.insert(m, plan);
+        }
+        let ctx = self.host.model.ctx.clone();
+        let arena = self.host.arena.clone();
+        let lease = arena.lease().await;
+        self.stage(rows, &tokens)?;
+        let mut rec = match profiler {
+            Some(p) => Recorder::profiled(&ctx, "batch decode", p),
+            None => Recorder::new(&ctx, "batch decode"),
+        };
+        self.host.record(&mut rec, &self.plans[&m]).await?;
+        let vocab_bytes = self.host.model.cfg.n_vocab as u64 * 4;
+        let readback = View::of(&self.readback);
+        for (r, row) in rows.iter_mut().enumerate() {
+            let s = &mut *row.session;
+            rec.copy(
+                &self.logits.slice(r as u64 * vocab_bytes, vocab_bytes)?,
+                &s.s.logits,
+                vocab_bytes,
+            );
+            s.has_logits = true;
+            s.record_sampling(&mut rec, row.params, row.step, true)?;
+            rec.copy(&s.s.result, &readback.slice(r as u64 * 8, 8)?, 8);
+        }
+        let submitted = rec.submit();
+        drop(lease);
+        ctx.done(Some(submitted), ctx.urgent_wait()).await?;
+        let raw = ctx.map_and_copy(&self.readback, m as u64 * 8).await?;
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
+        let out = rows
+            .iter_mut()
+            .zip(words.chunks_exact(2))
+            .map(|(row, w)| {
+                let ledger = &mut row.session.ledger;
+                ledger.feed_sampled();
+                ledger.read_back(w[0]);
+                if super::queue::winning_logit_is_finite(f32::from_bits(w[1])) {
+                    Ok(w[0])
+                } else {
+                    Err(ForwardError::NonFiniteLogits)
+                }
+            })
+            .collect();
+        ctx.check()?;
+        Ok(out)
+    }
+
+    /// Each row's token to feed, once every row is fit for the step.
+    fn check(&self, rows: &[BatchRow<'_>]) -> Result<Vec<u32>, ForwardError> {
+        if rows.is_empty() {
+            return Err(ForwardError::Empty);
+        }
+        if rows.len() > self.max_rows {
+            return Err(ForwardError::Batch(format!(
+                "{} rows in one step (at most {})",
+                rows.len(),
+                self.max_rows
+            )));
+        }
+        rows.iter()
+            .enumerate()
+            .map(|(r, row)| {
+                let s = &row.session;
+                let ours = s
+                    .kv
+                    .slot()
+                    .is_some_and(|slot| Arc::ptr_eq(slot.pool(), &self.pool));
+                if !ours {
+                    return Err(ForwardError::Batch(format!(
+                        "row {r}: the session's cache is not in this pool"
+                    )));
+                }
+                if !s.adapters.is_empty() {
+                    return Err(ForwardError::Batch(format!(
+                        "row {r}: the session applies adapters"
+                    )));
+                }
+                if s.in_flight() > 0 {
+                    return Err(ForwardError::Busy);
+                }
+                let Sampled::Known(token) = s.ledger.sampled() else {
+                    return Err(ForwardError::NothingSampled);
+                };
+                let need = s.position() + 1;
+                if need > s.capacity {
+                    return Err(ForwardError::ContextOverflow {
+                        need,
+                        capacity: s.capacity,
+                    });
+                }
+                Ok(token)
+            })
+            .collect()
+    }
+
+    /// Writes the rows' tokens, their cache rows (slot start + position) and their per-layer
+    /// table rows into the arena.
+    fn stage(&self, rows: &[BatchRow<'_>], tokens: &[u32]) -> Result<(), ForwardError> {
+        let positions: Vec<u32> = rows
+            .iter()
+            .map(|row| {
+                let slot = row.session.kv.slot().map_or(0, |s| s.index());
+                (slot * self.pool.slot_rows() + row.session.position()) as u32
+            })
+            .collect();
+        let host = &self.host;
+        host.stage_ple_rows(tokens)?;
+        let a = host.acts(rows.len());
+        let ctx = &host.model.ctx;
+        ctx.write(&a.ids.buffer, a.ids.offset, bytemuck::cast_slice(tokens));
+        ctx.write(
+            &a.positions.buffer,
+            a.positions.offset,
+            bytemuck::cast_slice(&positions),
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,190 @@
+//! Batched decode: sessions whose caches are slots of one pool step together, each row's
+//! logits equal to the CPU reference of that sequence alone, while sequences join and leave.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{ctx, load, rel_err};
+use wgemma_gguf::GgmlType;
+use wgemma_text::synth::{SynthMoe, SynthSpec, synthetic_bytes};
+use wgemma_text::{
+    BatchDecoder, BatchRow, CpuModel, ForwardError, GpuModel, GpuSession, KvPool, SamplingParams,
+    SessionOptions,
+};
+
+/// A sequence of the batch: its session on the GPU and its state in the CPU reference.
+struct Sequence {
+    session: GpuSession,
+    cpu: wgemma_text::reference::CpuState,
+    /// Logits the reference gives after the sequence's tokens so far.
+    want: Vec<f32>,
+}
+
+fn prompt(n: usize, seed: u32, vocab: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 37 + seed * 101 + 11) % vocab).collect()
+}
+
+/// A pooled session that has read `tokens` and sampled its first token (greedily).
+fn start(
+    gpu: &Arc<GpuModel>,
+    cpu: &CpuModel,
+    pool: &Arc<KvPool>,
+    tokens: &[u32],
+) -> Sequence {
+    let opts = SessionOptions {
+        context: 64,
+        max_batch: 8,
+    };
+    let mut session = GpuSession::in_pool(gpu.clone(), opts, pool).unwrap();
+    let mut state = cpu.new_state();
+    let want = cpu.forward(&mut state, tokens).unwrap().pop().unwrap();
+    let p = SamplingParams::default();
+    let first = pollster::block_on(session.feed_and_sample(tokens, &p, 0)).unwrap();
+    assert_eq!(first, wgemma_kernels::cpu::argmax(&want).0);
+    Sequence {
+        session,
+        cpu: state,
+        want,
+    }
+}
+
+/// One batched step over `seqs`: each row's logits against the reference fed the same token.
+fn step(batch: &mut BatchDecoder, cpu: &CpuModel, seqs: &mut [&mut Sequence], what: &str) {
+    let p = SamplingParams::default();
+    let fed: Vec<u32> = seqs
+        .iter()
+        .map(|s| wgemma_kernels::cpu::argmax(&s.want).0)
+        .collect();
+    let mut rows: Vec<BatchRow<'_>> = seqs
+        .iter_mut()
+        .map(|s| BatchRow {
+            session: &mut s.session,
+            params: &p,
+            step: 1,
+        })
+        .collect();
+    let got = pollster::block_on(batch.step(&mut rows)).unwrap();
+    for ((s, token), fed) in seqs.iter_mut().zip(got).zip(fed) {
+        let pos = s.session.position();
+        assert_eq!(s.session.tokens().last(), Some(&fed), "{what}: fed token");
+        s.want = cpu.forward(&mut s.cpu, &[fed]).unwrap().pop().unwrap();
+        let logits = pollster::block_on(s.session.logits()).unwrap();
+        let e = rel_err(&logits, &s.want);
+        assert!(e < 2e-4, "{what}: at {pos}, relative error {e}");
+        assert_eq!(
+            token.unwrap(),
+            wgemma_kernels::cpu::argmax(&s.want).0,
+            "{what}: token at {pos}"
+        );
+    }
+}
+
+fn specs() -> Vec<SynthSpec> {
+    let mut moe = SynthSpec::tiny_gemma4(GgmlType::Q8_0);
+    if let Some(g) = moe.gemma4.as_mut() {
+        (g.n_ple, g.shared_kv_layers, g.k_eq_v) = (0, 0, true);
+        g.moe = Some(SynthMoe {
+            n_expert: 5,
+            n_used: 2,
+            n_ff: 64,
+        });
+    }
+    vec![
+        SynthSpec::tiny_gemma3(GgmlType::F32),
+        // Per-layer embeddings (rows staged per token) and layers that share KV.
+        SynthSpec::tiny_gemma4(GgmlType::Q8_0),
+        moe,
+    ]
+}
+
+#[test]
+fn batched_steps_match_each_sequence_alone() {
+    let Some(ctx) = ctx() else { return };
+    for spec in specs() {
+        let what = format!("{} {:?}", spec.arch, spec.mix);
+        let m = load(synthetic_bytes(&spec).unwrap(), ctx.clone());
+        let vocab = spec.n_vocab as u32;
+        let pool = KvPool::new(m.gpu.clone(), 4, 64).unwrap();
+        assert_eq!((pool.slots(), pool.slot_rows(), pool.free_slots()), (4, 64, 4));
+        let mut batch = BatchDecoder::new(pool.clone(), 4).unwrap();
+        // Prompts shorter and longer than the sliding window (6), in slots 0, 1 and 2.
+        let mut a = start(&m.gpu, &m.cpu, &pool, &prompt(11, 1, vocab));
+        let mut b = start(&m.gpu, &m.cpu, &pool, &prompt(3, 2, vocab));
+        let mut c = start(&m.gpu, &m.cpu, &pool, &prompt(23, 3, vocab));
+        assert_eq!(pool.free_slots(), 1);
+        for i in 0..4 {
+            step(&mut batch, &m.cpu, &mut [&mut a, &mut b, &mut c], &format!("{what} abc {i}"));
+        }
+        // b leaves; its slot goes to d, whose steps must not see b's stale keys.
+        drop(b);
+        assert_eq!(pool.free_slots(), 2);
+        let mut d = start(&m.gpu, &m.cpu, &pool, &prompt(2, 4, vocab));
+        for i in 0..3 {
+            step(&mut batch, &m.cpu, &mut [&mut c, &mut d, &mut a], &format!("{what} cda {i}"));
+        }
+        // Rows of one: the session's own decode step.
+        step(&mut batch, &m.cpu, &mut [&mut d], &format!("{what} d"));
+        drop((a, c, d));
+        assert_eq!(pool.free_slots(), 4);
+    }
+}
+
+#[test]
+fn sessions_that_cannot_join_a_step_are_refused() {
+    let Some(ctx) = ctx() else { return };
+    let spec = SynthSpec::tiny_gemma3(GgmlType::F32);
+    let m = load(synthetic_bytes(&spec).unwrap(), ctx.clone());
+    let vocab = spec.n_vocab as u32;
+    let pool = KvPool::new(m.gpu.clone(), 2, 8).unwrap();
+    let mut batch = BatchDecoder::new(pool.clone(), 2).unwrap();
+    let p = SamplingParams::default();
+    let opts = SessionOptions {
+        context: 64,
+        max_batch: 8,
+    };
+    let mut a = GpuSession::in_pool(m.gpu.clone(), opts, &pool).unwrap();
+    let mut b = GpuSession::in_pool(m.gpu.clone(), opts, &pool).unwrap();
+    // The slots (64 positions after rounding) bound the context asked for.
+    assert_eq!(a.capacity(), 64);
+    assert!(matches!(
+        GpuSession::in_pool(m.gpu.clone(), opts, &pool),
+        Err(ForwardError::PoolFull { slots: 2 })
+    ));
+    let mut outside = GpuSession::new(m.gpu.clone(), opts).unwrap();
+    let tokens = prompt(5, 1, vocab);
+    for s in [&mut a, &mut outside] {
+        pollster::block_on(s.feed_and_sample(&tokens, &p, 0)).unwrap();
+    }
+    // b has sampled nothing; `outside` holds its own cache.
+    let err = pair(&mut batch, &mut a, &mut b).unwrap_err();
+    assert!(matches!(err, ForwardError::NothingSampled), "{err}");
+    let err = pair(&mut batch, &mut a, &mut outside).unwrap_err();
+    assert!(matches!(err, ForwardError::Batch(_)), "{err}");
+    assert!(matches!(
+        pollster::block_on(batch.step(&mut [])),
+        Err(ForwardError::Empty)
+    ));
+    // Nothing ran: a still steps on, and so does b once it has a token.
+    pollster::block_on(b.feed_and_sample(&tokens, &p, 0)).unwrap();
+    pair(&mut batch, &mut a, &mut b).unwrap();
+    assert_eq!(a.position(), 6);
+    assert_eq!(a.tokens()[5..], b.tokens()[5..]);
+    // A full context is refused.
+    a.rewind(0).unwrap();
+    let long = prompt(64, 2, vocab);
+    pollster::block_on(a.feed_and_sample(&long, &p, 0)).unwrap();
+    let err = pair(&mut batch, &mut a, &mut b).unwrap_err();
+    assert!(matches!(err, ForwardError::ContextOverflow { .. }), "{err}");
+}
+
+/// A greedy step of `a` and `b` together.
+fn pair(batch: &mut BatchDecoder, a: &mut GpuSession, b: &mut GpuSession) -> Result<(), ForwardError> {
+    let p = SamplingParams::default();
+    let row = |session| BatchRow {
+        session,
+        params: &p,
+        step: 1,
+    };
+    pollster::block_on(batch.step(&mut [row(a), row(b)])).map(|_| ())
+}
