@@ -103,6 +103,7 @@ kernel_params!(
         window: u32,
         max_chunks: u32,
         capacity: u32,
+        slot_rows: u32,
     }
 );
 
@@ -122,6 +123,8 @@ kernel_params!(
         eps: f32,
         base: f32,
         freq_scale: f32,
+        q_stride: u32,
+        slot_rows: u32,
     }
 );
 

@@ -891,6 +891,22 @@ fn attention_keeps_to_each_tokens_slot() {
             &want,
             1e-4,
         );
+        // Split over chunks of keys, the tokens side by side (batched decode's kernel).
+        let floats = ops::DecodeAttention::scratch_floats_for(nh, hd, slot_rows, t);
+        let scratch = poisoned(ctx, floats as usize);
+        let split_out = poisoned(ctx, want.len());
+        let split_args = AttentionArgs {
+            out: &split_out,
+            ..args
+        };
+        let d = ops::attention_decode(ctx, &split_args, 0, &scratch, None).unwrap();
+        run(ctx, &[&d.split, &d.combine]);
+        assert_close(
+            &format!("split attention in slots, window {window}"),
+            &read(ctx, &split_out),
+            &want,
+            1e-4,
+        );
     }
 }
 

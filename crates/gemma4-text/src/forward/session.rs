@@ -16,6 +16,7 @@ use wgemma_kernels::{Dispatch, GpuError, Profiler, Recorder, View, wgpu};
 
 use super::lora::{JoinedLora, PreparedLora};
 use super::model::{GpuModel, HostExperts, PleRows, PleTable};
+use crate::config::TextConfig;
 use crate::sampling::{SamplingParams, Strategy};
 
 mod arena;
@@ -290,6 +291,18 @@ fn op_line(op: &Op) -> String {
     }
 }
 
+/// Floats of the split attention's scratch: one token over the whole cache or, for a cache
+/// of `slot_rows`-row slots, up to `batch` tokens over their slots.
+fn attn_part_floats(cfg: &TextConfig, capacity: usize, slot_rows: usize, batch: usize) -> u64 {
+    let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0) as u32;
+    let n_head = cfg.n_head as u32;
+    if slot_rows > 0 {
+        ops::DecodeAttention::scratch_floats_for(n_head, max_hd, slot_rows as u32, batch as u32)
+    } else {
+        ops::DecodeAttention::scratch_floats(n_head, max_hd, capacity as u32)
+    }
+}
+
 /// Fetched rows kept for later steps; past this, a new fetch starts from an empty store.
 const FETCHED_ROWS_KEPT: usize = 1024;
 
@@ -338,15 +351,11 @@ impl GpuSession {
         let buf = |name: &str, floats: u64| View::of(&ctx.storage(name, floats * 4));
         let d = cfg.n_embd as u64;
         let max_ff = cfg.layers.iter().map(|l| l.n_ff).max().unwrap_or(0) as u32;
-        let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0) as u32;
         let vocab = cfg.n_vocab as u64;
         let s = Scratch {
             own: Activations::new(&model, 1),
             x_alt: buf("x_alt", d),
-            attn_part: buf(
-                "attn_part",
-                ops::DecodeAttention::scratch_floats(cfg.n_head as u32, max_hd, capacity as u32),
-            ),
+            attn_part: buf("attn_part", attn_part_floats(cfg, capacity, slot_rows, b)),
             act_q: buf("act_q", ops::int8_vector_words(max_ff)),
             last_n: buf("last_n", d),
             logits: buf("logits", vocab),

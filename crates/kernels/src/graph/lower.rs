@@ -846,18 +846,28 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
 
     /// Attention node `i` (with the per-head norms and rope in front of it for one token,
     /// `heads`): for one token the split kernel, its merge in front of the output product
-    /// where rule `merge_in_front` holds; else the batched kernel.
+    /// where rule `merge_in_front` holds; for the tokens of several sequences (a cache of
+    /// slots) the split kernel over them all; else the batched kernel.
     fn attention(&mut self, i: usize, heads: Option<&HeadPostArgs<'_>>) -> Result<usize, GpuError> {
         let Node::Attention { args, out, .. } = &self.g.nodes()[i] else {
             unreachable!("attention() is called on attention")
         };
+        let part = self.l.scratch.attn_part;
+        if self.g.tokens != 1 && args.slot_rows > 0 {
+            // Each token a sequence of its own (a batch of decode steps): split over the keys
+            // as one token's attention is, the tokens side by side.
+            let (split, merge) = ops::attention_split(self.ctx, args, 0, part, None)?;
+            let combine = ops::attention_combine(self.ctx, &merge)?;
+            self.run(vec![split, combine]);
+            self.wrote(&[*out])?;
+            return Ok(1);
+        }
         if self.g.tokens != 1 {
             let d = ops::attention(self.ctx, args)?;
             self.run(vec![d]);
             self.wrote(&[*out])?;
             return Ok(1);
         }
-        let part = self.l.scratch.attn_part;
         let (split, merge) = ops::attention_split(self.ctx, args, 0, part, heads)?;
         self.run(vec![split]);
         if let Some(Node::Linear {

@@ -201,17 +201,28 @@ pub struct DecodeAttention {
 }
 
 impl DecodeAttention {
-    /// Floats of scratch the partial results need.
+    /// Floats of scratch the partial results need for one token over `capacity` keys (for
+    /// `tokens` tokens of a cache of several sequences, pass each sequence's slot: its rows
+    /// and the token count, [`DecodeAttention::scratch_floats_for`]).
     pub fn scratch_floats(n_head: u32, head_dim: u32, capacity: u32) -> u64 {
-        // Per head and chunk, the chunk's output, then its max and sum in a vec4; then room
-        // for the token's K and V on their way to the cache (at most one pair per query head).
-        let chunks = u64::from(n_head) * u64::from(capacity.div_ceil(ATTN_CHUNK));
+        Self::scratch_floats_for(n_head, head_dim, capacity, 1)
+    }
+
+    /// Floats of scratch the partial results of `tokens` tokens need, each seeing at most
+    /// `keys` keys.
+    pub fn scratch_floats_for(n_head: u32, head_dim: u32, keys: u32, tokens: u32) -> u64 {
+        // Per token, head and chunk, the chunk's output, then its max and sum in a vec4; then
+        // room for one token's K and V on their way to the cache (at most one pair per query
+        // head).
+        let chunks =
+            u64::from(tokens) * u64::from(n_head) * u64::from(keys.div_ceil(ATTN_CHUNK));
         chunks * u64::from(head_dim + 4) + 2 * u64::from(n_head) * u64::from(head_dim)
     }
 }
 
 /// Attention of one token's queries (at `positions[0]`) over the cache, split over chunks of
-/// keys. `q` starts `q_offset` floats into `a.q`; `a.tokens` must be 1.
+/// keys. `q` starts `q_offset` floats into `a.q`; `a.tokens` must be 1, or without `post`,
+/// the tokens of several sequences' decode steps (`a.slot_rows` > 0).
 ///
 /// With `post`, the split kernel also does [`head_post`]'s work for the token, one dispatch
 /// fewer: `a.q` is then the raw projection `post.qkv` (left as it is), and where `post.kv` is
@@ -238,6 +249,8 @@ pub struct AttentionMerge<'a> {
     /// The split left the token's K and V in the scratch for the merge to store.
     pub(super) store_kv: bool,
     pub(super) capacity: u32,
+    /// Chunks of keys per query head the scratch has room for.
+    pub(super) max_chunks: u32,
 }
 
 impl AttentionMerge<'_> {
@@ -260,9 +273,9 @@ pub fn attention_split<'a>(
     scratch: &'a View,
     post: Option<&HeadPostArgs<'_>>,
 ) -> Result<(Dispatch, AttentionMerge<'a>), GpuError> {
-    if a.tokens != 1
-        || a.slot_rows != 0
-        || post.is_some_and(|h| h.slot_rows != 0)
+    let rows_ok = a.tokens == 1 || (post.is_none() && a.slot_rows > 0);
+    if !rows_ok
+        || post.is_some_and(|h| h.slot_rows != 0 || a.slot_rows != 0)
         || a.head_dim > MAX_HEAD_DIM
         || !a.head_dim.is_multiple_of(4)
         || a.n_kv_head == 0
@@ -273,12 +286,15 @@ pub fn attention_split<'a>(
             a.tokens, a.n_head, a.n_kv_head, a.head_dim, a.slot_rows
         )));
     }
+    let heads = u64::from(a.n_head * a.head_dim);
     a.q.expect_len32(
         "attention q",
-        u64::from(q_offset) + u64::from(a.n_head * a.head_dim),
+        u64::from(q_offset) + u64::from(a.tokens - 1) * u64::from(a.q_stride) + heads,
     )?;
     a.out
-        .expect_len32("attention out", u64::from(a.n_head * a.head_dim))?;
+        .expect_len32("attention out", u64::from(a.tokens) * heads)?;
+    a.positions
+        .expect_len32("attention positions", u64::from(a.tokens))?;
     let row = u64::from(a.n_kv_head * a.head_dim);
     let capacity = (a.k_cache.len32() / row) as u32;
     if capacity == 0 || a.v_cache.len32() / row != u64::from(capacity) {
@@ -286,11 +302,17 @@ pub fn attention_split<'a>(
             "attention: K and V caches differ or are empty".into(),
         ));
     }
+    // A token sees at most its own slot's keys.
+    let keys = if a.slot_rows > 0 {
+        a.slot_rows.min(capacity)
+    } else {
+        capacity
+    };
     scratch.expect_len32(
         "attention scratch",
-        DecodeAttention::scratch_floats(a.n_head, a.head_dim, capacity),
+        DecodeAttention::scratch_floats_for(a.n_head, a.head_dim, keys, a.tokens),
     )?;
-    let max_chunks = capacity.div_ceil(ATTN_CHUNK);
+    let max_chunks = keys.div_ceil(ATTN_CHUNK);
     let params = Params::of(&AttnSplitParams {
         n_head: a.n_head,
         n_kv_head: a.n_kv_head,
@@ -305,6 +327,8 @@ pub fn attention_split<'a>(
         eps: post.map_or(0.0, |h| h.eps),
         base: post.map_or(0.0, |h| h.base),
         freq_scale: post.map_or(0.0, |h| h.freq_scale),
+        q_stride: a.q_stride,
+        slot_rows: a.slot_rows,
     });
     // A sliding layer never sees more than its window: no need to launch past it.
     let chunks = if a.window > 0 {
@@ -352,13 +376,14 @@ pub fn attention_split<'a>(
         "attn_split",
         ctx.pipeline(&source),
         binds,
-        [a.n_head, chunks, 1],
+        [a.n_head, chunks, a.tokens],
     )?;
     let merge = AttentionMerge {
         attention: a,
         scratch,
         store_kv: post.is_some_and(|h| h.kv.is_some()),
         capacity,
+        max_chunks,
     };
     Ok((split, merge))
 }
@@ -375,8 +400,9 @@ pub fn attention_combine(
         n_kv_head: a.n_kv_head,
         head_dim: a.head_dim,
         window: a.window,
-        max_chunks: merge.capacity.div_ceil(ATTN_CHUNK),
+        max_chunks: merge.max_chunks,
         capacity: merge.capacity,
+        slot_rows: a.slot_rows,
     });
     let kv = |v| {
         if merge.store_kv {
@@ -403,7 +429,7 @@ pub fn attention_combine(
             .flag_if(merge.store_kv, "KV_STORE"),
         ),
         binds,
-        [a.n_head, 1, 1],
+        [a.n_head, a.tokens, 1],
     )
 }
 

@@ -822,7 +822,7 @@ fn tile_params(
         params.n_kv_head = a.n_kv_head;
         params.head_dim = a.head_dim;
         params.window = a.window;
-        params.max_chunks = capacity.div_ceil(ATTN_CHUNK);
+        params.max_chunks = mg.max_chunks;
         params.capacity = capacity;
     }
     params

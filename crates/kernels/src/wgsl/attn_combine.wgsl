@@ -2,6 +2,8 @@
 // chunk by exp(m_c - max) and divides by the total weight.
 // KV_STORE: the split left the token's K and V after the partial results; the workgroup of
 // each KV group's first query head stores them in the cache slot of the token's position.
+// Several tokens (workgroup y; without KV_STORE): token r's heads are the split's heads
+// r * n_head ..., and its output row r.
 
 struct Params {
     n_head: u32,
@@ -10,11 +12,12 @@ struct Params {
     window: u32,
     max_chunks: u32,
     capacity: u32,
+    slot_rows: u32,
 }
 
 // The split's shape for attn_merge.wgsl.
 fn split_of_p() -> Split {
-    return Split(p.n_head, p.n_kv_head, p.head_dim, p.window, p.max_chunks, p.capacity);
+    return Split(p.n_head, p.n_kv_head, p.head_dim, p.window, p.max_chunks, p.capacity, p.slot_rows);
 }
 
 @group(0) @binding(0) var<storage, read> part: array<vec4<f32>>;
@@ -29,16 +32,18 @@ fn split_of_p() -> Split {
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let h = wg.x;
+    let r = wg.y;
+    let hh = r * p.n_head + h;
     let hd = p.head_dim;
-    let pos = positions[0];
+    let pos = positions[r];
     let chunks = visible_chunks(pos, split_of_p());
-    let s = chunk_stats(h, chunks, li, 256u, split_of_p());
+    let s = chunk_stats(hh, chunks, li, 256u, split_of_p());
     let m = wg_max(s.x, li);
     let l = wg_sum(s.y * exp(s.x - m), li);
     for (var d4 = li; d4 < hd / 4u; d4 += 256u) {
-        let v = merged4(h, d4, chunks, m, split_of_p()) / l;
+        let v = merged4(hh, d4, chunks, m, split_of_p()) / l;
         for (var i = 0u; i < 4u; i++) {
-            out[h * hd + 4u * d4 + i] = v[i];
+            out[hh * hd + 4u * d4 + i] = v[i];
         }
     }
 #if KV_STORE

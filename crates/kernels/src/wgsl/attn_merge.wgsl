@@ -11,6 +11,9 @@ struct Split {
     window: u32,
     max_chunks: u32,
     capacity: u32,
+    // Rows of each sequence's cache slot (attn_split.wgsl's tokens of several sequences); 0:
+    // one sequence.
+    slot_rows: u32,
 }
 
 const CHUNK: u32 = 64u;
@@ -20,6 +23,9 @@ fn visible_chunks(pos: u32, sp: Split) -> u32 {
     var lo = 0u;
     if (sp.window > 0u && pos + 1u > sp.window) {
         lo = pos + 1u - sp.window;
+    }
+    if (sp.slot_rows > 0u) {
+        lo = max(lo, pos - pos % sp.slot_rows);
     }
     return (min(pos, sp.capacity - 1u) - lo) / CHUNK + 1u;
 }

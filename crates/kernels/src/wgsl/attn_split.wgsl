@@ -4,6 +4,11 @@
 // (attn_merge.wgsl's chunk_at). attn_combine.wgsl then merges the chunks. The grid covers the
 // largest context; chunks past the visible keys exit.
 //
+// Several tokens (workgroup z: the token), without HEAD_POST: the tokens of a batch of
+// sequences' decode steps, whose cache holds slot_rows rows per sequence; a token sees only
+// its own slot's keys, and its chunks follow the previous token's heads' (token r's head h is
+// head r * n_head + h of the scratch).
+//
 // HEAD_POST: head_post.wgsl's work for the one token, here rather than in a dispatch of its
 // own. Each workgroup norms and ropes its query head from the raw projection; with KV_NEW (a
 // layer that owns its cache) the workgroups whose chunk holds the token's position (its last
@@ -26,6 +31,8 @@ struct Params {
     eps: f32,
     base: f32,
     freq_scale: f32,
+    q_stride: u32,
+    slot_rows: u32,
 }
 
 #if HEAD_POST
@@ -83,6 +90,9 @@ fn visible(pos: u32) -> vec2<u32> {
     if (p.window > 0u && pos + 1u > p.window) {
         lo = pos + 1u - p.window;
     }
+    if (p.slot_rows > 0u) {
+        lo = max(lo, pos - pos % p.slot_rows);
+    }
     return vec2<u32>(lo, min(pos, p.capacity - 1u));
 }
 
@@ -90,8 +100,9 @@ fn visible(pos: u32) -> vec2<u32> {
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let h = wg.x;
     let c = wg.y;
+    let r = wg.z;
     let hd = HD;
-    let span = visible(positions[0]);
+    let span = visible(positions[r]);
     let first = span.x + c * CHUNK;
     if (first > span.y) {
         return;
@@ -99,7 +110,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let count = min(CHUNK, span.y + 1u - first);
     let kvh = h / (p.n_head / p.n_kv_head);
     let kv_row = p.n_kv_head * hd;
-    let pos = positions[0];
+    let pos = positions[r];
 #if KV_NEW
     // The token's key is the last visible one: in this chunk or not at all.
     let has_new = pos < p.capacity && pos < first + count;
@@ -148,7 +159,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #endif
 #else
     for (var d = li; d < hd / 4u; d += 256u) {
-        let qb = p.q_offset + h * hd + 4u * d;
+        let qb = p.q_offset + r * p.q_stride + h * hd + 4u * d;
         qs[d] = vec4<f32>(q[qb], q[qb + 1u], q[qb + 2u], q[qb + 3u]) * p.scale;
     }
 #endif
@@ -194,7 +205,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         probs[li] = e;
     }
     let l = wg_sum(e, li);
-    let out = (h * p.max_chunks + c) * (hd / 4u + 1u);
+    let out = ((r * p.n_head + h) * p.max_chunks + c) * (hd / 4u + 1u);
     // Values: each thread takes one vec4 of the head over every `groups`-th key, so its loads
     // are 16 bytes and few (a thread per value over all 64 keys waited on 64 loads); the key
     // groups then meet in workgroup memory.

@@ -569,7 +569,7 @@ fn norm_prologue(xb: u32, li: u32) {
 #if MERGE
 // The split attention's shape for attn_merge.wgsl.
 fn split_of_p() -> Split {
-    return Split(p.n_head, p.n_kv_head, p.head_dim, p.window, p.max_chunks, p.capacity);
+    return Split(p.n_head, p.n_kv_head, p.head_dim, p.window, p.max_chunks, p.capacity, 0u);
 }
 
 @group(0) @binding(11) var<storage, read> positions: array<u32>;
