@@ -351,11 +351,12 @@ batch() {
   local models=${BATCH_MODELS:-e2b} npl=${BATCH_SEQUENCES:-1,4,16,64}
   mkdir -p "$B"
   synth $models
+  # Ours after the build, which would otherwise take the CPU that records our steps.
+  wait_for cuda
   for m in $models; do
     .dev/xtask bench-batch --model "$W/models/$m.gguf" --sequences "$npl" --json --profile \
       > "$B/ours-$m.jsonl" 2> "$B/ours-$m.err"
   done
-  wait_for cuda
   for m in $models; do
     "$LL/build-cuda/bin/llama-batched-bench" -m "$W/models/$m.gguf" -ngl 99 -fa on -c 45000 \
       -b 2048 -ub 512 -npp 512 -ntg 128 -npl "$npl" --output-format jsonl \

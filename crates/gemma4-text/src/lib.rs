@@ -15,9 +15,9 @@ pub mod tokenizer;
 
 pub use config::{Arch, ConfigError, LayerConfig, TextConfig};
 pub use forward::{
-    BatchDecoder, BatchRow, ExpertPlacement, KvPool, ForwardError, Fusions, GpuModel, GpuSession, LoadError, LoadOptions,
-    LoadProgress, PleRows, PrefillWatch, PreparedLora, SessionOptions, SoftTokens, Traced,
-    WeightBytes,
+    BatchDecoder, BatchRow, ExpertPlacement, ForwardError, Fusions, GpuModel, GpuSession, KvPool,
+    LoadError, LoadOptions, LoadProgress, PleRows, PrefillWatch, PreparedLora, SessionOptions,
+    SoftTokens, Traced, WeightBytes,
 };
 pub use reference::{CpuModel, Input};
 pub use sampling::{SamplingError, SamplingParams};

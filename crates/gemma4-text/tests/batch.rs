@@ -22,16 +22,13 @@ struct Sequence {
 }
 
 fn prompt(n: usize, seed: u32, vocab: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| (i * 37 + seed * 101 + 11) % vocab).collect()
+    (0..n as u32)
+        .map(|i| (i * 37 + seed * 101 + 11) % vocab)
+        .collect()
 }
 
 /// A pooled session that has read `tokens` and sampled its first token (greedily).
-fn start(
-    gpu: &Arc<GpuModel>,
-    cpu: &CpuModel,
-    pool: &Arc<KvPool>,
-    tokens: &[u32],
-) -> Sequence {
+fn start(gpu: &Arc<GpuModel>, cpu: &CpuModel, pool: &Arc<KvPool>, tokens: &[u32]) -> Sequence {
     let opts = SessionOptions {
         context: 64,
         max_batch: 8,
@@ -106,7 +103,10 @@ fn batched_steps_match_each_sequence_alone() {
         let m = load(synthetic_bytes(&spec).unwrap(), ctx.clone());
         let vocab = spec.n_vocab as u32;
         let pool = KvPool::new(m.gpu.clone(), 4, 64).unwrap();
-        assert_eq!((pool.slots(), pool.slot_rows(), pool.free_slots()), (4, 64, 4));
+        assert_eq!(
+            (pool.slots(), pool.slot_rows(), pool.free_slots()),
+            (4, 64, 4)
+        );
         let mut batch = BatchDecoder::new(pool.clone(), 4).unwrap();
         // Prompts shorter and longer than the sliding window (6), in slots 0, 1 and 2.
         let mut a = start(&m.gpu, &m.cpu, &pool, &prompt(11, 1, vocab));
@@ -114,14 +114,24 @@ fn batched_steps_match_each_sequence_alone() {
         let mut c = start(&m.gpu, &m.cpu, &pool, &prompt(23, 3, vocab));
         assert_eq!(pool.free_slots(), 1);
         for i in 0..4 {
-            step(&mut batch, &m.cpu, &mut [&mut a, &mut b, &mut c], &format!("{what} abc {i}"));
+            step(
+                &mut batch,
+                &m.cpu,
+                &mut [&mut a, &mut b, &mut c],
+                &format!("{what} abc {i}"),
+            );
         }
         // b leaves; its slot goes to d, whose steps must not see b's stale keys.
         drop(b);
         assert_eq!(pool.free_slots(), 2);
         let mut d = start(&m.gpu, &m.cpu, &pool, &prompt(2, 4, vocab));
         for i in 0..3 {
-            step(&mut batch, &m.cpu, &mut [&mut c, &mut d, &mut a], &format!("{what} cda {i}"));
+            step(
+                &mut batch,
+                &m.cpu,
+                &mut [&mut c, &mut d, &mut a],
+                &format!("{what} cda {i}"),
+            );
         }
         // Rows of one: the session's own decode step.
         step(&mut batch, &m.cpu, &mut [&mut d], &format!("{what} d"));
@@ -179,7 +189,11 @@ fn sessions_that_cannot_join_a_step_are_refused() {
 }
 
 /// A greedy step of `a` and `b` together.
-fn pair(batch: &mut BatchDecoder, a: &mut GpuSession, b: &mut GpuSession) -> Result<(), ForwardError> {
+fn pair(
+    batch: &mut BatchDecoder,
+    a: &mut GpuSession,
+    b: &mut GpuSession,
+) -> Result<(), ForwardError> {
     let p = SamplingParams::default();
     let row = |session| BatchRow {
         session,

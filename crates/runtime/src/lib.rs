@@ -15,6 +15,7 @@
 //! ```
 
 mod audio;
+mod batch;
 mod clock;
 mod error;
 mod image;
@@ -32,6 +33,7 @@ mod source;
 mod web;
 
 pub use audio::AudioInput;
+pub use batch::{Batch, SlotEvent};
 #[cfg(not(target_arch = "wasm32"))]
 pub use clock::fresh_seed;
 pub use error::Error;

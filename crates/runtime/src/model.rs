@@ -309,13 +309,42 @@ impl Model {
     /// A new conversation with its own KV cache. Where an image's tokens see each other (Gemma
     /// 4 26B/31B with a vision tower), prefill steps take at least the largest image (1120
     /// soft tokens, or the whole context if shorter), which a step never cuts.
-    pub fn session(&self, mut opts: SessionOptions) -> Result<Session, Error> {
+    pub fn session(&self, opts: SessionOptions) -> Result<Session, Error> {
+        let gpu = GpuSession::new(self.inner.gpu.clone(), self.session_sizes(opts))?;
+        Ok(Session::new(self.clone(), gpu))
+    }
+
+    /// A session whose cache is a slot of `pool` ([`crate::Batch`]).
+    pub(crate) fn pooled_session(
+        &self,
+        opts: SessionOptions,
+        pool: &Arc<wgemma_text::KvPool>,
+    ) -> Result<Session, Error> {
+        let gpu = GpuSession::in_pool(self.inner.gpu.clone(), self.session_sizes(opts), pool)?;
+        Ok(Session::new(self.clone(), gpu))
+    }
+
+    /// The pool of KV caches for `slots` sessions of `context` positions.
+    pub(crate) fn kv_pool(
+        &self,
+        slots: usize,
+        context: usize,
+    ) -> Result<Arc<wgemma_text::KvPool>, Error> {
+        Ok(wgemma_text::KvPool::new(
+            self.inner.gpu.clone(),
+            slots,
+            context,
+        )?)
+    }
+
+    /// `opts` with room for the largest image in one step where the model's images see each
+    /// other.
+    fn session_sizes(&self, mut opts: SessionOptions) -> SessionOptions {
         if self.vision().is_some() && self.config().bidirectional_images() {
             let largest = *wgemma_vision::TOKEN_BUDGETS.iter().max().unwrap_or(&0) as usize;
             opts.max_batch = opts.max_batch.max(largest.min(opts.context));
         }
-        let gpu = GpuSession::new(self.inner.gpu.clone(), opts)?;
-        Ok(Session::new(self.clone(), gpu))
+        opts
     }
 
     pub fn info(&self) -> &ModelInfo {

@@ -171,9 +171,9 @@ pub struct Session {
     media: Vec<Span>,
 }
 
-/// Per-request state of the generation loop.
-struct Run<'a> {
-    session: &'a mut Session,
+/// Per-request state of the generation loop, over the session it runs in (passed to each
+/// method, so that a [`crate::Batch`] can hold many of both).
+pub(crate) struct Run {
     req: GenerateRequest,
     decoder: StreamDecoder,
     /// Text decoded but held back because it might begin a stop string.
@@ -193,6 +193,9 @@ struct Run<'a> {
     done: bool,
     /// The end of the reply, for [`GenerateRequest::stop_loops`].
     recent: RecentText,
+    /// Decode steps are queued ahead of the readback (a session generating alone); off,
+    /// each token comes from a step the caller runs ([`crate::Batch`]).
+    pipelined: bool,
 }
 
 impl Session {
@@ -203,6 +206,10 @@ impl Session {
             cancel: CancelHandle::default(),
             media: Vec::new(),
         }
+    }
+
+    pub(crate) fn gpu_mut(&mut self) -> &mut GpuSession {
+        &mut self.gpu
     }
 
     /// A handle that stops the current (or next) generation within one step.
@@ -472,11 +479,21 @@ impl Session {
         &mut self,
         req: GenerateRequest,
     ) -> impl Stream<Item = Result<Event, Error>> + '_ {
-        let decoder = StreamDecoder::new();
-        let run = Run {
-            session: self,
+        futures::stream::unfold((self, Run::new(req)), |(s, mut run)| async move {
+            if run.done {
+                return None;
+            }
+            let item = run.step(s).await;
+            Some((item, (s, run)))
+        })
+    }
+}
+
+impl Run {
+    pub(crate) fn new(req: GenerateRequest) -> Self {
+        Self {
             req,
-            decoder,
+            decoder: StreamDecoder::new(),
             held: String::new(),
             last: None,
             prompt_len: 0,
@@ -488,26 +505,35 @@ impl Session {
             pending_done: None,
             done: false,
             recent: RecentText::default(),
-        };
-        futures::stream::unfold(run, |mut run| async move {
-            if run.done {
-                return None;
-            }
-            let item = run.step().await;
-            if matches!(item, Err(_) | Ok(Event::Done { .. })) {
-                run.done = true;
-            }
-            Some((item, run))
-        })
+            pipelined: true,
+        }
     }
-}
 
-impl Run<'_> {
+    /// The run has given its last event (`Done` or an error).
+    pub(crate) fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// The prompt is in the cache and the first token sampled.
+    pub(crate) fn started(&self) -> bool {
+        self.submitted > 0
+    }
+
+    /// From now on each token comes from a step the caller runs (see [`Run::pipelined`]).
+    pub(crate) fn stop_pipelining(&mut self) {
+        self.pipelined = false;
+    }
+
+    /// From now on the run queues its own steps ahead of the readback.
+    pub(crate) fn start_pipelining(&mut self) {
+        self.pipelined = true;
+    }
+
     /// Ends the run: settles the cache, then emits any text still held back before `Done`.
-    async fn end(&mut self, reason: StopReason) -> Result<Event, Error> {
+    async fn end(&mut self, s: &mut Session, reason: StopReason) -> Result<Event, Error> {
         let event = self.finish(reason);
         if matches!(event, Event::Done { .. }) {
-            self.settle().await?;
+            self.settle(s).await?;
         }
         Ok(event)
     }
@@ -539,15 +565,14 @@ impl Run<'_> {
 
     /// Starts the request: reuses the cached prefix, feeds the rest of the prompt and queues
     /// the first sample.
-    async fn start(&mut self) -> Result<(), Error> {
-        self.start_prefill()
+    pub(crate) async fn start(&mut self, s: &mut Session) -> Result<(), Error> {
+        self.start_prefill(s)
             .instrument(tracing::info_span!("prefill"))
             .await
     }
 
-    async fn start_prefill(&mut self) -> Result<(), Error> {
+    async fn start_prefill(&mut self, s: &mut Session) -> Result<(), Error> {
         self.req.sampling.validate()?;
-        let s = &mut *self.session;
         let (tokens, spans) = expanded_prompt(&s.model, &self.req)?;
         s.gpu.drain().await?;
         // Reuse the cached prefix (and the inputs in it), but always feed at least one token
@@ -601,9 +626,13 @@ impl Run<'_> {
     }
 
     /// Queues decode steps until the pipeline is full or no more are wanted.
-    async fn top_up(&mut self) -> Result<(), Error> {
-        let gpu = &mut self.session.gpu;
-        let depth = gpu.pipeline_depth();
+    async fn top_up(&mut self, s: &mut Session) -> Result<(), Error> {
+        let gpu = &mut s.gpu;
+        let depth = if self.pipelined {
+            gpu.pipeline_depth()
+        } else {
+            0
+        };
         while gpu.in_flight() < depth
             && self.submitted < self.req.max_tokens
             && gpu.position() < gpu.capacity()
@@ -616,27 +645,27 @@ impl Run<'_> {
     }
 
     /// Waits for the next sampled token, or says why there is none.
-    async fn sample_next(&mut self) -> Result<Result<u32, StopReason>, Error> {
+    async fn sample_next(&mut self, s: &mut Session) -> Result<Result<u32, StopReason>, Error> {
         if self.last.is_none() && self.submitted == 0 {
-            match self.start().await {
+            match self.start(s).await {
                 Err(Error::Forward(ForwardError::Interrupted)) => {
                     return Ok(Err(StopReason::Cancelled));
                 }
                 started => started?,
             }
         }
-        self.top_up().await?;
-        if self.session.gpu.in_flight() == 0 {
+        self.top_up(s).await?;
+        if s.gpu.in_flight() == 0 {
             return Ok(Err(StopReason::ContextFull));
         }
         let span = tracing::debug_span!("decode", step = self.generated);
-        Ok(Ok(self.session.gpu.next_token().instrument(span).await?))
+        Ok(Ok(s.gpu.next_token().instrument(span).await?))
     }
 
     /// Leaves the cache holding the prompt and the tokens generated before the last one:
     /// queued steps past the stop are read and dropped.
-    async fn settle(&mut self) -> Result<(), Error> {
-        let gpu = &mut self.session.gpu;
+    async fn settle(&mut self, s: &mut Session) -> Result<(), Error> {
+        let gpu = &mut s.gpu;
         gpu.drain().await?;
         if self.submitted > 0 {
             gpu.rewind(self.prompt_len + self.generated)?;
@@ -644,29 +673,59 @@ impl Run<'_> {
         Ok(())
     }
 
-    async fn step(&mut self) -> Result<Event, Error> {
-        if let Some(reason) = self.pending_done.take() {
-            self.settle().await?;
-            return Ok(self.done_event(reason));
-        }
-        if self.session.cancel.take() {
-            return self.end(StopReason::Cancelled).await;
-        }
-        if self.generated >= self.req.max_tokens {
-            return self.end(StopReason::MaxTokens).await;
-        }
-        let id = match self.sample_next().await? {
-            Ok(id) => id,
-            Err(reason) => return self.end(reason).await,
+    /// The next event: one that needs no new token, else the token of the session's own
+    /// next step. An error ends the run too.
+    pub(crate) async fn step(&mut self, s: &mut Session) -> Result<Event, Error> {
+        let event = match self.ready_event(s).await {
+            Some(event) => event,
+            None => match self.sample_next(s).await {
+                Ok(Ok(id)) => self.on_token(s, id).await,
+                Ok(Err(reason)) => self.end(s, reason).await,
+                Err(e) => Err(e),
+            },
         };
+        self.note_end(&event);
+        event
+    }
+
+    /// Marks the run done after its last event.
+    pub(crate) fn note_end(&mut self, event: &Result<Event, Error>) {
+        if matches!(event, Err(_) | Ok(Event::Done { .. })) {
+            self.done = true;
+        }
+    }
+
+    /// The next event when it needs no new token: the end after text held back, a cancel,
+    /// the token limit, a full context (for a run whose steps the caller runs).
+    pub(crate) async fn ready_event(&mut self, s: &mut Session) -> Option<Result<Event, Error>> {
+        let event = if let Some(reason) = self.pending_done.take() {
+            match self.settle(s).await {
+                Ok(()) => Ok(self.done_event(reason)),
+                Err(e) => Err(e),
+            }
+        } else if s.cancel.take() {
+            self.end(s, StopReason::Cancelled).await
+        } else if self.generated >= self.req.max_tokens {
+            self.end(s, StopReason::MaxTokens).await
+        } else if !self.pipelined && self.started() && s.gpu.position() >= s.gpu.capacity() {
+            self.end(s, StopReason::ContextFull).await
+        } else {
+            return None;
+        };
+        self.note_end(&event);
+        Some(event)
+    }
+
+    /// The event of a token sampled for this run (by the session's step or the caller's).
+    pub(crate) async fn on_token(&mut self, s: &mut Session, id: u32) -> Result<Event, Error> {
         if self.last.is_none() {
             self.first_ms = now_ms();
             self.timings.prompt_ms = self.first_ms - self.start_ms;
         }
         self.last = Some(id);
-        let tok = self.session.model.tokenizer();
+        let tok = s.model.tokenizer();
         if tok.is_end_of_generation(id) {
-            return self.end(StopReason::EndOfGeneration).await;
+            return self.end(s, StopReason::EndOfGeneration).await;
         }
         self.generated += 1;
         let piece = self.decoder.push(tok, id);
@@ -696,6 +755,16 @@ impl Run<'_> {
         let keep = held_back(&self.held, &self.req.stop);
         let text: String = self.held.drain(..self.held.len() - keep).collect();
         Ok(Event::Token { id, text })
+    }
+
+    /// Counts a step the caller queued for this run ([`crate::Batch`]).
+    pub(crate) fn stepped(&mut self) {
+        self.submitted += 1;
+    }
+
+    /// The run's sampling and its step number, for a step the caller runs.
+    pub(crate) fn sampling(&self) -> (&SamplingParams, u32) {
+        (&self.req.sampling, self.submitted as u32)
     }
 }
 

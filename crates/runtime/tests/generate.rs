@@ -4,7 +4,9 @@
 
 use futures::StreamExt;
 use wgemma::gguf::Gguf;
-use wgemma::{Error, Event, GenerateRequest, LoadOptions, Model, Prompt, SamplingParams};
+use wgemma::{
+    Error, Event, GenerateRequest, LoadOptions, Model, Prompt, SamplingParams, StopReason,
+};
 use wgemma_text::synth::{SynthSpec, synthetic_bytes};
 
 /// The tiny Gemma 3 (or with `gemma4` the tiny Gemma 4, whose per-layer embedding rows are
@@ -212,4 +214,84 @@ fn a_long_prompt_reports_its_passes_and_can_be_stopped_between_them() {
         &prompt[..16],
         "the cache keeps what was read"
     );
+}
+
+/// A generation's text and end, from its events.
+fn reply(events: impl IntoIterator<Item = Result<Event, Error>>) -> (String, StopReason) {
+    let mut text = String::new();
+    for e in events {
+        match e.expect("an event") {
+            Event::Token { text: t, .. } => text.push_str(&t),
+            Event::Done { reason, .. } => return (text, reason),
+        }
+    }
+    panic!("no end: {text:?}");
+}
+
+/// Generations that start at different times and share decode steps in a [`wgemma::Batch`]
+/// each give what the same request gives alone; a slot keeps its conversation's cache.
+#[test]
+fn batched_generations_match_each_alone() {
+    use wgemma::{Batch, SessionOptions};
+    for gemma4 in [false, true] {
+        let Some(model) = tiny_model(gemma4, None) else {
+            return;
+        };
+        let vocab = model.config().n_vocab as u32;
+        let request = |n: u32, max_tokens| GenerateRequest {
+            max_tokens,
+            ..GenerateRequest::new(Prompt::Tokens(
+                (0..n).map(|i| (i * 31 + n * 7 + 2) % vocab).collect(),
+            ))
+        };
+        let requests = [
+            request(9, 12),
+            request(4, 7),
+            request(17, 10),
+            request(6, 9),
+        ];
+        let opts = SessionOptions {
+            context: 64,
+            max_batch: 16,
+        };
+        let alone: Vec<(String, StopReason)> = requests
+            .iter()
+            .map(|r| {
+                let mut s = model.session(opts).expect("a session");
+                reply(pollster::block_on(
+                    s.generate(r.clone()).collect::<Vec<_>>(),
+                ))
+            })
+            .collect();
+        let mut batch = Batch::new(&model, 3, opts).expect("a batch");
+        let mut events: Vec<Vec<Result<Event, Error>>> =
+            (0..requests.len()).map(|_| Vec::new()).collect();
+        // Request k goes to slot k % 3 once that slot is free; request 0 runs alone at first.
+        let mut next = 0;
+        let mut owner = [usize::MAX; 3];
+        for round in 0..200 {
+            if next < requests.len() && (round >= 3 * next) {
+                let slot = next % 3;
+                if batch.is_idle(slot) {
+                    owner[slot] = next;
+                    let started = pollster::block_on(batch.start(slot, requests[next].clone()));
+                    for (i, e) in started.expect("starts") {
+                        events[owner[i]].push(e);
+                    }
+                    next += 1;
+                }
+            }
+            if next == requests.len() && batch.running() == 0 {
+                break;
+            }
+            for (i, e) in pollster::block_on(batch.step(|_| false)) {
+                events[owner[i]].push(e);
+            }
+        }
+        for (k, (want, got)) in alone.iter().zip(events).enumerate() {
+            assert_eq!(&reply(got), want, "gemma4 {gemma4}: request {k}");
+        }
+        // Slot 0 ran request 3 last: its cache holds that prompt and reply.
+        assert!(batch.cached_tokens(0).len() > 6);
+    }
 }

@@ -1,16 +1,18 @@
-//! A model's sessions, each on a thread of its own with its KV cache kept between requests,
-//! and which of them takes which request: the idle session whose cache holds the start of the
-//! request's prompt (the conversation it continues), else the one idle longest; when none is
-//! idle the request waits in a bounded queue that sessions take from in order as they finish.
+//! A model's sessions and which of them takes which request. The sessions are the slots of
+//! one [`wgemma::Batch`], driven by a thread of their own: generations under way share each
+//! decode step (continuous batching), each slot's KV cache is kept between requests. A request
+//! goes to the idle slot whose cache holds the start of its prompt (the conversation it
+//! continues), else the one idle longest; when none is idle it waits in a bounded queue that
+//! slots take from in order as they finish.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use tokio::sync::mpsc as tmpsc;
-use wgemma::{Event, GenerateRequest, Model, SessionOptions};
+use tokio::sync::mpsc::error::TrySendError;
+use wgemma::{Batch, Event, GenerateRequest, Model, SessionOptions};
 
 use crate::error::ApiError;
 
@@ -72,10 +74,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// What the scheduler knows of one session.
+/// What the scheduler knows of one slot.
 struct Slot {
-    /// The session thread's inbox (one job at a time: it is sent only to an idle session).
-    inbox: mpsc::Sender<Queued>,
     /// The tokens its cache holds, as of its last job.
     cached: Vec<u32>,
     /// When it last finished a job.
@@ -86,6 +86,8 @@ struct State {
     slots: Vec<Slot>,
     idle: Vec<usize>,
     waiting: VecDeque<Queued>,
+    /// The engine's inbox: jobs given a slot.
+    inbox: mpsc::Sender<(usize, Queued)>,
 }
 
 /// A model's sessions and their scheduler.
@@ -97,51 +99,43 @@ pub struct Sessions {
 }
 
 impl Sessions {
-    /// `parallel` sessions of `model` with `context` positions each, their threads started.
+    /// `parallel` sessions of `model` with `context` positions each, and the thread that
+    /// runs their generations.
     pub fn start(
         model: &Model,
         parallel: usize,
         context: usize,
         queue: usize,
     ) -> Result<Arc<Self>, ApiError> {
-        let mut sessions = Vec::with_capacity(parallel);
-        let mut slots = Vec::with_capacity(parallel);
-        for _ in 0..parallel.max(1) {
-            let opts = SessionOptions {
-                context,
-                ..SessionOptions::default()
-            };
-            sessions.push(model.session(opts).map_err(|e| ApiError::runtime(&e))?);
-        }
-        let mut inboxes = Vec::with_capacity(parallel);
-        for _ in &sessions {
-            let (tx, rx) = mpsc::channel();
-            slots.push(Slot {
-                inbox: tx,
-                cached: Vec::new(),
-                idle_since: Instant::now(),
-            });
-            inboxes.push(rx);
-        }
+        let opts = SessionOptions {
+            context,
+            ..SessionOptions::default()
+        };
+        let batch = Batch::new(model, parallel.max(1), opts).map_err(|e| ApiError::runtime(&e))?;
+        let (tx, rx) = mpsc::channel();
         let this = Arc::new(Self {
             state: Mutex::new(State {
-                idle: (0..slots.len()).collect(),
-                slots,
+                idle: (0..batch.slots()).collect(),
+                slots: (0..batch.slots())
+                    .map(|_| Slot {
+                        cached: Vec::new(),
+                        idle_since: Instant::now(),
+                    })
+                    .collect(),
                 waiting: VecDeque::new(),
+                inbox: tx,
             }),
             queue,
             pending: Arc::new(AtomicUsize::new(0)),
             counters: Counters::default(),
         });
-        for (i, (session, inbox)) in sessions.into_iter().zip(inboxes).enumerate() {
-            // The thread holds the scheduler weakly: dropping the model's last handle drops
-            // the inboxes' senders, and each thread ends at its next wait.
-            let me = Arc::downgrade(&this);
-            std::thread::Builder::new()
-                .name(format!("wgemma-session-{i}"))
-                .spawn(move || serve(session, i, &inbox, &me))
-                .map_err(|e| ApiError::internal(format!("starting a session thread: {e}")))?;
-        }
+        // The thread holds the scheduler weakly: dropping the model's last handle drops the
+        // inbox's sender, and the thread ends at its next wait.
+        let me = Arc::downgrade(&this);
+        std::thread::Builder::new()
+            .name("wgemma-batch".into())
+            .spawn(move || Engine::new(batch).serve(&rx, &me))
+            .map_err(|e| ApiError::internal(format!("starting the generation thread: {e}")))?;
         Ok(this)
     }
 
@@ -150,8 +144,8 @@ impl Sessions {
         self.pending.load(Ordering::Relaxed)
     }
 
-    /// Hands `job` (whose prompt is `tokens`) to a session, or queues it; refused when
-    /// `queue` requests already wait.
+    /// Hands `job` (whose prompt is `tokens`) to a slot, or queues it; refused when `queue`
+    /// requests already wait.
     pub fn submit(&self, job: Job, tokens: &[u32]) -> Result<(), ApiError> {
         let mut st = lock(&self.state);
         let queued = Queued {
@@ -162,10 +156,9 @@ impl Sessions {
         match choose(&st, tokens) {
             Some(pos) => {
                 let i = st.idle.swap_remove(pos);
-                st.slots[i]
-                    .inbox
-                    .send(queued)
-                    .map_err(|_| ApiError::internal("a session has stopped"))
+                st.inbox
+                    .send((i, queued))
+                    .map_err(|_| ApiError::internal("the generation thread has stopped"))
             }
             None if st.waiting.len() >= self.queue => Err(ApiError::busy(self.queue)),
             None => {
@@ -175,8 +168,8 @@ impl Sessions {
         }
     }
 
-    /// Session `i` is done with its job, its cache now holding `cached`: its next job from
-    /// the queue, or it goes idle.
+    /// Slot `i` is done with its job, its cache now holding `cached`: its next job from the
+    /// queue, or it goes idle.
     fn finished(&self, i: usize, cached: Vec<u32>) -> Option<Queued> {
         let mut st = lock(&self.state);
         st.slots[i].cached = cached;
@@ -189,9 +182,9 @@ impl Sessions {
     }
 }
 
-/// The idle session for a prompt of `tokens` (its position in `idle`): the one whose cache
-/// the prompt continues (shares at least half of what it holds) with the longest shared
-/// start, else the one idle longest, whose conversation is the least likely to come back.
+/// The idle slot for a prompt of `tokens` (its position in `idle`): the one whose cache the
+/// prompt continues (shares at least half of what it holds) with the longest shared start,
+/// else the one idle longest, whose conversation is the least likely to come back.
 fn choose(st: &State, tokens: &[u32]) -> Option<usize> {
     let shared = |i: usize| {
         let cached = &st.slots[i].cached;
@@ -220,54 +213,165 @@ fn choose(st: &State, tokens: &[u32]) -> Option<usize> {
         .map(|(pos, _)| pos)
 }
 
-/// A session thread: its jobs one after another, until the model is unloaded.
-fn serve(
-    mut session: wgemma::Session,
-    i: usize,
-    inbox: &mpsc::Receiver<Queued>,
-    sessions: &std::sync::Weak<Sessions>,
-) {
-    let mut next = inbox.recv().ok();
-    while let Some(queued) = next.take() {
-        let Some(owner) = sessions.upgrade() else {
-            return;
-        };
-        pollster::block_on(run(&mut session, queued.job, &owner.counters));
-        drop(queued._pending);
-        next = owner.finished(i, session.cached_tokens().to_vec());
-        drop(owner);
-        if next.is_none() {
-            next = inbox.recv().ok();
-        }
-    }
+/// A slot's job under way: its events not yet taken by the client.
+struct Active {
+    queued: Queued,
+    backlog: VecDeque<Result<Event, wgemma::Error>>,
+    /// Tokens delivered.
+    tokens: u64,
+    /// The client went away: the rest of the generation is dropped.
+    gone: bool,
+    /// The generation has given its last event.
+    ended: bool,
 }
 
-async fn run(session: &mut wgemma::Session, job: Job, counters: &Counters) {
-    // A client that left while its request waited: nothing to run.
-    if job.events.is_closed() {
-        Counters::add(&counters.cancelled, 1);
-        return;
+/// The generation thread's state: the batch and each slot's job.
+struct Engine {
+    batch: Batch,
+    active: Vec<Option<Active>>,
+}
+
+/// How long the thread waits before offering events again to clients that took none.
+const BACKLOG_WAIT: Duration = Duration::from_millis(1);
+
+impl Engine {
+    fn new(batch: Batch) -> Self {
+        let active = (0..batch.slots()).map(|_| None).collect();
+        Self { batch, active }
     }
-    let stream = session.generate(job.request);
-    futures::pin_mut!(stream);
-    let mut tokens = 0u64;
-    while let Some(event) = stream.next().await {
-        let end = match &event {
-            Ok(Event::Token { .. }) => None,
-            Ok(Event::Done { timings, .. }) => Some(Ok(*timings)),
-            Err(_) => Some(Err(())),
-        };
-        if job.events.send(event).await.is_err() {
-            // The client went away: dropping the stream ends the generation here.
-            Counters::add(&counters.cancelled, 1);
-            Counters::add(&counters.generated_tokens, tokens);
+
+    fn running(&self) -> bool {
+        self.active.iter().any(Option::is_some)
+    }
+
+    /// Jobs from `inbox` and steps of the generations under way, until the model is
+    /// unloaded.
+    fn serve(
+        mut self,
+        inbox: &mpsc::Receiver<(usize, Queued)>,
+        sessions: &std::sync::Weak<Sessions>,
+    ) {
+        loop {
+            let next = if self.running() {
+                inbox.try_recv().ok()
+            } else {
+                match inbox.recv() {
+                    Ok(job) => Some(job),
+                    Err(_) => return,
+                }
+            };
+            let Some(owner) = sessions.upgrade() else {
+                return;
+            };
+            if let Some((slot, queued)) = next {
+                self.start(slot, queued, &owner);
+                continue;
+            }
+            let waiting = |i: usize| {
+                self.active[i]
+                    .as_ref()
+                    .is_some_and(|a| !a.backlog.is_empty())
+            };
+            let paused: Vec<bool> = (0..self.active.len()).map(waiting).collect();
+            let events = pollster::block_on(self.batch.step(|i| paused[i]));
+            let idle = events.is_empty();
+            self.route(events);
+            self.deliver(&owner);
+            if idle {
+                std::thread::sleep(BACKLOG_WAIT);
+            }
+        }
+    }
+
+    /// Starts `queued` in `slot`.
+    fn start(&mut self, slot: usize, queued: Queued, owner: &Sessions) {
+        // A client that left while its request waited: nothing to run.
+        if queued.job.events.is_closed() {
+            Counters::add(&owner.counters.cancelled, 1);
+            self.free(slot, owner);
             return;
         }
-        // Counted once delivered, so that a generation is finished, failed or cancelled.
-        match end {
-            None => tokens += 1,
-            Some(Ok(timings)) => return counters.record_done(&timings),
-            Some(Err(())) => return Counters::add(&counters.failed, 1),
+        let request = queued.job.request.clone();
+        self.active[slot] = Some(Active {
+            queued,
+            backlog: VecDeque::new(),
+            tokens: 0,
+            gone: false,
+            ended: false,
+        });
+        match pollster::block_on(self.batch.start(slot, request)) {
+            Ok(events) => self.route(events),
+            Err(e) => self.route(vec![(slot, Err(e))]),
+        }
+        self.deliver(owner);
+    }
+
+    /// Slot `i` is free: the job waiting longest goes to it (through the inbox, which this
+    /// thread reads next).
+    fn free(&mut self, i: usize, owner: &Sessions) {
+        self.active[i] = None;
+        if let Some(h) = self.batch.cancel_handle(i) {
+            h.withdraw();
+        }
+        if let Some(q) = owner.finished(i, self.batch.cached_tokens(i).to_vec()) {
+            let _ = lock(&owner.state).inbox.send((i, q));
+        }
+    }
+
+    /// Puts each event in its slot's backlog.
+    fn route(&mut self, events: Vec<wgemma::SlotEvent>) {
+        for (i, event) in events {
+            let Some(a) = self.active.get_mut(i).and_then(Option::as_mut) else {
+                continue;
+            };
+            a.ended |= !matches!(event, Ok(Event::Token { .. }));
+            if !a.gone {
+                a.backlog.push_back(event);
+            }
+        }
+    }
+
+    /// Offers each slot's backlog to its client; frees the slots whose jobs are over
+    /// (delivered, or their client gone).
+    fn deliver(&mut self, owner: &Sessions) {
+        let c = &owner.counters;
+        for i in 0..self.active.len() {
+            let Some(a) = &mut self.active[i] else {
+                continue;
+            };
+            while let Some(event) = a.backlog.pop_front() {
+                let end = match &event {
+                    Ok(Event::Token { .. }) => None,
+                    Ok(Event::Done { timings, .. }) => Some(Ok(*timings)),
+                    Err(_) => Some(Err(())),
+                };
+                match a.queued.job.events.try_send(event) {
+                    Ok(()) => match end {
+                        None => a.tokens += 1,
+                        // Counted once delivered, so that a generation is finished, failed or
+                        // cancelled.
+                        Some(Ok(timings)) => c.record_done(&timings),
+                        Some(Err(())) => Counters::add(&c.failed, 1),
+                    },
+                    Err(TrySendError::Full(event)) => {
+                        a.backlog.push_front(event);
+                        break;
+                    }
+                    Err(TrySendError::Closed(_)) => {
+                        // The client went away: the generation stops at its next step.
+                        a.gone = true;
+                        a.backlog.clear();
+                        Counters::add(&c.cancelled, 1);
+                        Counters::add(&c.generated_tokens, a.tokens);
+                        if let Some(h) = self.batch.cancel_handle(i) {
+                            h.cancel();
+                        }
+                    }
+                }
+            }
+            if a.ended && a.backlog.is_empty() {
+                self.free(i, owner);
+            }
         }
     }
 }

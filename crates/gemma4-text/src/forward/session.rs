@@ -323,10 +323,12 @@ impl GpuSession {
         opts: SessionOptions,
         pool: &Arc<KvPool>,
     ) -> Result<Self, ForwardError> {
-        let _span = tracing::info_span!("session_new", context = opts.context, pooled = true)
-            .entered();
+        let _span =
+            tracing::info_span!("session_new", context = opts.context, pooled = true).entered();
         if !Arc::ptr_eq(&model, pool.model()) {
-            return Err(ForwardError::Batch("the pool holds another model's caches".into()));
+            return Err(ForwardError::Batch(
+                "the pool holds another model's caches".into(),
+            ));
         }
         let slot = pool.take().ok_or(ForwardError::PoolFull {
             slots: pool.slots(),

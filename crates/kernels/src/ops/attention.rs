@@ -214,8 +214,7 @@ impl DecodeAttention {
         // Per token, head and chunk, the chunk's output, then its max and sum in a vec4; then
         // room for one token's K and V on their way to the cache (at most one pair per query
         // head).
-        let chunks =
-            u64::from(tokens) * u64::from(n_head) * u64::from(keys.div_ceil(ATTN_CHUNK));
+        let chunks = u64::from(tokens) * u64::from(n_head) * u64::from(keys.div_ceil(ATTN_CHUNK));
         chunks * u64::from(head_dim + 4) + 2 * u64::from(n_head) * u64::from(head_dim)
     }
 }

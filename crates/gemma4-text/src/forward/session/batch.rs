@@ -50,7 +50,11 @@ impl PoolSlot {
 
 impl Drop for PoolSlot {
     fn drop(&mut self) {
-        let mut free = self.pool.free.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut free = self
+            .pool
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         free.push(self.index);
     }
 }
@@ -116,12 +120,19 @@ impl KvPool {
 
     /// Slots no session holds.
     pub fn free_slots(&self) -> usize {
-        self.free.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     /// Bytes of GPU memory its buffers take.
     pub fn bytes(&self) -> u64 {
-        self.layers.iter().flatten().map(|(k, v)| k.size + v.size).sum()
+        self.layers
+            .iter()
+            .flatten()
+            .map(|(k, v)| k.size + v.size)
+            .sum()
     }
 
     pub(super) fn layers(&self) -> &[Option<(View, View)>] {
@@ -244,9 +255,12 @@ impl BatchDecoder {
         self.host.fetch_rows(&tokens).await?;
         if !self.plans.contains_key(&m) {
             let ids = &self.host.acts(m).ids;
-            let plan = self
-                .host
-                .plan(m as u32, StepInput::ids(ids), LogitsFor::All, Some(&self.logits))?;
+            let plan = self.host.plan(
+                m as u32,
+                StepInput::ids(ids),
+                LogitsFor::All,
+                Some(&self.logits),
+            )?;
             self.plans.insert(m, plan);
         }
         let ctx = self.host.model.ctx.clone();
@@ -310,10 +324,9 @@ impl BatchDecoder {
             .enumerate()
             .map(|(r, row)| {
                 let s = &row.session;
-                let ours = s
-                    .kv
-                    .slot()
-                    .is_some_and(|slot| Arc::ptr_eq(slot.pool(), &self.pool));
+                let ours =
+                    s.kv.slot()
+                        .is_some_and(|slot| Arc::ptr_eq(slot.pool(), &self.pool));
                 if !ours {
                     return Err(ForwardError::Batch(format!(
                         "row {r}: the session's cache is not in this pool"

@@ -1,0 +1,198 @@
+//! Continuous batching: sessions of one model whose generations share each decode step. Their
+//! KV caches are slots of one pool; a step computes the next token of every running
+//! generation at once (the products read each weight once for all of them), and generations
+//! start and end between steps. A generation running alone queues its steps ahead of the
+//! readback as [`Session::generate`] does.
+
+use wgemma_text::{BatchDecoder, BatchRow, ForwardError, SessionOptions};
+
+use crate::error::Error;
+use crate::model::Model;
+use crate::session::{CancelHandle, Event, GenerateRequest, Run, Session};
+
+/// A slot's event from [`Batch::start`] or [`Batch::step`].
+pub type SlotEvent = (usize, Result<Event, Error>);
+
+struct Slot {
+    session: Session,
+    run: Option<Run>,
+}
+
+/// Sessions of one model that generate together, each in a slot: its own conversation and
+/// KV cache (kept between its generations, so a conversation continued in its slot reuses
+/// it), one generation at a time.
+pub struct Batch {
+    decoder: BatchDecoder,
+    slots: Vec<Slot>,
+}
+
+impl Batch {
+    /// `slots` sessions of `model` sized by `opts` (each `opts.context` positions), whose
+    /// decode steps run together.
+    pub fn new(model: &Model, slots: usize, opts: SessionOptions) -> Result<Self, Error> {
+        let _span = tracing::info_span!("batch_new", slots, context = opts.context).entered();
+        let pool = model.kv_pool(slots, opts.context)?;
+        let sessions = (0..pool.slots())
+            .map(|_| model.pooled_session(opts, &pool))
+            .collect::<Result<Vec<_>, _>>()?;
+        let decoder = BatchDecoder::new(pool, sessions.len())?;
+        Ok(Self {
+            decoder,
+            slots: sessions
+                .into_iter()
+                .map(|session| Slot { session, run: None })
+                .collect(),
+        })
+    }
+
+    /// Its number of slots.
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Slots generating now.
+    pub fn running(&self) -> usize {
+        self.slots.iter().filter(|s| s.run.is_some()).count()
+    }
+
+    /// Whether `slot` has no generation under way.
+    pub fn is_idle(&self, slot: usize) -> bool {
+        self.slots.get(slot).is_some_and(|s| s.run.is_none())
+    }
+
+    /// The tokens `slot`'s cache holds.
+    pub fn cached_tokens(&self, slot: usize) -> &[u32] {
+        self.slots
+            .get(slot)
+            .map_or(&[], |s| s.session.cached_tokens())
+    }
+
+    /// A handle that stops `slot`'s generation at its next step (its `Done` says
+    /// [`crate::StopReason::Cancelled`]).
+    pub fn cancel_handle(&self, slot: usize) -> Option<CancelHandle> {
+        self.slots.get(slot).map(|s| s.session.cancel_handle())
+    }
+
+    /// Starts `req` in idle `slot`: its prompt is read (what the slot's cache holds of it
+    /// reused) and its first token sampled. Returns that first event (with the events of a
+    /// generation that ran alone until now and whose queued steps are read first, since the
+    /// generations step together from here on).
+    pub async fn start(
+        &mut self,
+        slot: usize,
+        req: GenerateRequest,
+    ) -> Result<Vec<SlotEvent>, Error> {
+        if !self.is_idle(slot) {
+            return Err(Error::Request(format!(
+                "slot {slot} is busy or does not exist"
+            )));
+        }
+        let mut out = Vec::new();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if let Some(run) = &mut s.run {
+                run.stop_pipelining();
+                while s.session.gpu_mut().in_flight() > 0 && !run.is_done() {
+                    out.push((i, run.step(&mut s.session).await));
+                }
+                if run.is_done() {
+                    s.run = None;
+                }
+            }
+        }
+        let s = &mut self.slots[slot];
+        let mut run = Run::new(req);
+        run.stop_pipelining();
+        let first = run.step(&mut s.session).await;
+        if !run.is_done() {
+            s.run = Some(run);
+        }
+        out.push((slot, first));
+        Ok(out)
+    }
+
+    /// One event from every running generation but those `paused` says to leave (their
+    /// clients have not taken the last one yet): the events that need no token (an end, a
+    /// cancel), then one step that feeds and samples all the others at once. A generation
+    /// running alone takes its own pipelined step.
+    pub async fn step(&mut self, paused: impl Fn(usize) -> bool) -> Vec<SlotEvent> {
+        let mut out = Vec::new();
+        if self.running() == 1
+            && let Some((i, s)) = self
+                .slots
+                .iter_mut()
+                .enumerate()
+                .find(|(i, s)| s.run.is_some() && !paused(*i))
+            && let Some(run) = &mut s.run
+        {
+            run.start_pipelining();
+            out.push((i, run.step(&mut s.session).await));
+            if run.is_done() {
+                s.run = None;
+            }
+            return out;
+        }
+        let mut stepping = Vec::new();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            let Some(run) = &mut s.run else { continue };
+            if paused(i) {
+                continue;
+            }
+            run.stop_pipelining();
+            match run.ready_event(&mut s.session).await {
+                Some(event) => out.push((i, event)),
+                None => stepping.push(i),
+            }
+            if run.is_done() {
+                s.run = None;
+            }
+        }
+        if !stepping.is_empty() {
+            self.step_together(&stepping, &mut out).await;
+        }
+        out
+    }
+
+    /// One batched step of the generations in `stepping` (slots with runs), their events
+    /// into `out`.
+    async fn step_together(&mut self, stepping: &[usize], out: &mut Vec<SlotEvent>) {
+        let mut rows = Vec::with_capacity(stepping.len());
+        let mut runs = Vec::with_capacity(stepping.len());
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if !stepping.contains(&i) {
+                continue;
+            }
+            let Some(run) = &mut s.run else { continue };
+            let (params, step) = run.sampling();
+            rows.push(BatchRow {
+                session: s.session.gpu_mut(),
+                params,
+                step,
+            });
+            runs.push(i);
+        }
+        let tokens = self.decoder.step(&mut rows).await;
+        drop(rows);
+        let tokens: Vec<Result<u32, ForwardError>> = match tokens {
+            Ok(t) => t,
+            // The step did not run: each of its generations ends with the error.
+            Err(e) => runs
+                .iter()
+                .map(|_| Err(ForwardError::Batch(e.to_string())))
+                .collect(),
+        };
+        for (i, token) in runs.into_iter().zip(tokens) {
+            let s = &mut self.slots[i];
+            let Some(run) = &mut s.run else { continue };
+            run.stepped();
+            let event = match token {
+                Ok(id) => run.on_token(&mut s.session, id).await,
+                Err(e) => Err(e.into()),
+            };
+            run.note_end(&event);
+            if run.is_done() {
+                s.run = None;
+            }
+            out.push((i, event));
+        }
+    }
+}
