@@ -179,6 +179,11 @@ export interface GenerateOptions {
   parseSpecial?: boolean;
   /** End a reply that repeats the same stretch of text three times in a row (reason "loop"). */
   stopLoops?: boolean;
+  /**
+   * Report each token's log-probability (of the model's distribution) and those of this many
+   * most likely tokens (0 to 20) in its event.
+   */
+  logprobs?: number;
   /** Feed a string prompt as plain text, without the chat template. */
   raw?: boolean;
   /**
@@ -217,7 +222,13 @@ export interface SoftTokens {
 }
 
 export type GenerateEvent =
-  | { type: "token"; id: number; text: string }
+  | {
+      type: "token";
+      id: number;
+      text: string;
+      /** With `logprobs`: the token's log-probability, and `[id, logprob]` of the top tokens. */
+      logprobs?: { logprob: number; top: [number, number][] };
+    }
   | {
       type: "done";
       reason: "end" | "max_tokens" | "stop_string" | "aborted" | "context_full" | "loop";

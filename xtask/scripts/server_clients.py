@@ -2,8 +2,8 @@
 
 Usage: server_clients.py BASE_URL API_KEY MODEL [MODEL ...]
 (scripts/server-clients-test.sh starts the server and runs this). Each model is driven
-through both clients: whole and streamed replies (the same greedy text), stop strings, the
-model listings, and the errors each client raises. Exits non-zero on the first failure.
+through both clients: whole and streamed replies (the same greedy text), stop strings,
+log-probabilities, the model listings, and the errors each client raises. Exits non-zero on the first failure.
 """
 
 import sys
@@ -48,6 +48,16 @@ def openai_side(base, key, model):
         got = cut.choices[0].message.content
         check(got == text[: text.index(stop)], f"{model}: stop {stop!r}: {got!r} of {text!r}")
         check(cut.choices[0].finish_reason == "stop", f"{cut}")
+    # Log-probabilities: a token each, its top 2 most likely first, the greedy pick on top.
+    lp = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=12, temperature=0, logprobs=True, top_logprobs=2
+    )
+    content = lp.choices[0].logprobs.content
+    check(lp.choices[0].message.content == text, f"{model}: logprobs change the reply")
+    check(len(content) >= lp.usage.completion_tokens, f"{model}: {len(content)} logprobs")
+    for t in content:
+        check(len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob, f"{t}")
+        check(t.token == t.top_logprobs[0].token and t.logprob <= 0.0, f"{t}")
     done = client.completions.create(model=model, prompt="The sky is", max_tokens=4, temperature=0)
     check(isinstance(done.choices[0].text, str), f"{done}")
     ids = [m.id for m in client.models.list().data]

@@ -99,7 +99,7 @@ fn generate_with(
     let (mut ids, mut text, mut timings) = (Vec::new(), String::new(), Timings::default());
     while let Some(event) = pollster::block_on(events.next()) {
         match event? {
-            Event::Token { id, text: t } => {
+            Event::Token { id, text: t, .. } => {
                 ids.push(id);
                 text.push_str(&t);
             }

@@ -116,14 +116,13 @@ impl GenArgs {
         media: Media,
     ) -> GenerateRequest {
         GenerateRequest {
-            prompt,
             sampling,
             max_tokens: self.max_tokens as usize,
-            stop: Vec::new(),
             images: media.images,
             audio: media.audio,
             parse_special: self.parse_special,
             stop_loops: self.stop_loops,
+            ..GenerateRequest::new(prompt)
         }
     }
 }

@@ -16,8 +16,8 @@ pub mod tokenizer;
 pub use config::{Arch, ConfigError, LayerConfig, TextConfig};
 pub use forward::{
     BatchDecoder, BatchRow, ExpertPlacement, ForwardError, Fusions, GpuModel, GpuSession, KvPool,
-    LoadError, LoadOptions, LoadProgress, PleRows, PrefillWatch, PreparedLora, SessionOptions,
-    SoftTokens, Traced, WeightBytes,
+    LoadError, LoadOptions, LoadProgress, MAX_TOP_LOGPROBS, PleRows, PrefillWatch, PreparedLora,
+    SessionOptions, SoftTokens, TokenLogprobs, Traced, WeightBytes,
 };
 pub use reference::{CpuModel, Input};
 pub use sampling::{SamplingError, SamplingParams};

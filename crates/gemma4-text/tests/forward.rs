@@ -206,6 +206,59 @@ fn sampling_on_the_gpu_matches_the_cpu_sampler() {
     assert_ne!(run(1), run(2));
 }
 
+/// Log-probabilities of the sampled token and the top tokens: of the raw logits (penalties
+/// and temperature change the draw, not them), step after step, against the CPU reference.
+#[test]
+fn logprobs_match_the_cpu_reference() {
+    let Some(ctx) = ctx() else { return };
+    let spec = SynthSpec::tiny_gemma4(GgmlType::Q8_0);
+    let m = load(synthetic_bytes(&spec).unwrap(), ctx);
+    let tokens = prompt(9, spec.n_vocab as u32);
+    let p = SamplingParams {
+        temperature: 1.3,
+        repeat_penalty: 1.5,
+        seed: 5,
+        ..Default::default()
+    };
+    let opts = SessionOptions {
+        context: 64,
+        max_batch: 64,
+    };
+    let mut s = GpuSession::new(m.gpu.clone(), opts).unwrap();
+    s.set_logprobs(Some(5)).unwrap();
+    assert_eq!(s.pipeline_depth(), 1);
+    let mut state = m.cpu.new_state();
+    let mut want = m.cpu.forward(&mut state, &tokens).unwrap().pop().unwrap();
+    pollster::block_on(s.begin(&tokens, &p, 0)).unwrap();
+    for step in 1..5u32 {
+        let token = pollster::block_on(s.next_token()).unwrap();
+        let got = pollster::block_on(s.logprobs()).unwrap();
+        let lse = want.iter().map(|&x| f64::from(x).exp()).sum::<f64>().ln() as f32;
+        assert_eq!(got.token, token, "step {step}");
+        assert!(
+            (got.logprob - (want[token as usize] - lse)).abs() < 2e-3,
+            "step {step}: {got:?}"
+        );
+        let mut order: Vec<u32> = (0..want.len() as u32).collect();
+        order.sort_by(|&a, &b| want[b as usize].total_cmp(&want[a as usize]));
+        assert_eq!(got.top.len(), 5);
+        for (r, &(id, lp)) in got.top.iter().enumerate() {
+            assert_eq!(id, order[r], "step {step}: rank {r}");
+            assert!(
+                (lp - (want[id as usize] - lse)).abs() < 2e-3,
+                "step {step}: rank {r}"
+            );
+        }
+        want = m.cpu.forward(&mut state, &[token]).unwrap().pop().unwrap();
+        pollster::block_on(s.advance(&p, step)).unwrap();
+    }
+    // Off again: steps queue ahead as before.
+    pollster::block_on(s.drain()).unwrap();
+    s.set_logprobs(None).unwrap();
+    assert!(s.pipeline_depth() > 1);
+    assert!(pollster::block_on(s.logprobs()).is_err());
+}
+
 #[test]
 fn bad_input_gives_errors_and_leaves_the_session_usable() {
     let Some(ctx) = ctx() else { return };

@@ -2281,6 +2281,16 @@ fn gpu_sampling_kernels_match_cpu() {
     let pen = ops::sample_kernel(ctx, ops::SampleKernel::PenaltyRing, &ring, &lv2, &base).unwrap();
     run(ctx, &[&pen]);
     assert_close("ring penalties", &read(ctx, &lv2), &want, 1e-6);
+    // The sampled token's logit, and the floor for a token past the vocabulary.
+    let pick_out = upload_u32(ctx, &[0, 0]);
+    let pick = ops::sample_kernel(ctx, ops::SampleKernel::Pick, &lv2, &pick_out, &base).unwrap();
+    for tok in [0u32, 4991, base.vocab - 1, base.vocab] {
+        ctx.write(&pick_out.buffer, 0, bytemuck::bytes_of(&tok));
+        run(ctx, &[&pick]);
+        let got = f32::from_bits(pollster::block_on(ctx.read_u32(&pick_out)).unwrap()[1]);
+        let want = want.get(tok as usize).copied().unwrap_or(-3.4e38);
+        assert_eq!(got, want, "pick of token {tok}");
+    }
 }
 
 /// Stacked experts of `rows` rows each, `dtype`, in tiles of two experts (three tiles for six),

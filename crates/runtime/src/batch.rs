@@ -185,7 +185,10 @@ impl Batch {
             let Some(run) = &mut s.run else { continue };
             run.stepped();
             let event = match token {
-                Ok(id) => run.on_token(&mut s.session, id).await,
+                Ok(id) => match run.read_logprobs(&mut s.session).await {
+                    Ok(()) => run.on_token(&mut s.session, id).await,
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(e.into()),
             };
             run.note_end(&event);

@@ -167,6 +167,8 @@ impl GenerateRequest {
         req.sampling.validate()?;
         req.parse_special = flag(o, "parseSpecial")?;
         req.stop_loops = flag(o, "stopLoops")?;
+        req.logprobs =
+            count(o, "logprobs", wgemma_text::MAX_TOP_LOGPROBS.into())?.map(|n| n as u32);
         if let Some(n) = count(o, "maxTokens", u32::MAX.into())? {
             req.max_tokens = n as usize;
         }
@@ -254,10 +256,18 @@ impl StepProfile {
 }
 
 impl Event {
-    /// `{"type": "token", "id", "text"}` or `{"type": "done", "reason", "timings"}`.
+    /// `{"type": "token", "id", "text"}` (with `"logprobs": {"logprob", "top": [[id,
+    /// logprob], ...]}` where asked) or `{"type": "done", "reason", "timings"}`.
     pub fn to_json(&self) -> Value {
         match self {
-            Event::Token { id, text } => json!({ "type": "token", "id": id, "text": text }),
+            Event::Token { id, text, logprobs } => {
+                let mut v = json!({ "type": "token", "id": id, "text": text });
+                if let Some(lp) = logprobs {
+                    let top: Vec<Value> = lp.top.iter().map(|(t, l)| json!([t, l])).collect();
+                    v["logprobs"] = json!({ "logprob": lp.logprob, "top": top });
+                }
+                v
+            }
             Event::Done { reason, timings } => json!({
                 "type": "done",
                 "reason": reason.name(),
@@ -408,8 +418,22 @@ mod tests {
         let t = Event::Token {
             id: 5,
             text: "é".into(),
+            logprobs: None,
         };
         assert_eq!(t.to_json(), json!({"type": "token", "id": 5, "text": "é"}));
+        let t = Event::Token {
+            id: 5,
+            text: String::new(),
+            logprobs: Some(wgemma_text::TokenLogprobs {
+                token: 5,
+                logprob: -0.5,
+                top: vec![(5, -0.5), (9, -1.0)],
+            }),
+        };
+        assert_eq!(
+            t.to_json()["logprobs"],
+            json!({"logprob": -0.5, "top": [[5, -0.5], [9, -1.0]]})
+        );
         let d = Event::Done {
             reason: StopReason::Cancelled,
             timings: Timings::default(),

@@ -54,4 +54,6 @@ pub use wgemma_text::chat::{AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, Message, Role}
 /// Soft tokens an image becomes at most unless a request says otherwise.
 pub const DEFAULT_IMAGE_TOKENS: u32 = wgemma_vision::DEFAULT_TOKEN_BUDGET;
 pub use wgemma_text::tokenizer::{MarkedText, Tokenizer};
-pub use wgemma_text::{LoadProgress, SamplingParams, SessionOptions};
+pub use wgemma_text::{
+    LoadProgress, MAX_TOP_LOGPROBS, SamplingParams, SessionOptions, TokenLogprobs,
+};

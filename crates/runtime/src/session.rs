@@ -10,7 +10,10 @@ use tracing::Instrument;
 use wgemma_kernels::Profiler;
 use wgemma_text::chat::Message;
 use wgemma_text::tokenizer::StreamDecoder;
-use wgemma_text::{ForwardError, GpuSession, PrefillWatch, SamplingParams, SoftTokens};
+use wgemma_text::{
+    ForwardError, GpuSession, MAX_TOP_LOGPROBS, PrefillWatch, SamplingParams, SoftTokens,
+    TokenLogprobs,
+};
 
 use crate::audio::AudioInput;
 use crate::clock::now_ms;
@@ -57,6 +60,10 @@ pub struct GenerateRequest {
     /// stretch of text three times in a row at its end. Off by default: a model's output is
     /// never cut short unless asked.
     pub stop_loops: bool,
+    /// Report each generated token's log-probability and those of the this many most likely
+    /// tokens (at most [`wgemma_text::MAX_TOP_LOGPROBS`]) in its [`Event::Token`]. Steps are
+    /// then queued one at a time.
+    pub logprobs: Option<u32>,
 }
 
 impl GenerateRequest {
@@ -70,6 +77,7 @@ impl GenerateRequest {
             audio: Vec::new(),
             parse_special: false,
             stop_loops: false,
+            logprobs: None,
         }
     }
 }
@@ -124,8 +132,13 @@ impl Timings {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// A generated token; `text` is the text it completes (possibly empty while a UTF-8
-    /// character or a possible stop string is incomplete).
-    Token { id: u32, text: String },
+    /// character or a possible stop string is incomplete); its log-probabilities where the
+    /// request asked ([`GenerateRequest::logprobs`]).
+    Token {
+        id: u32,
+        text: String,
+        logprobs: Option<TokenLogprobs>,
+    },
     /// The end, with why and how fast.
     Done {
         reason: StopReason,
@@ -196,6 +209,8 @@ pub(crate) struct Run {
     /// Decode steps are queued ahead of the readback (a session generating alone); off,
     /// each token comes from a step the caller runs ([`crate::Batch`]).
     pipelined: bool,
+    /// The log-probabilities of the token read last, for its event.
+    logprobs: Option<TokenLogprobs>,
 }
 
 impl Session {
@@ -506,6 +521,7 @@ impl Run {
             done: false,
             recent: RecentText::default(),
             pipelined: true,
+            logprobs: None,
         }
     }
 
@@ -547,6 +563,7 @@ impl Run {
             return Event::Token {
                 id: self.last.unwrap_or(0),
                 text: rest,
+                logprobs: None,
             };
         }
         self.done_event(reason)
@@ -573,8 +590,14 @@ impl Run {
 
     async fn start_prefill(&mut self, s: &mut Session) -> Result<(), Error> {
         self.req.sampling.validate()?;
+        if self.req.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+            return Err(Error::Request(format!(
+                "at most {MAX_TOP_LOGPROBS} top log-probabilities a token"
+            )));
+        }
         let (tokens, spans) = expanded_prompt(&s.model, &self.req)?;
         s.gpu.drain().await?;
+        s.gpu.set_logprobs(self.req.logprobs)?;
         // Reuse the cached prefix (and the inputs in it), but always feed at least one token
         // for logits.
         let common =
@@ -659,7 +682,9 @@ impl Run {
             return Ok(Err(StopReason::ContextFull));
         }
         let span = tracing::debug_span!("decode", step = self.generated);
-        Ok(Ok(s.gpu.next_token().instrument(span).await?))
+        let token = s.gpu.next_token().instrument(span).await?;
+        self.read_logprobs(s).await?;
+        Ok(Ok(token))
     }
 
     /// Leaves the cache holding the prompt and the tokens generated before the last one:
@@ -742,19 +767,30 @@ impl Run {
             self.decoder.flush();
             // The text before the stop string still goes out, then the end.
             self.pending_done = Some(StopReason::StopString);
-            return Ok(Event::Token { id, text });
+            let logprobs = self.logprobs.take();
+            return Ok(Event::Token { id, text, logprobs });
         }
         if self.req.stop_loops {
             self.recent.push(&piece);
             if self.recent.repeats() {
                 self.pending_done = Some(StopReason::Loop);
                 let text = std::mem::take(&mut self.held);
-                return Ok(Event::Token { id, text });
+                let logprobs = self.logprobs.take();
+                return Ok(Event::Token { id, text, logprobs });
             }
         }
         let keep = held_back(&self.held, &self.req.stop);
         let text: String = self.held.drain(..self.held.len() - keep).collect();
-        Ok(Event::Token { id, text })
+        let logprobs = self.logprobs.take();
+        Ok(Event::Token { id, text, logprobs })
+    }
+
+    /// Reads the log-probabilities of the token just read back, where the request asked.
+    pub(crate) async fn read_logprobs(&mut self, s: &mut Session) -> Result<(), Error> {
+        if self.req.logprobs.is_some() {
+            self.logprobs = Some(s.gpu.logprobs().await?);
+        }
+        Ok(())
     }
 
     /// Counts a step the caller queued for this run ([`crate::Batch`]).

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::mpsc;
-use wgemma::{Event, StopReason, Timings};
+use wgemma::{Event, StopReason, Timings, TokenLogprobs};
 
 use crate::error::ApiError;
 use crate::models::Loaded;
@@ -30,10 +30,24 @@ pub struct Generation {
     pub load_ms: f64,
 }
 
+/// A whole reply.
+pub struct Reply {
+    pub text: String,
+    pub reason: StopReason,
+    pub timings: Timings,
+    /// Each token's log-probabilities, where the request asked.
+    pub logprobs: Vec<TokenLogprobs>,
+}
+
 /// What a generation yields to its response.
 #[derive(Debug)]
 pub enum Piece {
-    Text(String),
+    /// A token's text (maybe empty, or more than its own: text held back until it could not
+    /// start a stop string), with its log-probabilities where the request asked.
+    Text {
+        text: String,
+        logprobs: Option<TokenLogprobs>,
+    },
     Done {
         reason: StopReason,
         timings: Timings,
@@ -92,7 +106,7 @@ impl Generation {
         };
         self.ended = !matches!(event, Ok(Event::Token { .. }));
         Some(match event {
-            Ok(Event::Token { text, .. }) => Piece::Text(text),
+            Ok(Event::Token { text, logprobs, .. }) => Piece::Text { text, logprobs },
             Ok(Event::Done { reason, timings }) => {
                 log_done(&self.model.name, reason, &timings);
                 Piece::Done { reason, timings }
@@ -102,12 +116,25 @@ impl Generation {
     }
 
     /// The whole reply and its end.
-    pub async fn collect(mut self) -> Result<(String, StopReason, Timings), ApiError> {
-        let mut text = String::new();
+    pub async fn collect(mut self) -> Result<Reply, ApiError> {
+        let (mut text, mut logprobs) = (String::new(), Vec::new());
         while let Some(piece) = self.next().await {
             match piece {
-                Piece::Text(t) => text.push_str(&t),
-                Piece::Done { reason, timings } => return Ok((text, reason, timings)),
+                Piece::Text {
+                    text: t,
+                    logprobs: l,
+                } => {
+                    text.push_str(&t);
+                    logprobs.extend(l);
+                }
+                Piece::Done { reason, timings } => {
+                    return Ok(Reply {
+                        text,
+                        reason,
+                        timings,
+                        logprobs,
+                    });
+                }
                 Piece::Failed(e) => return Err(e),
             }
         }

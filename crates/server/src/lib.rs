@@ -29,6 +29,7 @@
 
 mod error;
 mod generation;
+mod logprobs;
 mod models;
 mod ollama;
 mod openai;

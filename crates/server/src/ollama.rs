@@ -15,7 +15,7 @@ use wgemma::gguf::read_file_header;
 use wgemma::{ImageInput, ModelInfo, ModelSource, Prompt, Role, StopReason, Timings};
 
 use crate::error::{ApiError, Dialect};
-use crate::generation::{Generation, Piece};
+use crate::generation::{Generation, Piece, Reply};
 use crate::request::{
     Ask, Media, Sampling, base64_bytes, boolean, message, number, object, role, stop_strings,
     string, whole,
@@ -78,7 +78,12 @@ async fn respond(
         Ok(ndjson(generation, name, endpoint))
     } else {
         let load_ms = generation.load_ms;
-        let (text, reason, timings) = generation.collect().await?;
+        let Reply {
+            text,
+            reason,
+            timings,
+            ..
+        } = generation.collect().await?;
         let mut done = final_line(&name, endpoint, reason, &timings, started, load_ms);
         put_text(&mut done, endpoint, &text);
         Ok(Json(done).into_response())
@@ -220,6 +225,7 @@ fn chat_ask(o: &Map<String, Value>) -> Result<Option<Ask>, ApiError> {
         messages.push(message(role(name)?, content, n, 0));
     }
     Ok(Some(Ask {
+        logprobs: None,
         prompt: Prompt::Chat(messages),
         media,
         sampling,
@@ -263,6 +269,7 @@ fn generate_ask(o: &Map<String, Value>) -> Result<Option<Ask>, ApiError> {
         Prompt::Chat(messages)
     };
     Ok(Some(Ask {
+        logprobs: None,
         prompt,
         media,
         sampling,
@@ -316,7 +323,7 @@ fn ndjson(generation: Generation, model: String, endpoint: Endpoint) -> Response
         async move {
             let mut generation = generation?;
             let line = match generation.next().await? {
-                Piece::Text(t) => {
+                Piece::Text { text: t, .. } => {
                     let mut line = json!({"model": model, "created_at": rfc3339(SystemTime::now()), "done": false});
                     put_text(&mut line, endpoint, &t);
                     Some(line)

@@ -12,10 +12,12 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use serde_json::{Map, Value, json};
-use wgemma::{Message, Prompt, Timings};
+use wgemma::{Message, Prompt, Timings, TokenLogprobs};
 
 use crate::error::ApiError;
-use crate::generation::{Generation, Piece, finish_reason};
+use crate::generation::{Generation, Piece, Reply, finish_reason};
+use crate::logprobs;
+use crate::models::Loaded;
 use crate::request::{
     Ask, Media, Sampling, boolean, number, object, openai_content, role, stop_strings, string,
     whole,
@@ -77,8 +79,9 @@ async fn respond(
         .unwrap_or(false);
     let model = app.registry.get(&name).await?;
     let load_ms = started.elapsed().as_secs_f64() * 1e3;
-    let generation = Generation::start(model, ask, started, load_ms).await?;
+    let generation = Generation::start(model.clone(), ask, started, load_ms).await?;
     let meta = Meta {
+        loaded: model,
         id: format!(
             "{}-{:x}",
             if endpoint == Endpoint::Chat {
@@ -99,24 +102,38 @@ async fn respond(
     if stream {
         Ok(sse(generation, meta, include_usage).into_response())
     } else {
-        let (text, reason, timings) = generation.collect().await?;
-        Ok(Json(meta.whole(&text, finish_reason(reason), &timings)).into_response())
+        let reply = generation.collect().await?;
+        Ok(Json(meta.whole(&reply)).into_response())
     }
 }
 
 /// The settings both endpoints share.
-fn common(o: &Map<String, Value>) -> Result<(Sampling, Option<u64>, Vec<String>), ApiError> {
+struct Common {
+    sampling: Sampling,
+    max_tokens: Option<u64>,
+    stop: Vec<String>,
+}
+
+/// Chat's `logprobs` (a flag) and `top_logprobs` (0 to 20): the top tokens to report, where
+/// asked.
+fn chat_logprobs(o: &Map<String, Value>) -> Result<Option<u32>, ApiError> {
+    let top = whole(o, "top_logprobs", u64::from(wgemma::MAX_TOP_LOGPROBS))?;
+    match (boolean(o, "logprobs")?.unwrap_or(false), top) {
+        (true, top) => Ok(Some(top.unwrap_or(0) as u32)),
+        (false, None) => Ok(None),
+        (false, Some(_)) => Err(ApiError::bad_request(
+            "`top_logprobs` needs `logprobs`: true",
+        )),
+    }
+}
+
+fn common(o: &Map<String, Value>) -> Result<Common, ApiError> {
     if let Some(n) = whole(o, "n", 1 << 16)? {
         if n != 1 {
             return Err(ApiError::unsupported(
                 "`n` must be 1 (one choice a request)",
             ));
         }
-    }
-    if boolean(o, "logprobs")?.unwrap_or(false)
-        || o.get("top_logprobs").is_some_and(|v| !v.is_null())
-    {
-        return Err(ApiError::unsupported("`logprobs` is not supported yet"));
     }
     if o.get("tools")
         .and_then(Value::as_array)
@@ -139,7 +156,11 @@ fn common(o: &Map<String, Value>) -> Result<(Sampling, Option<u64>, Vec<String>)
         Some(n) => Some(n),
         None => whole(o, "max_tokens", MAX_TOKENS_LIMIT)?,
     };
-    Ok((sampling, max_tokens, stop_strings(o, "stop")?))
+    Ok(Common {
+        sampling,
+        max_tokens,
+        stop: stop_strings(o, "stop")?,
+    })
 }
 
 /// `seed`: any integer (negative ones as their two's complement).
@@ -155,7 +176,7 @@ fn seed(o: &Map<String, Value>) -> Result<Option<u64>, ApiError> {
 }
 
 fn chat_ask(o: &Map<String, Value>) -> Result<Ask, ApiError> {
-    let (sampling, max_tokens, stop) = common(o)?;
+    let c = common(o)?;
     let list = o
         .get("messages")
         .and_then(Value::as_array)
@@ -176,9 +197,10 @@ fn chat_ask(o: &Map<String, Value>) -> Result<Ask, ApiError> {
     Ok(Ask {
         prompt: Prompt::Chat(messages),
         media,
-        sampling,
-        max_tokens,
-        stop,
+        sampling: c.sampling,
+        max_tokens: c.max_tokens,
+        stop: c.stop,
+        logprobs: chat_logprobs(o)?,
     })
 }
 
@@ -211,7 +233,9 @@ fn format_hint(o: &Map<String, Value>) -> Result<Option<String>, ApiError> {
 }
 
 fn completion_ask(o: &Map<String, Value>) -> Result<Ask, ApiError> {
-    let (sampling, max_tokens, stop) = common(o)?;
+    let c = common(o)?;
+    // The legacy `logprobs`: how many top tokens (at most 5), the sampled one's always.
+    let logprobs = whole(o, "logprobs", 5)?.map(|n| n as u32);
     if boolean(o, "echo")?.unwrap_or(false) {
         return Err(ApiError::unsupported("`echo` is not supported"));
     }
@@ -229,15 +253,18 @@ fn completion_ask(o: &Map<String, Value>) -> Result<Ask, ApiError> {
     Ok(Ask {
         prompt: Prompt::Text(prompt),
         media: Media::default(),
-        sampling,
+        sampling: c.sampling,
         // OpenAI's completions default to 16 tokens.
-        max_tokens: Some(max_tokens.unwrap_or(16)),
-        stop,
+        max_tokens: Some(c.max_tokens.unwrap_or(16)),
+        stop: c.stop,
+        logprobs,
     })
 }
 
 /// What every chunk or response of one request repeats.
 struct Meta {
+    /// The model (its tokenizer names the tokens of log-probabilities).
+    loaded: std::sync::Arc<Loaded>,
     id: String,
     created: u64,
     model: String,
@@ -245,21 +272,37 @@ struct Meta {
 }
 
 impl Meta {
-    fn whole(&self, text: &str, finish: &str, timings: &Timings) -> Value {
+    /// The `logprobs` of a choice holding `tokens`, whose text starts `offset` characters
+    /// into the reply: null where the request did not ask.
+    fn logprobs(&self, tokens: &[TokenLogprobs], offset: usize) -> Value {
+        if tokens.is_empty() {
+            return Value::Null;
+        }
+        let tok = self.loaded.model.tokenizer();
+        match self.endpoint {
+            Endpoint::Chat => logprobs::chat(tok, tokens),
+            Endpoint::Completion => logprobs::completion(tok, tokens, offset),
+        }
+    }
+
+    fn whole(&self, reply: &Reply) -> Value {
+        let (text, finish) = (&reply.text, finish_reason(reply.reason));
+        let logprobs = self.logprobs(&reply.logprobs, 0);
         let choice = match self.endpoint {
             Endpoint::Chat => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
                 "finish_reason": finish,
-                "logprobs": null,
+                "logprobs": logprobs,
             }),
             Endpoint::Completion => json!({
                 "index": 0,
                 "text": text,
                 "finish_reason": finish,
-                "logprobs": null,
+                "logprobs": logprobs,
             }),
         };
+        let timings = &reply.timings;
         json!({
             "id": self.id,
             "object": self.endpoint.object(false),
@@ -270,8 +313,10 @@ impl Meta {
         })
     }
 
-    /// One streamed chunk: `text` as the choice's delta, or the end when `finish` is given.
-    fn chunk(&self, text: Option<&str>, finish: Option<&str>) -> Value {
+    /// One streamed chunk: `text` as the choice's delta (with its token's log-probabilities
+    /// `lp`, its text `offset` characters into the reply), or the end when `finish` is given.
+    fn chunk(&self, text: Option<&str>, lp: Option<&TokenLogprobs>, finish: Option<&str>) -> Value {
+        let logprobs = self.logprobs(lp.map_or(&[], std::slice::from_ref), 0);
         let choice = match self.endpoint {
             Endpoint::Chat => {
                 let delta = match text {
@@ -279,13 +324,13 @@ impl Meta {
                     None if finish.is_none() => json!({"role": "assistant", "content": ""}),
                     None => json!({}),
                 };
-                json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null})
+                json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs})
             }
             Endpoint::Completion => json!({
                 "index": 0,
                 "text": text.unwrap_or_default(),
                 "finish_reason": finish,
-                "logprobs": null,
+                "logprobs": logprobs,
             }),
         };
         json!({
@@ -331,15 +376,21 @@ fn sse(
         move |(generation, meta, opened)| async move {
             let mut generation = generation?;
             if !opened && meta.endpoint == Endpoint::Chat {
-                let first = vec![data(meta.chunk(None, None))];
+                let first = vec![data(meta.chunk(None, None, None))];
                 return Some((first, (Some(generation), meta, true)));
             }
             let events = match generation.next().await {
                 None => return None,
-                Some(Piece::Text(t)) if t.is_empty() => Vec::new(),
-                Some(Piece::Text(t)) => vec![data(meta.chunk(Some(&t), None))],
+                Some(Piece::Text {
+                    text,
+                    logprobs: None,
+                }) if text.is_empty() => Vec::new(),
+                Some(Piece::Text { text, logprobs }) => {
+                    vec![data(meta.chunk(Some(&text), logprobs.as_ref(), None))]
+                }
                 Some(Piece::Done { reason, timings }) => {
-                    let mut v = vec![data(meta.chunk(None, Some(finish_reason(reason))))];
+                    let finish = Some(finish_reason(reason));
+                    let mut v = vec![data(meta.chunk(None, None, finish))];
                     if include_usage {
                         v.push(data(meta.usage_chunk(&timings)));
                     }

@@ -155,6 +155,8 @@ pub struct Ask {
     pub sampling: Sampling,
     pub max_tokens: Option<u64>,
     pub stop: Vec<String>,
+    /// Log-probabilities of each token and of this many top tokens (OpenAI's `logprobs`).
+    pub logprobs: Option<u32>,
 }
 
 impl Ask {
@@ -168,6 +170,7 @@ impl Ask {
         req.stop = self.stop;
         req.images = self.media.images;
         req.audio = self.media.audio;
+        req.logprobs = self.logprobs;
         Ok(req)
     }
 }

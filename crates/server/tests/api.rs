@@ -160,6 +160,96 @@ fn openai_completions_take_a_plain_prompt() {
     assert_eq!(models["data"][0]["id"], MODEL);
 }
 
+/// Log-probabilities: one entry a generated token (whole and streamed alike), each with its
+/// top tokens most likely first and the sampled one among them when greedy; the completions'
+/// legacy shape; bad settings refused.
+#[test]
+fn logprobs_come_with_each_token() {
+    let addr = server();
+    let mut body: Value = json_of(&chat_body("Tell me more", 6, false));
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(3);
+    body["temperature"] = json!(0);
+    let (status, text) = post(addr, "/v1/chat/completions", &body.to_string(), None);
+    assert_eq!(status, 200, "{text}");
+    let whole = json_of(&text);
+    let content = whole["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let generated = whole["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+    // The end-of-turn token ends the reply without being one of its tokens.
+    assert!(
+        (generated..=generated + 1).contains(&content.len()),
+        "{whole}"
+    );
+    for e in &content {
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{e}");
+        let lps: Vec<f64> = top.iter().map(|t| t["logprob"].as_f64().unwrap()).collect();
+        assert!(lps.windows(2).all(|w| w[0] >= w[1]) && lps[0] <= 0.0, "{e}");
+        // Greedy: the sampled token is the most likely one.
+        assert_eq!(e["token"], top[0]["token"], "{e}");
+        assert!(
+            (e["logprob"].as_f64().unwrap() - lps[0]).abs() < 1e-6,
+            "{e}"
+        );
+        assert!(e["bytes"].is_array());
+    }
+    body["stream"] = json!(true);
+    let (status, text) = post(addr, "/v1/chat/completions", &body.to_string(), None);
+    assert_eq!(status, 200, "{text}");
+    let streamed: Vec<Value> = sse_data(&text)
+        .iter()
+        .filter(|d| d.as_str() != "[DONE]")
+        .map(|d| json_of(d))
+        .flat_map(|c| {
+            c["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    // The same tokens (the second request reads less of its prompt, which the cache holds:
+    // the same values to rounding).
+    assert_eq!(streamed.len(), content.len());
+    for (a, b) in streamed.iter().zip(&content) {
+        assert_eq!(a["token"], b["token"]);
+        let (x, y) = (
+            a["logprob"].as_f64().unwrap(),
+            b["logprob"].as_f64().unwrap(),
+        );
+        assert!((x - y).abs() < 1e-3, "{a} {b}");
+    }
+    // Completions: `logprobs` is the number of top tokens.
+    let body = json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4,
+                      "temperature": 0, "logprobs": 2});
+    let (status, text) = post(addr, "/v1/completions", &body.to_string(), None);
+    assert_eq!(status, 200, "{text}");
+    let lp = json_of(&text)["choices"][0]["logprobs"].clone();
+    let n = lp["tokens"].as_array().unwrap().len();
+    assert!(
+        n >= 1 && lp["token_logprobs"].as_array().unwrap().len() == n,
+        "{lp}"
+    );
+    assert!(
+        lp["top_logprobs"][0].as_object().unwrap().len() <= 2,
+        "{lp}"
+    );
+    assert_eq!(lp["text_offset"][0], 0);
+    for bad in [
+        json!({"logprobs": false, "top_logprobs": 2}),
+        json!({"logprobs": true, "top_logprobs": 21}),
+    ] {
+        let mut body: Value = json_of(&chat_body("Hi", 2, false));
+        body.as_object_mut()
+            .unwrap()
+            .extend(bad.as_object().unwrap().clone());
+        let (status, text) = post(addr, "/v1/chat/completions", &body.to_string(), None);
+        assert_eq!(status, 400, "{bad}: {text}");
+    }
+}
+
 #[test]
 fn bad_requests_get_openai_errors_with_the_right_status() {
     let addr = server();

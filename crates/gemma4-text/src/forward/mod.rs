@@ -10,6 +10,6 @@ pub use model::{
     ExpertPlacement, GpuModel, LoadError, LoadOptions, LoadProgress, PleRows, WeightBytes,
 };
 pub use session::{
-    BatchDecoder, BatchRow, ForwardError, Fusions, GpuSession, KvPool, MAX_IN_FLIGHT, PrefillWatch,
-    SessionOptions, SoftTokens, Traced,
+    BatchDecoder, BatchRow, ForwardError, Fusions, GpuSession, KvPool, MAX_IN_FLIGHT,
+    MAX_TOP_LOGPROBS, PrefillWatch, SessionOptions, SoftTokens, TokenLogprobs, Traced,
 };

@@ -23,6 +23,7 @@ mod arena;
 mod batch;
 mod graph;
 mod kv;
+mod logprobs;
 mod queue;
 
 pub(super) use arena::ArenaSlot;
@@ -30,6 +31,8 @@ use arena::{Activations, Arena};
 pub use batch::{BatchDecoder, BatchRow, KvPool};
 use graph::DecoderGraph;
 use kv::KvCache;
+use logprobs::LogprobPlan;
+pub use logprobs::{MAX_TOP_LOGPROBS, TokenLogprobs};
 pub use queue::MAX_IN_FLIGHT;
 use queue::{Ledger, Sampled, StepQueue};
 pub use wgemma_kernels::graph::Fusions;
@@ -264,6 +267,8 @@ pub struct GpuSession {
     adapters: Vec<(Arc<PreparedLora>, f32)>,
     /// Those adapters joined per product, and room for their deltas.
     lora: Option<LoraBuffers>,
+    /// The log-probabilities each step records, when asked for.
+    logprobs: Option<LogprobPlan>,
 }
 
 /// A session's adapters joined, and its buffers for their deltas
@@ -402,6 +407,7 @@ impl GpuSession {
             fusions: Fusions::ALL,
             adapters: Vec::new(),
             lora: None,
+            logprobs: None,
         };
         if slot_rows == 0 {
             session.decode =
@@ -836,7 +842,10 @@ impl GpuSession {
     /// models whose step needs the previous token on the CPU, 2: one running and the next
     /// recorded, submitted as soon as its token is read (the CPU's recording overlaps the GPU).
     pub fn pipeline_depth(&self) -> usize {
-        if self.needs_token_on_cpu() {
+        if self.logprobs.is_some() {
+            // Each step's log-probabilities are read before the next step writes its own.
+            1
+        } else if self.needs_token_on_cpu() {
             2
         } else {
             MAX_IN_FLIGHT
@@ -1317,6 +1326,39 @@ impl GpuSession {
         self.next_token().await
     }
 
+    /// From the next sampling on, records the log-probabilities of the sampled token and of
+    /// the `top` most likely (at most [`MAX_TOP_LOGPROBS`]) for [`GpuSession::logprobs`];
+    /// `None` stops. While on, one step is queued at a time.
+    pub fn set_logprobs(&mut self, top: Option<u32>) -> Result<(), ForwardError> {
+        if self.in_flight() > 0 {
+            return Err(ForwardError::Busy);
+        }
+        let Some(top) = top else {
+            self.logprobs = None;
+            return Ok(());
+        };
+        let top = top.min(MAX_TOP_LOGPROBS);
+        if self.logprobs.as_ref().is_none_or(|lp| lp.top != top) {
+            let vocab = self.model.cfg.n_vocab as u32;
+            let ctx = &self.model.ctx;
+            self.logprobs = Some(LogprobPlan::new(ctx, vocab, top, &self.s.topk_scratch)?);
+        }
+        Ok(())
+    }
+
+    /// The log-probabilities of the last token read back ([`GpuSession::next_token`]), where
+    /// [`GpuSession::set_logprobs`] asked for them before its step.
+    pub async fn logprobs(&self) -> Result<TokenLogprobs, ForwardError> {
+        let lp = self
+            .logprobs
+            .as_ref()
+            .ok_or_else(|| ForwardError::Trace("log-probabilities were not asked for".into()))?;
+        if self.in_flight() > 0 {
+            return Err(ForwardError::Busy);
+        }
+        Ok(lp.read(&self.model.ctx).await?)
+    }
+
     /// Records the sampling of the logits into `result[0]`. `feeds_result` says whether the
     /// step's input token came from `result` (then it joins the penalty ring first).
     fn record_sampling(
@@ -1336,6 +1378,9 @@ impl GpuSession {
             .is_none_or(|sp| sp.strategy != strategy || sp.penalties != penalties.is_some());
         if needs_new {
             self.sampler = Some(self.sampler_plan(strategy, penalties.is_some())?);
+        }
+        if let Some(lp) = &self.logprobs {
+            lp.record_before(rec, &self.s.logits);
         }
         let sp = self.sampler.as_ref().expect("just built");
         let gp = p.gpu_params(step, vocab);
@@ -1366,6 +1411,9 @@ impl GpuSession {
             rec.run(&t.partial);
             rec.run(&t.finish);
             rec.run(d);
+        }
+        if let Some(lp) = &self.logprobs {
+            lp.record_after(rec, &self.s.result);
         }
         // Penalties rewrite the logits in place: they are no longer the raw ones.
         if sp.penalties {

@@ -33,10 +33,11 @@ kernel_bindings!(
 
 kernel_bindings!(
     /// `sample.wgsl`: what `a` and `b` hold depends on the variant (DRAW: candidates and
-    /// result; RING_PUSH: result and ring; PENALTY_RING: ring and logits).
+    /// result; RING_PUSH: result and ring; PENALTY_RING: ring and logits; PICK: logits and
+    /// out).
     SampleBindings {
-        a: 0 = ["cand", "result", "ring"],
-        b: 1 = ["result", "ring", "logits"],
+        a: 0 = ["cand", "result", "ring", "logits"],
+        b: 1 = ["result", "ring", "logits", "out"],
         p: 2,
     }
 );
@@ -332,10 +333,13 @@ pub enum SampleKernel {
     RingPush,
     /// Penalise the logits of the ring's recent tokens.
     PenaltyRing,
+    /// The logit of token `out[0]` into `out[1]`.
+    Pick,
 }
 
 /// One of the GPU sampling kernels. `a` and `b` are, for `Draw`: the top-k output and the
-/// result; for `RingPush`: the result and the ring; for `PenaltyRing`: the ring and the logits.
+/// result; for `RingPush`: the result and the ring; for `PenaltyRing`: the ring and the logits;
+/// for `Pick`: the logits and the output (token in, its logit out).
 pub fn sample_kernel(
     ctx: &GpuContext,
     kind: SampleKernel,
@@ -359,6 +363,11 @@ pub fn sample_kernel(
             a.expect_len32("ring", 1 + u64::from(RING_CAP))?;
             b.expect_len32("logits", u64::from(p.vocab))?;
             ("PENALTY_RING", "penalty_ring")
+        }
+        SampleKernel::Pick => {
+            a.expect_len32("logits", u64::from(p.vocab))?;
+            b.expect_len32("pick output", 2)?;
+            ("PICK", "pick_logit")
         }
     };
     ctx.dispatch(

@@ -7,6 +7,8 @@
 //               ring[0] = count, ring[1 + i % CAP] = token i.
 // PENALTY_RING  applies repetition/frequency/presence penalties to the logits of the last
 //               `last_n` tokens of the ring, each distinct token once with its count.
+// PICK          writes the logit of token out[0] to out[1] (-3.4e38 past the vocabulary): the
+//               sampled token's logit, for its log-probability.
 
 struct Params {
     k: u32,
@@ -34,6 +36,10 @@ struct Params {
 #if PENALTY_RING
 @group(0) @binding(0) var<storage, read> ring: array<u32>;
 @group(0) @binding(1) var<storage, read_write> logits: array<f32>;
+#endif
+#if PICK
+@group(0) @binding(0) var<storage, read> logits: array<f32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
 #endif
 @group(0) @binding(2) var<uniform> p: Params;
 
@@ -119,6 +125,16 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wg: vec
     result[0] = pick;
     // The top candidate's logit: the reader checks it is finite (as argmax leaves its value).
     result[1] = cand[1];
+#endif
+#if PICK
+    if (li == 0u) {
+        let token = out[0];
+        var v = -3.4e38;
+        if (token < p.vocab) {
+            v = logits[token];
+        }
+        out[1] = bitcast<u32>(v);
+    }
 #endif
 #if RING_PUSH
     if (li == 0u) {
