@@ -107,6 +107,12 @@ fn batched_steps_match_each_sequence_alone() {
             (pool.slots(), pool.slot_rows(), pool.free_slots()),
             (4, 64, 4)
         );
+        // Room for many more slots of a short context than of a long one.
+        let (short, long) = (
+            KvPool::max_slots(&m.gpu, 64),
+            KvPool::max_slots(&m.gpu, 256),
+        );
+        assert!(short >= 4 * long && long >= 4, "{short} {long}");
         let mut batch = BatchDecoder::new(pool.clone(), 4).unwrap();
         // Prompts shorter and longer than the sliding window (6), in slots 0, 1 and 2.
         let mut a = start(&m.gpu, &m.cpu, &pool, &prompt(11, 1, vocab));

@@ -28,10 +28,20 @@ pub struct Batch {
 
 impl Batch {
     /// `slots` sessions of `model` sized by `opts` (each `opts.context` positions), whose
-    /// decode steps run together.
+    /// decode steps run together; fewer where their caches would not fit one GPU buffer
+    /// ([`Batch::slots`] says how many).
     pub fn new(model: &Model, slots: usize, opts: SessionOptions) -> Result<Self, Error> {
         let _span = tracing::info_span!("batch_new", slots, context = opts.context).entered();
-        let pool = model.kv_pool(slots, opts.context)?;
+        let fit = model.max_pooled_slots(opts.context);
+        if slots > fit {
+            tracing::warn!(
+                slots,
+                fit,
+                context = opts.context,
+                "the KV caches of that many sessions do not fit one GPU buffer: fewer sessions"
+            );
+        }
+        let pool = model.kv_pool(slots.min(fit).max(1), opts.context)?;
         let sessions = (0..pool.slots())
             .map(|_| model.pooled_session(opts, &pool))
             .collect::<Result<Vec<_>, _>>()?;

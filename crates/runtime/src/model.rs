@@ -324,6 +324,11 @@ impl Model {
         Ok(Session::new(self.clone(), gpu))
     }
 
+    /// The most sessions of `context` positions a pool holds.
+    pub(crate) fn max_pooled_slots(&self, context: usize) -> usize {
+        wgemma_text::KvPool::max_slots(&self.inner.gpu, context)
+    }
+
     /// The pool of KV caches for `slots` sessions of `context` positions.
     pub(crate) fn kv_pool(
         &self,

@@ -732,7 +732,11 @@ impl Run {
             self.end(s, StopReason::Cancelled).await
         } else if self.generated >= self.req.max_tokens {
             self.end(s, StopReason::MaxTokens).await
-        } else if !self.pipelined && self.started() && s.gpu.position() >= s.gpu.capacity() {
+        } else if !self.pipelined
+            && self.started()
+            && s.gpu.in_flight() == 0
+            && s.gpu.position() >= s.gpu.capacity()
+        {
             self.end(s, StopReason::ContextFull).await
         } else {
             return None;

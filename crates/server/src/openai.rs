@@ -77,11 +77,13 @@ async fn respond(
         .transpose()?
         .flatten()
         .unwrap_or(false);
+    let logprobs = ask.logprobs.is_some();
     let model = app.registry.get(&name).await?;
     let load_ms = started.elapsed().as_secs_f64() * 1e3;
     let generation = Generation::start(model.clone(), ask, started, load_ms).await?;
     let meta = Meta {
         loaded: model,
+        logprobs,
         id: format!(
             "{}-{:x}",
             if endpoint == Endpoint::Chat {
@@ -265,6 +267,8 @@ fn completion_ask(o: &Map<String, Value>) -> Result<Ask, ApiError> {
 struct Meta {
     /// The model (its tokenizer names the tokens of log-probabilities).
     loaded: std::sync::Arc<Loaded>,
+    /// The request asked for log-probabilities.
+    logprobs: bool,
     id: String,
     created: u64,
     model: String,
@@ -275,7 +279,7 @@ impl Meta {
     /// The `logprobs` of a choice holding `tokens`, whose text starts `offset` characters
     /// into the reply: null where the request did not ask.
     fn logprobs(&self, tokens: &[TokenLogprobs], offset: usize) -> Value {
-        if tokens.is_empty() {
+        if !self.logprobs {
             return Value::Null;
         }
         let tok = self.loaded.model.tokenizer();
@@ -315,8 +319,16 @@ impl Meta {
 
     /// One streamed chunk: `text` as the choice's delta (with its token's log-probabilities
     /// `lp`, its text `offset` characters into the reply), or the end when `finish` is given.
-    fn chunk(&self, text: Option<&str>, lp: Option<&TokenLogprobs>, finish: Option<&str>) -> Value {
-        let logprobs = self.logprobs(lp.map_or(&[], std::slice::from_ref), 0);
+    fn chunk(
+        &self,
+        text: Option<&str>,
+        lp: Option<(&TokenLogprobs, usize)>,
+        finish: Option<&str>,
+    ) -> Value {
+        let logprobs = match lp {
+            Some((lp, offset)) => self.logprobs(std::slice::from_ref(lp), offset),
+            None => Value::Null,
+        };
         let choice = match self.endpoint {
             Endpoint::Chat => {
                 let delta = match text {
@@ -371,14 +383,17 @@ fn sse(
     include_usage: bool,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let data = |v: Value| SseEvent::default().data(v.to_string());
+    // The state: the generation (until its end), the request's facts, whether the first
+    // chunk went out, and the characters of text sent so far.
     let stream = futures::stream::unfold(
-        (Some(generation), meta, false),
-        move |(generation, meta, opened)| async move {
+        (Some(generation), meta, false, 0usize),
+        move |(generation, meta, opened, sent)| async move {
             let mut generation = generation?;
             if !opened && meta.endpoint == Endpoint::Chat {
                 let first = vec![data(meta.chunk(None, None, None))];
-                return Some((first, (Some(generation), meta, true)));
+                return Some((first, (Some(generation), meta, true, sent)));
             }
+            let mut now_sent = sent;
             let events = match generation.next().await {
                 None => return None,
                 Some(Piece::Text {
@@ -386,7 +401,9 @@ fn sse(
                     logprobs: None,
                 }) if text.is_empty() => Vec::new(),
                 Some(Piece::Text { text, logprobs }) => {
-                    vec![data(meta.chunk(Some(&text), logprobs.as_ref(), None))]
+                    now_sent += text.chars().count();
+                    let lp = logprobs.as_ref().map(|lp| (lp, sent));
+                    vec![data(meta.chunk(Some(&text), lp, None))]
                 }
                 Some(Piece::Done { reason, timings }) => {
                     let finish = Some(finish_reason(reason));
@@ -395,15 +412,15 @@ fn sse(
                         v.push(data(meta.usage_chunk(&timings)));
                     }
                     v.push(SseEvent::default().data("[DONE]"));
-                    return Some((v, (None, meta, true)));
+                    return Some((v, (None, meta, true, now_sent)));
                 }
                 Some(Piece::Failed(e)) => {
                     let body =
                         json!({"error": {"message": e.message, "type": e.kind, "code": e.code}});
-                    return Some((vec![data(body)], (None, meta, true)));
+                    return Some((vec![data(body)], (None, meta, true, now_sent)));
                 }
             };
-            Some((events, (Some(generation), meta, true)))
+            Some((events, (Some(generation), meta, true, now_sent)))
         },
     );
     let flat =

@@ -112,11 +112,13 @@ impl Sessions {
             ..SessionOptions::default()
         };
         let batch = Batch::new(model, parallel.max(1), opts).map_err(|e| ApiError::runtime(&e))?;
+        let slots = batch.slots();
+        let engine = Engine::new(batch, model.clone(), opts);
         let (tx, rx) = mpsc::channel();
         let this = Arc::new(Self {
             state: Mutex::new(State {
-                idle: (0..batch.slots()).collect(),
-                slots: (0..batch.slots())
+                idle: (0..slots).collect(),
+                slots: (0..slots)
                     .map(|_| Slot {
                         cached: Vec::new(),
                         idle_since: Instant::now(),
@@ -134,7 +136,7 @@ impl Sessions {
         let me = Arc::downgrade(&this);
         std::thread::Builder::new()
             .name("wgemma-batch".into())
-            .spawn(move || Engine::new(batch).serve(&rx, &me))
+            .spawn(move || engine.serve(&rx, &me))
             .map_err(|e| ApiError::internal(format!("starting the generation thread: {e}")))?;
         Ok(this)
     }
@@ -225,19 +227,27 @@ struct Active {
     ended: bool,
 }
 
-/// The generation thread's state: the batch and each slot's job.
+/// The generation thread's state: the batch and each slot's job, and what the batch was
+/// made from (to make it again after a panic).
 struct Engine {
     batch: Batch,
     active: Vec<Option<Active>>,
+    model: Model,
+    opts: SessionOptions,
 }
 
 /// How long the thread waits before offering events again to clients that took none.
 const BACKLOG_WAIT: Duration = Duration::from_millis(1);
 
 impl Engine {
-    fn new(batch: Batch) -> Self {
+    fn new(batch: Batch, model: Model, opts: SessionOptions) -> Self {
         let active = (0..batch.slots()).map(|_| None).collect();
-        Self { batch, active }
+        Self {
+            batch,
+            active,
+            model,
+            opts,
+        }
     }
 
     fn running(&self) -> bool {
@@ -263,24 +273,68 @@ impl Engine {
             let Some(owner) = sessions.upgrade() else {
                 return;
             };
-            if let Some((slot, queued)) = next {
-                self.start(slot, queued, &owner);
-                continue;
-            }
-            let waiting = |i: usize| {
-                self.active[i]
-                    .as_ref()
-                    .is_some_and(|a| !a.backlog.is_empty())
-            };
-            let paused: Vec<bool> = (0..self.active.len()).map(waiting).collect();
-            let events = pollster::block_on(self.batch.step(|i| paused[i]));
-            let idle = events.is_empty();
-            self.route(events);
-            self.deliver(&owner);
-            if idle {
-                std::thread::sleep(BACKLOG_WAIT);
+            let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.turn(next, &owner);
+            }));
+            if let Err(panic) = turn
+                && !self.recover(panic.as_ref(), &owner)
+            {
+                return;
             }
         }
+    }
+
+    /// Starts `next`, or steps the generations under way and delivers their events.
+    fn turn(&mut self, next: Option<(usize, Queued)>, owner: &Sessions) {
+        if let Some((slot, queued)) = next {
+            self.start(slot, queued, owner);
+            return;
+        }
+        let waiting = |i: usize| {
+            self.active[i]
+                .as_ref()
+                .is_some_and(|a| !a.backlog.is_empty())
+        };
+        let paused: Vec<bool> = (0..self.active.len()).map(waiting).collect();
+        let events = pollster::block_on(self.batch.step(|i| paused[i]));
+        let idle = events.is_empty();
+        self.route(events);
+        self.deliver(owner);
+        if idle {
+            std::thread::sleep(BACKLOG_WAIT);
+        }
+    }
+
+    /// After a panic: the generations under way fail (their clients see their replies end
+    /// with an error), the sessions are made anew, and the waiting jobs go on. False when the
+    /// sessions cannot be made again (the model then refuses requests).
+    fn recover(&mut self, panic: &(dyn std::any::Any + Send), owner: &Sessions) -> bool {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!(
+            panic = what,
+            "a generation panicked: its model's sessions start over"
+        );
+        let failed = self.active.iter().filter(|a| a.is_some()).count();
+        Counters::add(&owner.counters.failed, failed as u64);
+        // Dropping the jobs closes their channels: each reply ends with an error.
+        self.active.iter_mut().for_each(|a| *a = None);
+        let slots = self.batch.slots();
+        match Batch::new(&self.model, slots, self.opts) {
+            Ok(batch) => self.batch = batch,
+            Err(e) => {
+                tracing::error!(error = %e, "the sessions could not be made again");
+                return false;
+            }
+        }
+        let idle = lock(&owner.state).idle.clone();
+        for i in (0..slots).filter(|i| !idle.contains(i)) {
+            self.free(i, owner);
+        }
+        true
     }
 
     /// Starts `queued` in `slot`.

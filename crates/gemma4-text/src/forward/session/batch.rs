@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tracing::Instrument;
 
-use wgemma_kernels::{Profiler, Recorder, View, wgpu};
+use wgemma_kernels::{Profiler, Recorder, View, ops, wgpu};
 
 use super::kv::KvCache;
 use super::queue::Sampled;
@@ -102,6 +102,33 @@ impl KvPool {
             layers,
             free: Mutex::new((0..slots).rev().collect()),
         }))
+    }
+
+    /// The most slots of `context` positions whose pool (one buffer per layer) and batched
+    /// attention scratch fit the GPU's largest binding.
+    pub fn max_slots(model: &GpuModel, context: usize) -> usize {
+        let cfg = &model.cfg;
+        let slot_rows = context
+            .clamp(1, cfg.context_length.max(1))
+            .next_multiple_of(SLOT_ALIGN) as u64;
+        let max_row = cfg
+            .layers
+            .iter()
+            .map(|l| (l.n_kv_head * l.head_dim * 4) as u64)
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0) as u32;
+        let scratch = 4 * ops::DecodeAttention::scratch_floats_for(
+            cfg.n_head as u32,
+            max_hd,
+            slot_rows as u32,
+            1,
+        );
+        let limit = model.ctx.max_binding_size();
+        let by_pool = limit / (slot_rows * max_row);
+        let by_scratch = limit / scratch.max(1);
+        by_pool.min(by_scratch) as usize
     }
 
     pub fn model(&self) -> &Arc<GpuModel> {
