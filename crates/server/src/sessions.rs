@@ -217,7 +217,9 @@ fn choose(st: &State, tokens: &[u32]) -> Option<usize> {
 
 /// A slot's job under way: its events not yet taken by the client.
 struct Active {
-    queued: Queued,
+    events: tmpsc::Sender<Result<Event, wgemma::Error>>,
+    /// Counts the job as pending until it is over.
+    _pending: Pending,
     backlog: VecDeque<Result<Event, wgemma::Error>>,
     /// Tokens delivered.
     tokens: u64,
@@ -345,9 +347,13 @@ impl Engine {
             self.free(slot, owner);
             return;
         }
-        let request = queued.job.request.clone();
+        let Queued {
+            job: Job { request, events },
+            _pending,
+        } = queued;
         self.active[slot] = Some(Active {
-            queued,
+            events,
+            _pending,
             backlog: VecDeque::new(),
             tokens: 0,
             gone: false,
@@ -399,7 +405,7 @@ impl Engine {
                     Ok(Event::Done { timings, .. }) => Some(Ok(*timings)),
                     Err(_) => Some(Err(())),
                 };
-                match a.queued.job.events.try_send(event) {
+                match a.events.try_send(event) {
                     Ok(()) => match end {
                         None => a.tokens += 1,
                         // Counted once delivered, so that a generation is finished, failed or

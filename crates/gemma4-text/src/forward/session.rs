@@ -72,6 +72,8 @@ pub enum ForwardError {
     Trace(String),
     #[error(transparent)]
     Lora(#[from] crate::lora::LoraError),
+    #[error("log-probabilities were not asked for: call set_logprobs before the step")]
+    NoLogprobs,
     #[error("the KV pool's {slots} slots are all in use")]
     PoolFull { slots: usize },
     #[error("batched decode: {0}")]
@@ -1349,10 +1351,7 @@ impl GpuSession {
     /// The log-probabilities of the last token read back ([`GpuSession::next_token`]), where
     /// [`GpuSession::set_logprobs`] asked for them before its step.
     pub async fn logprobs(&self) -> Result<TokenLogprobs, ForwardError> {
-        let lp = self
-            .logprobs
-            .as_ref()
-            .ok_or_else(|| ForwardError::Trace("log-probabilities were not asked for".into()))?;
+        let lp = self.logprobs.as_ref().ok_or(ForwardError::NoLogprobs)?;
         if self.in_flight() > 0 {
             return Err(ForwardError::Busy);
         }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tracing::Instrument;
 
-use wgemma_kernels::{Profiler, Recorder, View, ops, wgpu};
+use wgemma_kernels::{Profiler, Recorder, View, wgpu};
 
 use super::kv::KvCache;
 use super::queue::Sampled;
@@ -20,6 +20,14 @@ use crate::sampling::SamplingParams;
 /// Slots hold a multiple of this many rows, so that every slot's views start on a storage
 /// binding's offset alignment (256 bytes) whatever the KV row's size.
 const SLOT_ALIGN: usize = 64;
+
+/// Rows of a slot for `context` positions: at most the model's context length, rounded up
+/// to [`SLOT_ALIGN`].
+fn slot_rows_for(cfg: &crate::config::TextConfig, context: usize) -> usize {
+    context
+        .clamp(1, cfg.context_length.max(1))
+        .next_multiple_of(SLOT_ALIGN)
+}
 
 /// One K and one V buffer per cache-owning layer, split into equal slots: the caches of the
 /// sessions made with [`GpuSession::in_pool`].
@@ -69,9 +77,7 @@ impl KvPool {
     ) -> Result<Arc<Self>, ForwardError> {
         let cfg = &model.cfg;
         let slots = slots.max(1);
-        let slot_rows = context
-            .clamp(1, cfg.context_length.max(1))
-            .next_multiple_of(SLOT_ALIGN);
+        let slot_rows = slot_rows_for(cfg, context);
         let ctx = &model.ctx;
         let mut layers = Vec::with_capacity(cfg.layers.len());
         for (il, l) in cfg.layers.iter().enumerate() {
@@ -108,9 +114,7 @@ impl KvPool {
     /// attention scratch fit the GPU's largest binding.
     pub fn max_slots(model: &GpuModel, context: usize) -> usize {
         let cfg = &model.cfg;
-        let slot_rows = context
-            .clamp(1, cfg.context_length.max(1))
-            .next_multiple_of(SLOT_ALIGN) as u64;
+        let slot_rows = slot_rows_for(cfg, context);
         let max_row = cfg
             .layers
             .iter()
@@ -118,13 +122,9 @@ impl KvPool {
             .max()
             .unwrap_or(1)
             .max(1);
-        let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0) as u32;
-        let scratch = 4 * ops::DecodeAttention::scratch_floats_for(
-            cfg.n_head as u32,
-            max_hd,
-            slot_rows as u32,
-            1,
-        );
+        // The attention scratch of one row; a step's rows each take as much.
+        let scratch = 4 * super::attn_part_floats(cfg, 0, slot_rows, 1);
+        let slot_rows = slot_rows as u64;
         let limit = model.ctx.max_binding_size();
         let by_pool = limit / (slot_rows * max_row);
         let by_scratch = limit / scratch.max(1);

@@ -2,10 +2,11 @@
 //! (OpenAI's `logprobs` / `top_logprobs`): of the model's distribution, softmax of the raw
 //! logits (after the final softcap, before penalties and temperature). Each step copies the
 //! raw logits aside before the sampler rewrites them, takes their log-sum-exp and top N, and
-//! after the sampler the sampled token's logit; one small readback per step.
+//! after the sampler the sampled token's logit, copied with the step into a mappable buffer
+//! kept for it; one small readback per step.
 
 use wgemma_kernels::ops::{self, SampleKernel};
-use wgemma_kernels::{DType, Dispatch, GpuContext, GpuError, Recorder, Tensor, View};
+use wgemma_kernels::{DType, Dispatch, GpuContext, GpuError, Recorder, Tensor, View, wgpu};
 
 /// The most likely tokens a step reports at most (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: u32 = 20;
@@ -30,6 +31,8 @@ pub(super) struct LogprobPlan {
     pub(super) top: u32,
     raw: View,
     out: View,
+    /// Where each step copies `out` for the CPU to read.
+    staging: wgpu::Buffer,
     stats: Dispatch,
     top_k: Option<ops::TopK>,
     pick: Dispatch,
@@ -46,8 +49,14 @@ impl LogprobPlan {
     ) -> Result<Self, GpuError> {
         let top = top.min(MAX_TOP_LOGPROBS);
         let raw = View::of(&ctx.storage("raw logits", u64::from(vocab) * 4));
-        let out =
-            View::of(&ctx.storage("logprobs", TOP_AT_BYTES + 8 * u64::from(MAX_TOP_LOGPROBS)));
+        let out_bytes = TOP_AT_BYTES + 8 * u64::from(MAX_TOP_LOGPROBS);
+        let out = View::of(&ctx.storage("logprobs", out_bytes));
+        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("logprobs readback"),
+            size: out_bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         let logits = Tensor::of(&raw, DType::F32, &[1, vocab])?;
         let stats_out = Tensor::strided(&out, DType::F32, &[4], &[1], STATS_AT)?;
         let stats = ops::row_stats(ctx, &logits, 1.0, &stats_out)?;
@@ -63,6 +72,7 @@ impl LogprobPlan {
             top,
             raw,
             out,
+            staging,
             stats,
             top_k,
             pick,
@@ -79,15 +89,18 @@ impl LogprobPlan {
         }
     }
 
-    /// After the sampler: the sampled token (from `result`) and its raw logit.
+    /// After the sampler: the sampled token (from `result`) and its raw logit, and all of it
+    /// into the staging buffer.
     pub(super) fn record_after(&self, rec: &mut Recorder<'_>, result: &View) {
         rec.copy(result, &self.out, 4);
         rec.run(&self.pick);
+        rec.copy(&self.out, &View::of(&self.staging), self.out.size);
     }
 
-    /// Reads what the last step recorded.
+    /// Reads what the last step recorded (once it has run).
     pub(super) async fn read(&self, ctx: &GpuContext) -> Result<TokenLogprobs, GpuError> {
-        let words = ctx.read_u32(&self.out).await?;
+        let bytes = ctx.map_and_copy(&self.staging, self.out.size).await?;
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
         let word = |i: u64| words.get(i as usize).copied().unwrap_or(0);
         let lse = f32::from_bits(word(u64::from(STATS_AT) + 2));
         let top_at = TOP_AT_BYTES / 4;
