@@ -135,6 +135,7 @@ fn attention(c: &mut Criterion) {
             softcap: 0.0,
             q_stride: width,
             last_key: None,
+            first_key: None,
             slot_rows: 0,
         };
         let heads = ops::HeadPostArgs {
@@ -213,6 +214,7 @@ fn attention_prefill(c: &mut Criterion) {
             softcap: 0.0,
             q_stride: nh * head_dim,
             last_key: None,
+            first_key: None,
             slot_rows: 0,
         };
         let ds = [ops::attention(&ctx, &args).unwrap()];

@@ -1,2 +1,22 @@
-//! DiffusionGemma (not yet written): the mixture-of-experts denoiser built from the text
-//! decoder's layers and the canvas loop that unmasks a block of tokens over several steps.
+//! DiffusionGemma: Gemma 4 26B-A4B's layers run two ways with one weight set. A causal
+//! encoder reads the prompt (and every finished block) into the KV cache; a bidirectional
+//! denoiser refines a canvas of `canvas_length` tokens over several steps, each step fed the
+//! previous one's logits through the self-conditioning block. transformers'
+//! `models/diffusion_gemma` is the reference.
+//!
+//! - [`DiffusionConfig`]: the text configuration plus the canvas and the sampler's defaults;
+//! - [`mask`]: which keys each row of the unified pass sees;
+//! - [`CpuDiffusion`]: the f32 CPU reference of the canvas logits;
+//! - [`GpuDiffusion`] and [`DiffusionSession`]: the model on the GPU, its prompt in the KV
+//!   cache, and denoising steps over the canvas.
+
+pub mod config;
+pub mod gpu;
+pub mod mask;
+pub mod reference;
+pub mod tensors;
+
+pub use config::{DiffusionConfig, DiffusionConfigError, SamplerDefaults};
+pub use gpu::{DiffusionError, DiffusionSession, GpuDiffusion, SelfConditioning};
+pub use reference::CpuDiffusion;
+pub use tensors::SelfCond;

@@ -127,11 +127,12 @@ pub enum ChatTemplate {
 }
 
 impl ChatTemplate {
-    /// The template for a `general.architecture` value: Gemma 4 for `"gemma4"`, otherwise the
-    /// Gemma 3 format (which Gemma 1 and 2 share).
+    /// The template for a `general.architecture` value: Gemma 4 for `"gemma4"` and
+    /// `"diffusion-gemma"` (fine-tuned from Gemma 4), otherwise the Gemma 3 format (which
+    /// Gemma 1 and 2 share).
     pub fn for_architecture(arch: &str) -> Self {
         match arch {
-            "gemma4" => ChatTemplate::Gemma4,
+            "gemma4" | "diffusion-gemma" => ChatTemplate::Gemma4,
             _ => ChatTemplate::Gemma3,
         }
     }

@@ -9,6 +9,9 @@ use wgemma_gguf::{Gguf, Metadata, MetadataError, Value};
 pub enum Arch {
     Gemma3,
     Gemma4,
+    /// DiffusionGemma: Gemma 4 26B-A4B layers run as a causal encoder over the prompt and a
+    /// bidirectional denoiser over a canvas (the `wgemma-diffusion` crate drives it).
+    DiffusionGemma,
 }
 
 impl Arch {
@@ -16,13 +19,17 @@ impl Arch {
         match self {
             Arch::Gemma3 => "gemma3",
             Arch::Gemma4 => "gemma4",
+            Arch::DiffusionGemma => "diffusion-gemma",
         }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("architecture {} is not supported (gemma3 and gemma4 are)", wgemma_gguf::Quoted(.0))]
+    #[error(
+        "architecture {} is not supported (gemma3, gemma4 and diffusion-gemma are)",
+        wgemma_gguf::Quoted(.0)
+    )]
     Unsupported(String),
     #[error("the file has no general.architecture")]
     NoArchitecture,
@@ -113,12 +120,13 @@ impl TextConfig {
 }
 
 impl TextConfig {
-    /// Reads the configuration of a `gemma3` or `gemma4` GGUF.
+    /// Reads the configuration of a `gemma3`, `gemma4` or `diffusion-gemma` GGUF.
     pub fn from_gguf(g: &Gguf) -> Result<Self, ConfigError> {
         let arch_name = g.architecture().ok_or(ConfigError::NoArchitecture)?;
         let arch = match arch_name {
             "gemma3" => Arch::Gemma3,
             "gemma4" => Arch::Gemma4,
+            "diffusion-gemma" => Arch::DiffusionGemma,
             other => return Err(ConfigError::Unsupported(other.to_string())),
         };
         let m = &g.metadata;
@@ -146,8 +154,12 @@ impl TextConfig {
             .opt_u32(&key("attention.key_length"))?
             .map_or(n_embd / n_head, |v| v as usize);
         let sliding_window = m.opt_u32(&key("attention.sliding_window"))?.unwrap_or(0) as usize;
+        // DiffusionGemma's converter leaves the soft cap out: transformers keeps it as a class
+        // constant (30), and llama.cpp defaults to it.
+        let default_softcap = (arch == Arch::DiffusionGemma).then_some(30.0);
         let final_softcap = m
             .opt_f32(&key("final_logit_softcapping"))?
+            .or(default_softcap)
             .filter(|&c| c > 0.0);
         let rope_base = m
             .opt_f32(&key("rope.freq_base"))?
@@ -184,7 +196,7 @@ impl TextConfig {
                 let layers = gemma3_layers(m, &key, &common)?;
                 (1.0 / (scale_dim as f32).sqrt(), false, 0, layers)
             }
-            Arch::Gemma4 => {
+            Arch::Gemma4 | Arch::DiffusionGemma => {
                 let n_ple = m
                     .opt_u32(&key("embedding_length_per_layer_input"))?
                     .unwrap_or(0) as usize;

@@ -15,9 +15,9 @@ pub mod tokenizer;
 
 pub use config::{Arch, ConfigError, LayerConfig, TextConfig};
 pub use forward::{
-    BatchDecoder, BatchRow, ExpertPlacement, ForwardError, Fusions, GpuModel, GpuSession, KvPool,
-    LoadError, LoadOptions, LoadProgress, MAX_TOP_LOGPROBS, PleRows, PrefillWatch, PreparedLora,
-    SessionOptions, SoftTokens, TokenLogprobs, Traced, WeightBytes,
+    BatchDecoder, BatchRow, CanvasBuffers, ExpertPlacement, ForwardError, Fusions, GpuModel,
+    GpuSession, KvPool, LoadError, LoadOptions, LoadProgress, MAX_TOP_LOGPROBS, PleRows,
+    PrefillWatch, PreparedLora, SessionOptions, SoftTokens, TokenLogprobs, Traced, WeightBytes,
 };
-pub use reference::{CpuModel, Input};
+pub use reference::{CpuModel, Input, LayerQkv, LayerRole, Matrix};
 pub use sampling::{SamplingError, SamplingParams};

@@ -59,7 +59,6 @@ struct PleTable {
     source: Arc<dyn TensorSource>,
 }
 
-/// KV caches and position of a CPU forward.
 /// One position's input to [`CpuModel::forward_inputs`].
 #[derive(Clone, Copy, Debug)]
 pub enum Input<'a> {
@@ -70,6 +69,25 @@ pub enum Input<'a> {
     Embedding(&'a [f32]),
 }
 
+/// Layer queries, and keys and values, of one row ([`CpuModel::layer_qkv`]).
+pub struct LayerQkv {
+    /// `n_head * head_dim`
+    pub q: Vec<f32>,
+    /// `n_kv_head * head_dim` each; absent on layers that read another layer's cache.
+    pub kv: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+/// Which of DiffusionGemma's two passes a layer runs in: they share the weights but not the
+/// layers' output scales. Other models have one scale, which both roles read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerRole {
+    /// The causal pass over the prompt (and the text models' only pass).
+    Encoder,
+    /// DiffusionGemma's bidirectional pass over the canvas.
+    Denoiser,
+}
+
+/// KV caches and position of a CPU forward.
 pub struct CpuState {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
@@ -240,7 +258,6 @@ impl CpuModel {
         trace: &mut dyn FnMut(&str, &[f32]),
     ) -> Result<Vec<f32>, ReadError> {
         let c = &self.cfg;
-        let eps = c.eps;
         let pos = st.pos;
         let (mut x, ple_token) = match input {
             Input::Token(token) => (self.embed(token), token),
@@ -248,47 +265,10 @@ impl CpuModel {
         };
         trace("inp_embd", &x);
         let ple = self.per_layer_inputs(ple_token, &x)?;
-        for (il, (lw, lc)) in self.w.layers.iter().zip(&c.layers).enumerate() {
+        for (il, lc) in c.layers.iter().enumerate() {
             let hd = lc.head_dim;
-            let h = cpu::rms_norm(&x, c.n_embd, Some(&lw.attn_norm), eps);
-            let mut q = cpu::rms_norm(
-                &self.project(il, Proj::Q, &lw.q, &h),
-                hd,
-                Some(&lw.q_norm),
-                eps,
-            );
-            let ff = if lc.rope_freq_factors {
-                self.w.rope_freqs.as_deref()
-            } else {
-                None
-            };
-            let rope = |v: &mut [f32], heads: usize| {
-                cpu::rope_neox(
-                    v,
-                    &cpu::NeoxRope {
-                        heads,
-                        head_dim: hd,
-                        n_rot: lc.n_rot,
-                        positions: &[pos as u32],
-                        base: lc.rope_base,
-                        freq_scale: lc.rope_freq_scale,
-                        freq_factors: ff,
-                    },
-                );
-            };
-            rope(&mut q, c.n_head);
-            if let (Some(wk), Some(k_norm)) = (&lw.k, &lw.k_norm) {
-                let k_raw = self.project(il, Proj::K, wk, &h);
-                let v_raw =
-                    lw.v.as_ref()
-                        .map_or_else(|| k_raw.clone(), |wv| self.project(il, Proj::V, wv, &h));
-                let mut k = cpu::rms_norm(&k_raw, hd, Some(k_norm), eps);
-                rope(&mut k, lc.n_kv_head);
-                let v = if c.v_norm {
-                    cpu::rms_norm(&v_raw, hd, None, eps)
-                } else {
-                    v_raw
-                };
+            let LayerQkv { q, kv } = self.layer_qkv(il, &x, pos);
+            if let Some((k, v)) = kv {
                 st.k[il].extend_from_slice(&k);
                 st.v[il].extend_from_slice(&v);
             }
@@ -306,43 +286,135 @@ impl CpuModel {
                 scale: c.attn_scale,
                 softcap: 0.0,
             });
-            let o = self.project(il, Proj::O, &lw.o, &attn);
-            trace(&format!("blk.{il}.attn_out"), &o);
-            let o = cpu::rms_norm(&o, c.n_embd, Some(&lw.post_attn_norm), eps);
-            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-            trace(&format!("blk.{il}.ffn_inp"), &x);
-            let f = cpu::rms_norm(&x, c.n_embd, Some(&lw.ffn_norm), eps);
-            let gate = self.project(il, Proj::Gate, &lw.gate, &f);
-            let act = cpu::geglu(&gate, &self.project(il, Proj::Up, &lw.up, &f));
-            let mut ffn = self.project(il, Proj::Down, &lw.down, &act);
-            if let Some(m) = &lw.moe {
-                // The dense branch and the experts, each normed, then summed.
-                let dense = cpu::rms_norm(&ffn, c.n_embd, Some(&m.post_norm_dense), eps);
-                let experts = self.experts(m, &x);
-                ffn = dense.iter().zip(&experts).map(|(a, b)| a + b).collect();
-            }
-            trace(&format!("blk.{il}.ffn_out"), &ffn);
-            let down = cpu::rms_norm(&ffn, c.n_embd, Some(&lw.post_ffw_norm), eps);
-            x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
-            if let (Some(p), Some(ple)) = (&lw.ple, &ple) {
-                let ple_l = &ple[il * c.n_ple..(il + 1) * c.n_ple];
-                let g = cpu::geglu(&p.inp_gate.apply(&x), ple_l);
-                let inj = cpu::rms_norm(&p.proj.apply(&g), c.n_embd, Some(&p.post_norm), eps);
-                x.iter_mut().zip(&inj).for_each(|(a, b)| *a += b);
-            }
-            if let Some(s) = &lw.out_scale {
-                x.iter_mut().for_each(|v| *v *= s[0]);
-            }
+            let ple_l = ple.as_ref().map(|p| &p[il * c.n_ple..(il + 1) * c.n_ple]);
+            self.layer_rest(il, &mut x, &attn, ple_l, trace);
+            let s = self.layer_scale(il, LayerRole::Encoder);
+            x.iter_mut().for_each(|v| *v *= s);
             trace(&format!("blk.{il}.out"), &x);
         }
         st.pos += 1;
-        let out = cpu::rms_norm(&x, c.n_embd, Some(&self.w.output_norm), eps);
+        Ok(self.output(&x, trace))
+    }
+
+    /// Layer `il`'s queries for the stream row `x` at `pos` (normed and roped), and its keys
+    /// and values where the layer computes its own.
+    pub fn layer_qkv(&self, il: usize, x: &[f32], pos: usize) -> LayerQkv {
+        let c = &self.cfg;
+        let eps = c.eps;
+        let (lw, lc) = (&self.w.layers[il], &c.layers[il]);
+        let hd = lc.head_dim;
+        let h = cpu::rms_norm(x, c.n_embd, Some(&lw.attn_norm), eps);
+        let mut q = cpu::rms_norm(
+            &self.project(il, Proj::Q, &lw.q, &h),
+            hd,
+            Some(&lw.q_norm),
+            eps,
+        );
+        let ff = if lc.rope_freq_factors {
+            self.w.rope_freqs.as_deref()
+        } else {
+            None
+        };
+        let rope = |v: &mut [f32], heads: usize| {
+            cpu::rope_neox(
+                v,
+                &cpu::NeoxRope {
+                    heads,
+                    head_dim: hd,
+                    n_rot: lc.n_rot,
+                    positions: &[pos as u32],
+                    base: lc.rope_base,
+                    freq_scale: lc.rope_freq_scale,
+                    freq_factors: ff,
+                },
+            );
+        };
+        rope(&mut q, c.n_head);
+        let kv = match (&lw.k, &lw.k_norm) {
+            (Some(wk), Some(k_norm)) => {
+                let k_raw = self.project(il, Proj::K, wk, &h);
+                let v_raw =
+                    lw.v.as_ref()
+                        .map_or_else(|| k_raw.clone(), |wv| self.project(il, Proj::V, wv, &h));
+                let mut k = cpu::rms_norm(&k_raw, hd, Some(k_norm), eps);
+                rope(&mut k, lc.n_kv_head);
+                let v = if c.v_norm {
+                    cpu::rms_norm(&v_raw, hd, None, eps)
+                } else {
+                    v_raw
+                };
+                Some((k, v))
+            }
+            _ => None,
+        };
+        LayerQkv { q, kv }
+    }
+
+    /// The rest of layer `il` for the stream row `x`, given its attention's output `attn`:
+    /// the output product and residual, the feed-forward block (with its experts), and the
+    /// per-layer input (`ple`, this layer's slice) where the model has them. The layer's
+    /// output scale is left to the caller ([`CpuModel::layer_scale`]).
+    pub fn layer_rest(
+        &self,
+        il: usize,
+        x: &mut [f32],
+        attn: &[f32],
+        ple: Option<&[f32]>,
+        trace: &mut dyn FnMut(&str, &[f32]),
+    ) {
+        let c = &self.cfg;
+        let eps = c.eps;
+        let lw = &self.w.layers[il];
+        let o = self.project(il, Proj::O, &lw.o, attn);
+        trace(&format!("blk.{il}.attn_out"), &o);
+        let o = cpu::rms_norm(&o, c.n_embd, Some(&lw.post_attn_norm), eps);
+        x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+        trace(&format!("blk.{il}.ffn_inp"), x);
+        let f = cpu::rms_norm(x, c.n_embd, Some(&lw.ffn_norm), eps);
+        let gate = self.project(il, Proj::Gate, &lw.gate, &f);
+        let act = cpu::geglu(&gate, &self.project(il, Proj::Up, &lw.up, &f));
+        let mut ffn = self.project(il, Proj::Down, &lw.down, &act);
+        if let Some(m) = &lw.moe {
+            // The dense branch and the experts, each normed, then summed.
+            let dense = cpu::rms_norm(&ffn, c.n_embd, Some(&m.post_norm_dense), eps);
+            let experts = self.experts(m, x);
+            ffn = dense.iter().zip(&experts).map(|(a, b)| a + b).collect();
+        }
+        trace(&format!("blk.{il}.ffn_out"), &ffn);
+        let down = cpu::rms_norm(&ffn, c.n_embd, Some(&lw.post_ffw_norm), eps);
+        x.iter_mut().zip(&down).for_each(|(a, b)| *a += b);
+        if let (Some(p), Some(ple_l)) = (&lw.ple, ple) {
+            let g = cpu::geglu(&p.inp_gate.apply(x), ple_l);
+            let inj = cpu::rms_norm(&p.proj.apply(&g), c.n_embd, Some(&p.post_norm), eps);
+            x.iter_mut().zip(&inj).for_each(|(a, b)| *a += b);
+        }
+    }
+
+    /// Layer `il`'s output scale in `role` (1 where the model has none).
+    pub fn layer_scale(&self, il: usize, role: LayerRole) -> f32 {
+        let lw = &self.w.layers[il];
+        let scale = match role {
+            LayerRole::Encoder => lw.enc_out_scale.as_ref().or(lw.out_scale.as_ref()),
+            LayerRole::Denoiser => lw.out_scale.as_ref(),
+        };
+        scale.map_or(1.0, |s| s[0])
+    }
+
+    /// The logits of the stream row `x`: the final norm, the output product, the soft cap.
+    pub fn output(&self, x: &[f32], trace: &mut dyn FnMut(&str, &[f32])) -> Vec<f32> {
+        let c = &self.cfg;
+        let out = cpu::rms_norm(x, c.n_embd, Some(&self.w.output_norm), c.eps);
         trace("result_norm", &out);
         let mut logits = self.w.output_matrix().apply(&out);
         if let Some(cap) = c.final_softcap {
             logits.iter_mut().for_each(|v| *v = cpu::softcap(*v, cap));
         }
         trace("result_output", &logits);
-        Ok(logits)
+        logits
+    }
+
+    /// The token embedding table (`n_vocab` rows of `n_embd`), unscaled.
+    pub fn token_embd(&self) -> &Matrix {
+        &self.w.token_embd
     }
 }

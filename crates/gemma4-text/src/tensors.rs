@@ -24,8 +24,10 @@ pub struct Layer<M, V> {
     pub up: M,
     pub down: M,
     pub post_ffw_norm: V,
-    /// Gemma 4's per-layer output multiplier.
+    /// Gemma 4's per-layer output multiplier (DiffusionGemma: the denoiser's).
     pub out_scale: Option<V>,
+    /// DiffusionGemma's per-layer output multiplier of the encoder (the prompt's pass).
+    pub enc_out_scale: Option<V>,
     /// Per-layer embedding injection (Gemma 4 E2B/E4B).
     pub ple: Option<PleLayer<M, V>>,
     /// The experts running beside the dense feed-forward (Gemma 4 26B-A4B).
@@ -160,10 +162,12 @@ impl<'a> ModelTensors<'a> {
                 (true, Some(_)) => Some(matrix(&n("attn_v"), d, kv_rows)?),
                 _ => None,
             };
-            let out_scale = match opt(&n("layer_output_scale")) {
-                Some(_) => Some(vector(&n("layer_output_scale"), 1)?),
-                None => None,
+            let scalar = |s: &str| match opt(&n(s)) {
+                Some(_) => vector(&n(s), 1).map(Some),
+                None => Ok(None),
             };
+            let out_scale = scalar("layer_output_scale")?;
+            let enc_out_scale = scalar("enc_layer_output_scale")?;
             let ple = if n_ple > 0 {
                 Some(PleLayer {
                     inp_gate: matrix(&n("inp_gate"), d, n_ple)?,
@@ -221,6 +225,7 @@ impl<'a> ModelTensors<'a> {
                 down: matrix(&n("ffn_down"), ff, d)?,
                 post_ffw_norm: vector(&n("post_ffw_norm"), d)?,
                 out_scale,
+                enc_out_scale,
                 ple,
                 moe,
             });
@@ -258,6 +263,7 @@ impl<M, V> Layer<M, V> {
             down: fm(&self.down)?,
             post_ffw_norm: fv(&self.post_ffw_norm)?,
             out_scale: self.out_scale.as_ref().map(&mut *fv).transpose()?,
+            enc_out_scale: self.enc_out_scale.as_ref().map(&mut *fv).transpose()?,
             ple: match &self.ple {
                 Some(p) => Some(PleLayer {
                     inp_gate: fm(&p.inp_gate)?,

@@ -217,7 +217,13 @@ impl Tokenizer {
         let pre = meta.opt_str("tokenizer.ggml.pre")?;
         let algorithm = match model {
             "gemma4" => Algorithm::Gemma4Bpe,
-            "llama" if pre == Some("gemma4") || architecture == "gemma4" => Algorithm::Gemma4Bpe,
+            "llama"
+                if pre == Some("gemma4")
+                    || architecture == "gemma4"
+                    || architecture == "diffusion-gemma" =>
+            {
+                Algorithm::Gemma4Bpe
+            }
             "llama" => Algorithm::SentencePiece,
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };

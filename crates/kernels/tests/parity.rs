@@ -757,6 +757,7 @@ fn attention_matches_cpu_for_prefill_decode_window_and_gqa() {
             softcap,
             q_stride: nh * hd,
             last_key: None,
+            first_key: None,
             slot_rows: 0,
         };
         run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
@@ -822,10 +823,67 @@ fn attention_sees_the_rest_of_its_span() {
         softcap: 0.0,
         q_stride: nh * hd,
         last_key: Some(&upload_u32(ctx, &last)),
+        first_key: None,
         slot_rows: 0,
     };
     run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
     assert_close("attention with spans", &read(ctx, &out), &want, 1e-4);
+}
+
+/// Prefill attention with `first_key` and `last_key` as a DiffusionGemma canvas step sets
+/// them: every canvas row sees the last `window - 1` prompt positions and the whole canvas,
+/// wherever it stands in the canvas.
+#[test]
+fn attention_of_a_canvas_sees_a_fixed_stretch() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(31);
+    let (nh, nkv, hd, cap) = (8u32, 2u32, 64u32, 100u32);
+    let (prompt, canvas, window) = (37u32, 21u32, 9u32);
+    let first = prompt + 1 - window;
+    let positions: Vec<u32> = (prompt..prompt + canvas).collect();
+    let q = rng.vec((canvas * nh * hd) as usize, 1.0);
+    let kc = rng.vec((cap * nkv * hd) as usize, 1.0);
+    let vc = rng.vec((cap * nkv * hd) as usize, 1.0);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let reference = cpu::AttendRef {
+        q: &q,
+        k: &kc,
+        v: &vc,
+        heads: nh as usize,
+        kv_heads: nkv as usize,
+        d: hd as usize,
+        q_pos0: prompt as usize,
+        scale,
+        softcap: 0.0,
+        relative: None,
+    };
+    let want = cpu::attend(&reference, |_, kp| {
+        (first as usize..(prompt + canvas) as usize).contains(&kp)
+    });
+    let out = poisoned(ctx, want.len());
+    let args = AttentionArgs {
+        q: &upload(ctx, &q),
+        k_cache: &upload(ctx, &kc),
+        v_cache: &upload(ctx, &vc),
+        positions: &upload_u32(ctx, &positions),
+        out: &out,
+        tokens: canvas,
+        n_head: nh,
+        n_kv_head: nkv,
+        head_dim: hd,
+        window,
+        scale,
+        softcap: 0.0,
+        q_stride: nh * hd,
+        last_key: Some(&upload_u32(
+            ctx,
+            &vec![prompt + canvas - 1; canvas as usize],
+        )),
+        first_key: Some(&upload_u32(ctx, &vec![first; canvas as usize])),
+        slot_rows: 0,
+    };
+    run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
+    assert_close("attention of a canvas", &read(ctx, &out), &want, 1e-4);
 }
 
 /// A cache of several sequences (a batch of decode steps): each token sees only its own
@@ -882,6 +940,7 @@ fn attention_keeps_to_each_tokens_slot() {
             softcap: 0.0,
             q_stride: nh * hd,
             last_key: None,
+            first_key: None,
             slot_rows,
         };
         run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
@@ -2012,6 +2071,7 @@ fn split_decode_attention_matches_cpu() {
             softcap: 0.0,
             q_stride: nh * hd,
             last_key: None,
+            first_key: None,
             slot_rows: 0,
         };
         let a = ops::attention_decode(ctx, &args, q_offset, &scratch, None).unwrap();
@@ -2140,6 +2200,7 @@ fn decode_attention_with_head_work_matches_cpu() {
                 softcap: 0.0,
                 q_stride: width,
                 last_key: None,
+                first_key: None,
                 slot_rows: 0,
             };
             if fused {
@@ -2198,6 +2259,7 @@ fn decode_attention_with_head_work_matches_cpu() {
         softcap: 0.0,
         q_stride: nh * hd,
         last_key: None,
+        first_key: None,
         slot_rows: 0,
     };
     let (_, merge) = ops::attention_split(ctx, &args, 0, &scratch, None).unwrap();

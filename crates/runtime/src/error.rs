@@ -51,6 +51,8 @@ pub enum Error {
     NoAudio,
     #[error("the projector file holds neither a vision nor an audio tower")]
     NoTower,
+    #[error("this is a DiffusionGemma model (text diffusion): the session API does not run it yet")]
+    DiffusionModel,
 }
 
 impl From<wgemma_vision::VisionConfigError> for Error {
@@ -75,7 +77,7 @@ impl Error {
                 "source"
             }
             Error::Gguf(_) => "bad_gguf",
-            Error::Config(_) => "unsupported_model",
+            Error::Config(_) | Error::DiffusionModel => "unsupported_model",
             Error::Load(_) => "load",
             Error::Tokenizer(_) => "tokenizer",
             Error::Chat(_) => "chat",

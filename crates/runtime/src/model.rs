@@ -187,6 +187,9 @@ impl Model {
         on_progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Self, Error> {
         let cfg = TextConfig::from_gguf(&header)?;
+        if cfg.arch == wgemma_text::Arch::DiffusionGemma {
+            return Err(Error::DiffusionModel);
+        }
         let tokenizer = Tokenizer::from_metadata(&header.metadata, cfg.arch.name())?;
         let template = ChatTemplate::for_architecture(cfg.arch.name());
         let info = ModelInfo::new(&header);

@@ -10,6 +10,7 @@ pub use model::{
     ExpertPlacement, GpuModel, LoadError, LoadOptions, LoadProgress, PleRows, WeightBytes,
 };
 pub use session::{
-    BatchDecoder, BatchRow, ForwardError, Fusions, GpuSession, KvPool, MAX_IN_FLIGHT,
-    MAX_TOP_LOGPROBS, PrefillWatch, SessionOptions, SoftTokens, TokenLogprobs, Traced,
+    BatchDecoder, BatchRow, CanvasBuffers, ForwardError, Fusions, GpuSession, KvPool,
+    MAX_IN_FLIGHT, MAX_TOP_LOGPROBS, PrefillWatch, SessionOptions, SoftTokens, TokenLogprobs,
+    Traced,
 };

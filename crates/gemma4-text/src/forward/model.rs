@@ -213,6 +213,9 @@ pub(super) struct Layer {
     pub down: GpuWeight,
     pub post_ffw_norm: View,
     pub out_scale: f32,
+    /// DiffusionGemma: the encoder's output scale, which the steps over the prompt use (the
+    /// canvas steps use `out_scale`).
+    pub enc_out_scale: Option<f32>,
     pub ple: Option<PleLayer>,
     pub experts: Option<Experts>,
 }
@@ -327,14 +330,12 @@ async fn load_layer<'a, R: RangeSource + ?Sized>(
     qkv_tensors.extend(lt.v);
     let (qkv, qkv_width) = parts(ld, &qkv_tensors)?;
     let out_scale = match lt.out_scale {
-        Some(s) => {
-            let bytes = src.read_range(g.tensor_range(s).start, s.n_bytes).await?;
-            dequantize_to_vec(s.dtype, &bytes)?
-                .first()
-                .copied()
-                .unwrap_or(1.0)
-        }
+        Some(s) => read_scalar((g, src), s).await?,
         None => 1.0,
+    };
+    let enc_out_scale = match lt.enc_out_scale {
+        Some(s) => Some(read_scalar((g, src), s).await?),
+        None => None,
     };
     let experts = match (&lt.moe, cfg.moe) {
         (Some(m), Some(_)) => Some(load_experts(ld, (g, src), cfg, m, streamed).await?),
@@ -354,6 +355,7 @@ async fn load_layer<'a, R: RangeSource + ?Sized>(
         down: ld.matrix(vec![lt.down], 1)?,
         post_ffw_norm: ld.vector(lt.post_ffw_norm),
         out_scale,
+        enc_out_scale,
         ple: match &lt.ple {
             Some(p) => Some(PleLayer {
                 inp_gate: ld.matrix(vec![p.inp_gate], 1)?,
@@ -364,6 +366,18 @@ async fn load_layer<'a, R: RangeSource + ?Sized>(
         },
         experts,
     })
+}
+
+/// The value of a one-element tensor.
+async fn read_scalar<R: RangeSource + ?Sized>(
+    (g, src): (&Gguf, &R),
+    t: &TensorInfo,
+) -> Result<f32, LoadError> {
+    let bytes = src.read_range(g.tensor_range(t).start, t.n_bytes).await?;
+    Ok(dequantize_to_vec(t.dtype, &bytes)?
+        .first()
+        .copied()
+        .unwrap_or(1.0))
 }
 
 /// Where each expert's gate and up rows are: one fused tensor (gate rows, then up rows, per
@@ -634,6 +648,11 @@ impl GpuModel {
         matrices.sort_by(|a, b| a.name.cmp(&b.name));
         matrices.dedup_by(|a, b| a.name == b.name);
         matrices.iter().map(|w| w.gpu_bytes()).sum::<u64>() + vectors
+    }
+
+    /// The token embedding table as stored.
+    pub fn token_embd(&self) -> &GpuWeight {
+        &self.token_embd
     }
 
     pub(super) fn output_matrix(&self) -> &GpuWeight {

@@ -21,6 +21,7 @@ use crate::sampling::{SamplingParams, Strategy};
 
 mod arena;
 mod batch;
+mod canvas;
 mod graph;
 mod kv;
 mod logprobs;
@@ -29,6 +30,8 @@ mod queue;
 pub(super) use arena::ArenaSlot;
 use arena::{Activations, Arena};
 pub use batch::{BatchDecoder, BatchRow, KvPool};
+pub use canvas::CanvasBuffers;
+use canvas::CanvasPlan;
 use graph::DecoderGraph;
 use kv::KvCache;
 use logprobs::LogprobPlan;
@@ -141,8 +144,20 @@ impl Default for SessionOptions {
 struct StepInput<'a> {
     ids: &'a View,
     soft: &'a [SoftCopy],
-    /// The step's rows hold bidirectional spans: sliding layers read the staged last keys.
-    spans: bool,
+    /// Which keys the rows see.
+    reach: KeyReach,
+}
+
+/// Which keys a step's rows see.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KeyReach {
+    /// Themselves and the rows before, within the window on sliding layers.
+    Causal,
+    /// On sliding layers, also ahead to the staged last key (bidirectional spans: an image).
+    Spans,
+    /// DiffusionGemma's canvas: every layer up to the staged last key (the whole canvas), and
+    /// sliding layers from the staged first key (a fixed stretch of the prompt).
+    Canvas,
 }
 
 impl<'a> StepInput<'a> {
@@ -150,7 +165,7 @@ impl<'a> StepInput<'a> {
         Self {
             ids,
             soft: &[],
-            spans: false,
+            reach: KeyReach::Causal,
         }
     }
 }
@@ -271,6 +286,8 @@ pub struct GpuSession {
     lora: Option<LoraBuffers>,
     /// The log-probabilities each step records, when asked for.
     logprobs: Option<LogprobPlan>,
+    /// DiffusionGemma's canvas step, once prepared.
+    canvas: Option<CanvasPlan>,
 }
 
 /// A session's adapters joined, and its buffers for their deltas
@@ -410,6 +427,7 @@ impl GpuSession {
             adapters: Vec::new(),
             lora: None,
             logprobs: None,
+            canvas: None,
         };
         if slot_rows == 0 {
             session.decode =
@@ -568,7 +586,7 @@ impl GpuSession {
         &'a self,
         il: usize,
         m: u32,
-        spans: bool,
+        reach: KeyReach,
     ) -> Result<AttentionArgs<'a>, GpuError> {
         let cfg = &self.model.cfg;
         let lc = &cfg.layers[il];
@@ -592,7 +610,12 @@ impl GpuSession {
             scale: cfg.attn_scale,
             softcap: 0.0,
             q_stride: self.model.layers[il].qkv_width,
-            last_key: (spans && lc.sliding).then_some(&a.last_key),
+            last_key: match reach {
+                KeyReach::Causal => None,
+                KeyReach::Spans => lc.sliding.then_some(&a.last_key),
+                KeyReach::Canvas => Some(&a.last_key),
+            },
+            first_key: (reach == KeyReach::Canvas && lc.sliding).then_some(&a.first_key),
             slot_rows: self.slot_rows as u32,
         })
     }
@@ -947,7 +970,11 @@ impl GpuSession {
                 let input = StepInput {
                     ids: &self.acts(chunk.len()).ids,
                     soft: &copies,
-                    spans: self.stage_last_keys(start, range.clone(), &spans),
+                    reach: if self.stage_last_keys(start, range.clone(), &spans) {
+                        KeyReach::Spans
+                    } else {
+                        KeyReach::Causal
+                    },
                 };
                 let ops = self.plan(chunk.len() as u32, input, logits, None)?;
                 self.stage(chunk, &ple_ids)?;
@@ -1521,7 +1548,11 @@ impl GpuSession {
             let input = StepInput {
                 ids: &self.acts(chunk.len()).ids,
                 soft: &copies,
-                spans: self.stage_last_keys(start, range.clone(), &spans),
+                reach: if self.stage_last_keys(start, range.clone(), &spans) {
+                    KeyReach::Spans
+                } else {
+                    KeyReach::Causal
+                },
             };
             let ops = self.plan(chunk.len() as u32, input, LogitsFor::All, Some(&all))?;
             let arena = self.arena.clone();

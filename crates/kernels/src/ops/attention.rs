@@ -22,6 +22,7 @@ kernel_bindings!(
         out: 4,
         p: 5,
         last_key: 6,
+        first_key: 7,
     }
 );
 
@@ -115,6 +116,10 @@ pub struct AttentionArgs<'a> {
     /// image's tokens see the rest of their image on Gemma 4 26B/31B's sliding layers. Those
     /// keys must be in the cache already (the whole image in this step or before).
     pub last_key: Option<&'a View>,
+    /// Per token, the first key position it sees, in place of the window's reach (a u32
+    /// each): a DiffusionGemma canvas row sees the same stretch of the prompt as every other
+    /// canvas row. Prefill attention only.
+    pub first_key: Option<&'a View>,
     /// Cache rows per sequence when the cache holds several (a batch of sequences' decode
     /// steps): a token at cache row `p` sees only the keys of rows `p - p % slot_rows ..`.
     /// 0: one sequence.
@@ -150,8 +155,10 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
     a.out.expect_len32("attention out", q_len)?;
     a.positions
         .expect_len32("attention positions", u64::from(a.tokens))?;
-    if let Some(l) = a.last_key {
-        l.expect_len32("attention last keys", u64::from(a.tokens))?;
+    for (what, keys) in [("last", a.last_key), ("first", a.first_key)] {
+        if let Some(k) = keys {
+            k.expect_len32(&format!("attention {what} keys"), u64::from(a.tokens))?;
+        }
     }
     let row = u64::from(a.n_kv_head) * u64::from(a.head_dim);
     let capacity = a.k_cache.len32() / row;
@@ -174,7 +181,8 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
     });
     let source = ShaderSource::new("attention", &[ACTIVATIONS_WGSL, ATTENTION_WGSL])
         .constant("G", f64::from(a.n_head / a.n_kv_head))
-        .flag_if(a.last_key.is_some(), "SPANS");
+        .flag_if(a.last_key.is_some(), "SPANS")
+        .flag_if(a.first_key.is_some(), "FIRST_KEYS");
     ctx.dispatch(
         "attention",
         ctx.pipeline(&source),
@@ -186,6 +194,7 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
             out: Bind::Storage(a.out),
             p: Bind::Params(params),
             last_key: Bind::opt(a.last_key),
+            first_key: Bind::opt(a.first_key),
         },
         [a.n_kv_head, a.tokens, 1],
     )
@@ -274,6 +283,7 @@ pub fn attention_split<'a>(
 ) -> Result<(Dispatch, AttentionMerge<'a>), GpuError> {
     let rows_ok = a.tokens == 1 || (post.is_none() && a.slot_rows > 0);
     if !rows_ok
+        || a.first_key.is_some()
         || post.is_some_and(|h| h.slot_rows != 0 || a.slot_rows != 0)
         || a.head_dim > MAX_HEAD_DIM
         || !a.head_dim.is_multiple_of(4)

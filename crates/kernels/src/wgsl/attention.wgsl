@@ -12,7 +12,9 @@
 // q: [tokens, q_stride] with head h at h * head_dim; k, v caches: [capacity, n_kv_head,
 // head_dim]; out: [tokens, n_head, head_dim]. Token m (at positions[m]) sees keys at positions
 // max(0, pos - window + 1) ..= pos (window 0 = unlimited); with SPANS, up to last_key[m]
-// where that is later (bidirectional within an image). With slot_rows > 0 the cache holds
+// where that is later (bidirectional within an image); with FIRST_KEYS, from first_key[m]
+// instead of the window's reach (a DiffusionGemma canvas row sees a fixed stretch of the
+// prompt before the canvas). With slot_rows > 0 the cache holds
 // several sequences, slot_rows rows each (a batch of decode steps): a token sees only the keys
 // of its own slot.
 
@@ -38,6 +40,9 @@ struct Params {
 #if SPANS
 // Per token, the last key it sees when past its own position (an image's other tokens).
 @group(0) @binding(6) var<storage, read> last_key: array<u32>;
+#endif
+#if FIRST_KEYS
+@group(0) @binding(7) var<storage, read> first_key: array<u32>;
 #endif
 
 // Query heads per KV head, at most MAX_G.
@@ -92,6 +97,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if (p.window > 0u && pos + 1u > p.window) {
         lo = pos + 1u - p.window;
     }
+#if FIRST_KEYS
+    lo = first_key[m];
+#endif
     if (p.slot_rows > 0u) {
         lo = max(lo, pos - pos % p.slot_rows);
     }

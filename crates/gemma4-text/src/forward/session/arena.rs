@@ -62,6 +62,8 @@ pub(super) struct Activations {
     pub positions: View,
     /// Per row, the last key it sees (u32; bidirectional spans, `AttentionArgs::last_key`).
     pub last_key: View,
+    /// Per row, the first key it sees (u32; a DiffusionGemma canvas, `AttentionArgs::first_key`).
+    pub first_key: View,
 }
 
 impl Activations {
@@ -128,6 +130,7 @@ impl Activations {
             ids: buf("ids", b),
             positions: buf("positions", b),
             last_key: buf("last_key", b),
+            first_key: buf("first_key", b),
         }
     }
 
@@ -147,6 +150,8 @@ impl Activations {
             &self.partials,
             &self.ids,
             &self.positions,
+            &self.last_key,
+            &self.first_key,
             &p.rows,
             &p.iota,
             &p.all,

@@ -12,8 +12,9 @@ use wgemma_kernels::graph::{
 use wgemma_kernels::{GpuError, GpuWeight, View, WeightTile};
 
 use super::super::lora::Site;
-use super::{Activations, GpuSession, HostOp, LogitsFor, Op, StepInput};
+use super::{Activations, GpuSession, HostOp, KeyReach, LogitsFor, Op, StepInput};
 use crate::forward::model::{Experts, GateUp, Layer, PleLayer};
+use crate::reference::LayerRole;
 
 fn step_value(name: &'static str) -> Name {
     Name { name, layer: None }
@@ -39,8 +40,10 @@ pub(super) struct DecoderGraph<'s> {
     /// Every layer's per-layer inputs, once computed.
     ple_all: Option<Val>,
     table_rows_added: bool,
-    /// The step holds bidirectional spans (an image on a 26B/31B model).
-    spans: bool,
+    /// Which keys the step's rows see.
+    reach: KeyReach,
+    /// Which output scales the layers apply (DiffusionGemma's encoder or denoiser).
+    role: LayerRole,
 }
 
 impl<'s> DecoderGraph<'s> {
@@ -55,7 +58,8 @@ impl<'s> DecoderGraph<'s> {
             x: None,
             ple_all: None,
             table_rows_added: false,
-            spans: false,
+            reach: KeyReach::Causal,
+            role: LayerRole::Encoder,
         }
     }
 
@@ -68,7 +72,10 @@ impl<'s> DecoderGraph<'s> {
         all_logits: Option<&'s View>,
     ) -> Result<Graph<'s, HostOp>, GpuError> {
         let mut b = Self::new(session, m);
-        b.spans = input.spans;
+        b.reach = input.reach;
+        if input.reach == KeyReach::Canvas {
+            b.role = LayerRole::Denoiser;
+        }
         b.embed(input)?;
         for (il, l) in session.model.layers.iter().enumerate() {
             b.attention(il, l)?;
@@ -292,7 +299,7 @@ impl<'s> DecoderGraph<'s> {
         let heads = l.o.cols as u32;
         let kqv = self.rows(layer_value("kqv_out", il), &s.attn, heads, heads, 0);
         self.g.push(Node::Attention {
-            args: session.attention_args(il, m, self.spans)?,
+            args: session.attention_args(il, m, self.reach)?,
             qkv: roped,
             out: kqv,
         });
@@ -433,13 +440,12 @@ impl<'s> DecoderGraph<'s> {
         l: &'s Layer,
         ffn_out: Val,
     ) -> Result<(), GpuError> {
+        let scale = match self.role {
+            LayerRole::Encoder => l.enc_out_scale.unwrap_or(l.out_scale),
+            LayerRole::Denoiser => l.out_scale,
+        };
         let Some(p) = &l.ple else {
-            self.residual(
-                ffn_out,
-                &l.post_ffw_norm,
-                l.out_scale,
-                layer_value("out", il),
-            )?;
+            self.residual(ffn_out, &l.post_ffw_norm, scale, layer_value("out", il))?;
             return Ok(());
         };
         if !self.table_rows_added {
@@ -448,7 +454,7 @@ impl<'s> DecoderGraph<'s> {
         }
         let x = self.residual(ffn_out, &l.post_ffw_norm, 1.0, layer_value("pe_in", il))?;
         let proj = self.per_layer_input(il, p, x)?;
-        self.residual(proj, &p.post_norm, l.out_scale, layer_value("out", il))?;
+        self.residual(proj, &p.post_norm, scale, layer_value("out", il))?;
         Ok(())
     }
 

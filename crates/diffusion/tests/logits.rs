@@ -1,0 +1,125 @@
+//! DiffusionGemma's canvas logits against transformers on a tiny random model
+//! (`xtask/scripts/diffusion_gemma_fixtures.py` wrote the GGUF and the goldens): a prompt
+//! shorter than the sliding window and one longer, each without self-conditioning (a block's
+//! first step) and with it (a later step).
+
+use std::sync::Arc;
+
+use wgemma_diffusion::{CpuDiffusion, DiffusionConfig};
+use wgemma_gguf::{BytesSource, Gguf};
+
+const GGUF: &[u8] = include_bytes!("fixtures/dg_tiny.gguf");
+const GOLDEN: &str = include_str!("golden/dg_tiny.json");
+
+/// transformers' own f32 and f64 differ by about 1e-4 on this model; each classic mistake
+/// (no `window - 1` clip, swapped layer scales, canvas input not normed, canvas positions from
+/// 0, raw logits as self-conditioning) moves logits by far more.
+const TOLERANCE: f32 = 2e-3;
+
+struct Case {
+    name: String,
+    prompt: Vec<u32>,
+    canvas: Vec<u32>,
+    logits: Vec<f32>,
+    sc_in: Vec<f32>,
+    logits_sc: Vec<f32>,
+}
+
+fn golden_f32(name: &str) -> Vec<f32> {
+    let path = format!("{}/tests/golden/{name}", env!("CARGO_MANIFEST_DIR"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn cases() -> Vec<Case> {
+    let g: serde_json::Value = serde_json::from_str(GOLDEN).unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    g["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let file = |k: &str| golden_f32(c["files"][k].as_str().unwrap());
+            Case {
+                name: c["name"].as_str().unwrap().to_string(),
+                prompt: ids(&c["prompt"]),
+                canvas: ids(&c["canvas"]),
+                logits: file("logits"),
+                sc_in: file("sc_in"),
+                logits_sc: file("logits_sc"),
+            }
+        })
+        .collect()
+}
+
+fn cpu_model() -> CpuDiffusion {
+    let g = Gguf::parse(GGUF).unwrap();
+    let cfg = DiffusionConfig::from_gguf(&g).unwrap();
+    CpuDiffusion::load(&g, &cfg, Arc::new(BytesSource::new(GGUF.to_vec()))).unwrap()
+}
+
+fn max_abs_diff(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn the_config_reads_the_diffusion_keys() {
+    let cfg = DiffusionConfig::from_gguf(&Gguf::parse(GGUF).unwrap()).unwrap();
+    assert_eq!(cfg.canvas_length, 16);
+    assert_eq!(cfg.sampler.max_steps, 12);
+    assert_eq!(
+        cfg.text.final_softcap,
+        Some(30.0),
+        "absent from the file: 30"
+    );
+    assert_eq!(cfg.text.sliding_window, 8);
+}
+
+#[test]
+fn cpu_canvas_logits_match_transformers() {
+    let model = cpu_model();
+    let cases = cases();
+    assert!(cases.iter().any(|c| c.prompt.len() < 8) && cases.iter().any(|c| c.prompt.len() > 8));
+    for c in &cases {
+        let got = model.canvas_logits(&c.prompt, &c.canvas, None).unwrap();
+        let d = max_abs_diff(&got, &c.logits);
+        eprintln!("{}: first step max diff {d}", c.name);
+        assert!(d < TOLERANCE, "{}: first step, max |diff| {d}", c.name);
+        let got = model
+            .canvas_logits(&c.prompt, &c.canvas, Some(&c.sc_in))
+            .unwrap();
+        let d = max_abs_diff(&got, &c.logits_sc);
+        assert!(
+            d < TOLERANCE,
+            "{}: self-conditioned step, max |diff| {d}",
+            c.name
+        );
+        // Self-conditioning changes the logits, so the test above checks it.
+        assert!(max_abs_diff(&c.logits, &c.logits_sc) > 0.1);
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let model = cpu_model();
+    assert!(model.canvas_logits(&[2, 9999], &[5; 16], None).is_err());
+    assert!(model.canvas_logits(&[2], &[], None).is_err());
+    assert!(
+        model
+            .canvas_logits(&[2], &[5; 16], Some(&[0.0; 7]))
+            .is_err()
+    );
+}
