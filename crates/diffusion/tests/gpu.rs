@@ -50,7 +50,12 @@ fn models() -> Option<(CpuDiffusion, Arc<GpuDiffusion>)> {
 
 /// A step's name, its self-conditioning (on the GPU and for the CPU reference), and
 /// transformers' logits.
-type Step<'a> = (&'static str, SelfConditioning<'a>, Option<&'a [f32]>, Vec<f32>);
+type Step<'a> = (
+    &'static str,
+    SelfConditioning<'a>,
+    Option<&'a [f32]>,
+    Vec<f32>,
+);
 
 /// Each case's prompt read once; then steps without and with self-conditioning (and the first
 /// again: the canvas's keys from the step before are written over, never read) give the

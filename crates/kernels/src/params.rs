@@ -511,3 +511,23 @@ kernel_params!(
         freq_scale: f32,
     }
 );
+
+kernel_params!(
+    /// `canvas_sample.wgsl`.
+    CanvasSampleParams {
+        rows: u32,
+        n: u32,
+        x_stride: u32,
+        inv_temp: f32,
+    }
+);
+
+kernel_params!(
+    /// `canvas_accept.wgsl`.
+    CanvasAcceptParams {
+        rows: u32,
+        bound: f32,
+        stability: u32,
+        confidence: f32,
+    }
+);

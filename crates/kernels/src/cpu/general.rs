@@ -350,3 +350,93 @@ pub fn rope_axes(x: &mut [f32], r: &RopeRef<'_>) {
         }
     }
 }
+
+/// Per row of `n` logits, the draw from softmax(row / temperature) by inverse CDF against
+/// `u[row]`: the first index whose cumulative probability exceeds it (the argmax past the
+/// total mass).
+pub fn canvas_draw(x: &[f32], n: usize, temperature: f32, u: &[f32]) -> Vec<u32> {
+    x.chunks(n)
+        .zip(u)
+        .map(|(row, &target)| {
+            let p = softmax(row, n, 1.0 / temperature);
+            let mut acc = 0.0f64;
+            p.iter()
+                .position(|&pv| {
+                    acc += f64::from(pv);
+                    acc > f64::from(target.max(0.0))
+                })
+                .map_or_else(|| super::argmax(row).0, |i| i as u32)
+        })
+        .collect()
+}
+
+/// The entropy-bound acceptance of one denoising step ([`canvas_accept`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CanvasAccept {
+    pub accepted: Vec<bool>,
+    /// The drawn token where accepted, the renoise token elsewhere.
+    pub next: Vec<u32>,
+    pub mean_entropy: f32,
+    /// Steps the argmax canvas has stayed the same, this one included.
+    pub same: u32,
+    /// Stable for `stability` steps and mean entropy under the confidence threshold.
+    pub done: bool,
+}
+
+/// One step's inputs to [`canvas_accept`], per position.
+#[derive(Clone, Copy, Debug)]
+pub struct CanvasStep<'a> {
+    pub entropy: &'a [f32],
+    pub argmax: &'a [u32],
+    pub drawn: &'a [u32],
+    pub renoise: &'a [u32],
+    /// The previous step's argmax canvas (none on a block's first step) and its count of
+    /// steps the same.
+    pub previous: Option<(&'a [u32], u32)>,
+}
+
+/// The entropy-bound sampler's step settings of [`canvas_accept`].
+#[derive(Clone, Copy, Debug)]
+pub struct AcceptRule {
+    pub bound: f32,
+    pub stability: u32,
+    pub confidence: f32,
+}
+
+/// Positions sorted by ascending entropy (ties by position) are accepted while the entropy of
+/// those before them stays within `rule.bound`; then the stop rule.
+pub fn canvas_accept(s: &CanvasStep<'_>, rule: AcceptRule) -> CanvasAccept {
+    let h: Vec<f32> = s.entropy.iter().map(|&e| e.max(0.0)).collect();
+    let mut order: Vec<usize> = (0..h.len()).collect();
+    order.sort_by(|&a, &b| h[a].total_cmp(&h[b]).then(a.cmp(&b)));
+    let mut accepted = vec![false; h.len()];
+    let mut before = 0.0f32;
+    for &i in &order {
+        if before > rule.bound {
+            break;
+        }
+        accepted[i] = true;
+        before += h[i];
+    }
+    let next = (0..h.len())
+        .map(|i| {
+            if accepted[i] {
+                s.drawn[i]
+            } else {
+                s.renoise[i]
+            }
+        })
+        .collect();
+    let mean_entropy = h.iter().sum::<f32>() / h.len().max(1) as f32;
+    let same = match s.previous {
+        Some((prev, same)) if prev == s.argmax => same + 1,
+        _ => 0,
+    };
+    CanvasAccept {
+        accepted,
+        next,
+        mean_entropy,
+        same,
+        done: same >= rule.stability && mean_entropy < rule.confidence,
+    }
+}

@@ -71,6 +71,7 @@ pub fn grid(ctx: &GpuContext, groups: u32, z: u32) -> [u32; 3] {
 
 mod attend;
 mod attention;
+mod canvas;
 mod conv;
 mod elementwise;
 mod embed;
@@ -89,6 +90,7 @@ mod tuning;
 
 pub use attend::*;
 pub use attention::*;
+pub use canvas::*;
 pub use conv::*;
 pub use elementwise::*;
 pub use embed::*;

@@ -834,3 +834,139 @@ fn weight_store_uploads_what_the_file_holds() {
     let want_norm: Vec<f32> = norm.iter().map(|v| v * 0.5).collect();
     assert_eq!(read(ctx, &nv), want_norm);
 }
+
+/// Draws by inverse CDF: each GPU draw is the CPU's, or (where the uniform lies within
+/// rounding of a boundary of the cumulative sum) its neighbour across that boundary.
+#[test]
+fn canvas_draws_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_d1ff_0000_0001);
+    for (rows, n, temperature) in [(5u32, 7u32, 1.0f32), (37, 1003, 0.55), (3, 5000, 0.8)] {
+        let logits: Vec<f32> = rng.vec((rows * n) as usize, 4.0);
+        let mut u: Vec<f32> = (0..rows).map(|_| rng.uniform().abs()).collect();
+        u[0] = 0.0;
+        let x = upload(ctx, &logits);
+        let stats = poisoned(ctx, (4 * rows) as usize);
+        let out = poisoned(ctx, rows as usize);
+        let xt = Tensor::new(&x, &[rows, n]).unwrap();
+        let st = Tensor::new(&stats, &[4 * rows]).unwrap();
+        let draw = ops::CanvasDraw {
+            logits: &x,
+            rows,
+            n,
+            temperature,
+            stats: &stats,
+            uniforms: &upload(ctx, &u),
+            out: &out,
+        };
+        run(
+            ctx,
+            &[
+                &ops::row_stats(ctx, &xt, temperature, &st).unwrap(),
+                &ops::canvas_draw(ctx, &draw).unwrap(),
+            ],
+        );
+        let got: Vec<u32> = read(ctx, &out).iter().map(|v| v.to_bits()).collect();
+        let want = cpu::canvas_draw(&logits, n as usize, temperature, &u);
+        for r in 0..rows as usize {
+            let p = cpu::softmax(
+                &logits[r * n as usize..][..n as usize],
+                n as usize,
+                1.0 / temperature,
+            );
+            let cdf = |i: u32| p[..=i as usize].iter().map(|&v| f64::from(v)).sum::<f64>();
+            let near = (cdf(want[r]) - f64::from(u[r])).abs() < 1e-5
+                || (want[r] > 0 && (cdf(want[r] - 1) - f64::from(u[r])).abs() < 1e-5);
+            assert!(
+                got[r] == want[r] || (near && got[r].abs_diff(want[r]) == 1),
+                "rows {rows} of {n}, row {r}: drew {} for {}",
+                got[r],
+                want[r]
+            );
+        }
+        assert_eq!(
+            got[0], want[0],
+            "a uniform of 0 draws the first token of any mass"
+        );
+    }
+}
+
+/// The acceptance, renoise and stop rule against the CPU's, over odd canvas sizes and a run of
+/// steps that share the state (the argmax canvas kept the same for a while, then changed).
+#[test]
+fn canvas_acceptance_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0xacce_0000_1111_2222);
+    for rows in [1u32, 5, 37, 256, 1000] {
+        let r = rows as usize;
+        let state = upload_u32(ctx, &[vec![0u32], vec![u32::MAX; r]].concat());
+        let (next, accepted, status) = (poisoned(ctx, r), poisoned(ctx, r), poisoned(ctx, 4));
+        let mut previous: Option<(Vec<u32>, u32)> = None;
+        let mut argmax: Vec<u32> = (0..rows).map(|i| i * 7 % 11).collect();
+        for step in 0..4 {
+            if step == 3 {
+                argmax[r / 2] += 1;
+            }
+            // Entropies spread wide, with ties, so that some but not all are accepted.
+            let entropy: Vec<f32> = (0..r)
+                .map(|i| {
+                    if i % 5 == 0 {
+                        0.01
+                    } else {
+                        rng.uniform() * 0.2
+                    }
+                })
+                .collect();
+            let stats: Vec<f32> = (0..r)
+                .flat_map(|i| [f32::from_bits(argmax[i]), 1.0, 2.0, entropy[i]])
+                .collect();
+            let drawn: Vec<u32> = (0..rows).map(|i| 1000 + i).collect();
+            let renoise: Vec<u32> = (0..rows).map(|i| 5000 + i + step).collect();
+            let (bound, stability, confidence) = (0.3, 2, 0.2);
+            let args = ops::CanvasAcceptArgs {
+                rows,
+                stats: &upload(ctx, &stats),
+                drawn: &upload_u32(ctx, &drawn),
+                renoise: &upload_u32(ctx, &renoise),
+                next: &next,
+                accepted: &accepted,
+                state: &state,
+                status: &status,
+                bound,
+                stability,
+                confidence,
+            };
+            run(ctx, &[&ops::canvas_accept(ctx, &args).unwrap()]);
+            let want = cpu::canvas_accept(
+                &cpu::CanvasStep {
+                    entropy: &entropy,
+                    argmax: &argmax,
+                    drawn: &drawn,
+                    renoise: &renoise,
+                    previous: previous.as_ref().map(|(a, s)| (a.as_slice(), *s)),
+                },
+                cpu::AcceptRule {
+                    bound,
+                    stability,
+                    confidence,
+                },
+            );
+            let bits =
+                |v: &View| -> Vec<u32> { read(ctx, v).iter().map(|x| x.to_bits()).collect() };
+            let got_accepted: Vec<bool> = bits(&accepted).iter().map(|&a| a == 1).collect();
+            assert_eq!(got_accepted, want.accepted, "{rows} rows, step {step}");
+            assert!(want.accepted.iter().any(|&a| a));
+            assert_eq!(bits(&next), want.next, "{rows} rows, step {step}");
+            let s = bits(&status);
+            let count = want.accepted.iter().filter(|&&a| a).count() as u32;
+            assert_eq!(s[0], count);
+            assert!((f32::from_bits(s[1]) - want.mean_entropy).abs() < 1e-5);
+            assert_eq!(
+                (s[2], s[3] == 1),
+                (want.same, want.done),
+                "{rows} rows, step {step}"
+            );
+            previous = Some((argmax.clone(), want.same));
+        }
+    }
+}
