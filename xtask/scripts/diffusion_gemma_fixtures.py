@@ -28,6 +28,15 @@ Per case (a prompt shorter than the window and one longer), transformers (f32, e
   * `logits_sc`: the canvas logits with that self-conditioning.
 Prompts and canvases are redrawn while any router (encoder or decoder pass) has a near tie
 between its k-th and (k+1)-th expert, which would flip under harmless rounding.
+
+Replays (`golden/dg_tiny_replay.json`): transformers' own `generate` (its entropy-bound
+sampler, temperature schedule, stop rule and block loop) with its randomness replaced by
+given streams: `torch.multinomial` draws by inverse CDF against a given uniform per position
+and step, and the sampler's `initialize_canvas` returns the given starting canvas of each block
+and then each step's renoise tokens. Recorded per step: the argmax canvas, the accepted
+positions, the next canvas, the mean entropy and the stop; and the generated sequence. Streams
+are redrawn while any decision lies within rounding of its boundary (a uniform near a step of
+the cumulative sum, an argmax near a tie, an accepted count or a stop near its threshold).
 """
 import hashlib
 import json
@@ -37,7 +46,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemma4_tiny_fixtures import BOS, EMBED_RMS, VOCAB, build_tokenizer, randomize  # noqa: E402
+from gemma4_tiny_fixtures import BOS, EMBED_RMS, VOCAB, build_tokenizer, f32, randomize  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "crates/diffusion/tests/fixtures"
@@ -88,6 +97,7 @@ def build_model():
     cfg = DiffusionGemmaConfig(text_config=DiffusionGemmaTextConfig(**TEXT), vision_config=VISION,
                                canvas_length=CANVAS)
     cfg._attn_implementation = "eager"
+    cfg._experts_implementation = cfg.text_config._experts_implementation = "eager"
     torch.manual_seed(SEED)
     model = DiffusionGemmaForBlockDiffusion(cfg).to(torch.float32).eval()
     randomize(model, SEED)
@@ -145,7 +155,7 @@ def draw_case(model, rng, prompt_len):
 # GGUF (version 3, little-endian): only the value types and F32 tensors this fixture needs.
 
 ALIGN = 32
-U32, F32, BOOL, STRING, ARRAY = 4, 6, 7, 8, 9
+T_U32, T_F32, T_BOOL, T_STRING, T_ARRAY = 4, 6, 7, 8, 9
 
 
 def gguf_string(s):
@@ -157,16 +167,16 @@ def gguf_value(v):
     """(type, bytes) of a metadata value: bool, int (u32), float (f32), str, or a list of one
     of those."""
     if isinstance(v, bool):
-        return BOOL, struct.pack("<?", v)
+        return T_BOOL, struct.pack("<?", v)
     if isinstance(v, int):
-        return U32, struct.pack("<I", v)
+        return T_U32, struct.pack("<I", v)
     if isinstance(v, float):
-        return F32, struct.pack("<f", v)
+        return T_F32, struct.pack("<f", v)
     if isinstance(v, str):
-        return STRING, gguf_string(v)
+        return T_STRING, gguf_string(v)
     items = [gguf_value(x) for x in v]
-    elem = items[0][0] if items else U32
-    return ARRAY, struct.pack("<IQ", elem, len(items)) + b"".join(b for _, b in items)
+    elem = items[0][0] if items else T_U32
+    return T_ARRAY, struct.pack("<IQ", elem, len(items)) + b"".join(b for _, b in items)
 
 
 def write_gguf(path, metadata, tensors):
@@ -301,6 +311,158 @@ def model_tensors(model):
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Sampler replays
+
+REPLAYS = {
+    # One block run to its last step: a loose bound accepts several positions a step.
+    "one_block": dict(prompt_len=5, blocks=1, steps=6, entropy_bound=1.5, stability_threshold=1,
+                      confidence_threshold=0.005),
+    # Two blocks (the second's prompt passes the window), each stopped early by the confidence
+    # alone (a random model's argmax canvas never settles, so no stability is asked for).
+    "two_blocks": dict(prompt_len=5, blocks=2, steps=8, entropy_bound=3.0, stability_threshold=0,
+                       confidence_threshold=0.9),
+}
+# Self-conditioning feeds each step's logits to the next, and a random model amplifies
+# rounding from step to step: transformers' own two expert implementations (grouped products
+# and the eager loop) differ by 7e-3 in a step's mean entropy by the sixth step here. Decisions
+# closer than these to their boundary are redrawn: a uniform to a step of the cumulative sum,
+# the top two probabilities, the entropy before a position to the bound, the mean entropy to
+# the confidence threshold.
+CDF_MARGIN = 2e-4
+ARGMAX_MARGIN = 1e-3
+ENTROPY_MARGIN = 5e-3
+
+
+def replay(model, rng, spec):
+    """transformers' generate with given streams; None if a decision was within its margin."""
+    import numpy as np
+    import torch
+    from transformers.models.diffusion_gemma import generation_diffusion_gemma as gen
+
+    blocks, steps = spec["blocks"], spec["steps"]
+    prompt = [BOS] + [int(t) for t in rng.integers(3, VOCAB, spec["prompt_len"] - 1)]
+    canvases = rng.integers(0, VOCAB, (blocks, CANVAS))
+    uniforms = rng.random((blocks * steps, CANVAS), dtype=np.float32)
+    renoise = rng.integers(0, VOCAB, (blocks * steps, CANVAS))
+    state = {"canvas": 0, "step": 0, "renoise": 0, "close": False, "need_canvas": True}
+    records = []
+
+    def fake_multinomial(probs, num_samples):
+        u = torch.tensor(uniforms[state["step"]], dtype=torch.float64)
+        cdf = torch.cumsum(probs.to(torch.float64), dim=-1)
+        idx = torch.searchsorted(cdf, u[:, None], right=True).clamp(max=probs.shape[-1] - 1)
+        hi = cdf.gather(-1, idx)
+        lo = torch.where(idx > 0, cdf.gather(-1, (idx - 1).clamp(min=0)), torch.zeros_like(hi))
+        if ((hi - u[:, None]).abs().min() < CDF_MARGIN) or ((u[:, None] - lo).abs().min() < CDF_MARGIN):
+            state["close"] = "cdf"
+        return idx
+
+    def fake_initialize(self, batch_size, device):
+        if state["need_canvas"]:
+            row = canvases[state["canvas"]]
+            state["canvas"] += 1
+            state["need_canvas"] = False
+        else:
+            row = renoise[state["renoise"]]
+            state["renoise"] += 1
+        return torch.tensor(row[None], dtype=torch.long)
+
+    original_step = gen.DiffusionGemmaGenerationMixin._denoising_step
+
+    def recording_step(self, **kw):
+        sampler = kw["sampler"]
+        out = original_step(self, **kw)
+        nxt, argmax, processed, finished = out
+        p = torch.softmax(processed[0].to(torch.float64), dim=-1)
+        h = -(p * torch.log(p.clamp_min(1e-300))).sum(-1)
+        srt = torch.sort(p, dim=-1, descending=True).values
+        if (srt[:, 0] - srt[:, 1]).min() < ARGMAX_MARGIN:
+            state["close"] = "argmax"
+        hs = torch.sort(h).values
+        before = torch.cumsum(hs, 0) - hs
+        if (before - spec["entropy_bound"]).abs().min() < ENTROPY_MARGIN:
+            state["close"] = "accept"
+        mean = float(h.mean())
+        if abs(mean - spec["confidence_threshold"]) < ENTROPY_MARGIN:
+            state["close"] = "mean"
+        records.append({
+            "block": state["canvas"] - 1,
+            "argmax": [int(t) for t in argmax[0]],
+            "accepted": [int(a) for a in sampler.accepted_token_mask[0]],
+            "next_canvas": [int(t) for t in nxt[0]],
+            "mean_entropy": f32(mean),
+            "done": bool(finished[0]),
+        })
+        state["step"] += 1
+        return out
+
+    def new_block_hook(*a, **k):
+        state["need_canvas"] = True
+        return original_prepare(*a, **k)
+
+    def router_hook(mod, inp, out):
+        k = mod.config.top_k_experts
+        srt = torch.sort(torch.log(out[0].to(torch.float64)), dim=-1, descending=True).values
+        if float((srt[:, k - 1] - srt[:, k]).min()) < ROUTER_MIN_GAP:
+            state["close"] = "router"
+
+    layers = list(model.model.encoder.language_model.layers) + list(model.model.decoder.layers)
+    hooks = [layer.router.register_forward_hook(router_hook) for layer in layers]
+    original_prepare = gen.DiffusionGemmaGenerationMixin._prepare_denoiser_inputs
+    saved = (torch.multinomial, gen.EntropyBoundSampler.initialize_canvas)
+    torch.multinomial = fake_multinomial
+    gen.EntropyBoundSampler.initialize_canvas = fake_initialize
+    gen.DiffusionGemmaGenerationMixin._denoising_step = recording_step
+    gen.DiffusionGemmaGenerationMixin._prepare_denoiser_inputs = new_block_hook
+    try:
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=torch.tensor([prompt]), max_new_tokens=blocks * CANVAS,
+                max_denoising_steps=steps, t_min=0.4, t_max=0.8,
+                sampler_config=gen.EntropyBoundSamplerConfig(entropy_bound=float(spec["entropy_bound"])),
+                stability_threshold=spec["stability_threshold"],
+                confidence_threshold=float(spec["confidence_threshold"]),
+                eos_token_id=None, pad_token_id=0)
+    finally:
+        for h in hooks:
+            h.remove()
+        torch.multinomial, gen.EntropyBoundSampler.initialize_canvas = saved
+        gen.DiffusionGemmaGenerationMixin._denoising_step = original_step
+        gen.DiffusionGemmaGenerationMixin._prepare_denoiser_inputs = original_prepare
+    if state["close"]:
+        return None
+    seq = out.sequences if hasattr(out, "sequences") else out
+    return {
+        "prompt": prompt,
+        "steps": steps,
+        "entropy_bound": spec["entropy_bound"],
+        "t_min": 0.4, "t_max": 0.8, "stability_threshold": spec["stability_threshold"],
+        "confidence_threshold": spec["confidence_threshold"],
+        "canvases": canvases.tolist(),
+        "uniforms": [[f32(u) for u in row] for row in uniforms[:state["step"]]],
+        "renoise": renoise[:state["step"]].tolist(),
+        "records": records,
+        "generated": [int(t) for t in seq[0, len(prompt):]],
+    }
+
+
+def replays(model):
+    import numpy as np
+
+    rng = np.random.default_rng(SEED + 2)
+    out = {}
+    for name, spec in REPLAYS.items():
+        for _attempt in range(1000):
+            r = replay(model, rng, spec)
+            if r is not None:
+                out[name] = r
+                break
+        else:
+            raise RuntimeError(f"{name}: every replay had a decision within rounding")
+    return out
+
+
 def main():
     import numpy as np
     import tokenizers
@@ -341,6 +503,12 @@ def main():
         "cases": cases,
     }
     (GOLDEN / "dg_tiny.json").write_text(json.dumps(golden, indent=1) + "\n")
+    runs = replays(model)
+    (GOLDEN / "dg_tiny_replay.json").write_text(
+        json.dumps({"command": COMMAND, "versions": golden["versions"], "runs": runs}) + "\n")
+    for name, r in runs.items():
+        steps = [(rec["block"], sum(rec["accepted"]), rec["done"]) for rec in r["records"]]
+        print(f"replay {name}: (block, accepted, done) per step {steps}")
     print(f"wrote {gguf} ({gguf.stat().st_size} bytes) and {len(cases)} cases")
 
 

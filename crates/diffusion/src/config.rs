@@ -17,10 +17,11 @@ pub enum DiffusionConfigError {
     Invalid(String),
 }
 
-/// The entropy-bound sampler's settings as the file gives them (`diffusion.eb_*`, copied by
-/// the converter from the checkpoint's generation config), else transformers' defaults.
+/// The entropy-bound sampler's settings. A model's defaults are what its file gives
+/// (`diffusion.eb_*`, copied by the converter from the checkpoint's generation config), else
+/// transformers' defaults.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SamplerDefaults {
+pub struct EntropyBound {
     /// Denoising steps per block at most.
     pub max_steps: u32,
     /// Temperature of the last step; the first step's is `t_max`, linear in between.
@@ -35,7 +36,29 @@ pub struct SamplerDefaults {
     pub confidence_threshold: f32,
 }
 
-impl Default for SamplerDefaults {
+impl EntropyBound {
+    /// The temperature of step `k` (from 0) of a block: `t_max` at the first, falling
+    /// linearly to `t_min + (t_max - t_min) / max_steps` at the last.
+    pub fn temperature(&self, k: u32) -> f32 {
+        let remaining = self.max_steps.saturating_sub(k) as f32;
+        self.t_min + (self.t_max - self.t_min) * remaining / self.max_steps.max(1) as f32
+    }
+
+    /// Errors unless the settings make a sampler: at least one step, `0 < t_min <= t_max`,
+    /// a finite positive bound and a finite confidence threshold.
+    pub fn check(&self) -> Result<(), String> {
+        let temps_ok = self.t_min > 0.0 && self.t_max >= self.t_min && self.t_max.is_finite();
+        let bound_ok = self.entropy_bound.is_finite() && self.entropy_bound > 0.0;
+        if self.max_steps == 0 || !temps_ok || !bound_ok || !self.confidence_threshold.is_finite() {
+            return Err(format!(
+                "sampler settings {self:?}: at least one step, 0 < t_min <= t_max, a positive entropy bound"
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for EntropyBound {
     fn default() -> Self {
         Self {
             max_steps: 48,
@@ -57,7 +80,8 @@ pub struct DiffusionConfig {
     pub text: TextConfig,
     /// Tokens of a block, denoised together.
     pub canvas_length: usize,
-    pub sampler: SamplerDefaults,
+    /// The sampler's defaults for this model.
+    pub sampler: EntropyBound,
 }
 
 impl DiffusionConfig {
@@ -73,8 +97,8 @@ impl DiffusionConfig {
                 "diffusion.canvas_length {canvas_length} (1..={MAX_CANVAS})"
             )));
         }
-        let d = SamplerDefaults::default();
-        let sampler = SamplerDefaults {
+        let d = EntropyBound::default();
+        let sampler = EntropyBound {
             max_steps: m.opt_u32("diffusion.eb_max_steps")?.unwrap_or(d.max_steps),
             t_min: m.opt_f32("diffusion.eb_t_min")?.unwrap_or(d.t_min),
             t_max: m.opt_f32("diffusion.eb_t_max")?.unwrap_or(d.t_max),
@@ -88,12 +112,7 @@ impl DiffusionConfig {
                 .opt_f32("diffusion.eb_confidence_threshold")?
                 .unwrap_or(d.confidence_threshold),
         };
-        let temps_ok = sampler.t_min > 0.0 && sampler.t_max >= sampler.t_min;
-        if sampler.max_steps == 0 || !temps_ok || !sampler.entropy_bound.is_finite() {
-            return Err(DiffusionConfigError::Invalid(format!(
-                "sampler settings {sampler:?}: at least one step and 0 < t_min <= t_max"
-            )));
-        }
+        sampler.check().map_err(DiffusionConfigError::Invalid)?;
         if text.n_ple > 0 || text.layers.iter().enumerate().any(|(i, l)| !l.owns_kv(i)) {
             return Err(DiffusionConfigError::Invalid(
                 "per-layer embeddings or shared KV layers in a DiffusionGemma model".into(),

@@ -11,12 +11,18 @@
 //!   cache, and denoising steps over the canvas.
 
 pub mod config;
+pub mod generate;
 pub mod gpu;
 pub mod mask;
 pub mod reference;
+pub mod sampler;
+pub mod session;
 pub mod tensors;
 
-pub use config::{DiffusionConfig, DiffusionConfigError, SamplerDefaults};
-pub use gpu::{DiffusionError, DiffusionSession, GpuDiffusion, SelfConditioning};
+pub use config::{DiffusionConfig, DiffusionConfigError, EntropyBound};
+pub use generate::{DiffusionEvent, DiffusionRequest, Finish, Generated, generate};
+pub use gpu::{DiffusionError, GpuDiffusion};
 pub use reference::CpuDiffusion;
+pub use sampler::{ReplayRng, SamplerRng, SeededRng};
+pub use session::{DiffusionSession, SelfConditioning, StepOutcome};
 pub use tensors::SelfCond;

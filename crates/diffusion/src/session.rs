@@ -1,0 +1,496 @@
+//! A DiffusionGemma generation's state on the GPU: the prompt's KV cache (a text
+//! [`GpuSession`] running the causal encoder), and the denoising step over the canvas. A step
+//! is one pass: the self-conditioning block makes each canvas row's input, the layers run
+//! (the session's canvas step), then the entropy-bound sampler draws, accepts and renoises,
+//! leaving the next step's canvas on the GPU. The step's outcome (its argmax canvas, what it
+//! accepted, the stop) is the only readback.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use wgemma_kernels::ops::{
+    self, Affine, CanvasAcceptArgs, CanvasDraw, Elementwise, EmbedOut, MatmulArgs, MatvecOut,
+    NormOut, RmsNorm, RowOp,
+};
+use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Tensor, View};
+use wgemma_text::{CanvasBuffers, GpuSession, SessionOptions};
+
+use crate::config::EntropyBound;
+use crate::gpu::{DiffusionError, GpuDiffusion};
+use crate::sampler::SamplerRng;
+
+/// What feeds a denoising step's self-conditioning block.
+#[derive(Clone, Copy, Debug)]
+pub enum SelfConditioning<'a> {
+    /// Nothing: a block's first step.
+    None,
+    /// The previous step's logits (still in the canvas buffer) over its temperature.
+    Previous { temperature: f32 },
+    /// Given logits (`[canvas, vocab]`, already over a temperature): for tests and replays.
+    Given(&'a [f32]),
+}
+
+/// The self-conditioning block's activations for a canvas.
+struct ScScratch {
+    soft: View,
+    normed: View,
+    act: View,
+    sc: View,
+}
+
+/// u32s between the regions of [`Sampling::out`]: binding offsets stay 256-byte aligned.
+const REGION: u64 = 64;
+
+/// The sampler's buffers. What a step leaves for the CPU lies in one buffer, read at once:
+/// the status, the state (steps the same, then the argmax canvas), the accepted flags and the
+/// next canvas (which the next step's embedding reads in place).
+struct Sampling {
+    stats: View,
+    uniforms: View,
+    drawn: View,
+    renoise: View,
+    out: View,
+    status: View,
+    state: View,
+    accepted: View,
+    next: View,
+}
+
+impl Sampling {
+    fn new(model: &GpuDiffusion, rows: u64) -> Result<Self, GpuError> {
+        let ctx = &model.text.ctx;
+        let buf = |name: &str, words: u64| View::of(&ctx.storage(name, words * 4));
+        let region = |words: u64| words.div_ceil(REGION) * REGION;
+        let (status_at, state_at) = (0, region(4));
+        let accepted_at = state_at + region(1 + rows);
+        let next_at = accepted_at + region(rows);
+        let out = buf("sampler out", next_at + region(rows));
+        let at = |words: u64, len: u64| out.slice(words * 4, len * 4);
+        Ok(Self {
+            stats: buf("canvas stats", 4 * rows),
+            uniforms: buf("canvas uniforms", rows),
+            drawn: buf("canvas drawn", rows),
+            renoise: buf("canvas renoise", rows),
+            status: at(status_at, 4)?,
+            state: at(state_at, 1 + rows)?,
+            accepted: at(accepted_at, rows)?,
+            next: at(next_at, rows)?,
+            out,
+        })
+    }
+}
+
+/// One denoising step as the sampler saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepOutcome {
+    /// The step's temperature.
+    pub temperature: f32,
+    /// The argmax canvas: the block's text if this is its last step (the draft otherwise).
+    pub argmax: Vec<u32>,
+    /// The positions whose draw was accepted (the lowest entropies, within the bound).
+    pub accepted: Vec<bool>,
+    /// The next step's canvas: drawn where accepted, renoised elsewhere.
+    pub next: Vec<u32>,
+    /// Mean entropy of the positions' distributions at the step's temperature.
+    pub mean_entropy: f32,
+    /// Steps running whose argmax canvas equalled the one before.
+    pub same: u32,
+    /// The block is done: stable and confident.
+    pub done: bool,
+}
+
+/// A DiffusionGemma generation's state on the GPU.
+pub struct DiffusionSession {
+    model: Arc<GpuDiffusion>,
+    session: GpuSession,
+    canvas: CanvasBuffers,
+    scratch: ScScratch,
+    sampling: Sampling,
+    /// The dispatches before a canvas step: without self-conditioning, and with it per
+    /// temperature (their parameters differ), built on first use.
+    plain: Vec<Dispatch>,
+    conditioned: HashMap<u32, Vec<Dispatch>>,
+    /// The sampler's dispatches after a step, per temperature and rule.
+    samplers: HashMap<[u32; 4], Vec<Dispatch>>,
+}
+
+impl DiffusionSession {
+    /// A session of `context` positions (the prompt, the blocks and one canvas).
+    pub fn new(model: Arc<GpuDiffusion>, context: usize) -> Result<Self, DiffusionError> {
+        let rows = model.cfg.canvas_length;
+        if rows > ops::MAX_CANVAS_ROWS as usize {
+            return Err(DiffusionError::Input(format!(
+                "a canvas of {rows} tokens (at most {})",
+                ops::MAX_CANVAS_ROWS
+            )));
+        }
+        let opts = SessionOptions {
+            context,
+            max_batch: rows.max(512),
+        };
+        let mut session = GpuSession::new(model.text.clone(), opts)?;
+        let canvas = session.prepare_canvas(rows)?;
+        let ctx = &model.text.ctx;
+        let c = &model.cfg.text;
+        let ff = model.sc.down.cols;
+        let buf = |name: &str, floats: u64| View::of(&ctx.storage(name, floats * 4));
+        let (r, d) = (rows as u64, c.n_embd as u64);
+        let scratch = ScScratch {
+            soft: buf("sc soft", r * d),
+            normed: buf("sc normed", r * d),
+            act: buf("sc act", r * ff),
+            sc: buf("sc out", r * d),
+        };
+        let sampling = Sampling::new(&model, r)?;
+        let mut s = Self {
+            model,
+            session,
+            canvas,
+            scratch,
+            sampling,
+            plain: Vec::new(),
+            conditioned: HashMap::new(),
+            samplers: HashMap::new(),
+        };
+        s.plain = s.input_dispatches(None)?;
+        Ok(s)
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<GpuDiffusion> {
+        &self.model
+    }
+
+    /// Positions in the cache (the prompt and the blocks committed so far).
+    pub fn position(&self) -> usize {
+        self.session.position()
+    }
+
+    /// Positions the session holds.
+    pub fn capacity(&self) -> usize {
+        self.session.capacity()
+    }
+
+    /// Reads `tokens` into the cache with the causal encoder (the prompt, or a finished
+    /// block).
+    pub async fn encode(&mut self, tokens: &[u32]) -> Result<(), DiffusionError> {
+        let span = tracing::info_span!("encode", tokens = tokens.len());
+        let _e = span.enter();
+        self.session.feed(tokens).await?;
+        Ok(())
+    }
+
+    /// Forgets everything after the first `pos` positions.
+    pub fn rewind(&mut self, pos: usize) -> Result<(), DiffusionError> {
+        Ok(self.session.rewind(pos)?)
+    }
+
+    /// The dispatches that write the canvas rows' input from the canvas in the sampler's
+    /// `next`: the scaled embeddings, plus (at temperature `t`) the self-conditioning signal of
+    /// the logits in the canvas buffer, then the norm.
+    fn input_dispatches(&self, t: Option<f32>) -> Result<Vec<Dispatch>, GpuError> {
+        let (m, ctx) = (&self.model, &*self.model.text.ctx);
+        let c = &m.cfg.text;
+        let (rows, d) = (self.canvas.rows as u32, c.n_embd as u32);
+        let input = &self.canvas.input;
+        let mut out = ops::embed(
+            ctx,
+            m.text.token_embd(),
+            &self.sampling.next,
+            input,
+            rows,
+            c.embed_scale,
+            EmbedOut::Write,
+        )?;
+        if let Some(t) = t {
+            out.extend(self.self_conditioning(t)?);
+        }
+        out.push(ops::rms_norm(
+            ctx,
+            RmsNorm {
+                x: input,
+                out: NormOut::InPlace,
+                weight: None,
+                rows,
+                dim: d,
+                x_stride: d,
+                eps: c.eps,
+            },
+        )?);
+        Ok(out)
+    }
+
+    /// The self-conditioning signal of the logits in the canvas buffer at temperature `t`,
+    /// added to the canvas rows' input: `down(gelu(gate(n)) * up(n))`, `n` the pre-norm of
+    /// `softmax(z / t) E sqrt(d)`.
+    fn self_conditioning(&self, t: f32) -> Result<Vec<Dispatch>, GpuError> {
+        let (m, ctx, s) = (&self.model, &*self.model.text.ctx, &self.scratch);
+        let c = &m.cfg.text;
+        let (rows, d) = (self.canvas.rows as u32, c.n_embd as u32);
+        let logits = Tensor::new(&self.canvas.logits, &[rows, c.n_vocab as u32])?;
+        let mut out = vec![ops::rows(
+            ctx,
+            RowOp::Softmax { scale: 1.0 / t },
+            Affine::default(),
+            &logits,
+            &logits,
+        )?];
+        let product = |w: &GpuWeight, x: &View, y: &View, how: MatvecOut<'_>, y_stride| {
+            let args = MatmulArgs {
+                x,
+                y,
+                m: rows,
+                x_stride: w.cols as u32,
+                y_stride,
+                out: how,
+                y_offset: 0,
+                partials: None,
+            };
+            ops::matmul(ctx, w, &args)
+        };
+        let rows_out = MatvecOut::Rows { softcap: 0.0 };
+        out.extend(product(
+            &m.sc.embd_t,
+            &self.canvas.logits,
+            &s.soft,
+            rows_out,
+            d,
+        )?);
+        // RMSNorm of `x sqrt(d)` is that of x with eps / d: the soft embeddings' scale is free.
+        out.push(ops::rms_norm(
+            ctx,
+            RmsNorm {
+                x: &s.soft,
+                out: NormOut::To(&s.normed),
+                weight: Some(&m.sc.pre_norm),
+                rows,
+                dim: d,
+                x_stride: d,
+                eps: c.eps / d as f32,
+            },
+        )?);
+        let ff = m.sc.down.cols as u32;
+        out.extend(product(
+            &m.sc.gate_up,
+            &s.normed,
+            &s.act,
+            MatvecOut::Geglu,
+            ff,
+        )?);
+        out.extend(product(&m.sc.down, &s.act, &s.sc, rows_out, d)?);
+        let input = &self.canvas.input;
+        out.push(ops::elementwise(
+            ctx,
+            Elementwise::Add(&s.sc),
+            input,
+            rows * d,
+        )?);
+        Ok(out)
+    }
+
+    /// The sampler's dispatches after a step at temperature `t` under `rule`.
+    fn sampler_dispatches(&self, t: f32, rule: &EntropyBound) -> Result<Vec<Dispatch>, GpuError> {
+        let ctx = &*self.model.text.ctx;
+        let (rows, vocab) = (self.canvas.rows as u32, self.model.cfg.text.n_vocab as u32);
+        let s = &self.sampling;
+        let logits = Tensor::new(&self.canvas.logits, &[rows, vocab])?;
+        let stats = Tensor::new(&s.stats, &[4 * rows])?;
+        let draw = CanvasDraw {
+            logits: &self.canvas.logits,
+            rows,
+            n: vocab,
+            temperature: t,
+            stats: &s.stats,
+            uniforms: &s.uniforms,
+            out: &s.drawn,
+        };
+        let accept = CanvasAcceptArgs {
+            rows,
+            stats: &s.stats,
+            drawn: &s.drawn,
+            renoise: &s.renoise,
+            next: &s.next,
+            accepted: &s.accepted,
+            state: &s.state,
+            status: &s.status,
+            bound: rule.entropy_bound,
+            stability: rule.stability_threshold,
+            confidence: rule.confidence_threshold,
+        };
+        Ok(vec![
+            ops::row_stats(ctx, &logits, t, &stats)?,
+            ops::canvas_draw(ctx, &draw)?,
+            ops::canvas_accept(ctx, &accept)?,
+        ])
+    }
+
+    fn check_canvas(&self, canvas: &[u32]) -> Result<(), DiffusionError> {
+        let (rows, vocab) = (self.canvas.rows, self.model.cfg.text.n_vocab);
+        if canvas.len() != rows {
+            return Err(DiffusionError::Input(format!(
+                "a canvas of {} tokens (the model's is {rows})",
+                canvas.len()
+            )));
+        }
+        match canvas.iter().find(|&&t| t as usize >= vocab) {
+            Some(t) => Err(DiffusionError::Input(format!(
+                "canvas token {t} of {vocab}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts a block at `canvas`: the next step reads it, with no previous argmax canvas.
+    pub fn start_block(&mut self, canvas: &[u32]) -> Result<(), DiffusionError> {
+        self.check_canvas(canvas)?;
+        let ctx = &self.model.text.ctx;
+        let s = &self.sampling;
+        ctx.write(&s.next.buffer, s.next.offset, bytemuck::cast_slice(canvas));
+        let fresh: Vec<u32> = std::iter::once(0)
+            .chain(canvas.iter().map(|_| u32::MAX))
+            .collect();
+        ctx.write(
+            &s.state.buffer,
+            s.state.offset,
+            bytemuck::cast_slice(&fresh),
+        );
+        Ok(())
+    }
+
+    /// The dispatches before a step with `sc`, built on first use.
+    fn before(&mut self, sc: SelfConditioning<'_>) -> Result<Vec<Dispatch>, DiffusionError> {
+        let c = &self.model.cfg.text;
+        let rows = self.canvas.rows;
+        let t = match sc {
+            SelfConditioning::None => return Ok(self.plain.clone()),
+            SelfConditioning::Previous { temperature } => temperature,
+            SelfConditioning::Given(z) => {
+                if z.len() != rows * c.n_vocab {
+                    return Err(DiffusionError::Input(format!(
+                        "{} self-conditioning logits for {rows} rows of {}",
+                        z.len(),
+                        c.n_vocab
+                    )));
+                }
+                let l = &self.canvas.logits;
+                self.model
+                    .text
+                    .ctx
+                    .write(&l.buffer, l.offset, bytemuck::cast_slice(z));
+                1.0
+            }
+        };
+        if !(t.is_finite() && t > 0.0) {
+            return Err(DiffusionError::Input(format!(
+                "self-conditioning temperature {t}"
+            )));
+        }
+        if !self.conditioned.contains_key(&t.to_bits()) {
+            let d = self.input_dispatches(Some(t))?;
+            self.conditioned.insert(t.to_bits(), d);
+        }
+        Ok(self.conditioned[&t.to_bits()].clone())
+    }
+
+    /// One denoising step over `canvas` (no sampling): its logits stay in the canvas buffer
+    /// ([`DiffusionSession::logits`]).
+    pub async fn denoise(
+        &mut self,
+        canvas: &[u32],
+        sc: SelfConditioning<'_>,
+    ) -> Result<(), DiffusionError> {
+        let span = tracing::debug_span!("denoise", canvas = canvas.len());
+        let _e = span.enter();
+        self.start_block(canvas)?;
+        let before = self.before(sc)?;
+        self.session.canvas_step(&before, &[]).await?;
+        Ok(())
+    }
+
+    /// Step `k` (from 0) of the block started with [`DiffusionSession::start_block`]: the
+    /// layers over the current canvas (self-conditioned on step `k - 1`'s logits), then the
+    /// sampler under `rule`, drawing its uniforms and renoise tokens from `rng`.
+    pub async fn step(
+        &mut self,
+        k: u32,
+        rule: &EntropyBound,
+        rng: &mut dyn SamplerRng,
+    ) -> Result<StepOutcome, DiffusionError> {
+        let span = tracing::debug_span!("denoise_step", step = k);
+        let _e = span.enter();
+        let rows = self.canvas.rows;
+        let vocab = self.model.cfg.text.n_vocab as u32;
+        let mut uniforms = vec![0f32; rows];
+        let mut renoise = vec![0u32; rows];
+        rng.uniforms(&mut uniforms)?;
+        rng.renoise(&mut renoise, vocab)?;
+        if renoise.iter().any(|&t| t >= vocab) {
+            return Err(DiffusionError::Input(format!(
+                "a renoise token past {vocab}"
+            )));
+        }
+        let ctx = self.model.text.ctx.clone();
+        let s = &self.sampling;
+        ctx.write(
+            &s.uniforms.buffer,
+            s.uniforms.offset,
+            bytemuck::cast_slice(&uniforms),
+        );
+        ctx.write(
+            &s.renoise.buffer,
+            s.renoise.offset,
+            bytemuck::cast_slice(&renoise),
+        );
+        let t = rule.temperature(k);
+        let sc = match k {
+            0 => SelfConditioning::None,
+            _ => SelfConditioning::Previous {
+                temperature: rule.temperature(k - 1),
+            },
+        };
+        let before = self.before(sc)?;
+        let key = [
+            t.to_bits(),
+            rule.entropy_bound.to_bits(),
+            rule.stability_threshold,
+            rule.confidence_threshold.to_bits(),
+        ];
+        if !self.samplers.contains_key(&key) {
+            let d = self.sampler_dispatches(t, rule)?;
+            self.samplers.insert(key, d);
+        }
+        let after = self.samplers[&key].clone();
+        self.session.canvas_step(&before, &after).await?;
+        self.outcome(t).await
+    }
+
+    /// Reads back what the last step left.
+    async fn outcome(&self, temperature: f32) -> Result<StepOutcome, DiffusionError> {
+        let rows = self.canvas.rows;
+        let raw = self.model.text.ctx.read_f32(&self.sampling.out).await?;
+        let words: Vec<u32> = raw.iter().map(|v| v.to_bits()).collect();
+        let region = |view: &View, len: usize| {
+            let at = ((view.offset - self.sampling.out.offset) / 4) as usize;
+            words[at..at + len].to_vec()
+        };
+        let status = region(&self.sampling.status, 4);
+        let state = region(&self.sampling.state, 1 + rows);
+        Ok(StepOutcome {
+            temperature,
+            argmax: state[1..].to_vec(),
+            accepted: region(&self.sampling.accepted, rows)
+                .iter()
+                .map(|&a| a == 1)
+                .collect(),
+            next: region(&self.sampling.next, rows),
+            mean_entropy: f32::from_bits(status[1]),
+            same: status[2],
+            done: status[3] == 1,
+        })
+    }
+
+    /// The last step's logits, `[canvas, vocab]` row-major.
+    pub async fn logits(&self) -> Result<Vec<f32>, DiffusionError> {
+        Ok(self.model.text.ctx.read_f32(&self.canvas.logits).await?)
+    }
+}
