@@ -1,7 +1,8 @@
 //! The block loop: the prompt into the cache, then blocks of `canvas_length` tokens, each
 //! denoised step by step until the sampler's stop rule or its last step; a block's text is its
 //! last argmax canvas, cut at the first end-of-generation token, and (unless generation ends
-//! there) read into the cache by the encoder before the next block.
+//! there) read into the cache by the encoder before the next block. [`BlockLoop`] runs it a
+//! step at a time (for a stream); [`generate`] runs it whole with a callback.
 
 use std::ops::ControlFlow;
 
@@ -21,20 +22,25 @@ pub struct DiffusionRequest {
 }
 
 /// What the loop reports as it goes.
-#[derive(Debug)]
-pub enum DiffusionEvent<'a> {
+#[derive(Clone, Debug, PartialEq)]
+pub enum DiffusionEvent {
+    /// The prompt is in the cache.
+    Encoded { tokens: usize },
     /// A denoising step of block `block` (from 0): `outcome.argmax` is the current draft.
     Step {
         block: usize,
         step: u32,
-        outcome: &'a StepOutcome,
+        outcome: StepOutcome,
     },
-    /// A finished block's tokens, as kept (cut at a stop token and at the token limit).
+    /// A finished block's tokens, as kept (cut at a stop token and at the token limit), after
+    /// `steps` denoising steps.
     Block {
         block: usize,
-        tokens: &'a [u32],
+        tokens: Vec<u32>,
         steps: u32,
     },
+    /// The end.
+    Done(Generated),
 }
 
 /// Why generation ended.
@@ -58,86 +64,177 @@ pub struct Generated {
     pub finish: Finish,
 }
 
-/// Runs the block loop after `prompt` (read into `session`'s cache first), drawing the
-/// sampler's randomness from `rng` and telling `on_event` of every step and block (it may
-/// stop the loop: [`Finish::Cancelled`]).
+/// Where the loop stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Prompt,
+    /// The next step of the current block.
+    Denoise {
+        step: u32,
+    },
+    /// The current block is done: its text is next.
+    Commit,
+    Finished,
+}
+
+/// The block loop, one event per call of [`BlockLoop::next`].
+pub struct BlockLoop {
+    req: DiffusionRequest,
+    prompt: Vec<u32>,
+    phase: Phase,
+    block: usize,
+    block_steps: u32,
+    last: Option<StepOutcome>,
+    out: Generated,
+}
+
+impl BlockLoop {
+    /// A loop for `prompt` in `session`, checked against its room.
+    pub fn new(
+        session: &DiffusionSession,
+        prompt: Vec<u32>,
+        req: DiffusionRequest,
+    ) -> Result<Self, DiffusionError> {
+        req.sampler.check().map_err(DiffusionError::Input)?;
+        let rows = session.canvas_rows();
+        let need = session.position() + prompt.len() + req.max_new_tokens.div_ceil(rows) * rows;
+        if prompt.is_empty() || need > session.capacity() {
+            return Err(DiffusionError::ContextOverflow {
+                need,
+                capacity: session.capacity(),
+            });
+        }
+        Ok(Self {
+            req,
+            prompt,
+            phase: Phase::Prompt,
+            block: 0,
+            block_steps: 0,
+            last: None,
+            out: Generated {
+                tokens: Vec::new(),
+                blocks: 0,
+                steps: 0,
+                finish: Finish::Length,
+            },
+        })
+    }
+
+    /// Stops the loop: the next event is the end, with what the finished blocks kept.
+    pub fn cancel(&mut self) {
+        if self.phase != Phase::Finished {
+            self.out.finish = Finish::Cancelled;
+            self.phase = Phase::Commit;
+            self.last = None;
+        }
+    }
+
+    /// The next event, or `None` after [`DiffusionEvent::Done`].
+    pub async fn next(
+        &mut self,
+        session: &mut DiffusionSession,
+        rng: &mut dyn SamplerRng,
+    ) -> Result<Option<DiffusionEvent>, DiffusionError> {
+        match self.phase {
+            Phase::Finished => Ok(None),
+            Phase::Prompt => {
+                session.encode(&self.prompt).await?;
+                self.start_block(session, rng)?;
+                Ok(Some(DiffusionEvent::Encoded {
+                    tokens: self.prompt.len(),
+                }))
+            }
+            Phase::Denoise { step } => {
+                let outcome = session.step(step, &self.req.sampler, rng).await?;
+                self.out.steps += 1;
+                self.block_steps += 1;
+                let last_step = step + 1 >= self.req.sampler.max_steps;
+                self.phase = if outcome.done || last_step {
+                    Phase::Commit
+                } else {
+                    Phase::Denoise { step: step + 1 }
+                };
+                self.last = Some(outcome.clone());
+                Ok(Some(DiffusionEvent::Step {
+                    block: self.block,
+                    step,
+                    outcome,
+                }))
+            }
+            Phase::Commit => self.commit(session, rng).await.map(Some),
+        }
+    }
+
+    fn start_block(
+        &mut self,
+        session: &mut DiffusionSession,
+        rng: &mut dyn SamplerRng,
+    ) -> Result<(), DiffusionError> {
+        let mut canvas = vec![0u32; session.canvas_rows()];
+        let vocab = session.model().cfg.text.n_vocab as u32;
+        rng.canvas(&mut canvas, vocab)?;
+        session.start_block(&canvas)?;
+        self.phase = Phase::Denoise { step: 0 };
+        self.block_steps = 0;
+        Ok(())
+    }
+
+    /// The finished block's text: kept, and read into the cache when another block follows;
+    /// or the end.
+    async fn commit(
+        &mut self,
+        session: &mut DiffusionSession,
+        rng: &mut dyn SamplerRng,
+    ) -> Result<DiffusionEvent, DiffusionError> {
+        let Some(last) = self.last.take() else {
+            self.phase = Phase::Finished;
+            return Ok(DiffusionEvent::Done(self.out.clone()));
+        };
+        let text = last.argmax;
+        let room = self.req.max_new_tokens - self.out.tokens.len();
+        let stop = text.iter().position(|t| self.req.stop_tokens.contains(t));
+        let cut = stop.unwrap_or(text.len()).min(room);
+        let kept = text[..cut].to_vec();
+        self.out.tokens.extend_from_slice(&kept);
+        self.out.blocks += 1;
+        let event = DiffusionEvent::Block {
+            block: self.block,
+            tokens: kept,
+            steps: self.block_steps,
+        };
+        if stop.is_some_and(|s| s <= room) {
+            self.out.finish = Finish::Stop;
+        } else if self.out.tokens.len() < self.req.max_new_tokens {
+            session.encode(&text).await?;
+            self.block += 1;
+            self.start_block(session, rng)?;
+            return Ok(event);
+        }
+        // Commit again with nothing left: the end.
+        self.phase = Phase::Commit;
+        Ok(event)
+    }
+}
+
+/// Runs the whole loop after `prompt`, drawing the sampler's randomness from `rng` and telling
+/// `on_event` of every event (it may stop the loop: [`Finish::Cancelled`]).
 pub async fn generate(
     session: &mut DiffusionSession,
     prompt: &[u32],
     req: &DiffusionRequest,
     rng: &mut dyn SamplerRng,
-    on_event: &mut dyn FnMut(DiffusionEvent<'_>) -> ControlFlow<()>,
+    on_event: &mut dyn FnMut(&DiffusionEvent) -> ControlFlow<()>,
 ) -> Result<Generated, DiffusionError> {
-    req.sampler.check().map_err(DiffusionError::Input)?;
-    let rows = session.model().cfg.canvas_length;
-    let vocab = session.model().cfg.text.n_vocab as u32;
-    let need = prompt.len() + req.max_new_tokens.div_ceil(rows) * rows;
-    if need > session.capacity() || prompt.is_empty() {
-        return Err(DiffusionError::Input(format!(
-            "a prompt of {} tokens and {} new ones in blocks of {rows} need {need} positions; \
-             the session holds {}",
-            prompt.len(),
-            req.max_new_tokens,
-            session.capacity()
-        )));
-    }
-    session.encode(prompt).await?;
-    let mut out = Generated {
-        tokens: Vec::new(),
-        blocks: 0,
-        steps: 0,
-        finish: Finish::Length,
-    };
-    let mut canvas = vec![0u32; rows];
-    while out.tokens.len() < req.max_new_tokens {
-        let block = out.blocks;
-        rng.canvas(&mut canvas, vocab)?;
-        session.start_block(&canvas)?;
-        let mut last = None;
-        for step in 0..req.sampler.max_steps {
-            let outcome = session.step(step, &req.sampler, rng).await?;
-            out.steps += 1;
-            let event = DiffusionEvent::Step {
-                block,
-                step,
-                outcome: &outcome,
-            };
-            if on_event(event).is_break() {
-                out.finish = Finish::Cancelled;
-                return Ok(out);
-            }
-            let done = outcome.done;
-            last = Some(outcome);
-            if done {
-                break;
-            }
+    let mut run = BlockLoop::new(session, prompt.to_vec(), req.clone())?;
+    while let Some(event) = run.next(session, rng).await? {
+        if let DiffusionEvent::Done(out) = event {
+            return Ok(out);
         }
-        let text = last.map(|o| o.argmax).unwrap_or_default();
-        let cut = text
-            .iter()
-            .position(|t| req.stop_tokens.contains(t))
-            .unwrap_or(text.len())
-            .min(req.max_new_tokens - out.tokens.len());
-        let stopped = cut < text.len() && req.stop_tokens.contains(&text[cut]);
-        out.blocks += 1;
-        let event = DiffusionEvent::Block {
-            block,
-            tokens: &text[..cut],
-            steps: out.steps,
-        };
-        let cancelled = on_event(event).is_break();
-        out.tokens.extend_from_slice(&text[..cut]);
-        if stopped || cancelled {
-            out.finish = if stopped {
-                Finish::Stop
-            } else {
-                Finish::Cancelled
-            };
-            break;
-        }
-        if out.tokens.len() < req.max_new_tokens {
-            session.encode(&text).await?;
+        if on_event(&event).is_break() {
+            run.cancel();
         }
     }
-    Ok(out)
+    Err(DiffusionError::Input(
+        "the loop ended without its result".into(),
+    ))
 }

@@ -29,6 +29,10 @@ pub enum DiffusionError {
     Input(String),
     #[error("the sampler's random streams ran out")]
     StreamsExhausted,
+    #[error(
+        "the context is full: {need} positions needed (the prompt and whole blocks), the session holds {capacity}"
+    )]
+    ContextOverflow { need: usize, capacity: usize },
 }
 
 /// The self-conditioning block's weights on the GPU.

@@ -20,7 +20,7 @@ pub mod session;
 pub mod tensors;
 
 pub use config::{DiffusionConfig, DiffusionConfigError, EntropyBound};
-pub use generate::{DiffusionEvent, DiffusionRequest, Finish, Generated, generate};
+pub use generate::{BlockLoop, DiffusionEvent, DiffusionRequest, Finish, Generated, generate};
 pub use gpu::{DiffusionError, GpuDiffusion};
 pub use reference::CpuDiffusion;
 pub use sampler::{ReplayRng, SamplerRng, SeededRng};

@@ -166,6 +166,11 @@ impl DiffusionSession {
         self.session.position()
     }
 
+    /// Tokens in a block.
+    pub fn canvas_rows(&self) -> usize {
+        self.canvas.rows
+    }
+
     /// Positions the session holds.
     pub fn capacity(&self) -> usize {
         self.session.capacity()

@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use wgemma_diffusion::{CpuDiffusion, DiffusionConfig};
-use wgemma_gguf::{BytesSource, Gguf};
+use wgemma_diffusion::{CpuDiffusion, DiffusionConfig, DiffusionConfigError};
+use wgemma_gguf::{BytesSource, Gguf, TensorSpec, Value, write_gguf};
 
 const GGUF: &[u8] = include_bytes!("fixtures/dg_tiny.gguf");
 const GOLDEN: &str = include_str!("golden/dg_tiny.json");
@@ -122,4 +122,61 @@ fn bad_inputs_are_errors() {
             .canvas_logits(&[2], &[5; 16], Some(&[0.0; 7]))
             .is_err()
     );
+}
+
+/// The fixture rewritten with its metadata changed by `edit` and the tensors `keep` keeps.
+fn rewritten_with(
+    edit: impl FnOnce(&mut Vec<(String, Value)>),
+    keep: impl Fn(&str) -> bool,
+) -> Vec<u8> {
+    let g = Gguf::parse(GGUF).unwrap();
+    let mut meta = g.metadata.entries().to_vec();
+    edit(&mut meta);
+    let tensors: Vec<(TensorSpec, Vec<u8>)> = g
+        .tensors()
+        .iter()
+        .filter(|t| keep(&t.name))
+        .map(|t| {
+            let r = g.tensor_range(t);
+            let spec = TensorSpec::new(t.name.clone(), t.dtype, &t.dims);
+            (spec, GGUF[r.start as usize..r.end as usize].to_vec())
+        })
+        .collect();
+    write_gguf(&meta, &tensors, 32).unwrap()
+}
+
+fn rewritten(edit: impl FnOnce(&mut Vec<(String, Value)>)) -> Gguf {
+    Gguf::parse(&rewritten_with(edit, |_| true)).unwrap()
+}
+
+#[test]
+fn bad_diffusion_files_are_typed_errors() {
+    let set = |key: &'static str, v: Value| {
+        move |m: &mut Vec<(String, Value)>| {
+            m.iter_mut().find(|(k, _)| k == key).unwrap().1 = v;
+        }
+    };
+    let no_canvas = rewritten(|m| m.retain(|(k, _)| k != "diffusion.canvas_length"));
+    let e = DiffusionConfig::from_gguf(&no_canvas).unwrap_err();
+    assert!(matches!(e, DiffusionConfigError::Metadata(_)), "{e}");
+    assert!(e.to_string().contains("diffusion.canvas_length"), "{e}");
+    let zero = rewritten(set("diffusion.canvas_length", Value::U32(0)));
+    assert!(matches!(
+        DiffusionConfig::from_gguf(&zero),
+        Err(DiffusionConfigError::Invalid(_))
+    ));
+    let steps = rewritten(set("diffusion.eb_max_steps", Value::U32(0)));
+    assert!(DiffusionConfig::from_gguf(&steps).is_err());
+    // A Gemma 4 text model is not a diffusion model.
+    let text_model = include_bytes!("../../gemma4-text/tests/fixtures/gemma4_tiny_moe.gguf");
+    let e = DiffusionConfig::from_gguf(&Gguf::parse(text_model).unwrap()).unwrap_err();
+    assert!(
+        matches!(e, DiffusionConfigError::NotDiffusion("gemma4")),
+        "{e}"
+    );
+    // Without the self-conditioning block the model cannot load.
+    let cfg = DiffusionConfig::from_gguf(&Gguf::parse(GGUF).unwrap()).unwrap();
+    let bytes = rewritten_with(|_| {}, |name| !name.starts_with("self_cond_gate"));
+    let cut = Gguf::parse(&bytes).unwrap();
+    assert!(CpuDiffusion::load(&cut, &cfg, Arc::new(BytesSource::new(bytes.clone()))).is_err());
 }

@@ -48,33 +48,39 @@ fn f32s(v: &Value) -> Vec<f32> {
         .collect()
 }
 
+/// A recorded run's streams and request (no stop tokens: transformers ran without any).
+fn replay_of(run: &Value) -> (ReplayRng, DiffusionRequest) {
+    let rng = ReplayRng {
+        canvases: rows(&run["canvases"], u32s),
+        uniforms: rows(&run["uniforms"], f32s),
+        renoise: rows(&run["renoise"], u32s),
+    };
+    let num = |k: &str| run[k].as_f64().unwrap() as f32;
+    let req = DiffusionRequest {
+        max_new_tokens: run["generated"].as_array().unwrap().len(),
+        sampler: EntropyBound {
+            max_steps: run["steps"].as_u64().unwrap() as u32,
+            t_min: num("t_min"),
+            t_max: num("t_max"),
+            entropy_bound: num("entropy_bound"),
+            stability_threshold: run["stability_threshold"].as_u64().unwrap() as u32,
+            confidence_threshold: num("confidence_threshold"),
+        },
+        stop_tokens: Vec::new(),
+    };
+    (rng, req)
+}
+
 #[test]
 fn replayed_runs_match_transformers_step_by_step() {
     let Some(model) = model() else { return };
     let golden: Value = serde_json::from_str(REPLAY).unwrap();
     for (name, run) in golden["runs"].as_object().unwrap() {
-        let mut rng = ReplayRng {
-            canvases: rows(&run["canvases"], u32s),
-            uniforms: rows(&run["uniforms"], f32s),
-            renoise: rows(&run["renoise"], u32s),
-        };
-        let num = |k: &str| run[k].as_f64().unwrap() as f32;
-        let req = DiffusionRequest {
-            max_new_tokens: run["generated"].as_array().unwrap().len(),
-            sampler: EntropyBound {
-                max_steps: run["steps"].as_u64().unwrap() as u32,
-                t_min: num("t_min"),
-                t_max: num("t_max"),
-                entropy_bound: num("entropy_bound"),
-                stability_threshold: run["stability_threshold"].as_u64().unwrap() as u32,
-                confidence_threshold: num("confidence_threshold"),
-            },
-            stop_tokens: Vec::new(),
-        };
+        let (mut rng, req) = replay_of(run);
         let mut steps: Vec<(usize, StepOutcome)> = Vec::new();
-        let mut on_event = |e: DiffusionEvent<'_>| {
+        let mut on_event = |e: &DiffusionEvent| {
             if let DiffusionEvent::Step { block, outcome, .. } = e {
-                steps.push((block, outcome.clone()));
+                steps.push((*block, outcome.clone()));
             }
             ControlFlow::Continue(())
         };
@@ -110,4 +116,69 @@ fn replayed_runs_match_transformers_step_by_step() {
             "{name}: streams left"
         );
     }
+}
+
+/// A stop token in the first block ends the generation there: the block is cut before it (as
+/// transformers pads everything from it on) and no second block runs.
+#[test]
+fn a_stop_token_ends_the_block_loop() {
+    let Some(model) = model() else { return };
+    let golden: Value = serde_json::from_str(REPLAY).unwrap();
+    let run = &golden["runs"]["two_blocks"];
+    let (mut rng, mut req) = replay_of(run);
+    let generated = u32s(&run["generated"]);
+    let first_block_steps = run["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["block"] == 0)
+        .count() as u32;
+    let stop = generated[5];
+    let at = generated.iter().position(|&t| t == stop).unwrap();
+    req.stop_tokens = vec![stop];
+    let mut blocks = Vec::new();
+    let mut on_event = |e: &DiffusionEvent| {
+        if let DiffusionEvent::Block { tokens, .. } = e {
+            blocks.push(tokens.clone());
+        }
+        ControlFlow::Continue(())
+    };
+    let mut s = DiffusionSession::new(model, 128).unwrap();
+    let prompt = u32s(&run["prompt"]);
+    let out = pollster::block_on(generate(&mut s, &prompt, &req, &mut rng, &mut on_event)).unwrap();
+    assert_eq!(out.tokens, generated[..at]);
+    assert_eq!(
+        (out.finish, out.blocks, out.steps),
+        (Finish::Stop, 1, first_block_steps)
+    );
+    assert_eq!(blocks, [generated[..at].to_vec()]);
+    assert_eq!(
+        s.position(),
+        prompt.len(),
+        "the finished block is not read into the cache"
+    );
+}
+
+/// A request whose blocks do not fit the session is refused before anything runs.
+#[test]
+fn a_request_past_the_context_is_refused() {
+    let Some(model) = model() else { return };
+    let golden: Value = serde_json::from_str(REPLAY).unwrap();
+    let (mut rng, mut req) = replay_of(&golden["runs"]["one_block"]);
+    let mut s = DiffusionSession::new(model, 40).unwrap();
+    req.max_new_tokens = 40;
+    let r = pollster::block_on(generate(&mut s, &[2, 3, 4], &req, &mut rng, &mut |_| {
+        ControlFlow::Continue(())
+    }));
+    assert!(
+        matches!(
+            r,
+            Err(wgemma_diffusion::DiffusionError::ContextOverflow {
+                need: 51,
+                capacity: 40
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(s.position(), 0);
 }
