@@ -103,6 +103,7 @@ fn generate_with(
                 ids.push(id);
                 text.push_str(&t);
             }
+            Event::Draft { .. } => {}
             Event::Done { timings: t, .. } => timings = t,
         }
     }

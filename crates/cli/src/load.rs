@@ -35,14 +35,26 @@ pub struct Loaded {
     pub label: String,
 }
 
-/// Loads the model, showing upload progress on stderr unless `quiet`.
-pub fn load(arg: &ModelArg, quiet: bool) -> Result<Loaded, CliError> {
-    let source = match arg.model.as_deref() {
+/// The model files `--model` names: a path, an Ollama name, or the default model (fetched
+/// first if needed).
+pub fn resolve(arg: &ModelArg) -> Result<ModelSource, CliError> {
+    Ok(match arg.model.as_deref() {
         None => default_source()?,
         Some(name) if name == DEFAULT_MODEL.name => default_source()?,
         Some(spec) => ModelSource::resolve(spec)?,
-    };
+    })
+}
+
+/// Whether the model file is a DiffusionGemma model (`diffusion-gemma`).
+pub fn is_diffusion(source: &ModelSource) -> Result<bool, CliError> {
     let path = &source.model;
+    let header =
+        wgemma::gguf::read_file_header(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(wgemma::is_diffusion(&header))
+}
+
+/// A progress bar for uploading weights (hidden when `quiet`), and load options that feed it.
+pub fn progress(arg: &ModelArg, quiet: bool) -> (ProgressBar, LoadOptions) {
     let bar = if quiet {
         ProgressBar::hidden()
     } else {
@@ -66,6 +78,18 @@ pub fn load(arg: &ModelArg, quiet: bool) -> Result<Loaded, CliError> {
         mmproj: arg.mmproj.clone(),
         ..LoadOptions::default()
     };
+    (bar, opts)
+}
+
+/// Loads the model, showing upload progress on stderr unless `quiet`.
+pub fn load(arg: &ModelArg, quiet: bool) -> Result<Loaded, CliError> {
+    load_source(arg, resolve(arg)?, quiet)
+}
+
+/// [`load`] of a resolved source.
+pub fn load_source(arg: &ModelArg, source: ModelSource, quiet: bool) -> Result<Loaded, CliError> {
+    let path = &source.model;
+    let (bar, opts) = progress(arg, quiet);
     let model = pollster::block_on(Model::load_file(path, opts))
         .map_err(|e| format!("{}: {e}", path.display()))?;
     bar.finish_and_clear();

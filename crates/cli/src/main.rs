@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod chat;
+mod diffuse;
 mod encode;
 mod info;
 mod load;

@@ -10,7 +10,8 @@ use wgemma::{
 };
 
 use super::CliError;
-use super::load::{AdapterArgs, Media, MediaArgs, ModelArg, load};
+use super::diffuse::{self, DiffusionArgs};
+use super::load::{AdapterArgs, Media, MediaArgs, ModelArg, is_diffusion, load_source, resolve};
 
 /// Sampling and length settings shared by `run` and `chat`. A sampling setting left out
 /// comes from the model (its file's recommended settings, or an Ollama model's parameters),
@@ -137,6 +138,8 @@ pub struct Args {
     gen_args: GenArgs,
     #[command(flatten)]
     media: MediaArgs,
+    #[command(flatten)]
+    diffusion: DiffusionArgs,
     /// Continue the prompt as plain text (no chat format) and print only the generated text.
     /// The default for a model without a chat template (a pretrained one).
     #[arg(long, conflicts_with_all = ["chat", "system"])]
@@ -153,7 +156,27 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<(), CliError> {
     args.gen_args.check()?;
-    let loaded = load(&args.model, args.raw)?;
+    let source = resolve(&args.model)?;
+    if is_diffusion(&source)? {
+        if !args.adapters.lora.is_empty()
+            || !args.media.images.is_empty()
+            || !args.media.audio.is_empty()
+        {
+            return Err(
+                "--lora, --image and --audio are not supported with a DiffusionGemma model".into(),
+            );
+        }
+        let request = diffuse::Request {
+            model: &args.model,
+            gen_args: &args.gen_args,
+            diffusion: &args.diffusion,
+            prompt: args.prompt,
+            system: args.system,
+            raw: args.raw,
+        };
+        return diffuse::run(source, request);
+    }
+    let loaded = load_source(&args.model, source, args.raw)?;
     let model = &loaded.model;
     let sampling = args.gen_args.sampling(&loaded.sampling)?;
     let mut session = model.session(args.gen_args.session(model)?)?;
@@ -219,6 +242,7 @@ pub fn stream_reply(
                 out.flush()?;
                 reply.push_str(&text);
             }
+            Event::Draft { .. } => {}
             Event::Done { reason, timings } => end = (timings, reason),
         }
     }

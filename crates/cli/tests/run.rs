@@ -234,3 +234,46 @@ fn ctrl_c_stops_the_reply_and_keeps_the_chat() {
     };
     assert_eq!(status.code(), Some(130));
 }
+
+/// The tiny random DiffusionGemma of the diffusion crate's tests.
+fn diffusion_model() -> String {
+    format!(
+        "{}/../diffusion/tests/fixtures/dg_tiny.gguf",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// `wgemma run` on a DiffusionGemma file: detected by its architecture, the reply in blocks
+/// (the tiny model's canvas is 16), the same with the same seed, the block statistics, and
+/// what text diffusion does not take refused by name.
+#[test]
+fn a_diffusion_model_replies_in_blocks() {
+    let model = diffusion_model();
+    let run = |seed: &str| {
+        wgemma(&[
+            "run",
+            "-m",
+            &model,
+            "--seed",
+            seed,
+            "--steps",
+            "4",
+            "--max-tokens",
+            "20",
+            "hello",
+        ])
+    };
+    let (a, b, c) = (run("5"), run("5"), run("6"));
+    assert!(a.status.success(), "{}", stderr(&a));
+    assert_eq!(a.stdout, b.stdout, "a seed gives the same reply");
+    assert_ne!(a.stdout, c.stdout, "another seed another reply");
+    let stats = stderr(&a);
+    assert!(stats.contains("2 block(s)"), "{stats}");
+    assert!(stats.contains("tok/s in-step"), "{stats}");
+    let out = wgemma(&["run", "-m", &model, "--entropy-bound", "-1", "hello"]);
+    assert!(stderr(&out).contains("--entropy-bound"), "{}", stderr(&out));
+    let out = wgemma(&["run", "-m", &model, "--canvas", "2000", "hello"]);
+    assert!(!out.status.success());
+    let out = wgemma(&["run", "-m", &model, "--image", "x.png", "hello"]);
+    assert!(stderr(&out).contains("not supported with a DiffusionGemma model"));
+}

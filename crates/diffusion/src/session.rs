@@ -115,12 +115,23 @@ pub struct DiffusionSession {
 }
 
 impl DiffusionSession {
-    /// A session of `context` positions (the prompt, the blocks and one canvas).
+    /// A session of `context` positions (the prompt, the blocks and one canvas), with the
+    /// model's canvas.
     pub fn new(model: Arc<GpuDiffusion>, context: usize) -> Result<Self, DiffusionError> {
         let rows = model.cfg.canvas_length;
-        if rows > ops::MAX_CANVAS_ROWS as usize {
+        Self::with_canvas(model, context, rows)
+    }
+
+    /// [`DiffusionSession::new`] with blocks of `rows` tokens (the model was trained on its
+    /// own canvas length; others work, less well).
+    pub fn with_canvas(
+        model: Arc<GpuDiffusion>,
+        context: usize,
+        rows: usize,
+    ) -> Result<Self, DiffusionError> {
+        if rows == 0 || rows > ops::MAX_CANVAS_ROWS as usize || rows > context {
             return Err(DiffusionError::Input(format!(
-                "a canvas of {rows} tokens (at most {})",
+                "a canvas of {rows} tokens (1 to {}, within the context of {context})",
                 ops::MAX_CANVAS_ROWS
             )));
         }

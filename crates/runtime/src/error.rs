@@ -51,8 +51,14 @@ pub enum Error {
     NoAudio,
     #[error("the projector file holds neither a vision nor an audio tower")]
     NoTower,
-    #[error("this is a DiffusionGemma model (text diffusion): the session API does not run it yet")]
+    #[error(
+        "this is a DiffusionGemma model (text diffusion): load it with DiffusionModel (`wgemma run` does)"
+    )]
     DiffusionModel,
+    #[error("text diffusion: {0}")]
+    Diffusion(#[from] wgemma_diffusion::DiffusionError),
+    #[error("text diffusion model: {0}")]
+    DiffusionConfig(#[from] wgemma_diffusion::DiffusionConfigError),
 }
 
 impl From<wgemma_vision::VisionConfigError> for Error {
@@ -77,7 +83,13 @@ impl Error {
                 "source"
             }
             Error::Gguf(_) => "bad_gguf",
-            Error::Config(_) | Error::DiffusionModel => "unsupported_model",
+            Error::Config(_) | Error::DiffusionModel | Error::DiffusionConfig(_) => {
+                "unsupported_model"
+            }
+            Error::Diffusion(wgemma_diffusion::DiffusionError::ContextOverflow { .. }) => {
+                "context_overflow"
+            }
+            Error::Diffusion(_) => "forward",
             Error::Load(_) => "load",
             Error::Tokenizer(_) => "tokenizer",
             Error::Chat(_) => "chat",

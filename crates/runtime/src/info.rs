@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use wgemma_audio::{AudioConfig, AudioLayout};
+use wgemma_diffusion::DiffusionConfig;
 use wgemma_gguf::{GgmlType, Gguf, Value};
 use wgemma_vision::{ClampStore, VisionConfig, VisionLayout};
 
@@ -27,6 +28,9 @@ pub struct ModelInfo {
     pub vision: Option<Result<VisionConfig, String>>,
     /// The audio tower the file holds, likewise.
     pub audio: Option<Result<AudioConfig, String>>,
+    /// DiffusionGemma's canvas and sampler settings (a `diffusion-gemma` file), or why they
+    /// cannot be used; `None` for other architectures.
+    pub diffusion: Option<Result<DiffusionConfig, String>>,
     /// Whether the file carries a chat template (instruction-tuned models do).
     pub chat_template: bool,
     /// The sampling settings the file recommends (`general.sampling.*`).
@@ -74,6 +78,8 @@ impl ModelInfo {
             audio: AudioConfig::from_gguf(g)
                 .map_err(|e| e.to_string())
                 .transpose(),
+            diffusion: (g.architecture() == Some("diffusion-gemma"))
+                .then(|| DiffusionConfig::from_gguf(g).map_err(|e| e.to_string())),
             chat_template: crate::recommend::has_chat_template(&g.metadata),
             sampling: SamplingHints::from_metadata(&g.metadata),
             header: g.clone(),
@@ -107,6 +113,26 @@ impl ModelInfo {
                     } else {
                         ""
                     },
+                )
+            }
+            Err(e) => format!("unusable: {e}"),
+        })
+    }
+
+    /// DiffusionGemma's canvas and sampler as one line, or why they cannot be used.
+    pub fn diffusion_line(&self) -> Option<String> {
+        Some(match self.diffusion.as_ref()? {
+            Ok(d) => {
+                let s = &d.sampler;
+                format!(
+                    "canvas {}, up to {} steps a block, temperature {} to {}, entropy bound {}, stable for {} step(s) and mean entropy under {}",
+                    d.canvas_length,
+                    s.max_steps,
+                    s.t_max,
+                    s.t_min,
+                    s.entropy_bound,
+                    s.stability_threshold,
+                    s.confidence_threshold
                 )
             }
             Err(e) => format!("unusable: {e}"),
@@ -198,8 +224,28 @@ impl ModelInfo {
             "tensors": tensors,
             "vision": self.vision_json(),
             "audio": self.audio_json(),
+            "diffusion": self.diffusion_json(),
             "chat_template": self.chat_template,
         })
+    }
+
+    fn diffusion_json(&self) -> serde_json::Value {
+        match &self.diffusion {
+            None => serde_json::Value::Null,
+            Some(Err(e)) => serde_json::json!({ "error": e }),
+            Some(Ok(d)) => {
+                let s = &d.sampler;
+                serde_json::json!({
+                    "canvas_length": d.canvas_length,
+                    "max_steps": s.max_steps,
+                    "t_min": s.t_min,
+                    "t_max": s.t_max,
+                    "entropy_bound": s.entropy_bound,
+                    "stability_threshold": s.stability_threshold,
+                    "confidence_threshold": s.confidence_threshold,
+                })
+            }
+        }
     }
 }
 
@@ -311,6 +357,9 @@ impl fmt::Display for ModelInfo {
         }
         if let Some(line) = self.audio_line() {
             writeln!(f, "audio tower      {line}")?;
+        }
+        if let Some(line) = self.diffusion_line() {
+            writeln!(f, "text diffusion   {line}")?;
         }
         let template = if self.chat_template {
             "yes"

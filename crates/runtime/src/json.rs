@@ -234,6 +234,8 @@ impl Timings {
             "encodedImages": self.encoded_images,
             "encodedAudio": self.encoded_audio,
             "encodeMs": self.encode_ms,
+            "blocks": self.blocks,
+            "denoisingSteps": self.denoising_steps,
         })
     }
 }
@@ -257,7 +259,8 @@ impl StepProfile {
 
 impl Event {
     /// `{"type": "token", "id", "text"}` (with `"logprobs": {"logprob", "top": [[id,
-    /// logprob], ...]}` where asked) or `{"type": "done", "reason", "timings"}`.
+    /// logprob], ...]}` where asked), `{"type": "draft", "block", "step", "text"}` or
+    /// `{"type": "done", "reason", "timings"}`.
     pub fn to_json(&self) -> Value {
         match self {
             Event::Token { id, text, logprobs } => {
@@ -267,6 +270,9 @@ impl Event {
                     v["logprobs"] = json!({ "logprob": lp.logprob, "top": top });
                 }
                 v
+            }
+            Event::Draft { block, step, text } => {
+                json!({ "type": "draft", "block": block, "step": step, "text": text })
             }
             Event::Done { reason, timings } => json!({
                 "type": "done",

@@ -17,6 +17,7 @@
 mod audio;
 mod batch;
 mod clock;
+mod diffusion;
 mod error;
 mod image;
 mod info;
@@ -36,6 +37,7 @@ pub use audio::AudioInput;
 pub use batch::{Batch, SlotEvent};
 #[cfg(not(target_arch = "wasm32"))]
 pub use clock::fresh_seed;
+pub use diffusion::{DiffusionChat, DiffusionGenerate, DiffusionModel, is_diffusion};
 pub use error::Error;
 pub use image::{ImageData, ImageInput};
 pub use info::ModelInfo;
@@ -47,6 +49,7 @@ pub use session::{
     Timings,
 };
 pub use source::{ModelSource, SourceError};
+pub use wgemma_diffusion::EntropyBound;
 pub use wgemma_gguf as gguf;
 pub use wgemma_kernels::{ContextOptions, GpuContext};
 pub use wgemma_text::ExpertPlacement;

@@ -374,25 +374,12 @@ impl Model {
         prompt: &crate::Prompt,
         parse_special: bool,
     ) -> Result<Vec<u32>, Error> {
-        use crate::Prompt;
-        let tok = self.tokenizer();
-        let ids = match prompt {
-            Prompt::Text(t) if parse_special => tok.encode(t, tok.add_bos_default(), true),
-            Prompt::Text(t) => tok.encode_marked(&image_markup(t), tok.add_bos_default()),
-            Prompt::Chat(messages) => {
-                let marked = self.chat_template().render_marked(messages, true)?;
-                if parse_special {
-                    tok.encode(marked.as_str(), true, true)
-                } else {
-                    tok.encode_marked(&marked, true)
-                }
-            }
-            Prompt::Tokens(t) => t.clone(),
-        };
-        if ids.is_empty() {
-            return Err(Error::EmptyPrompt);
-        }
-        Ok(ids)
+        prompt_ids(
+            self.tokenizer(),
+            self.chat_template(),
+            prompt,
+            parse_special,
+        )
     }
 
     pub fn chat_template(&self) -> ChatTemplate {
@@ -581,7 +568,9 @@ async fn load_tower<R: RangeSource + ?Sized>(
 /// a SIGBUS), and the file mapped for its tensors. A file whose length changed between the
 /// two is refused: the header would not describe the map.
 #[cfg(not(target_arch = "wasm32"))]
-fn read_and_map(path: &std::path::Path) -> Result<(Gguf, wgemma_gguf::MmapSource), Error> {
+pub(crate) fn read_and_map(
+    path: &std::path::Path,
+) -> Result<(Gguf, wgemma_gguf::MmapSource), Error> {
     let open = |reason: String| crate::source::SourceError::Open {
         path: path.display().to_string(),
         reason,
@@ -603,6 +592,34 @@ fn read_and_map(path: &std::path::Path) -> Result<(Gguf, wgemma_gguf::MmapSource
 }
 
 /// A text prompt as plain text whose [`crate::IMAGE_PLACEHOLDER`]s alone are markup.
+/// Token ids for `prompt` with `tok` (and `template` for a conversation); `parse_special` as
+/// in [`crate::GenerateRequest::parse_special`].
+pub(crate) fn prompt_ids(
+    tok: &Tokenizer,
+    template: ChatTemplate,
+    prompt: &crate::Prompt,
+    parse_special: bool,
+) -> Result<Vec<u32>, Error> {
+    use crate::Prompt;
+    let ids = match prompt {
+        Prompt::Text(t) if parse_special => tok.encode(t, tok.add_bos_default(), true),
+        Prompt::Text(t) => tok.encode_marked(&image_markup(t), tok.add_bos_default()),
+        Prompt::Chat(messages) => {
+            let marked = template.render_marked(messages, true)?;
+            if parse_special {
+                tok.encode(marked.as_str(), true, true)
+            } else {
+                tok.encode_marked(&marked, true)
+            }
+        }
+        Prompt::Tokens(t) => t.clone(),
+    };
+    if ids.is_empty() {
+        return Err(Error::EmptyPrompt);
+    }
+    Ok(ids)
+}
+
 fn image_markup(text: &str) -> wgemma_text::tokenizer::MarkedText {
     let mut marked = wgemma_text::tokenizer::MarkedText::new();
     wgemma_text::chat::push_content(&mut marked, text);

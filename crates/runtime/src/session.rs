@@ -114,6 +114,10 @@ pub struct Timings {
     /// Audio clips the request encoded (likewise; their time is in `encode_ms` too).
     pub encoded_audio: usize,
     pub encode_ms: f64,
+    /// Text diffusion (DiffusionGemma): blocks generated and denoising steps over them
+    /// (`decode_ms` is their time); 0 for a model that writes a token at a time.
+    pub blocks: usize,
+    pub denoising_steps: usize,
 }
 
 impl Timings {
@@ -122,9 +126,21 @@ impl Timings {
         (self.prompt_tokens - self.cached_tokens) as f64 / (self.prompt_ms / 1e3).max(1e-9)
     }
 
-    /// Generated tokens per second after the first.
+    /// Generated tokens per second after the first (text diffusion: all of them, over the
+    /// denoising time).
     pub fn decode_tok_per_s(&self) -> f64 {
-        self.generated_tokens.saturating_sub(1) as f64 / (self.decode_ms / 1e3).max(1e-9)
+        let counted = if self.blocks > 0 {
+            self.generated_tokens
+        } else {
+            self.generated_tokens.saturating_sub(1)
+        };
+        counted as f64 / (self.decode_ms / 1e3).max(1e-9)
+    }
+
+    /// Text diffusion: the mean time of a denoising step (with the encoder passes between
+    /// blocks).
+    pub fn ms_per_step(&self) -> f64 {
+        self.decode_ms / self.denoising_steps.max(1) as f64
     }
 }
 
@@ -138,6 +154,14 @@ pub enum Event {
         id: u32,
         text: String,
         logprobs: Option<TokenLogprobs>,
+    },
+    /// Text diffusion (DiffusionGemma): after denoising step `step` of block `block`, the
+    /// block's current best guess (cut at an end-of-generation token). Each draft replaces
+    /// the one before; the block's tokens follow as [`Event::Token`]s once it is done.
+    Draft {
+        block: usize,
+        step: u32,
+        text: String,
     },
     /// The end, with why and how fast.
     Done {
@@ -170,7 +194,7 @@ impl CancelHandle {
         self.0.store(false, Ordering::Relaxed);
     }
 
-    fn take(&self) -> bool {
+    pub(crate) fn take(&self) -> bool {
         self.0.swap(false, Ordering::Relaxed)
     }
 }

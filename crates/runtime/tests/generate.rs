@@ -222,6 +222,7 @@ fn reply(events: impl IntoIterator<Item = Result<Event, Error>>) -> (String, Sto
     for e in events {
         match e.expect("an event") {
             Event::Token { text: t, .. } => text.push_str(&t),
+            Event::Draft { .. } => panic!("a draft from a text model"),
             Event::Done { reason, .. } => return (text, reason),
         }
     }

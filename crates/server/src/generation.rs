@@ -90,23 +90,34 @@ impl Generation {
         if self.ended {
             return None;
         }
-        let event = match self.first.take() {
-            Some(e) => Ok(e),
-            None => match self.events.recv().await {
-                Some(e) => e,
-                // The session stopped without an end (it should not): say so rather than
-                // end the reply as if it were whole.
-                None => {
-                    self.ended = true;
-                    return Some(Piece::Failed(ApiError::internal(
-                        "the session ended before the reply did",
-                    )));
-                }
-            },
+        let event = loop {
+            let event = match self.first.take() {
+                Some(e) => Ok(e),
+                None => match self.events.recv().await {
+                    Some(e) => e,
+                    // The session stopped without an end (it should not): say so rather than
+                    // end the reply as if it were whole.
+                    None => {
+                        self.ended = true;
+                        return Some(Piece::Failed(ApiError::internal(
+                            "the session ended before the reply did",
+                        )));
+                    }
+                },
+            };
+            // Drafts (text diffusion) are not part of either API's reply.
+            if !matches!(event, Ok(Event::Draft { .. })) {
+                break event;
+            }
         };
         self.ended = !matches!(event, Ok(Event::Token { .. }));
         Some(match event {
             Ok(Event::Token { text, logprobs, .. }) => Piece::Text { text, logprobs },
+            Ok(Event::Draft { .. }) => {
+                return self.ended.then_some(Piece::Failed(ApiError::internal(
+                    "a draft where none is read",
+                )));
+            }
             Ok(Event::Done { reason, timings }) => {
                 log_done(&self.model.name, reason, &timings);
                 Piece::Done { reason, timings }

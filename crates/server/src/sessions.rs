@@ -401,7 +401,7 @@ impl Engine {
             };
             while let Some(event) = a.backlog.pop_front() {
                 let end = match &event {
-                    Ok(Event::Token { .. }) => None,
+                    Ok(Event::Token { .. } | Event::Draft { .. }) => None,
                     Ok(Event::Done { timings, .. }) => Some(Ok(*timings)),
                     Err(_) => Some(Err(())),
                 };
