@@ -9,6 +9,7 @@ mod bench_batch;
 mod bench_e2e;
 mod bench_vision;
 mod browser_test;
+mod dg;
 mod plans;
 mod serve;
 mod synth;
@@ -34,6 +35,11 @@ enum Task {
     BenchVision(bench_vision::Args),
     /// Build the wasm package, then test it in headless Chromium (WebGPU on SwiftShader).
     BrowserTest(browser_test::Args),
+    /// DiffusionGemma: one denoising step's canvas logits, as raw f32 (parity with
+    /// transformers or llama.cpp's diffusion-gemma-eval).
+    DgLogits(dg::LogitsArgs),
+    /// DiffusionGemma: one block of the entropy-bound sampler with given random streams.
+    DgReplay(dg::ReplayArgs),
     /// Write the pinned dispatch sequences of the synthetic presets, or check this GPU's.
     Plans(plans::Args),
     /// Serve the demo page and models on 127.0.0.1 (HTTP with Range requests).
@@ -60,6 +66,8 @@ fn main() -> ExitCode {
         Task::BenchE2e(a) => bench_e2e::run(a),
         Task::BenchVision(a) => bench_vision::run(a),
         Task::BrowserTest(a) => browser_test::run(a),
+        Task::DgLogits(a) => dg::logits(a),
+        Task::DgReplay(a) => dg::replay(a),
         Task::Plans(a) => plans::run(a),
         Task::Serve(a) => serve::run(a),
         Task::Synth(a) => synth::run(a),
