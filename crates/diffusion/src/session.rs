@@ -16,7 +16,7 @@ use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Tensor, View};
 use wgemma_text::{CanvasBuffers, GpuSession, SessionOptions};
 
 use crate::config::EntropyBound;
-use crate::gpu::{DiffusionError, GpuDiffusion};
+use crate::gpu::{DiffusionError, GpuDiffusion, ScGateUp};
 use crate::sampler::SamplerRng;
 
 /// What feeds a denoising step's self-conditioning block.
@@ -34,8 +34,13 @@ pub enum SelfConditioning<'a> {
 struct ScScratch {
     soft: View,
     normed: View,
+    /// The gate's and up's products where they are two ([`ScGateUp::Separate`]).
+    gate: View,
+    up: View,
     act: View,
     sc: View,
+    /// Partial sums of products split over k (the soft embeddings' k is the vocabulary).
+    partials: View,
 }
 
 /// u32s between the regions of [`Sampling::out`]: binding offsets stay 256-byte aligned.
@@ -78,6 +83,23 @@ impl Sampling {
             out,
         })
     }
+}
+
+/// Floats of the partial sums the self-conditioning block's products need over `rows` rows.
+fn sc_partials(model: &GpuDiffusion, rows: u32) -> u64 {
+    let ctx = &*model.text.ctx;
+    let sc = &model.sc;
+    let mut weights = vec![&sc.embd_t, &sc.down];
+    match &sc.gate_up {
+        ScGateUp::Interleaved(w) => weights.push(w),
+        ScGateUp::Separate { gate, up } => weights.extend([gate, up]),
+    }
+    weights
+        .into_iter()
+        .map(|w| ops::matmul_partials_floats(ctx, w, rows))
+        .max()
+        .unwrap_or(0)
+        .max(1)
 }
 
 /// One denoising step as the sampler saw it.
@@ -146,11 +168,15 @@ impl DiffusionSession {
         let ff = model.sc.down.cols;
         let buf = |name: &str, floats: u64| View::of(&ctx.storage(name, floats * 4));
         let (r, d) = (rows as u64, c.n_embd as u64);
+        let two = matches!(model.sc.gate_up, ScGateUp::Separate { .. });
         let scratch = ScScratch {
             soft: buf("sc soft", r * d),
             normed: buf("sc normed", r * d),
+            gate: buf("sc gate", if two { r * ff } else { 1 }),
+            up: buf("sc up", if two { r * ff } else { 1 }),
             act: buf("sc act", r * ff),
             sc: buf("sc out", r * d),
+            partials: buf("sc partials", sc_partials(&model, rows as u32)),
         };
         let sampling = Sampling::new(&model, r)?;
         let mut s = Self {
@@ -260,7 +286,7 @@ impl DiffusionSession {
                 y_stride,
                 out: how,
                 y_offset: 0,
-                partials: None,
+                partials: Some(&s.partials),
             };
             ops::matmul(ctx, w, &args)
         };
@@ -286,13 +312,24 @@ impl DiffusionSession {
             },
         )?);
         let ff = m.sc.down.cols as u32;
-        out.extend(product(
-            &m.sc.gate_up,
-            &s.normed,
-            &s.act,
-            MatvecOut::Geglu,
-            ff,
-        )?);
+        match &m.sc.gate_up {
+            ScGateUp::Interleaved(w) => {
+                out.extend(product(w, &s.normed, &s.act, MatvecOut::Geglu, ff)?);
+            }
+            ScGateUp::Separate { gate, up } => {
+                out.extend(product(gate, &s.normed, &s.gate, rows_out, ff)?);
+                out.extend(product(up, &s.normed, &s.up, rows_out, ff)?);
+                let geglu = Elementwise::Geglu {
+                    gate: &s.gate,
+                    up: &s.up,
+                    cols: ff,
+                    gate_stride: ff,
+                    up_stride: ff,
+                    up_offset: 0,
+                };
+                out.push(ops::elementwise(ctx, geglu, &s.act, rows * ff)?);
+            }
+        }
         out.extend(product(&m.sc.down, &s.act, &s.sc, rows_out, d)?);
         let input = &self.canvas.input;
         out.push(ops::elementwise(

@@ -50,6 +50,9 @@ pub struct Gemma4Extras {
     pub double_wide_shared: bool,
     /// Experts beside the dense feed-forward on every layer.
     pub moe: Option<SynthMoe>,
+    /// DiffusionGemma (architecture `diffusion-gemma`): the canvas length; the encoder's
+    /// layer scales and the self-conditioning block join the tensors.
+    pub diffusion: Option<usize>,
 }
 
 /// A synthetic mixture of experts.
@@ -117,7 +120,8 @@ impl SynthSpec {
     /// A Gemma 3 small enough for CPU-reference tests: 4 layers (every 3rd global), 4 heads
     /// over 2 KV heads, vocabulary 512.
     /// The presets by name (`cargo xtask synth --preset`): tiny-gemma3, tiny-gemma4 (whose
-    /// weights take `dtype`), gemma3-270m, e2b, e4b, 26b-a4b (the last three Gemma 4's shapes).
+    /// weights take `dtype`), gemma3-270m, e2b, e4b, 26b-a4b (Gemma 4's shapes), tiny-dg
+    /// (likewise `dtype`) and dg-26b-a4b (DiffusionGemma's).
     pub fn preset(name: &str, dtype: GgmlType) -> Option<Self> {
         Some(match name {
             "tiny-gemma3" => Self::tiny_gemma3(dtype),
@@ -126,6 +130,8 @@ impl SynthSpec {
             "e2b" => Self::gemma4_e2b(),
             "e4b" => Self::gemma4_e4b(),
             "26b-a4b" => Self::gemma4_26b_a4b(),
+            "tiny-dg" => Self::tiny_diffusion_gemma(dtype),
+            "dg-26b-a4b" => Self::diffusion_gemma_26b_a4b(),
             _ => return None,
         })
     }
@@ -200,6 +206,7 @@ impl SynthSpec {
                 shared_kv_layers: 2,
                 double_wide_shared: true,
                 moe: None,
+                diffusion: None,
             }),
             seed: 1,
         }
@@ -230,6 +237,7 @@ impl SynthSpec {
                 shared_kv_layers: 20,
                 double_wide_shared: true,
                 moe: None,
+                diffusion: None,
             }),
             seed: 1,
         }
@@ -251,6 +259,7 @@ impl SynthSpec {
                 shared_kv_layers: 18,
                 double_wide_shared: false,
                 moe: None,
+                diffusion: None,
             }),
             ..Self::gemma4_e2b()
         }
@@ -280,8 +289,52 @@ impl SynthSpec {
                     n_used: 8,
                     n_ff: 704,
                 }),
+                diffusion: None,
             }),
             ..Self::gemma4_e2b()
+        }
+    }
+
+    /// A DiffusionGemma small enough for tests: tiny Gemma 4 layers with 4 experts (2 used),
+    /// global layers taking V from K, a canvas of 16; matrices in `dtype`.
+    pub fn tiny_diffusion_gemma(dtype: GgmlType) -> Self {
+        let base = Self::tiny_gemma4(dtype);
+        Self {
+            arch: "diffusion-gemma",
+            n_layer: 4,
+            n_kv_head: 2,
+            final_softcap: None,
+            gemma4: Some(Gemma4Extras {
+                head_dim_global: 64,
+                n_kv_head_global: 1,
+                k_eq_v: true,
+                n_ple: 0,
+                shared_kv_layers: 0,
+                double_wide_shared: false,
+                moe: Some(SynthMoe {
+                    n_expert: 4,
+                    n_used: 2,
+                    n_ff: 64,
+                }),
+                diffusion: Some(16),
+            }),
+            ..base
+        }
+    }
+
+    /// DiffusionGemma 26B-A4B's shapes: Gemma 4 26B-A4B's layers, a canvas of 256, the
+    /// self-conditioning block; no soft cap key (its converter leaves it out).
+    pub fn diffusion_gemma_26b_a4b() -> Self {
+        let base = Self::gemma4_26b_a4b();
+        let g = base.gemma4.clone().map(|g| Gemma4Extras {
+            diffusion: Some(256),
+            ..g
+        });
+        Self {
+            arch: "diffusion-gemma",
+            final_softcap: None,
+            gemma4: g,
+            ..base
         }
     }
 
@@ -416,7 +469,9 @@ fn metadata(spec: &SynthSpec) -> Vec<(String, Value)> {
     let a = spec.arch;
     let k = |s: &str| format!("{a}.{s}");
     let u = |v: usize| Value::U32(v as u32);
-    let (tokens, scores, types, merges) = vocabulary(spec.n_vocab, a);
+    // DiffusionGemma has Gemma 4's vocabulary.
+    let family = if spec.gemma4.is_some() { "gemma4" } else { a };
+    let (tokens, scores, types, merges) = vocabulary(spec.n_vocab, family);
     let mut meta: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(a.into())),
         (
@@ -488,6 +543,9 @@ fn metadata(spec: &SynthSpec) -> Vec<(String, Value)> {
                     (k("expert_used_count"), u(m.n_used)),
                     (k("expert_feed_forward_length"), u(m.n_ff)),
                 ]);
+            }
+            if let Some(canvas) = g.diffusion {
+                meta.push(("diffusion.canvas_length".into(), u(canvas)));
             }
         }
     }
@@ -585,6 +643,15 @@ impl SynthSpec {
                         .collect(),
                 ),
             });
+            if g.diffusion.is_some() {
+                let ff = self.n_ff as u64;
+                plan.extend([
+                    vector("self_cond_pre_norm.weight".into(), d),
+                    matrix("self_cond_gate.weight".into(), "ffn_gate", 0, vec![d, ff]),
+                    matrix("self_cond_up.weight".into(), "ffn_up", 0, vec![d, ff]),
+                    matrix("self_cond_down.weight".into(), "ffn_down", 0, vec![ff, d]),
+                ]);
+            }
             if n_ple > 0 {
                 let all = n_ple * nl as u64;
                 plan.extend([
@@ -641,15 +708,19 @@ impl SynthSpec {
                 vector(n("post_ffw_norm"), d),
             ]);
             let Some(g) = g else { continue };
-            plan.push(Planned {
-                name: n("layer_output_scale"),
+            let scalar = |name: String| Planned {
+                name,
                 dtype: GgmlType::F32,
                 dims: vec![1],
                 fill: Fill::Random {
                     scale: 0.1,
                     offset: 0.8,
                 },
-            });
+            };
+            plan.push(scalar(n("layer_output_scale")));
+            if g.diffusion.is_some() {
+                plan.push(scalar(n("enc_layer_output_scale")));
+            }
             if n_ple > 0 {
                 plan.extend([
                     matrix(n("inp_gate"), "ple_gate", il, vec![d, n_ple]),
