@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 mod bench_audio;
 mod bench_batch;
+mod bench_diffusion;
 mod bench_e2e;
 mod bench_vision;
 mod browser_test;
@@ -29,6 +30,8 @@ enum Task {
     BenchAudio(bench_audio::Args),
     /// Aggregate decode speed of 1, 4, 16, 64 sequences stepped together (batched decode).
     BenchBatch(bench_batch::Args),
+    /// DiffusionGemma's speed: ms a denoising step, in-step and effective tok/s.
+    BenchDiffusion(bench_diffusion::Args),
     /// End-to-end speed: prefill and decode tok/s, time to first token, memory, bandwidth use.
     BenchE2e(bench_e2e::Args),
     /// The vision tower's speed: preprocessing, encode, time to first token of an image prompt.
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
     let r = match cli.task {
         Task::BenchAudio(a) => bench_audio::run(a),
         Task::BenchBatch(a) => bench_batch::run(a),
+        Task::BenchDiffusion(a) => bench_diffusion::run(a),
         Task::BenchE2e(a) => bench_e2e::run(a),
         Task::BenchVision(a) => bench_vision::run(a),
         Task::BrowserTest(a) => browser_test::run(a),

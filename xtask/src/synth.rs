@@ -13,7 +13,8 @@ pub struct Args {
     /// Where to write the GGUF.
     out: std::path::PathBuf,
     /// Which model: tiny-gemma3, tiny-gemma4, gemma3-270m, e2b, e4b, 26b-a4b (the last three
-    /// are Gemma 4's shapes), or a vision or audio tower in llama.cpp's mmproj layout:
+    /// are Gemma 4's shapes), tiny-dg and dg-26b-a4b (DiffusionGemma's), or a vision or
+    /// audio tower in llama.cpp's mmproj layout:
     /// e2b-mmproj, e4b-mmproj, e2b-audio-mmproj, e4b-audio-mmproj.
     #[arg(long, default_value = "tiny-gemma3")]
     preset: String,
