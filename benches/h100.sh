@@ -66,6 +66,15 @@
 #              "e2b"), then llama.cpp's llama-batched-bench (CUDA) on the same files and
 #              lengths; $OUT/batch/ and a table in $OUT/batch.md
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
+#   diffusion  DiffusionGemma 26B-A4B (synthetic, Q4_K_M, 16 GiB): ms a denoising step of a
+#              256-token canvas after a 512-token prompt, ours (cargo xtask bench-diffusion)
+#              and llama.cpp PR 24423's llama-diffusion-cli (CUDA, built from
+#              .dev/llama-dg.tar.xz) on the same file; $OUT/diffusion/ and a table in
+#              $OUT/diffusion.md. llama.cpp prints no step time for this sampler: it is timed
+#              as the difference of two whole runs, DG_STEPS_LONG and DG_STEPS_SHORT steps
+#              (default 48 and 8; the stop rule off), over their difference. Carry
+#              [".gl", ".dev/xtask", ".dev/llama-dg.tar.xz"]. If one call cannot hold it all:
+#              `diffusion_start` (build, model, ours), then `diffusion_finish`.
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
 # them: each device call gets an empty $OUT, so a table made in a later call on the same
 # machine (while it is held) still sees the earlier calls' runs.
@@ -510,6 +519,52 @@ for size in ["1008x624", "1920x1344"]:
     print(f"| {size} | {o['soft_tokens']} | {o['encode_ms']:.1f} | {o['ttft_ms']:.1f} | {med(enc)} | {med(ttft)} |")
 PY
   tar czf "$OUT/vision-bench.tgz" -C "$OUT" vision-bench && rm -rf "$V"
+}
+
+# llama.cpp PR 24423 (DiffusionGemma) with CUDA, in the background.
+build_dg() {
+  local D=$W/lldg
+  [ -d "$D" ] || tar xJf .dev/llama-dg.tar.xz -C "$W"
+  [ -e "$W/dg.done" ] && return
+  [ -f "$W/dg.pid" ] && kill -0 "$(cat "$W/dg.pid")" 2> /dev/null && return
+  setsid nohup bash -c "cd $D && cmake -B build-cuda -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    $CMAKE_COMMON -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=ON \
+    && cmake --build build-cuda -j14 --target llama-diffusion-cli && touch $W/dg.done" > "$W/llama-dg-build.log" 2>&1 &
+  echo $! > "$W/dg.pid"
+}
+
+# Ours on the synthetic DiffusionGemma (the build runs meanwhile).
+diffusion_start() {
+  build_dg
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+  mkdir -p "$OUT/diffusion"
+  synth dg-26b-a4b
+  for steps in ${DG_STEPS_LONG:-48} ${DG_STEPS_SHORT:-8}; do
+    .dev/xtask bench-diffusion --model "$W/models/dg-26b-a4b.gguf" --prompt 512 --steps "$steps" \
+      --reps 2 --json > "$OUT/diffusion/ours-$steps.json" 2> "$OUT/diffusion/ours-$steps.err"
+  done
+}
+
+# llama.cpp's side: whole runs of one block at two step counts, the stop rule off.
+diffusion_finish() {
+  wait_for dg
+  local prompt n
+  # About 512 tokens of the synthetic vocabulary's letter pieces.
+  prompt=$(python3 -c 'print(" ".join(["ab cd ef gh"] * 128))')
+  for n in ${DG_STEPS_LONG:-48} ${DG_STEPS_SHORT:-8}; do
+    for rep in 1 2; do
+      /usr/bin/time -f "%e" -o "$OUT/diffusion/llama-$n-$rep.time" \
+        "$W/lldg/build-cuda/bin/llama-diffusion-cli" -m "$W/models/dg-26b-a4b.gguf" -ngl 99 \
+        -p "$prompt" -n 256 --diffusion-eb-max-steps "$n" --diffusion-eb-confidence 0 --seed 1 \
+        > "$OUT/diffusion/llama-$n-$rep.out" 2> "$OUT/diffusion/llama-$n-$rep.err"
+    done
+  done
+  python3 benches/diffusion_table.py "$OUT/diffusion" "${DG_STEPS_LONG:-48}" "${DG_STEPS_SHORT:-8}" | tee "$OUT/diffusion.md"
+}
+
+diffusion() {
+  diffusion_start
+  diffusion_finish
 }
 
 # Our side of 26B-A4B alone.

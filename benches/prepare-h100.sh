@@ -78,4 +78,23 @@ if ! tar tJf .dev/llama.tar.xz 2> /dev/null | grep lltrim/tools/batched-bench/ >
   tar cJf .dev/llama.tar.xz -C "$work" lltrim
   rm -rf "$work"
 fi
+
+# DiffusionGemma's llama.cpp: the PR 24423 branch (its last DiffusionGemma commit in the
+# unslothai/llama.cpp fork, where the branch lives), trimmed to what llama-diffusion-cli
+# (CUDA) needs: .dev/llama-dg.tar.xz. DG_LLAMA is a clone or mirror of that fork (the `fetch`
+# tool leaves one in /work/.mirror).
+DG_LLAMA=${DG_LLAMA:-/work/.mirror/unslothai+llama.cpp/repo}
+DG_COMMIT=73d820aff
+if [ ! -f .dev/llama-dg.tar.xz ] && git -C "$DG_LLAMA" cat-file -e "$DG_COMMIT" 2> /dev/null; then
+  work=$(mktemp -d) && t=$work/lldg && mkdir -p "$t"
+  git -C "$DG_LLAMA" archive "$DG_COMMIT" CMakeLists.txt cmake common include src vendor pocs \
+    ggml/CMakeLists.txt ggml/cmake ggml/include ggml/src licenses LICENSE \
+    examples/CMakeLists.txt examples/diffusion | tar x -C "$t"
+  # Only the CPU and CUDA backends, only the diffusion example.
+  (cd "$t/ggml/src" && for b in ggml-*/; do case $b in ggml-cpu/|ggml-cuda/) ;; *) rm -rf "$b" ;; esac; done)
+  printf 'add_subdirectory(diffusion)\n' > "$t/examples/CMakeLists.txt"
+  echo "$DG_COMMIT" > "$t/COMMIT"
+  tar cJf .dev/llama-dg.tar.xz -C "$work" lldg
+  rm -rf "$work"
+fi
 du -sh .gl .dev

@@ -1,0 +1,38 @@
+#!/usr/bin/env python3
+"""The DiffusionGemma table of `h100.sh diffusion`: ms a denoising step of ours
+(bench-diffusion, each step timed to its readback) and of llama.cpp's llama-diffusion-cli
+(the difference of whole runs at LONG and SHORT steps, over LONG - SHORT; the fastest of each
+run's repetitions), with in-step tok/s (canvas / step) and effective tok/s for one block at a
+few step counts (canvas / (steps x step))."""
+import json
+import sys
+from pathlib import Path
+
+
+def main():
+    d, long_, short = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    ours = json.loads((d / f"ours-{long_}.json").read_text())
+    ours_short = json.loads((d / f"ours-{short}.json").read_text())
+    canvas = ours["canvas"]
+
+    def best(n):
+        times = [float(p.read_text().split()[-1]) for p in sorted(d.glob(f"llama-{n}-*.time"))]
+        return min(times) if times else None
+
+    t_long, t_short = best(long_), best(short)
+    rows = [("wgemma", ours["step_ms"], f"median of {ours['steps']}-step blocks"),
+            ("wgemma", ours_short["step_ms"], f"median of {ours_short['steps']}-step blocks")]
+    if t_long is not None and t_short is not None:
+        step = (t_long - t_short) * 1e3 / (long_ - short)
+        rows.append(("llama.cpp PR 24423", step, f"({t_long:.2f} s - {t_short:.2f} s) / {long_ - short}"))
+    print(f"Canvas {canvas}, prompt {ours['prompt_tokens']} tokens; GPU: {ours['adapter']}; "
+          f"our prompt read in {ours['encode_ms']:.1f} ms, our load {ours['load_s']:.1f} s.\n")
+    print("| engine | ms a step | in-step tok/s | effective tok/s at 48 / 21 / 12 steps | how |")
+    print("| --- | ---: | ---: | ---: | --- |")
+    for name, ms, how in rows:
+        eff = " / ".join(f"{canvas / (n * ms / 1e3):,.0f}" for n in (48, 21, 12))
+        print(f"| {name} | {ms:.2f} | {canvas / (ms / 1e3):,.0f} | {eff} | {how} |")
+
+
+if __name__ == "__main__":
+    main()
