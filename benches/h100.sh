@@ -541,7 +541,7 @@ diffusion_start() {
   synth dg-26b-a4b
   for steps in ${DG_STEPS_LONG:-48} ${DG_STEPS_SHORT:-8}; do
     .dev/xtask bench-diffusion --model "$W/models/dg-26b-a4b.gguf" --prompt 512 --steps "$steps" \
-      --reps 2 --json > "$OUT/diffusion/ours-$steps.json" 2> "$OUT/diffusion/ours-$steps.err"
+      --reps 2 --json --profile > "$OUT/diffusion/ours-$steps.json" 2> "$OUT/diffusion/ours-$steps.err"
   done
 }
 
@@ -549,6 +549,8 @@ diffusion_start() {
 diffusion_finish() {
   wait_for dg
   local prompt n
+  # Ours from an earlier call (diffusion_start) on this machine.
+  mkdir -p "$OUT/diffusion" && cp -n "$R"/diffusion/ours-* "$OUT/diffusion/" 2> /dev/null
   # About 512 tokens of the synthetic vocabulary's letter pieces.
   prompt=$(python3 -c 'print(" ".join(["ab cd ef gh"] * 128))')
   for n in ${DG_STEPS_LONG:-48} ${DG_STEPS_SHORT:-8}; do

@@ -31,6 +31,9 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// Also time every kernel of one step (GPU timestamps), to stderr.
+    #[arg(long)]
+    profile: bool,
 }
 
 pub fn run(a: Args) -> Result<(), TaskError> {
@@ -75,6 +78,9 @@ pub fn run(a: Args) -> Result<(), TaskError> {
             }
         }
     }
+    if a.profile {
+        profile_step(&ctx, &mut s, &rule, &mut rng)?;
+    }
     let step = median(step_ms);
     let in_step = canvas as f64 / (step / 1e3);
     let effective = canvas as f64 / (step * f64::from(a.steps) / 1e3);
@@ -102,6 +108,36 @@ pub fn run(a: Args) -> Result<(), TaskError> {
             a.prompt,
             median(encode_ms.clone()),
             a.steps
+        );
+    }
+    Ok(())
+}
+
+/// The kernels of one more step of the block, GPU time per kernel, to stderr.
+fn profile_step(
+    ctx: &GpuContext,
+    s: &mut DiffusionSession,
+    rule: &wgemma_diffusion::EntropyBound,
+    rng: &mut SeededRng,
+) -> Result<(), TaskError> {
+    let Some(mut profiler) = wgemma_kernels::Profiler::new(ctx, 4096) else {
+        eprintln!("no timestamp queries on this GPU: no profile");
+        return Ok(());
+    };
+    pollster::block_on(s.step_profiled(1, rule, rng, Some(&mut profiler)))?;
+    let each = pollster::block_on(profiler.read_each(ctx))?;
+    let totals = wgemma_kernels::Profiler::totals(&each);
+    let all: f64 = totals.iter().map(|t| t.2).sum();
+    eprintln!(
+        "one denoising step: {:.2} ms of GPU time over {} dispatches",
+        all / 1e3,
+        each.len()
+    );
+    for (name, n, us) in totals {
+        eprintln!(
+            "  {name:<28} {n:>5} {:>9.1} us {:>5.1}%",
+            us,
+            100.0 * us / all.max(1e-9)
         );
     }
     Ok(())

@@ -12,7 +12,7 @@ use wgemma_kernels::ops::{
     self, Affine, CanvasAcceptArgs, CanvasDraw, Elementwise, EmbedOut, MatmulArgs, MatvecOut,
     NormOut, RmsNorm, RowOp,
 };
-use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Tensor, View};
+use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Profiler, Tensor, View};
 use wgemma_text::{CanvasBuffers, GpuSession, SessionOptions};
 
 use crate::config::EntropyBound;
@@ -456,7 +456,7 @@ impl DiffusionSession {
         let _e = span.enter();
         self.start_block(canvas)?;
         let before = self.before(sc)?;
-        self.session.canvas_step(&before, &[]).await?;
+        self.session.canvas_step(&before, &[], None).await?;
         Ok(())
     }
 
@@ -468,6 +468,17 @@ impl DiffusionSession {
         k: u32,
         rule: &EntropyBound,
         rng: &mut dyn SamplerRng,
+    ) -> Result<StepOutcome, DiffusionError> {
+        self.step_profiled(k, rule, rng, None).await
+    }
+
+    /// [`DiffusionSession::step`], each dispatch timed by `profiler` when given.
+    pub async fn step_profiled(
+        &mut self,
+        k: u32,
+        rule: &EntropyBound,
+        rng: &mut dyn SamplerRng,
+        profiler: Option<&mut Profiler>,
     ) -> Result<StepOutcome, DiffusionError> {
         let span = tracing::debug_span!("denoise_step", step = k);
         let _e = span.enter();
@@ -513,7 +524,7 @@ impl DiffusionSession {
             self.samplers.insert(key, d);
         }
         let after = self.samplers[&key].clone();
-        self.session.canvas_step(&before, &after).await?;
+        self.session.canvas_step(&before, &after, profiler).await?;
         self.outcome(t).await
     }
 

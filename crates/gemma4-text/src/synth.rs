@@ -471,7 +471,20 @@ fn metadata(spec: &SynthSpec) -> Vec<(String, Value)> {
     let u = |v: usize| Value::U32(v as u32);
     // DiffusionGemma has Gemma 4's vocabulary.
     let family = if spec.gemma4.is_some() { "gemma4" } else { a };
-    let (tokens, scores, types, merges) = vocabulary(spec.n_vocab, family);
+    let (mut tokens, scores, mut types, merges) = vocabulary(spec.n_vocab, family);
+    // DiffusionGemma's tokenizer has a mask token (llama.cpp's diffusion runner needs its
+    // id): a control token before the multimodal markers.
+    let mask = spec.gemma4.as_ref().and_then(|g| g.diffusion).map(|_| {
+        let markers = if tokens.iter().any(|t| t == MULTIMODAL_MARKERS[0]) {
+            MULTIMODAL_MARKERS.len()
+        } else {
+            0
+        };
+        let id = tokens.len() - 1 - markers;
+        tokens[id] = "<mask>".into();
+        types[id] = 3;
+        id
+    });
     let mut meta: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(a.into())),
         (
@@ -570,6 +583,9 @@ fn metadata(spec: &SynthSpec) -> Vec<(String, Value)> {
         ("tokenizer.ggml.add_eos_token".into(), Value::Bool(false)),
         ("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false)),
     ]);
+    if let Some(id) = mask {
+        meta.push(("tokenizer.ggml.mask_token_id".into(), u(id)));
+    }
     if let Some(c) = spec.final_softcap {
         meta.push((k("final_logit_softcapping"), Value::F32(c)));
     }

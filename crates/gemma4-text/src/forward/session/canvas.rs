@@ -6,7 +6,7 @@
 //! replaces them. The rows' input (the self-conditioned embeddings) and what reads the logits
 //! are dispatches the caller hands in, recorded in the same pass.
 
-use wgemma_kernels::{Dispatch, Recorder, View};
+use wgemma_kernels::{Dispatch, Profiler, Recorder, View};
 
 use super::{ForwardError, GpuSession, KeyReach, LogitsFor, Op, SoftCopy, StepInput};
 
@@ -69,11 +69,13 @@ impl GpuSession {
 
     /// Runs the prepared canvas step at the cache's position in one pass: `before` (which
     /// must leave the rows' input in [`CanvasBuffers::input`]), the layers, `after` (which
-    /// may read [`CanvasBuffers::logits`]); then submits it. The position stays where it is.
+    /// may read [`CanvasBuffers::logits`]); then submits it, each dispatch timed by
+    /// `profiler` when given. The position stays where it is.
     pub async fn canvas_step(
         &mut self,
         before: &[Dispatch],
         after: &[Dispatch],
+        profiler: Option<&mut Profiler>,
     ) -> Result<(), ForwardError> {
         let plan = self
             .canvas
@@ -94,7 +96,10 @@ impl GpuSession {
         self.stage(&vec![0; rows], &[])?;
         self.stage_canvas_keys(start, rows);
         let ctx = self.model.ctx.clone();
-        let mut rec = Recorder::new(&ctx, "canvas");
+        let mut rec = match profiler {
+            Some(p) => Recorder::profiled(&ctx, "canvas", p),
+            None => Recorder::new(&ctx, "canvas"),
+        };
         before.iter().for_each(|d| rec.run(d));
         self.record(&mut rec, &plan.ops).await?;
         after.iter().for_each(|d| rec.run(d));
