@@ -149,6 +149,11 @@ pub enum CoopTile {
 /// 30 s chunk; 2048 rows over 512 tokens unsplit), level at 192 (benches/RESULTS.md).
 const TOKENS_128_MIN_WORKGROUPS: u64 = 112;
 
+/// Slots per expert on average up to which the grouped experts' products take 16-slot tiles
+/// (`Tiles::for_experts`): between 8 (faster in 16-slot tiles) and 16 (faster in 64-slot
+/// tiles), both measured (benches/RESULTS.md, eleventh and twenty-seventh sessions).
+pub const FEW_SLOTS_PER_EXPERT: u32 = 12;
+
 impl CoopTile {
     /// The tile named by its tokens, `64` or `128` (`WGEMMA_COOP_TILE`).
     pub fn from_name(name: &str) -> Option<Self> {
@@ -453,12 +458,15 @@ pub(super) enum Tiles {
 
 impl Tiles {
     /// The grouped experts' tiles for `slots` slots over `n_expert` experts: 16-slot tiles on
-    /// tensor cores when the experts average at most 16 slots (a short prompt: 128 tokens
-    /// give 26B-A4B's 128 experts 8 each). A tile's step costs about the same however many of
-    /// its tokens are real, and most of its cost is the expert's weights, which a small tile
-    /// reads once per 16 slots rather than once per 64.
+    /// tensor cores when the experts average at most [`FEW_SLOTS_PER_EXPERT`] slots (a short
+    /// prompt: 128 tokens give 26B-A4B's 128 experts 8 each). A tile's step costs about the
+    /// same however many of its tokens are real, and most of its cost is the expert's
+    /// weights; with few slots a small tile wastes less, with more an expert's slots spill
+    /// over several small tiles, each converting the weights again.
     pub(super) fn for_experts(ctx: &GpuContext, slots: u32, n_expert: u32) -> Self {
-        if ctx.features.coop_matmul && u64::from(slots) <= 16 * u64::from(n_expert) {
+        if ctx.features.coop_matmul
+            && u64::from(slots) <= u64::from(FEW_SLOTS_PER_EXPERT) * u64::from(n_expert)
+        {
             Tiles::FewSlotExperts
         } else {
             Tiles::Experts
