@@ -223,17 +223,29 @@ async function send() {
         reply += ev.text;
         out.textContent = `Gemma: ${reply}`;
         $("log").scrollTop = $("log").scrollHeight;
-      } else {
+      } else if (ev.type === "draft") {
+        // Text diffusion: the block condensing, step by step, after the text confirmed so far.
+        out.textContent = `Gemma: ${reply}`;
+        const draft = document.createElement("span");
+        draft.className = "draft";
+        draft.textContent = ev.text;
+        out.append(draft);
+        $("log").scrollTop = $("log").scrollHeight;
+      } else if (ev.type === "done") {
         demo.lastDone = ev;
         const t = ev.timings;
         const encoded = [
           t.encodedImages && `${t.encodedImages} image${t.encodedImages > 1 ? "s" : ""}`,
           t.encodedAudio && `${t.encodedAudio} clip${t.encodedAudio > 1 ? "s" : ""}`,
         ].filter(Boolean);
+        const blocks = t.blocks
+          ? ` · ${t.blocks} block${t.blocks > 1 ? "s" : ""}, ${t.denoisingSteps} steps of ` +
+            `${(t.decodeMs / Math.max(1, t.denoisingSteps)).toFixed(0)} ms`
+          : "";
         $("stats").textContent =
           (encoded.length ? `${encoded.join(" and ")} in ${t.encodeMs.toFixed(0)} ms · ` : "") +
           `prompt ${t.promptTokens} tok, ${t.promptTokPerS.toFixed(1)} tok/s · ` +
-          `${t.generatedTokens} tok at ${t.decodeTokPerS.toFixed(1)} tok/s · ${ev.reason}`;
+          `${t.generatedTokens} tok at ${t.decodeTokPerS.toFixed(1)} tok/s${blocks} · ${ev.reason}`;
       }
     }
     demo.messages.push({ role: "assistant", content: reply });

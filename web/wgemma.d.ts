@@ -69,6 +69,19 @@ export interface ModelInfo {
   vision: VisionInfo | null;
   /** The audio tower loaded (from `mmproj` or the model file), or null: no audio. */
   audio: AudioInfo | null;
+  /**
+   * A text diffusion model (DiffusionGemma, architecture "diffusion-gemma"): its canvas (the
+   * tokens of a block) and sampler settings; null for other models.
+   */
+  diffusion: {
+    canvas_length: number;
+    max_steps: number;
+    t_min: number;
+    t_max: number;
+    entropy_bound: number;
+    stability_threshold: number;
+    confidence_threshold: number;
+  } | null;
 }
 
 export interface AudioInfo {
@@ -195,6 +208,10 @@ export interface GenerateOptions {
   audio?: AudioSource[];
   /** The most soft tokens each image becomes unless it says otherwise (default 280). */
   imageTokens?: number;
+  /** Text diffusion: most denoising steps a block takes (default: the model's). */
+  steps?: number;
+  /** Text diffusion: the uncertainty one step may accept (higher: fewer steps). */
+  entropyBound?: number;
 }
 
 export interface Timings {
@@ -210,6 +227,9 @@ export interface Timings {
   /** Audio clips this request encoded (their time is in encodeMs too). */
   encodedAudio: number;
   encodeMs: number;
+  /** Text diffusion: blocks generated and denoising steps over them (decodeMs is their time). */
+  blocks: number;
+  denoisingSteps: number;
 }
 
 export interface SoftTokens {
@@ -228,6 +248,16 @@ export type GenerateEvent =
       text: string;
       /** With `logprobs`: the token's log-probability, and `[id, logprob]` of the top tokens. */
       logprobs?: { logprob: number; top: [number, number][] };
+    }
+  | {
+      /**
+       * Text diffusion: after each denoising step, the block's current best guess; it
+       * replaces the draft before, and the block's tokens follow once it is done.
+       */
+      type: "draft";
+      block: number;
+      step: number;
+      text: string;
     }
   | {
       type: "done";

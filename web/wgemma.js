@@ -267,8 +267,9 @@ export class Session {
    * Generates a reply. `messages` is an array of `{role, content, images?, audio?}` (content a
    * string or a list of text, image and audio parts) or one user turn as a string; with `{raw: true}` a
    * string is fed as plain text, without the chat template. Yields `{type: "token", id, text}`
-   * events, then `{type: "done", reason, timings}`. Leaving the loop early aborts the
-   * generation.
+   * events, then `{type: "done", reason, timings}`; a text diffusion model (DiffusionGemma)
+   * also `{type: "draft", block, step, text}` after each denoising step, its block's tokens
+   * once the block is done. Leaving the loop early aborts the generation.
    */
   async *generate(messages, options = {}) {
     await this.ready;

@@ -5,6 +5,8 @@
 //   WGEMMA_MODEL_FILE  the same model on disk (picked through the file input)
 //   WGEMMA_G4_MODEL, WGEMMA_G4_EXPECTED  a tiny Gemma 4 with per-layer embeddings, and the
 //                                        native run's tokens for WGEMMA_REQUEST
+//   WGEMMA_DG_MODEL, WGEMMA_DG_REQUEST, WGEMMA_DG_EXPECTED  a tiny DiffusionGemma, what it is
+//                                        asked, and the native run's {drafts, ids}
 //   WGEMMA_DTYPE_REQUEST, WGEMMA_DTYPE_CASES  tiny models of every weight dtype
 //                                        ([{dtype, model, expected}]) and what they are asked
 //   WGEMMA_EXPECTED  the native run's token ids      WGEMMA_OUT       where the screenshot goes
@@ -157,6 +159,33 @@ try {
     "a model without an audio tower says so (the clip is refused first when it cannot be read)",
     g4.audio === null && /^(no_audio|bad_audio): /.test(g4.noAudio),
     JSON.stringify(g4),
+  );
+
+  // Text diffusion: the model is told apart by its architecture; one denoising step's draft
+  // and the block it gives are the native run's.
+  const dg = await page.evaluate(
+    async ({ model, request }) => {
+      const { WGemma } = await import("./wgemma.js");
+      const m = await WGemma.load(model, { cache: false });
+      const drafts = [], ids = [];
+      let done = null;
+      const { prompt, ...options } = request;
+      for await (const ev of m.session({ context: 64 }).generate(prompt, { ...options, raw: true })) {
+        if (ev.type === "draft") drafts.push(ev.text);
+        if (ev.type === "token") ids.push(ev.id);
+        if (ev.type === "done") done = ev;
+      }
+      const info = m.info();
+      m.dispose();
+      return { drafts, ids, canvas: info.diffusion?.canvas_length, blocks: done?.timings?.blocks };
+    },
+    { model: env.WGEMMA_DG_MODEL, request: JSON.parse(env.WGEMMA_DG_REQUEST) },
+  );
+  const dgExpected = JSON.parse(env.WGEMMA_DG_EXPECTED);
+  check(
+    "DiffusionGemma's denoising step and block equal the native run",
+    JSON.stringify({ drafts: dg.drafts, ids: dg.ids }) === JSON.stringify(dgExpected) && dg.canvas === 16 && dg.blocks === 1,
+    `browser ${JSON.stringify(dg)} vs native ${JSON.stringify(dgExpected)}`,
   );
 
   // Images: the vision tower loads from its projector file and encodes a file as natively; a

@@ -4,16 +4,17 @@
 //! URLs must behave, and the demo page must stream a reply (screenshot in the output folder).
 //! Images: the tiny vision model with its projector must give the native soft tokens and, in
 //! a two-turn chat, the native tokens; audio likewise (a WAV file's soft tokens, a chat about
-//! the clip decoded by the browser into an `AudioBuffer`). `--bench-model` also times a real model there (load,
-//! prefill, decode).
+//! the clip decoded by the browser into an `AudioBuffer`). Text diffusion: the tiny
+//! DiffusionGemma's drafts and block for one denoising step must equal the native run's.
+//! `--bench-model` also times a real model there (load, prefill, decode).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use futures::StreamExt;
 use wgemma::{
-    AudioInput, Event, GenerateRequest, ImageInput, LoadOptions, Model, Session, Timings,
-    session_options_from_json,
+    AudioInput, DiffusionGenerate, DiffusionModel, Event, GenerateRequest, ImageInput, LoadOptions,
+    Model, Session, Timings, session_options_from_json,
 };
 use wgemma_gguf::GgmlType;
 use wgemma_kernels::{ContextOptions, GPU_DTYPES};
@@ -123,6 +124,36 @@ fn native_tokens(model: &Path, requests: &[serde_json::Value]) -> Result<Vec<Vec
         all.push(generate(&mut session, request, Vec::new())?.0);
     }
     Ok(all)
+}
+
+/// The tiny DiffusionGemma of the diffusion crate's tests, and what it is asked in both runs:
+/// one denoising step a block (its text is that step's argmax canvas, so no draw decides it).
+const DIFFUSION_MODEL: &str = "crates/diffusion/tests/fixtures/dg_tiny.gguf";
+
+fn diffusion_request() -> serde_json::Value {
+    serde_json::json!({ "prompt": "the sea at night", "maxTokens": 16, "seed": 5, "steps": 1 })
+}
+
+/// The native run of [`diffusion_request`]: `{drafts: [text], ids}`.
+fn native_diffusion(model: &Path) -> Result<serde_json::Value, TaskError> {
+    let opts = LoadOptions {
+        gpu: native_gpu(),
+        ..LoadOptions::default()
+    };
+    let model = pollster::block_on(DiffusionModel::load_file(model, opts))?;
+    let req = DiffusionGenerate::from_json(&diffusion_request(), model.config().sampler)?;
+    let mut chat = model.session(64, None)?;
+    let (mut drafts, mut ids) = (Vec::new(), Vec::new());
+    let events: Vec<Result<Event, wgemma::Error>> =
+        pollster::block_on(chat.generate(req).collect());
+    for event in events {
+        match event? {
+            Event::Draft { text, .. } => drafts.push(text),
+            Event::Token { id, .. } => ids.push(id),
+            Event::Done { .. } => {}
+        }
+    }
+    Ok(serde_json::json!({ "drafts": drafts, "ids": ids }))
 }
 
 /// The tiny Gemma 4 with a vision tower (`crates/runtime/tests/vision.rs`'s), its projector
@@ -333,9 +364,11 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     let vision_path = write_native(&out, "vision", &native_vision(&fixtures)?)?;
     let audio_fixtures = root.join("crates/gemma4-audio/tests/fixtures");
     let audio_path = write_native(&out, "audio", &native_audio(&audio_fixtures)?)?;
+    let diffusion_file = root.join(DIFFUSION_MODEL);
+    let diffusion_native = native_diffusion(&diffusion_file)?;
     let tests = root.join("web/tests");
     ensure_playwright(&tests)?;
-    models.extend([tiny.clone(), tiny4.clone()]);
+    models.extend([tiny.clone(), tiny4.clone(), diffusion_file.clone()]);
     let vision_files = [VISION_MODEL, VISION_MMPROJ, VISION_IMAGE].map(|f| fixtures.join(f));
     models.extend(vision_files.iter().cloned());
     let audio_files = [AUDIO_MODEL, AUDIO_MMPROJ, AUDIO_CLIP].map(|f| audio_fixtures.join(f));
@@ -351,6 +384,9 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         .env("WGEMMA_MODEL_FILE", &tiny)
         .env("WGEMMA_G4_MODEL", name(&tiny4))
         .env("WGEMMA_G4_EXPECTED", serde_json::to_string(&expected4)?)
+        .env("WGEMMA_DG_MODEL", name(&diffusion_file))
+        .env("WGEMMA_DG_REQUEST", diffusion_request().to_string())
+        .env("WGEMMA_DG_EXPECTED", diffusion_native.to_string())
         .env("WGEMMA_DTYPE_REQUEST", dtype_request().to_string())
         .env(
             "WGEMMA_DTYPE_CASES",

@@ -111,6 +111,11 @@ impl DiffusionModel {
         self.inner.template
     }
 
+    /// The GPU the model runs on.
+    pub fn gpu_context(&self) -> &Arc<GpuContext> {
+        &self.inner.gpu.text.ctx
+    }
+
     /// Bytes the weights hold on the GPU.
     pub fn gpu_bytes(&self) -> u64 {
         self.inner.gpu.text.gpu_bytes()

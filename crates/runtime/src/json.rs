@@ -14,6 +14,9 @@
 //! placeholders, and its `content` may be a list of parts, `{"type": "text", "text": "..."}`,
 //! `{"type": "image"}` and `{"type": "audio"}`, each image or audio part a placeholder in
 //! place; a text or token prompt holds its placeholders (`<|image|>`, `<|audio|>`) itself.
+//!
+//! A DiffusionGemma model reads the prompt, `maxTokens`, `seed` and `parseSpecial` of the same
+//! shape, and `steps` (denoising steps a block at most) and `entropyBound`.
 
 use serde_json::{Map, Value, json};
 use wgemma_text::chat::{AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, Message, Role};
@@ -218,6 +221,30 @@ impl StopReason {
             StopReason::ContextFull => "context_full",
             StopReason::Loop => "loop",
         }
+    }
+}
+
+impl crate::diffusion::DiffusionGenerate {
+    /// A DiffusionGemma request from the JS API's JSON: the prompt, `maxTokens`, `seed`,
+    /// `parseSpecial`, and over `defaults` (the model's sampler) `steps` and `entropyBound`.
+    pub fn from_json(v: &Value, defaults: wgemma_diffusion::EntropyBound) -> Result<Self, Error> {
+        let o = object(v)?;
+        let base = GenerateRequest::from_json(v)?;
+        let mut sampler = defaults;
+        if let Some(n) = count(o, "steps", 1000)? {
+            sampler.max_steps = n as u32;
+        }
+        if let Some(b) = number(o, "entropyBound")? {
+            sampler.entropy_bound = b as f32;
+        }
+        sampler.check().map_err(bad)?;
+        Ok(Self {
+            prompt: base.prompt,
+            max_tokens: base.max_tokens,
+            sampler: Some(sampler),
+            seed: base.sampling.seed,
+            parse_special: base.parse_special,
+        })
     }
 }
 

@@ -19,7 +19,10 @@ use wgemma_text::{LoadProgress, PleRows, SessionOptions};
 
 use crate::clock::now_ms;
 use crate::json::session_options_from_json;
-use crate::{CancelHandle, ContextOptions, Error, GenerateRequest, LoadOptions, Model, Session};
+use crate::{
+    CancelHandle, ContextOptions, DiffusionChat, DiffusionGenerate, DiffusionModel, Error, Event,
+    GenerateRequest, LoadOptions, Model, Session, is_diffusion,
+};
 use audio::{audio_input, audio_inputs};
 use image::{image_input, image_inputs};
 use range::{JsRangeSource, js_message};
@@ -60,10 +63,29 @@ fn parse_json(text: &str) -> Result<serde_json::Value, Error> {
     serde_json::from_str(text).map_err(|e| Error::Request(format!("not JSON: {e}")))
 }
 
+/// A model that writes a token at a time, or a DiffusionGemma model (a block at a time).
+enum Engine {
+    Text(Model),
+    Diffusion(DiffusionModel),
+}
+
 /// A loaded model, owned by the worker.
 #[wasm_bindgen]
 pub struct WasmModel {
-    model: Model,
+    engine: Engine,
+}
+
+/// A conversation of either kind of model.
+enum Chat {
+    Text(Session),
+    Diffusion(DiffusionChat),
+}
+
+/// What a model of this kind cannot do.
+fn not_for_diffusion(what: &str) -> JsValue {
+    reject(&bad(format!(
+        "{what}: not for a text diffusion (DiffusionGemma) model"
+    )))
 }
 
 #[wasm_bindgen]
@@ -105,32 +127,49 @@ impl WasmModel {
             },
             ..LoadOptions::default()
         };
-        let model = Model::load_with_projector(&*source, projector.as_ref(), opts)
+        let (header, _) = wgemma_gguf::read_header(&*source)
             .await
-            .map_err(|e| reject(&e))?;
-        Ok(WasmModel { model })
+            .map_err(|e| reject(&e.into()))?;
+        let engine = if is_diffusion(&header) {
+            if projector.is_some() {
+                return Err(not_for_diffusion("a projector file"));
+            }
+            let model = DiffusionModel::load(&*source, opts).await;
+            Engine::Diffusion(model.map_err(|e| reject(&e))?)
+        } else {
+            let model = Model::load_with_projector(&*source, projector.as_ref(), opts).await;
+            Engine::Text(model.map_err(|e| reject(&e))?)
+        };
+        Ok(WasmModel { engine })
     }
 
     /// What the file holds (as `wgemma info --json`, without the tensor list), the vision and
-    /// audio towers loaded (from either file; null without one) and the GPU it runs on.
+    /// audio towers loaded (from either file; null without one), the text diffusion settings
+    /// (`diffusion`, null for other models) and the GPU it runs on.
     pub fn info(&self) -> JsValue {
-        let mut v = self.model.info().to_json();
+        let (mut v, ctx, bytes) = match &self.engine {
+            Engine::Text(m) => (m.info().to_json(), m.gpu_context().clone(), m.gpu_bytes()),
+            Engine::Diffusion(m) => (m.info().to_json(), m.gpu_context().clone(), m.gpu_bytes()),
+        };
         if let Some(o) = v.as_object_mut() {
             o.remove("tensors");
-            let vision = self.model.vision().map(|t| {
+            let text = match &self.engine {
+                Engine::Text(m) => Some(m),
+                Engine::Diffusion(_) => None,
+            };
+            let vision = text.and_then(|m| m.vision()).map(|t| {
                 let mut v = crate::info::vision_json(&t.cfg);
                 v["imageTokens"] = serde_json::json!(wgemma_vision::TOKEN_BUDGETS);
                 v["defaultImageTokens"] = serde_json::json!(crate::DEFAULT_IMAGE_TOKENS);
                 v
             });
             o.insert("vision".into(), vision.unwrap_or_default());
-            let audio = self.model.audio().map(|t| {
+            let audio = text.and_then(|m| m.audio()).map(|t| {
                 let mut v = crate::info::audio_json(&t.cfg);
                 v["maxSeconds"] = serde_json::json!(wgemma_audio::MAX_DURATION_SECS);
                 v
             });
             o.insert("audio".into(), audio.unwrap_or_default());
-            let ctx = self.model.gpu_context();
             o.insert(
                 "gpu".into(),
                 serde_json::json!({
@@ -139,7 +178,7 @@ impl WasmModel {
                     "deviceType": format!("{:?}", ctx.info.device_type),
                     "shaderF16": ctx.features.shader_f16,
                     "subgroups": ctx.features.subgroups,
-                    "weightBytes": self.model.gpu_bytes(),
+                    "weightBytes": bytes,
                 }),
             );
         }
@@ -150,11 +189,14 @@ impl WasmModel {
     /// rows, width, ms}`, `rows` tokens of `width` values each, row by row.
     #[wasm_bindgen(js_name = encodeImage)]
     pub fn encode_image(&self, image: JsValue) -> Promise {
+        let Engine::Text(model) = &self.engine else {
+            return Promise::reject(&not_for_diffusion("images"));
+        };
         let image = match image_input(&image) {
             Ok(i) => i,
             Err(e) => return Promise::reject(&reject(&e)),
         };
-        let model = self.model.clone();
+        let model = model.clone();
         future_to_promise(async move {
             let start = now_ms();
             let encoded = model.encode_image_to_vec(&image).await;
@@ -166,11 +208,14 @@ impl WasmModel {
     /// image's (a clip over 30 s: each chunk's tokens in turn).
     #[wasm_bindgen(js_name = encodeAudio)]
     pub fn encode_audio(&self, audio: JsValue) -> Promise {
+        let Engine::Text(model) = &self.engine else {
+            return Promise::reject(&not_for_diffusion("audio"));
+        };
         let audio = match audio_input(&audio) {
             Ok(a) => a,
             Err(e) => return Promise::reject(&reject(&e)),
         };
-        let model = self.model.clone();
+        let model = model.clone();
         future_to_promise(async move {
             let start = now_ms();
             let encoded = model.encode_audio_to_vec(&audio).await;
@@ -187,10 +232,25 @@ impl WasmModel {
                 .and_then(|v| session_options_from_json(&v))
                 .map_err(|e| reject(&e))?
         };
-        let session = self.model.session(opts).map_err(|e| reject(&e))?;
+        let (chat, cancel) = match &self.engine {
+            Engine::Text(m) => {
+                let s = m.session(opts).map_err(|e| reject(&e))?;
+                let cancel = s.cancel_handle();
+                (Chat::Text(s), cancel)
+            }
+            Engine::Diffusion(m) => {
+                let s = m.session(opts.context, None).map_err(|e| reject(&e))?;
+                let cancel = s.cancel_handle();
+                (Chat::Diffusion(s), cancel)
+            }
+        };
         Ok(WasmSession {
-            cancel: session.cancel_handle(),
-            session: Rc::new(RefCell::new(Some(session))),
+            cancel,
+            session: Rc::new(RefCell::new(Some(chat))),
+            diffusion_defaults: match &self.engine {
+                Engine::Diffusion(m) => Some(m.config().sampler),
+                Engine::Text(_) => None,
+            },
         })
     }
 }
@@ -198,8 +258,11 @@ impl WasmModel {
 /// A conversation. While a generation runs, the session is lent to it; `cancel` still works.
 #[wasm_bindgen]
 pub struct WasmSession {
-    session: Rc<RefCell<Option<Session>>>,
+    session: Rc<RefCell<Option<Chat>>>,
     cancel: CancelHandle,
+    /// A text diffusion model's sampler settings (what a request's `steps` and
+    /// `entropyBound` change).
+    diffusion_defaults: Option<wgemma_diffusion::EntropyBound>,
 }
 
 #[wasm_bindgen]
@@ -214,6 +277,29 @@ impl WasmSession {
         audio: JsValue,
         on_event: Function,
     ) -> Promise {
+        // An abort that came after the previous generation had finished is stale.
+        self.cancel.withdraw();
+        if let Some(defaults) = self.diffusion_defaults {
+            let req = match parse_json(request)
+                .and_then(|v| DiffusionGenerate::from_json(&v, defaults))
+            {
+                Ok(r) => r,
+                Err(e) => return Promise::reject(&reject(&e)),
+            };
+            let media = [&images, &audio]
+                .iter()
+                .any(|m| js_sys::Array::is_array(m) && js_sys::Array::from(m).length() > 0);
+            if media {
+                return Promise::reject(&not_for_diffusion("images and audio"));
+            }
+            return self.lend(async move |chat| {
+                let Chat::Diffusion(d) = chat else {
+                    return Err(reject(&bad("a text session")));
+                };
+                emit_events(d.generate(req), &on_event).await?;
+                Ok(JsValue::UNDEFINED)
+            });
+        }
         let mut req = match parse_request(request) {
             Ok(r) => r,
             Err(e) => return Promise::reject(&e),
@@ -222,10 +308,11 @@ impl WasmSession {
             (Ok(i), Ok(a)) => (req.images, req.audio) = (i, a),
             (Err(e), _) | (_, Err(e)) => return Promise::reject(&reject(&e)),
         }
-        // An abort that came after the previous generation had finished is stale.
-        self.cancel.withdraw();
-        self.lend(async move |session| {
-            emit_events(session, req, &on_event).await?;
+        self.lend(async move |chat| {
+            let Chat::Text(session) = chat else {
+                return Err(reject(&bad("a text diffusion session")));
+            };
+            emit_events(session.generate(req), &on_event).await?;
             Ok(JsValue::UNDEFINED)
         })
     }
@@ -248,7 +335,11 @@ impl WasmSession {
             (Ok(i), Ok(a)) => (req.images, req.audio) = (i, a),
             (Err(e), _) | (_, Err(e)) => return Promise::reject(&reject(&e)),
         }
-        self.lend(async move |session| {
+        self.lend(async move |chat| {
+            // Text diffusion has no profile here: null, as without timestamp queries.
+            let Chat::Text(session) = chat else {
+                return Ok(JsValue::NULL);
+            };
             let steps = session
                 .profile_request(&req)
                 .await
@@ -263,8 +354,11 @@ impl WasmSession {
 
     /// Forgets the conversation.
     pub fn reset(&self) -> Promise {
-        self.lend(async |session| {
-            session.reset().await.map_err(|e| reject(&e))?;
+        self.lend(async |chat| {
+            // A text diffusion session starts afresh at every request anyway.
+            if let Chat::Text(session) = chat {
+                session.reset().await.map_err(|e| reject(&e))?;
+            }
             Ok(JsValue::UNDEFINED)
         })
     }
@@ -275,7 +369,7 @@ impl WasmSession {
     /// puts the session back whatever happened.
     fn lend<W>(&self, work: W) -> Promise
     where
-        W: AsyncFnOnce(&mut Session) -> Result<JsValue, JsValue> + 'static,
+        W: AsyncFnOnce(&mut Chat) -> Result<JsValue, JsValue> + 'static,
     {
         let slot = self.session.clone();
         future_to_promise(async move {
@@ -315,12 +409,12 @@ fn parse_request(request: &str) -> Result<GenerateRequest, JsValue> {
         .map_err(|e| reject(&e))
 }
 
+/// Calls `on_event` with each event of `events` (as JSON objects).
 async fn emit_events(
-    session: &mut Session,
-    req: GenerateRequest,
+    events: impl futures::Stream<Item = Result<Event, Error>>,
     on_event: &Function,
 ) -> Result<(), JsValue> {
-    let mut events = Box::pin(session.generate(req));
+    let mut events = Box::pin(events);
     while let Some(event) = events.next().await {
         let event = event.map_err(|e| reject(&e))?;
         on_event
