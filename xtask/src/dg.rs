@@ -67,7 +67,7 @@ pub struct ReplayArgs {
 
 fn read_words(path: &Path) -> Result<Vec<[u8; 4]>, TaskError> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return Err(format!(
             "{}: {} bytes, not 4-byte values",
             path.display(),
@@ -100,7 +100,7 @@ fn read_f32(path: &Path) -> Result<Vec<f32>, TaskError> {
 
 /// `data` in rows of `row`, each a row of a stream.
 fn rows<T: Clone>(data: Vec<T>, row: usize, what: &Path) -> Result<VecDeque<Vec<T>>, TaskError> {
-    if row == 0 || data.len() % row != 0 {
+    if row == 0 || !data.len().is_multiple_of(row) {
         return Err(format!(
             "{}: {} values, not rows of {row}",
             what.display(),

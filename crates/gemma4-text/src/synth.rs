@@ -607,6 +607,34 @@ impl SynthSpec {
         }
     }
 
+    /// DiffusionGemma's self-conditioning block: its pre-norm and gated feed-forward.
+    fn self_cond_plan(&self) -> Vec<Planned> {
+        let (d, ff) = (self.n_embd as u64, self.n_ff as u64);
+        let matrix = |name: &str, role: &str, dims: Vec<u64>| Planned {
+            dtype: self.mix.dtype(role, 0, self.n_layer, dims[0]),
+            fill: Fill::Random {
+                scale: 1.5 / (dims[0] as f32).sqrt(),
+                offset: 0.0,
+            },
+            name: name.into(),
+            dims,
+        };
+        vec![
+            Planned {
+                name: "self_cond_pre_norm.weight".into(),
+                dtype: GgmlType::F32,
+                dims: vec![d],
+                fill: Fill::Random {
+                    scale: 0.5,
+                    offset: 1.0,
+                },
+            },
+            matrix("self_cond_gate.weight", "ffn_gate", vec![d, ff]),
+            matrix("self_cond_up.weight", "ffn_up", vec![d, ff]),
+            matrix("self_cond_down.weight", "ffn_down", vec![ff, d]),
+        ]
+    }
+
     /// Every tensor in file order. Norms sit around 1 (Gemma's +1 is folded in), matrices are
     /// scaled so activations neither vanish nor explode.
     fn plan(&self) -> Vec<Planned> {
@@ -660,13 +688,7 @@ impl SynthSpec {
                 ),
             });
             if g.diffusion.is_some() {
-                let ff = self.n_ff as u64;
-                plan.extend([
-                    vector("self_cond_pre_norm.weight".into(), d),
-                    matrix("self_cond_gate.weight".into(), "ffn_gate", 0, vec![d, ff]),
-                    matrix("self_cond_up.weight".into(), "ffn_up", 0, vec![d, ff]),
-                    matrix("self_cond_down.weight".into(), "ffn_down", 0, vec![ff, d]),
-                ]);
+                plan.extend(self.self_cond_plan());
             }
             if n_ple > 0 {
                 let all = n_ple * nl as u64;
