@@ -10,33 +10,9 @@ use wgemma_diffusion::{
 use wgemma_gguf::{BytesSource, Gguf};
 use wgemma_text::LoadOptions;
 
-const GGUF: &[u8] = include_bytes!("fixtures/dg_tiny.gguf");
-const GOLDEN: &str = include_str!("golden/dg_tiny.json");
+mod common;
 
-fn golden_f32(name: &str) -> Vec<f32> {
-    let path = format!("{}/tests/golden/{name}", env!("CARGO_MANIFEST_DIR"));
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn max_abs_diff(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    got.iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max)
-}
+use common::{GGUF, GOLDEN, golden_f32, ids, max_abs_diff};
 
 fn models() -> Option<(CpuDiffusion, Arc<GpuDiffusion>)> {
     let ctx = wgemma_test_support::gpu()?.clone();

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use wgemma_diffusion::{CpuDiffusion, DiffusionConfig, DiffusionConfigError};
 use wgemma_gguf::{BytesSource, Gguf, TensorSpec, Value, write_gguf};
 
-const GGUF: &[u8] = include_bytes!("fixtures/dg_tiny.gguf");
-const GOLDEN: &str = include_str!("golden/dg_tiny.json");
+mod common;
+
+use common::{GGUF, GOLDEN, golden_f32, ids, max_abs_diff};
 
 /// transformers' own f32 and f64 differ by about 1e-4 on this model; each classic mistake
 /// (no `window - 1` clip, swapped layer scales, canvas input not normed, canvas positions from
@@ -25,24 +26,8 @@ struct Case {
     logits_sc: Vec<f32>,
 }
 
-fn golden_f32(name: &str) -> Vec<f32> {
-    let path = format!("{}/tests/golden/{name}", env!("CARGO_MANIFEST_DIR"));
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}
-
 fn cases() -> Vec<Case> {
     let g: serde_json::Value = serde_json::from_str(GOLDEN).unwrap();
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
     g["cases"]
         .as_array()
         .unwrap()
@@ -65,14 +50,6 @@ fn cpu_model() -> CpuDiffusion {
     let g = Gguf::parse(GGUF).unwrap();
     let cfg = DiffusionConfig::from_gguf(&g).unwrap();
     CpuDiffusion::load(&g, &cfg, Arc::new(BytesSource::new(GGUF.to_vec()))).unwrap()
-}
-
-fn max_abs_diff(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    got.iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max)
 }
 
 #[test]

@@ -16,8 +16,9 @@ use wgemma_diffusion::{
 use wgemma_gguf::{BytesSource, Gguf};
 use wgemma_text::LoadOptions;
 
-const GGUF: &[u8] = include_bytes!("fixtures/dg_tiny.gguf");
-const REPLAY: &str = include_str!("golden/dg_tiny_replay.json");
+mod common;
+
+use common::{GGUF, REPLAY, floats as f32s, ids as u32s};
 
 fn model() -> Option<Arc<GpuDiffusion>> {
     let ctx = wgemma_test_support::gpu()?.clone();
@@ -28,24 +29,8 @@ fn model() -> Option<Arc<GpuDiffusion>> {
     Some(Arc::new(pollster::block_on(load).unwrap()))
 }
 
-fn u32s(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 fn rows<T>(v: &Value, f: impl Fn(&Value) -> T) -> VecDeque<T> {
     v.as_array().unwrap().iter().map(f).collect()
-}
-
-fn f32s(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
 }
 
 /// A recorded run's streams and request (no stop tokens: transformers ran without any).
