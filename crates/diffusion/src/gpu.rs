@@ -63,6 +63,50 @@ pub struct GpuDiffusion {
 /// Rows of the embedding table read and transposed at a time.
 const TRANSPOSE_ROWS: u64 = 4096;
 
+/// Threads the transposition takes (natively all the machine's; in the browser one).
+fn transpose_threads() -> usize {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        1
+    }
+}
+
+/// Writes `values` (rows of `d`, table rows `first..` of a table of `vocab` rows) into their
+/// columns of the transposed table `out` (`d` rows of `vocab`), through `conv`. Each output
+/// row's stretch is written in one run; threads take whole output rows.
+fn transpose_into<T: Copy + Send>(
+    values: &[f32],
+    d: usize,
+    (first, vocab): (usize, usize),
+    out: &mut [T],
+    conv: impl Fn(f32) -> T + Sync,
+) {
+    let rows = values.len() / d.max(1);
+    let fill = |j0: usize, block: &mut [T]| {
+        for (jj, row) in block.chunks_mut(vocab).enumerate() {
+            let j = j0 + jj;
+            for (r, o) in row[first..first + rows].iter_mut().enumerate() {
+                *o = conv(values[r * d + j]);
+            }
+        }
+    };
+    let per = d.div_ceil(transpose_threads()).max(1);
+    if per >= d {
+        fill(0, out);
+        return;
+    }
+    std::thread::scope(|s| {
+        for (i, block) in out.chunks_mut(per * vocab).enumerate() {
+            let fill = &fill;
+            s.spawn(move || fill(i * per, block));
+        }
+    });
+}
+
 /// The embedding table transposed, read through `src` a few thousand rows at a time.
 async fn transposed_embedding<R: RangeSource + ?Sized>(
     ctx: &GpuContext,
@@ -85,16 +129,11 @@ async fn transposed_embedding<R: RangeSource + ?Sized>(
             .read_range(start + first * t.row_bytes(), rows * t.row_bytes())
             .await?;
         let values = dequantize_to_vec(t.dtype, &bytes)?;
-        for (r, row) in values.chunks_exact(d as usize).enumerate() {
-            let v = (first as usize) + r;
-            for (j, &x) in row.iter().enumerate() {
-                let at = j * vocab as usize + v;
-                if f32_table {
-                    wide[at] = x;
-                } else {
-                    narrow[at] = half::f16::from_f32(x);
-                }
-            }
+        let at = (first as usize, vocab as usize);
+        if f32_table {
+            transpose_into(&values, d as usize, at, &mut wide, |x| x);
+        } else {
+            transpose_into(&values, d as usize, at, &mut narrow, half::f16::from_f32);
         }
         first += rows;
     }
