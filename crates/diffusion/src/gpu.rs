@@ -4,8 +4,9 @@
 use std::sync::Arc;
 
 use wgemma_gguf::{GgmlType, Gguf, RangeSource, TensorInfo, dequantize_to_vec};
-use wgemma_kernels::store::{RowSource, StoreError, WeightStore};
+use wgemma_kernels::store::{StoreError, WeightStore};
 use wgemma_kernels::{GpuContext, GpuError, GpuWeight, View};
+use wgemma_text::forward::{GateUp, load_gate_up};
 use wgemma_text::{ForwardError, GpuModel, LoadError, LoadOptions, LoadProgress};
 
 use crate::config::DiffusionConfig;
@@ -35,18 +36,10 @@ pub enum DiffusionError {
     ContextOverflow { need: usize, capacity: usize },
 }
 
-/// The self-conditioning block's gate and up projections.
-pub(crate) enum ScGateUp {
-    /// Gate and up rows interleaved (one dtype): the product is the gated activation.
-    Interleaved(GpuWeight),
-    /// Two dtypes: two products, then the gated activation.
-    Separate { gate: GpuWeight, up: GpuWeight },
-}
-
 /// The self-conditioning block's weights on the GPU.
 pub(crate) struct GpuSelfCond {
     pub pre_norm: View,
-    pub gate_up: ScGateUp,
+    pub gate_up: GateUp,
     pub down: GpuWeight,
     /// The embedding table transposed (`n_embd` rows of `n_vocab`; f32 for an f32 table, else
     /// f16), so that `softmax(z) E` is a product like any other.
@@ -170,15 +163,7 @@ impl GpuDiffusion {
         let t = SelfCond::resolve(g, cfg)?;
         let mut ld = WeightStore::new(&ctx);
         let pre_norm = ld.vector(t.pre_norm);
-        let gate_up = if t.gate.dtype == t.up.dtype {
-            let (g, u) = (RowSource::whole(t.gate), RowSource::whole(t.up));
-            ScGateUp::Interleaved(ld.interleaved(g, u, t.gate.n_rows(), 1)?)
-        } else {
-            ScGateUp::Separate {
-                gate: ld.matrix(vec![t.gate], 1)?,
-                up: ld.matrix(vec![t.up], 1)?,
-            }
-        };
+        let gate_up = load_gate_up(&mut ld, t.gate, t.up)?;
         let down = ld.matrix(vec![t.down], 1)?;
         ld.upload((g, src), &mut |_, _| {}).await?;
         let embd_t =

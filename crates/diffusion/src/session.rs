@@ -12,12 +12,13 @@ use wgemma_kernels::ops::{
     self, Affine, CanvasAcceptArgs, CanvasDraw, Elementwise, EmbedOut, MatmulArgs, MatvecOut,
     NormOut, RmsNorm, RowOp,
 };
-use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Profiler, Tensor, View};
-use wgemma_text::{CanvasBuffers, GpuSession, SessionOptions};
+use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Profiler, Tensor, View, wgpu};
+use wgemma_text::{CanvasBuffers, CanvasWork, GpuSession, SessionOptions};
 
 use crate::config::EntropyBound;
-use crate::gpu::{DiffusionError, GpuDiffusion, ScGateUp};
+use crate::gpu::{DiffusionError, GpuDiffusion};
 use crate::sampler::SamplerRng;
+use wgemma_text::forward::GateUp;
 
 /// What feeds a denoising step's self-conditioning block.
 #[derive(Clone, Copy, Debug)]
@@ -34,7 +35,7 @@ pub enum SelfConditioning<'a> {
 struct ScScratch {
     soft: View,
     normed: View,
-    /// The gate's and up's products where they are two ([`ScGateUp::Separate`]).
+    /// The gate's and up's products where they are two ([`GateUp::Separate`]).
     gate: View,
     up: View,
     act: View,
@@ -46,15 +47,18 @@ struct ScScratch {
 /// u32s between the regions of [`Sampling::out`]: binding offsets stay 256-byte aligned.
 const REGION: u64 = 64;
 
-/// The sampler's buffers. What a step leaves for the CPU lies in one buffer, read at once:
-/// the status, the state (steps the same, then the argmax canvas), the accepted flags and the
-/// next canvas (which the next step's embedding reads in place).
+/// The sampler's buffers. What a step leaves for the CPU lies in one buffer, copied at the
+/// end of the step's pass into a mappable one kept for it and read at once: the status, the
+/// state (steps the same, then the argmax canvas), the accepted flags and the next canvas
+/// (which the next step's embedding reads in place).
 struct Sampling {
     stats: View,
     uniforms: View,
     drawn: View,
     renoise: View,
     out: View,
+    /// Mappable, as large as `out`.
+    staging: View,
     status: View,
     state: View,
     accepted: View,
@@ -70,6 +74,12 @@ impl Sampling {
         let accepted_at = state_at + region(1 + rows);
         let next_at = accepted_at + region(rows);
         let out = buf("sampler out", next_at + region(rows));
+        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("sampler readback"),
+            size: out.size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         let at = |words: u64, len: u64| out.slice(words * 4, len * 4);
         Ok(Self {
             stats: buf("canvas stats", 4 * rows),
@@ -80,6 +90,7 @@ impl Sampling {
             state: at(state_at, 1 + rows)?,
             accepted: at(accepted_at, rows)?,
             next: at(next_at, rows)?,
+            staging: View::of(&staging),
             out,
         })
     }
@@ -91,8 +102,8 @@ fn sc_partials(model: &GpuDiffusion, rows: u32) -> u64 {
     let sc = &model.sc;
     let mut weights = vec![&sc.embd_t, &sc.down];
     match &sc.gate_up {
-        ScGateUp::Interleaved(w) => weights.push(w),
-        ScGateUp::Separate { gate, up } => weights.extend([gate, up]),
+        GateUp::Interleaved(w) => weights.push(w),
+        GateUp::Separate { gate, up } => weights.extend([gate, up]),
     }
     weights
         .into_iter()
@@ -168,7 +179,7 @@ impl DiffusionSession {
         let ff = model.sc.down.cols;
         let buf = |name: &str, floats: u64| View::of(&ctx.storage(name, floats * 4));
         let (r, d) = (rows as u64, c.n_embd as u64);
-        let two = matches!(model.sc.gate_up, ScGateUp::Separate { .. });
+        let two = matches!(model.sc.gate_up, GateUp::Separate { .. });
         let scratch = ScScratch {
             soft: buf("sc soft", r * d),
             normed: buf("sc normed", r * d),
@@ -313,10 +324,10 @@ impl DiffusionSession {
         )?);
         let ff = m.sc.down.cols as u32;
         match &m.sc.gate_up {
-            ScGateUp::Interleaved(w) => {
+            GateUp::Interleaved(w) => {
                 out.extend(product(w, &s.normed, &s.act, MatvecOut::Geglu, ff)?);
             }
-            ScGateUp::Separate { gate, up } => {
+            GateUp::Separate { gate, up } => {
                 out.extend(product(gate, &s.normed, &s.gate, rows_out, ff)?);
                 out.extend(product(up, &s.normed, &s.up, rows_out, ff)?);
                 let geglu = Elementwise::Geglu {
@@ -456,7 +467,11 @@ impl DiffusionSession {
         let _e = span.enter();
         self.start_block(canvas)?;
         let before = self.before(sc)?;
-        self.session.canvas_step(&before, &[], None).await?;
+        let work = CanvasWork {
+            before: &before,
+            ..CanvasWork::default()
+        };
+        self.session.canvas_step(work, None).await?;
         Ok(())
     }
 
@@ -524,29 +539,37 @@ impl DiffusionSession {
             self.samplers.insert(key, d);
         }
         let after = self.samplers[&key].clone();
-        self.session.canvas_step(&before, &after, profiler).await?;
+        let s = &self.sampling;
+        let work = CanvasWork {
+            before: &before,
+            after: &after,
+            read_back: Some((&s.out, &s.staging)),
+        };
+        self.session.canvas_step(work, profiler).await?;
         self.outcome(t).await
     }
 
-    /// Reads back what the last step left.
+    /// What the last step left, from the buffer its pass copied it into.
     async fn outcome(&self, temperature: f32) -> Result<StepOutcome, DiffusionError> {
-        let rows = self.canvas.rows;
-        let raw = self.model.text.ctx.read_f32(&self.sampling.out).await?;
-        let words: Vec<u32> = raw.iter().map(|v| v.to_bits()).collect();
+        let (rows, s) = (self.canvas.rows, &self.sampling);
+        let bytes = self
+            .model
+            .text
+            .ctx
+            .map_and_copy(&s.staging.buffer, s.out.size)
+            .await?;
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
         let region = |view: &View, len: usize| {
-            let at = ((view.offset - self.sampling.out.offset) / 4) as usize;
+            let at = ((view.offset - s.out.offset) / 4) as usize;
             words[at..at + len].to_vec()
         };
-        let status = region(&self.sampling.status, 4);
-        let state = region(&self.sampling.state, 1 + rows);
+        let status = region(&s.status, 4);
+        let state = region(&s.state, 1 + rows);
         Ok(StepOutcome {
             temperature,
             argmax: state[1..].to_vec(),
-            accepted: region(&self.sampling.accepted, rows)
-                .iter()
-                .map(|&a| a == 1)
-                .collect(),
-            next: region(&self.sampling.next, rows),
+            accepted: region(&s.accepted, rows).iter().map(|&a| a == 1).collect(),
+            next: region(&s.next, rows),
             mean_entropy: f32::from_bits(status[1]),
             same: status[2],
             done: status[3] == 1,

@@ -15,8 +15,8 @@ pub mod tokenizer;
 
 pub use config::{Arch, ConfigError, LayerConfig, TextConfig};
 pub use forward::{
-    BatchDecoder, BatchRow, CanvasBuffers, ExpertPlacement, ForwardError, Fusions, GpuModel,
-    GpuSession, KvPool, LoadError, LoadOptions, LoadProgress, MAX_TOP_LOGPROBS, PleRows,
+    BatchDecoder, BatchRow, CanvasBuffers, CanvasWork, ExpertPlacement, ForwardError, Fusions,
+    GpuModel, GpuSession, KvPool, LoadError, LoadOptions, LoadProgress, MAX_TOP_LOGPROBS, PleRows,
     PrefillWatch, PreparedLora, SessionOptions, SoftTokens, TokenLogprobs, Traced, WeightBytes,
 };
 pub use reference::{CpuModel, Input, LayerQkv, LayerRole, Matrix};

@@ -770,13 +770,77 @@ fn attention_matches_cpu_for_prefill_decode_window_and_gqa() {
     }
 }
 
+/// A prefill attention over a cache of `cap` rows for the tokens at `p0..p0 + t`, each with
+/// its own key bounds (`last`, `first`, a u32 per token where given).
+struct BoundedAttention {
+    heads: (u32, u32, u32),
+    cap: u32,
+    p0: u32,
+    t: u32,
+    window: u32,
+    last: Option<Vec<u32>>,
+    first: Option<Vec<u32>>,
+}
+
+impl BoundedAttention {
+    /// The GPU's output against the CPU's attention over the keys `sees(query, key)` allows.
+    fn check(
+        &self,
+        ctx: &GpuContext,
+        rng: &mut Rng,
+        sees: impl Fn(usize, usize) -> bool,
+        what: &str,
+    ) {
+        let ((nh, nkv, hd), (p0, t)) = (self.heads, (self.p0, self.t));
+        let positions: Vec<u32> = (p0..p0 + t).collect();
+        let q = rng.vec((t * nh * hd) as usize, 1.0);
+        let kc = rng.vec((self.cap * nkv * hd) as usize, 1.0);
+        let vc = rng.vec((self.cap * nkv * hd) as usize, 1.0);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let reference = cpu::AttendRef {
+            q: &q,
+            k: &kc,
+            v: &vc,
+            heads: nh as usize,
+            kv_heads: nkv as usize,
+            d: hd as usize,
+            q_pos0: p0 as usize,
+            scale,
+            softcap: 0.0,
+            relative: None,
+        };
+        let want = cpu::attend(&reference, sees);
+        let out = poisoned(ctx, want.len());
+        let bounds = |b: &Option<Vec<u32>>| b.as_ref().map(|v| upload_u32(ctx, v));
+        let (last, first) = (bounds(&self.last), bounds(&self.first));
+        let args = AttentionArgs {
+            q: &upload(ctx, &q),
+            k_cache: &upload(ctx, &kc),
+            v_cache: &upload(ctx, &vc),
+            positions: &upload_u32(ctx, &positions),
+            out: &out,
+            tokens: t,
+            n_head: nh,
+            n_kv_head: nkv,
+            head_dim: hd,
+            window: self.window,
+            scale,
+            softcap: 0.0,
+            q_stride: nh * hd,
+            last_key: last.as_ref(),
+            first_key: first.as_ref(),
+            slot_rows: 0,
+        };
+        run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
+        assert_close(what, &read(ctx, &out), &want, 1e-4);
+    }
+}
+
 /// Prefill attention with `last_key`: the tokens of a span (an image) also see the span's later
 /// tokens, within the sliding window's reach back.
 #[test]
 fn attention_sees_the_rest_of_its_span() {
     let Some(ctx) = ctx() else { return };
-    let mut rng = Rng(29);
-    let (nh, nkv, hd, cap) = (4u32, 2u32, 64u32, 80u32);
     let (p0, t, window) = (3u32, 40u32, 6u32);
     // Spans at positions 10..=24 and 30..=33; other tokens see only themselves and back.
     let last: Vec<u32> = (p0..p0 + t)
@@ -786,48 +850,20 @@ fn attention_sees_the_rest_of_its_span() {
             _ => p,
         })
         .collect();
-    let positions: Vec<u32> = (p0..p0 + t).collect();
-    let q = rng.vec((t * nh * hd) as usize, 1.0);
-    let kc = rng.vec((cap * nkv * hd) as usize, 1.0);
-    let vc = rng.vec((cap * nkv * hd) as usize, 1.0);
-    let scale = 1.0 / (hd as f32).sqrt();
-    let reference = cpu::AttendRef {
-        q: &q,
-        k: &kc,
-        v: &vc,
-        heads: nh as usize,
-        kv_heads: nkv as usize,
-        d: hd as usize,
-        q_pos0: p0 as usize,
-        scale,
-        softcap: 0.0,
-        relative: None,
+    let case = BoundedAttention {
+        heads: (4, 2, 64),
+        cap: 80,
+        p0,
+        t,
+        window,
+        last: Some(last.clone()),
+        first: None,
     };
-    let want = cpu::attend(&reference, |qp, kp| {
+    let sees = |qp: usize, kp: usize| {
         let causal = kp <= qp && qp - kp < window as usize;
         causal || (kp > qp && kp <= last[qp - p0 as usize] as usize)
-    });
-    let out = poisoned(ctx, want.len());
-    let args = AttentionArgs {
-        q: &upload(ctx, &q),
-        k_cache: &upload(ctx, &kc),
-        v_cache: &upload(ctx, &vc),
-        positions: &upload_u32(ctx, &positions),
-        out: &out,
-        tokens: t,
-        n_head: nh,
-        n_kv_head: nkv,
-        head_dim: hd,
-        window,
-        scale,
-        softcap: 0.0,
-        q_stride: nh * hd,
-        last_key: Some(&upload_u32(ctx, &last)),
-        first_key: None,
-        slot_rows: 0,
     };
-    run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
-    assert_close("attention with spans", &read(ctx, &out), &want, 1e-4);
+    case.check(ctx, &mut Rng(29), sees, "attention with spans");
 }
 
 /// Prefill attention with `first_key` and `last_key` as a DiffusionGemma canvas step sets
@@ -836,54 +872,19 @@ fn attention_sees_the_rest_of_its_span() {
 #[test]
 fn attention_of_a_canvas_sees_a_fixed_stretch() {
     let Some(ctx) = ctx() else { return };
-    let mut rng = Rng(31);
-    let (nh, nkv, hd, cap) = (8u32, 2u32, 64u32, 100u32);
     let (prompt, canvas, window) = (37u32, 21u32, 9u32);
     let first = prompt + 1 - window;
-    let positions: Vec<u32> = (prompt..prompt + canvas).collect();
-    let q = rng.vec((canvas * nh * hd) as usize, 1.0);
-    let kc = rng.vec((cap * nkv * hd) as usize, 1.0);
-    let vc = rng.vec((cap * nkv * hd) as usize, 1.0);
-    let scale = 1.0 / (hd as f32).sqrt();
-    let reference = cpu::AttendRef {
-        q: &q,
-        k: &kc,
-        v: &vc,
-        heads: nh as usize,
-        kv_heads: nkv as usize,
-        d: hd as usize,
-        q_pos0: prompt as usize,
-        scale,
-        softcap: 0.0,
-        relative: None,
-    };
-    let want = cpu::attend(&reference, |_, kp| {
-        (first as usize..(prompt + canvas) as usize).contains(&kp)
-    });
-    let out = poisoned(ctx, want.len());
-    let args = AttentionArgs {
-        q: &upload(ctx, &q),
-        k_cache: &upload(ctx, &kc),
-        v_cache: &upload(ctx, &vc),
-        positions: &upload_u32(ctx, &positions),
-        out: &out,
-        tokens: canvas,
-        n_head: nh,
-        n_kv_head: nkv,
-        head_dim: hd,
+    let case = BoundedAttention {
+        heads: (8, 2, 64),
+        cap: 100,
+        p0: prompt,
+        t: canvas,
         window,
-        scale,
-        softcap: 0.0,
-        q_stride: nh * hd,
-        last_key: Some(&upload_u32(
-            ctx,
-            &vec![prompt + canvas - 1; canvas as usize],
-        )),
-        first_key: Some(&upload_u32(ctx, &vec![first; canvas as usize])),
-        slot_rows: 0,
+        last: Some(vec![prompt + canvas - 1; canvas as usize]),
+        first: Some(vec![first; canvas as usize]),
     };
-    run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
-    assert_close("attention of a canvas", &read(ctx, &out), &want, 1e-4);
+    let sees = |_: usize, kp: usize| (first as usize..(prompt + canvas) as usize).contains(&kp);
+    case.check(ctx, &mut Rng(31), sees, "attention of a canvas");
 }
 
 /// A cache of several sequences (a batch of decode steps): each token sees only its own

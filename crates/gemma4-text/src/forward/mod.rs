@@ -7,10 +7,11 @@ mod session;
 
 pub use lora::PreparedLora;
 pub use model::{
-    ExpertPlacement, GpuModel, LoadError, LoadOptions, LoadProgress, PleRows, WeightBytes,
+    ExpertPlacement, GateUp, GpuModel, LoadError, LoadOptions, LoadProgress, PleRows, WeightBytes,
+    load_gate_up,
 };
 pub use session::{
-    BatchDecoder, BatchRow, CanvasBuffers, ForwardError, Fusions, GpuSession, KvPool,
+    BatchDecoder, BatchRow, CanvasBuffers, CanvasWork, ForwardError, Fusions, GpuSession, KvPool,
     MAX_IN_FLIGHT, MAX_TOP_LOGPROBS, PrefillWatch, SessionOptions, SoftTokens, TokenLogprobs,
     Traced,
 };

@@ -82,7 +82,7 @@ pub(super) struct Part {
 }
 
 /// The gate and up projections of a feed-forward block.
-pub(super) enum GateUp {
+pub enum GateUp {
     /// One weight with gate and up rows alternating, so one product yields the activation.
     Interleaved(GpuWeight),
     /// Different dtypes: two products and a separate activation.
@@ -277,7 +277,7 @@ fn runs<'a>(tensors: &[&'a TensorInfo]) -> Vec<Vec<&'a TensorInfo>> {
 
 /// A dense layer's gate and up projections: interleaved into one weight where they share a
 /// dtype (its product is the gated activation itself), else two.
-fn gate_up<'a>(
+pub fn load_gate_up<'a>(
     ld: &mut WeightStore<'a, '_>,
     gate: &'a TensorInfo,
     up: &'a TensorInfo,
@@ -351,7 +351,7 @@ async fn load_layer<'a, R: RangeSource + ?Sized>(
         o: ld.matrix(vec![lt.o], 1)?,
         post_attn_norm: ld.vector(lt.post_attn_norm),
         ffn_norm: ld.vector(lt.ffn_norm),
-        gate_up: gate_up(ld, lt.gate, lt.up)?,
+        gate_up: load_gate_up(ld, lt.gate, lt.up)?,
         down: ld.matrix(vec![lt.down], 1)?,
         post_ffw_norm: ld.vector(lt.post_ffw_norm),
         out_scale,

@@ -22,6 +22,19 @@ pub struct CanvasBuffers {
     pub logits: View,
 }
 
+/// What a canvas step records around the layers, in the same pass.
+#[derive(Clone, Copy, Default)]
+pub struct CanvasWork<'a> {
+    /// Dispatches before the layers: they must leave the rows' input in
+    /// [`CanvasBuffers::input`].
+    pub before: &'a [Dispatch],
+    /// Dispatches after them (they may read [`CanvasBuffers::logits`]).
+    pub after: &'a [Dispatch],
+    /// A copy at the end, `(from, to)`: what the step leaves for the CPU, into a mappable
+    /// buffer kept for it.
+    pub read_back: Option<(&'a View, &'a View)>,
+}
+
 /// A canvas step's plan.
 pub(super) struct CanvasPlan {
     buffers: CanvasBuffers,
@@ -67,14 +80,12 @@ impl GpuSession {
         Ok(buffers)
     }
 
-    /// Runs the prepared canvas step at the cache's position in one pass: `before` (which
-    /// must leave the rows' input in [`CanvasBuffers::input`]), the layers, `after` (which
-    /// may read [`CanvasBuffers::logits`]); then submits it, each dispatch timed by
+    /// Runs the prepared canvas step at the cache's position in one pass: `work.before`, the
+    /// layers, `work.after`, `work.read_back`; then submits it, each dispatch timed by
     /// `profiler` when given. The position stays where it is.
     pub async fn canvas_step(
         &mut self,
-        before: &[Dispatch],
-        after: &[Dispatch],
+        work: CanvasWork<'_>,
         profiler: Option<&mut Profiler>,
     ) -> Result<(), ForwardError> {
         let plan = self
@@ -100,9 +111,12 @@ impl GpuSession {
             Some(p) => Recorder::profiled(&ctx, "canvas", p),
             None => Recorder::new(&ctx, "canvas"),
         };
-        before.iter().for_each(|d| rec.run(d));
+        work.before.iter().for_each(|d| rec.run(d));
         self.record(&mut rec, &plan.ops).await?;
-        after.iter().for_each(|d| rec.run(d));
+        work.after.iter().for_each(|d| rec.run(d));
+        if let Some((from, to)) = work.read_back {
+            rec.copy(from, to, from.size);
+        }
         rec.submit();
         drop(lease);
         self.has_logits = false;
