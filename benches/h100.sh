@@ -75,6 +75,7 @@
 #              (default 48 and 8; the stop rule off), over their difference. Carry
 #              [".gl", ".dev/xtask", ".dev/llama-dg.tar.xz"]. If one call cannot hold it all:
 #              `diffusion_start` (build, model, ours), then `diffusion_finish`.
+#   ab         the prefill attention's tokens a workgroup, one and as many as fit, one binary.
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
 # them: each device call gets an empty $OUT, so a table made in a later call on the same
 # machine (while it is held) still sees the earlier calls' runs.
@@ -567,6 +568,28 @@ diffusion_finish() {
 diffusion() {
   diffusion_start
   diffusion_finish
+}
+
+# One binary, the prefill attention's tokens a workgroup switched by environment
+# (WGEMMA_ATTENTION_ROWS=1: one, as before; unset: as many as fill its eight heads), on the
+# DiffusionGemma step and on text prefill/decode.
+ab() {
+  mkdir -p "$OUT/ab"
+  synth dg-26b-a4b
+  local name env
+  for v in "before:WGEMMA_ATTENTION_ROWS=1" "rows:"; do
+    name=${v%%:*} env=${v#*:}
+    env $env .dev/xtask bench-diffusion --model "$W/models/dg-26b-a4b.gguf" --prompt 512 --steps 8 \
+      --reps 2 --json --profile > "$OUT/ab/dg-$name.json" 2> "$OUT/ab/dg-$name.err"
+  done
+  for m in ${AB_MODELS:-26b-a4b e4b}; do
+    synth "$m"
+    for v in "before:WGEMMA_ATTENTION_ROWS=1" "rows:"; do
+      name=${v%%:*} env=${v#*:}
+      env $env .dev/xtask bench-e2e --model "$W/models/$m.gguf" --prompt 512 --decode 64 --reps 3 \
+        --json > "$OUT/ab/e2e-$m-$name.json" 2> "$OUT/ab/e2e-$m-$name.err"
+    done
+  done
 }
 
 # Our side of 26B-A4B alone.

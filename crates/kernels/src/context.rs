@@ -80,6 +80,9 @@ pub struct ContextOptions {
     /// The tile every plain product on cooperative matrices takes (`WGEMMA_COOP_TILE`);
     /// `None`: chosen per product by its shape.
     pub coop_tile: Option<crate::ops::CoopTile>,
+    /// Tokens a workgroup of the prefill attention takes (`WGEMMA_ATTENTION_ROWS`: 1, 2, 4
+    /// or 8); `None`: as many as fill its eight heads.
+    pub attention_rows: Option<u32>,
 }
 
 impl Default for ContextOptions {
@@ -98,6 +101,7 @@ impl Default for ContextOptions {
             webgpu_limits: false,
             allow_split_k: true,
             coop_tile: None,
+            attention_rows: None,
         }
     }
 }
@@ -142,6 +146,9 @@ impl ContextOptions {
             }
             if let Some(t) = var("WGEMMA_COOP_TILE") {
                 self.coop_tile = crate::ops::CoopTile::from_name(&t);
+            }
+            if let Some(r) = var("WGEMMA_ATTENTION_ROWS") {
+                self.attention_rows = r.parse().ok().filter(|r: &u32| r.is_power_of_two());
             }
         }
         self
@@ -217,6 +224,8 @@ pub struct GpuContext {
     pub(crate) split_k: bool,
     /// [`ContextOptions::coop_tile`].
     pub(crate) coop_tile: Option<crate::ops::CoopTile>,
+    /// [`ContextOptions::attention_rows`].
+    pub(crate) attention_rows: Option<u32>,
     /// Held around every submit and poll ([`GpuContext::submit`], [`GpuContext::poll`]):
     /// [`crate::poller::Maintenance`] says why.
     pub(crate) maintenance: Arc<crate::poller::Maintenance>,
@@ -355,6 +364,7 @@ impl GpuContext {
             lost,
             split_k: options.allow_split_k,
             coop_tile: options.coop_tile,
+            attention_rows: options.attention_rows,
             pipelines: Mutex::new(HashMap::new()),
             unused: std::sync::OnceLock::new(),
             shader_checks: options.shader_checks,

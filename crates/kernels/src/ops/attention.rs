@@ -179,8 +179,11 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
         q_stride: a.q_stride,
         slot_rows: a.slot_rows,
     });
+    let g = a.n_head / a.n_kv_head;
+    let rows = attention_rows(ctx, g, a.tokens);
     let source = ShaderSource::new("attention", &[ACTIVATIONS_WGSL, ATTENTION_WGSL])
-        .constant("G", f64::from(a.n_head / a.n_kv_head))
+        .constant("G", f64::from(g))
+        .constant("R", f64::from(rows))
         .flag_if(a.last_key.is_some(), "SPANS")
         .flag_if(a.first_key.is_some(), "FIRST_KEYS");
     ctx.dispatch(
@@ -196,8 +199,22 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
             last_key: Bind::opt(a.last_key),
             first_key: Bind::opt(a.first_key),
         },
-        [a.n_kv_head, a.tokens, 1],
+        [a.n_kv_head, a.tokens.div_ceil(rows), 1],
     )
+}
+
+/// Tokens a workgroup of [`attention`] takes with `g` query heads per KV head: as many as
+/// fill its eight heads (each key and value then read once for all of them), no more than
+/// there are tokens; [`crate::ContextOptions::attention_rows`] where set.
+fn attention_rows(ctx: &GpuContext, g: u32, tokens: u32) -> u32 {
+    let fill = ctx.attention_rows.unwrap_or(MAX_QUERY_GROUP / g);
+    let most = (MAX_QUERY_GROUP / g).min(fill).max(1);
+    // A power of two no larger than the tokens: fewer pipeline variants, none idle.
+    let mut r = 1;
+    while r * 2 <= most && r * 2 <= tokens {
+        r *= 2;
+    }
+    r
 }
 
 /// Keys per workgroup of the split decode attention.

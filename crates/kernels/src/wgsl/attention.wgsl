@@ -1,13 +1,15 @@
 // Causal attention of many query tokens against the KV cache, with grouped KV heads and an
 // optional sliding window, by online softmax over chunks of 64 keys. One workgroup per
-// (KV head, token) takes the G query heads that share the KV head, so each key and value row
-// is read once for all of them rather than once per head (Gemma has 2 to 8 query heads per
-// KV head).
+// (KV head, R consecutive tokens) takes the G query heads that share the KV head for each of
+// its R tokens: GV = G R (at most 8) "virtual heads", so each key and value row is read once
+// for all of them rather than once per head and token (Gemma has 2 to 8 query heads per KV
+// head; R = 8 / G). The workgroup walks the union of its tokens' key ranges; a key outside
+// a token's own range weighs nothing for it.
 //
 // Per chunk: four threads share each key (interleaved vec4s, so a warp reads key rows in
-// 64-byte pieces) and score it against all G heads; thread (head g = li / 32, lane l) then
-// takes keys l and l + 32 of head g for the softmax, reduced over the head's 32 threads;
-// every thread accumulates output dimensions li and li + 256 of all G heads.
+// 64-byte pieces) and score it against all GV heads; thread (virtual head g = li / 32, lane l)
+// then takes keys l and l + 32 of head g for the softmax, reduced over the head's 32
+// threads; every thread accumulates output dimensions li and li + 256 of all GV heads.
 //
 // q: [tokens, q_stride] with head h at h * head_dim; k, v caches: [capacity, n_kv_head,
 // head_dim]; out: [tokens, n_head, head_dim]. Token m (at positions[m]) sees keys at positions
@@ -45,10 +47,13 @@ struct Params {
 @group(0) @binding(7) var<storage, read> first_key: array<u32>;
 #endif
 
-// Query heads per KV head, at most MAX_G.
+// Query heads per KV head, and tokens per workgroup: G R at most MAX_G.
 override G: u32 = 1u;
+override R: u32 = 1u;
 const MAX_G: u32 = 8u;
 const CHUNK: u32 = 64u;
+// Per token of the workgroup: its first and last key (first > last: no token there).
+var<workgroup> row_keys: array<vec2<u32>, MAX_G>;
 
 // Partial scores [head][key][quarter], then probabilities [head][key].
 var<workgroup> part: array<f32, 2048>;
@@ -85,14 +90,9 @@ fn head_reduce(v: f32, li: u32, is_max: bool) -> f32 {
 #endif
 }
 
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let kvh = wg.x;
-    // Later tokens (more keys) first: the longest workgroups start before the short ones.
-    let m = p.m - 1u - wg.y;
-    let hd = p.head_dim;
+// Token m's keys: the first and last it sees.
+fn key_range(m: u32) -> vec2<u32> {
     let pos = positions[m];
-    let row = p.n_kv_head * hd;
     var lo = 0u;
     if (p.window > 0u && pos + 1u > p.window) {
         lo = pos + 1u - p.window;
@@ -107,12 +107,43 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #if SPANS
     hi = min(max(pos, last_key[m]), p.capacity - 1u);
 #endif
-    // Query of head kvh * G + g: vec4 index qb + g * hd / 4.
-    let qb = (m * p.q_stride + kvh * G * hd) / 4u;
+    return vec2<u32>(lo, hi);
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let kvh = wg.x;
+    let hd = p.head_dim;
+    let row = p.n_kv_head * hd;
+    // Token r of the workgroup is m_top - r: later tokens (more keys) first, so that the
+    // longest workgroups start before the short ones. Past the first token: none.
+    let m_top = p.m - 1u - wg.y * R;
+    if (li < R) {
+        var keys = vec2<u32>(1u, 0u);
+        if (li <= m_top) {
+            keys = key_range(m_top - li);
+        }
+        row_keys[li] = keys;
+    }
+    workgroupBarrier();
+    // The keys of all the tokens, and those of this thread's softmax head.
+    var lo = 0xFFFFFFFFu;
+    var hi = 0u;
+    for (var r = 0u; r < R; r++) {
+        let k = row_keys[r];
+        if (k.x <= k.y) {
+            lo = min(lo, k.x);
+            hi = max(hi, k.y);
+        }
+    }
     let key = li / 4u;
     let quarter = li % 4u;
     let g_mine = li / 32u;
     let lane = li % 32u;
+    let my_keys = row_keys[min(g_mine / G, R - 1u)];
+    // Query of virtual head g (token g / G, head kvh G + g % G): vec4 index q_at(g) + i.
+    let q_top = (m_top * p.q_stride + kvh * G * hd) / 4u;
+    let q_row = p.q_stride / 4u;
 
     var run_max = -3.0e38;
     var run_sum = 0.0;
@@ -134,32 +165,37 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 for (var t = 0u; t < 4u; t++) {
                     let i = i0 + 4u * t;
                     if (i < hd / 4u) {
-                        for (var g = 0u; g < G; g++) {
-                            dv[g] += dot(q[qb + g * (hd / 4u) + i], ks[t]);
+                        for (var g = 0u; g < G * R; g++) {
+                            // Rows of tokens past the first read token 0's query (dropped).
+                            let r = min(g / G, m_top);
+                            dv[g] += dot(q[q_top - r * q_row + (g % G) * (hd / 4u) + i], ks[t]);
                         }
                     }
                 }
             }
         }
-        for (var g = 0u; g < G; g++) {
+        for (var g = 0u; g < G * R; g++) {
             part[(g * CHUNK + key) * 4u + quarter] = dv[g];
         }
         workgroupBarrier();
-        // Thread (g_mine, lane): keys lane and lane + 32 of head g_mine.
+        // Thread (g_mine, lane): keys lane and lane + 32 of virtual head g_mine, those in its
+        // token's range.
         var s = vec2<f32>(-3.0e38);
-        if (g_mine < G) {
+        var seen = vec2<bool>(false);
+        if (g_mine < G * R) {
             for (var h = 0u; h < 2u; h++) {
                 let j = lane + 32u * h;
-                if (j < count) {
+                seen[h] = j < count && first + j >= my_keys.x && first + j <= my_keys.y;
+                if (seen[h]) {
                     let b = (g_mine * CHUNK + j) * 4u;
                     s[h] = softcapped((part[b] + part[b + 1u] + part[b + 2u] + part[b + 3u]) * p.scale, p.softcap);
                 }
             }
         }
         let new_max = max(run_max, head_reduce(max(s.x, s.y), li, true));
-        let e = exp(s - vec2<f32>(new_max));
+        let e = select(vec2<f32>(0.0), exp(s - vec2<f32>(new_max)), seen);
         let csum = head_reduce(e.x + e.y, li, false);
-        if (g_mine < G) {
+        if (g_mine < G * R) {
             probs[g_mine * CHUNK + lane] = e.x;
             probs[g_mine * CHUNK + lane + 32u] = e.y;
             if (lane == 0u) {
@@ -169,7 +205,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         run_sum = run_sum * exp(run_max - new_max) + csum;
         run_max = new_max;
         workgroupBarrier();
-        for (var g = 0u; g < G; g++) {
+        for (var g = 0u; g < G * R; g++) {
             acc[g] *= corr[g];
         }
         let vb = first * row + kvh * hd;
@@ -187,7 +223,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 }
             }
             for (var t = 0u; t < 8u; t++) {
-                for (var g = 0u; g < G; g++) {
+                for (var g = 0u; g < G * R; g++) {
                     acc[g] += probs[g * CHUNK + j0 + t] * vs[t];
                 }
             }
@@ -195,12 +231,16 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         workgroupBarrier();
     }
     // Each head's sum reaches every thread through workgroup memory.
-    if (g_mine < G && lane == 0u) {
+    if (g_mine < G * R && lane == 0u) {
         corr[g_mine] = run_sum;
     }
     workgroupBarrier();
-    for (var g = 0u; g < G; g++) {
-        let ob = (m * p.n_head + kvh * G + g) * hd;
+    for (var g = 0u; g < G * R; g++) {
+        let r = g / G;
+        if (r > m_top) {
+            break;
+        }
+        let ob = ((m_top - r) * p.n_head + kvh * G + g % G) * hd;
         if (li < hd) {
             out[ob + li] = acc[g].x / corr[g];
         }
