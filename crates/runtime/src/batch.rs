@@ -3,6 +3,9 @@
 //! generation at once (the products read each weight once for all of them), and generations
 //! start and end between steps. A generation running alone queues its steps ahead of the
 //! readback as [`Session::generate`] does.
+//!
+//! A newcomer's long prompt is read a chunk a step ([`Batch::set_prefill_chunk`]), so the
+//! generations under way go on between its chunks rather than wait for all of it.
 
 use wgemma_text::{BatchDecoder, BatchRow, ForwardError, SessionOptions};
 
@@ -16,6 +19,15 @@ pub type SlotEvent = (usize, Result<Event, Error>);
 struct Slot {
     session: Session,
     run: Option<Run>,
+    /// A generation whose prompt is being read a chunk a step, before its run starts.
+    prefill: Option<Prefill>,
+}
+
+struct Prefill {
+    run: Run,
+    tokens: Vec<u32>,
+    /// Tokens of the prompt in the cache so far.
+    read: usize,
 }
 
 /// Sessions of one model that generate together, each in a slot: its own conversation and
@@ -24,6 +36,7 @@ struct Slot {
 pub struct Batch {
     decoder: BatchDecoder,
     slots: Vec<Slot>,
+    prefill_chunk: usize,
 }
 
 impl Batch {
@@ -50,9 +63,26 @@ impl Batch {
             decoder,
             slots: sessions
                 .into_iter()
-                .map(|session| Slot { session, run: None })
+                .map(|session| Slot {
+                    session,
+                    run: None,
+                    prefill: None,
+                })
                 .collect(),
+            prefill_chunk: opts.max_batch,
         })
+    }
+
+    /// Reads a newcomer's text prompt at most `tokens` tokens a step (by default the
+    /// sessions' `max_batch`, one pass), its chunks between the steps of the generations
+    /// under way; 0 reads every prompt at once, the others waiting for it.
+    pub fn set_prefill_chunk(&mut self, tokens: usize) {
+        self.prefill_chunk = tokens;
+    }
+
+    /// Slots whose prompt is being read a chunk a step.
+    pub fn reading_prompts(&self) -> usize {
+        self.slots.iter().filter(|s| s.prefill.is_some()).count()
     }
 
     /// Its number of slots.
@@ -60,14 +90,19 @@ impl Batch {
         self.slots.len()
     }
 
-    /// Slots generating now.
+    /// Slots generating now (their prompts read or being read).
     pub fn running(&self) -> usize {
-        self.slots.iter().filter(|s| s.run.is_some()).count()
+        self.slots
+            .iter()
+            .filter(|s| s.run.is_some() || s.prefill.is_some())
+            .count()
     }
 
     /// Whether `slot` has no generation under way.
     pub fn is_idle(&self, slot: usize) -> bool {
-        self.slots.get(slot).is_some_and(|s| s.run.is_none())
+        self.slots
+            .get(slot)
+            .is_some_and(|s| s.run.is_none() && s.prefill.is_none())
     }
 
     /// The tokens `slot`'s cache holds.
@@ -112,6 +147,26 @@ impl Batch {
         let s = &mut self.slots[slot];
         let mut run = Run::new(req);
         run.stop_pipelining();
+        match s
+            .session
+            .chunked_prompt(run.request(), self.prefill_chunk)
+            .await
+        {
+            Ok(Some((tokens, cached))) => {
+                run.arrived_with(cached);
+                s.prefill = Some(Prefill {
+                    run,
+                    tokens,
+                    read: cached,
+                });
+                return Ok(out);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                out.push((slot, Err(e)));
+                return Ok(out);
+            }
+        }
         let first = run.step(&mut s.session).await;
         if !run.is_done() {
             s.run = Some(run);
@@ -125,7 +180,44 @@ impl Batch {
     /// cancel), then one step that feeds and samples all the others at once. A generation
     /// running alone takes its own pipelined step.
     pub async fn step(&mut self, paused: impl Fn(usize) -> bool) -> Vec<SlotEvent> {
+        let mut out = self.step_runs(paused).await;
+        self.read_prompts(&mut out).await;
+        out
+    }
+
+    /// A chunk of each prompt being read; where the rest fits one chunk (or the request was
+    /// cancelled), its run starts: reads the rest, samples the first token and steps with the
+    /// others from the next step on.
+    async fn read_prompts(&mut self, out: &mut Vec<SlotEvent>) {
+        let chunk = self.prefill_chunk.max(1);
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            let Some(p) = &mut s.prefill else { continue };
+            if p.tokens.len() - p.read > chunk && !s.session.cancel_requested() {
+                let end = p.read + chunk;
+                match s.session.read_chunk(&p.tokens[p.read..end]).await {
+                    Ok(()) => p.read = end,
+                    Err(e) => {
+                        s.prefill = None;
+                        out.push((i, Err(e)));
+                    }
+                }
+                continue;
+            }
+            let Some(Prefill { mut run, .. }) = s.prefill.take() else {
+                continue;
+            };
+            let first = run.step(&mut s.session).await;
+            if !run.is_done() {
+                s.run = Some(run);
+            }
+            out.push((i, first));
+        }
+    }
+
+    /// [`Batch::step`]'s part for the generations whose prompts are read.
+    async fn step_runs(&mut self, paused: impl Fn(usize) -> bool) -> Vec<SlotEvent> {
         let mut out = Vec::new();
+        // Alone (no prompt being read beside it either), a generation pipelines its steps.
         if self.running() == 1
             && let Some((i, s)) = self
                 .slots

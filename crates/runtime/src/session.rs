@@ -235,6 +235,9 @@ pub(crate) struct Run {
     pipelined: bool,
     /// The log-probabilities of the token read last, for its event.
     logprobs: Option<TokenLogprobs>,
+    /// What the cache held of the prompt when the request came, where a [`crate::Batch`]
+    /// read the rest in chunks before the run started (its timings count those as read).
+    arrived_cached: Option<usize>,
 }
 
 impl Session {
@@ -297,6 +300,46 @@ impl Session {
     /// Tokens in the KV cache.
     pub fn cached_tokens(&self) -> &[u32] {
         self.gpu.tokens()
+    }
+
+    /// Prepares `req`'s prompt to be read `chunk` tokens at a time ([`crate::Batch`]): where
+    /// it is text only, fits the context and more than `chunk` of its tokens are not cached,
+    /// drops the cache past what it shares with the prompt and returns the prompt and that
+    /// shared length. `None`: the request starts as usual, its prompt read at once (and its
+    /// run says what is wrong with it, if anything).
+    pub(crate) async fn chunked_prompt(
+        &mut self,
+        req: &GenerateRequest,
+        chunk: usize,
+    ) -> Result<Option<(Vec<u32>, usize)>, Error> {
+        if chunk == 0 || !req.images.is_empty() || !req.audio.is_empty() {
+            return Ok(None);
+        }
+        check_request(req)?;
+        let (tokens, spans) = expanded_prompt(&self.model, req)?;
+        if !spans.is_empty() || tokens.is_empty() || tokens.len() + 1 > self.gpu.capacity() {
+            return Ok(None);
+        }
+        self.gpu.drain().await?;
+        let common = media::reusable_prefix(self.gpu.tokens(), &self.media, &tokens, &spans)
+            .min(tokens.len() - 1);
+        if tokens.len() - common <= chunk {
+            return Ok(None);
+        }
+        self.gpu.rewind(common)?;
+        self.media.retain(|i| i.at + i.len <= common);
+        Ok(Some((tokens, common)))
+    }
+
+    /// Reads `tokens` into the cache after what it holds: a chunk of a prompt.
+    pub(crate) async fn read_chunk(&mut self, tokens: &[u32]) -> Result<(), Error> {
+        self.gpu.fetch_rows(tokens).await?;
+        Ok(self.gpu.feed(tokens).await?)
+    }
+
+    /// Whether a cancel waits to be acted on.
+    pub(crate) fn cancel_requested(&self) -> bool {
+        self.cancel.0.load(Ordering::Relaxed)
     }
 
     /// Positions the session holds.
@@ -546,7 +589,18 @@ impl Run {
             recent: RecentText::default(),
             pipelined: true,
             logprobs: None,
+            arrived_cached: None,
         }
+    }
+
+    pub(crate) fn request(&self) -> &GenerateRequest {
+        &self.req
+    }
+
+    /// Notes that `cached` tokens of the prompt were in the cache when the request came,
+    /// before its prompt was read in chunks.
+    pub(crate) fn arrived_with(&mut self, cached: usize) {
+        self.arrived_cached = Some(cached);
     }
 
     /// The run has given its last event (`Done` or an error).
@@ -613,12 +667,7 @@ impl Run {
     }
 
     async fn start_prefill(&mut self, s: &mut Session) -> Result<(), Error> {
-        self.req.sampling.validate()?;
-        if self.req.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
-            return Err(Error::Request(format!(
-                "at most {MAX_TOP_LOGPROBS} top log-probabilities a token"
-            )));
-        }
+        check_request(&self.req)?;
         let (tokens, spans) = expanded_prompt(&s.model, &self.req)?;
         s.gpu.drain().await?;
         s.gpu.set_logprobs(self.req.logprobs)?;
@@ -627,7 +676,7 @@ impl Run {
         let common =
             media::reusable_prefix(s.gpu.tokens(), &s.media, &tokens, &spans).min(tokens.len() - 1);
         self.timings.prompt_tokens = tokens.len();
-        self.timings.cached_tokens = common;
+        self.timings.cached_tokens = self.arrived_cached.unwrap_or(common);
         if tokens.len() + 1 > s.gpu.capacity() {
             return Err(ForwardError::ContextOverflow {
                 need: tokens.len() + 1,
@@ -893,6 +942,17 @@ pub enum MediaInput {
 /// `req`'s prompt tokens with its images' and clips' placeholders expanded to their soft
 /// tokens, and where each input's soft tokens sit. A model without the tower an input needs
 /// says so first (the input's tokens would otherwise be measured against the context).
+/// The checks a request passes before its prompt touches the cache.
+fn check_request(req: &GenerateRequest) -> Result<(), Error> {
+    req.sampling.validate()?;
+    if req.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+        return Err(Error::Request(format!(
+            "at most {MAX_TOP_LOGPROBS} top log-probabilities a token"
+        )));
+    }
+    Ok(())
+}
+
 fn expanded_prompt(model: &Model, req: &GenerateRequest) -> Result<(Vec<u32>, Vec<Span>), Error> {
     if !req.images.is_empty() && model.vision().is_none() {
         return Err(Error::NoVision);

@@ -230,7 +230,9 @@ fn reply(events: impl IntoIterator<Item = Result<Event, Error>>) -> (String, Sto
 }
 
 /// Generations that start at different times and share decode steps in a [`wgemma::Batch`]
-/// each give what the same request gives alone; a slot keeps its conversation's cache.
+/// each give what the same request gives alone; a slot keeps its conversation's cache. Long
+/// prompts are read a chunk a step (by default `max_batch` tokens, here also 4) while the
+/// others go on decoding.
 #[test]
 fn batched_generations_match_each_alone() {
     use wgemma::{Batch, SessionOptions};
@@ -264,35 +266,120 @@ fn batched_generations_match_each_alone() {
                 ))
             })
             .collect();
-        let mut batch = Batch::new(&model, 3, opts).expect("a batch");
-        let mut events: Vec<Vec<Result<Event, Error>>> =
-            (0..requests.len()).map(|_| Vec::new()).collect();
-        // Request k goes to slot k % 3 once that slot is free; request 0 runs alone at first.
-        let mut next = 0;
-        let mut owner = [usize::MAX; 3];
-        for round in 0..200 {
-            if next < requests.len() && (round >= 3 * next) {
-                let slot = next % 3;
-                if batch.is_idle(slot) {
-                    owner[slot] = next;
-                    let started = pollster::block_on(batch.start(slot, requests[next].clone()));
-                    for (i, e) in started.expect("starts") {
-                        events[owner[i]].push(e);
-                    }
-                    next += 1;
-                }
+        for chunk in [None, Some(4)] {
+            let mut batch = Batch::new(&model, 3, opts).expect("a batch");
+            if let Some(c) = chunk {
+                batch.set_prefill_chunk(c);
             }
-            if next == requests.len() && batch.running() == 0 {
-                break;
+            let what = format!("gemma4 {gemma4}, chunks of {chunk:?}");
+            let events = run_batch(&mut batch, &requests, &what);
+            for (k, (want, got)) in alone.iter().zip(events).enumerate() {
+                assert_eq!(&reply(got), want, "{what}: request {k}");
             }
-            for (i, e) in pollster::block_on(batch.step(|_| false)) {
-                events[owner[i]].push(e);
-            }
+            // Slot 0 ran request 3 last: its cache holds that prompt and reply.
+            assert!(batch.cached_tokens(0).len() > 6);
         }
-        for (k, (want, got)) in alone.iter().zip(events).enumerate() {
-            assert_eq!(&reply(got), want, "gemma4 {gemma4}: request {k}");
-        }
-        // Slot 0 ran request 3 last: its cache holds that prompt and reply.
-        assert!(batch.cached_tokens(0).len() > 6);
     }
+}
+
+/// Runs `requests` in `batch` (request k in slot k % 3 once that slot is free, one every
+/// three steps; request 0 runs alone at first) and returns each one's events. Checks that
+/// the generations under way went on while request 2's 17-token prompt was read in chunks.
+fn run_batch(
+    batch: &mut wgemma::Batch,
+    requests: &[GenerateRequest],
+    what: &str,
+) -> Vec<Vec<Result<Event, Error>>> {
+    let mut events: Vec<Vec<Result<Event, Error>>> = requests.iter().map(|_| Vec::new()).collect();
+    let mut next = 0;
+    let mut owner = [usize::MAX; 3];
+    // Events of other requests between request 2's start and its first event.
+    let mut while_reading = None;
+    for round in 0..200 {
+        if next < requests.len() && (round >= 3 * next) {
+            let slot = next % 3;
+            if batch.is_idle(slot) {
+                owner[slot] = next;
+                let started = pollster::block_on(batch.start(slot, requests[next].clone()));
+                if next == 2 {
+                    while_reading = Some(0);
+                }
+                for (i, e) in started.expect("starts") {
+                    events[owner[i]].push(e);
+                }
+                next += 1;
+            }
+        }
+        if next == requests.len() && batch.running() == 0 {
+            break;
+        }
+        for (i, e) in pollster::block_on(batch.step(|_| false)) {
+            if let Some(n) = &mut while_reading
+                && owner[i] != 2
+                && events[2].is_empty()
+            {
+                *n += 1;
+            }
+            events[owner[i]].push(e);
+        }
+    }
+    if what.ends_with("Some(4)") {
+        assert!(
+            while_reading.is_some_and(|n| n >= 3),
+            "{what}: {while_reading:?} events of others while the prompt was read"
+        );
+    }
+    events
+}
+
+/// A request cancelled while its prompt is read in chunks ends as cancelled at the next step,
+/// and its slot then serves the next request as a fresh session would.
+#[test]
+fn a_batched_prompt_cancelled_while_read_ends_and_frees_its_slot() {
+    use wgemma::{Batch, SessionOptions};
+    let Some(model) = tiny_model(false, None) else {
+        return;
+    };
+    let vocab = model.config().n_vocab as u32;
+    let request = |n: u32| GenerateRequest {
+        max_tokens: 6,
+        ..GenerateRequest::new(Prompt::Tokens(
+            (0..n).map(|i| (i * 17 + 5) % vocab).collect(),
+        ))
+    };
+    let opts = SessionOptions {
+        context: 64,
+        max_batch: 16,
+    };
+    let mut batch = Batch::new(&model, 2, opts).expect("a batch");
+    batch.set_prefill_chunk(4);
+    let started = pollster::block_on(batch.start(0, request(20))).expect("starts");
+    assert!(started.is_empty(), "no event before the prompt is read");
+    assert_eq!(batch.reading_prompts(), 1);
+    pollster::block_on(batch.step(|_| false));
+    batch.cancel_handle(0).expect("slot 0").cancel();
+    let events = pollster::block_on(batch.step(|_| false));
+    assert!(
+        matches!(
+            events.as_slice(),
+            [(
+                0,
+                Ok(Event::Done {
+                    reason: StopReason::Cancelled,
+                    ..
+                })
+            )]
+        ),
+        "{events:?}"
+    );
+    assert!(batch.is_idle(0) && batch.running() == 0);
+    let mut alone = model.session(opts).expect("a session");
+    let want = reply(pollster::block_on(
+        alone.generate(request(11)).collect::<Vec<_>>(),
+    ));
+    let mut got = pollster::block_on(batch.start(0, request(11))).expect("starts");
+    while batch.running() > 0 {
+        got.extend(pollster::block_on(batch.step(|_| false)));
+    }
+    assert_eq!(reply(got.into_iter().map(|(_, e)| e)), want);
 }

@@ -299,7 +299,8 @@ impl Engine {
         };
         let paused: Vec<bool> = (0..self.active.len()).map(waiting).collect();
         let events = pollster::block_on(self.batch.step(|i| paused[i]));
-        let idle = events.is_empty();
+        // A step that only read a chunk of a prompt gave no events but was not idle.
+        let idle = events.is_empty() && self.batch.reading_prompts() == 0;
         self.route(events);
         self.deliver(owner);
         if idle {
