@@ -208,3 +208,51 @@ fn pair(
     };
     pollster::block_on(batch.step(&mut [row(a), row(b)])).map(|_| ())
 }
+
+/// A pooled session that takes another slot's cached prefix reads only the rest of a prompt
+/// that starts like it, and then gives the logits the CPU reference gives for the whole
+/// prompt; the slot it took them from keeps its own. Refusals leave the session as it was.
+#[test]
+fn a_slot_takes_the_cached_prefix_of_another() {
+    let Some(ctx) = ctx() else { return };
+    for spec in specs() {
+        let what = format!("{} {:?}", spec.arch, spec.mix);
+        let m = load(synthetic_bytes(&spec).unwrap(), ctx.clone());
+        let vocab = spec.n_vocab as u32;
+        let pool = KvPool::new(m.gpu.clone(), 3, 64).unwrap();
+        let shared = prompt(19, 5, vocab);
+        let a = start(&m.gpu, &m.cpu, &pool, &shared);
+        let opts = SessionOptions {
+            context: 64,
+            max_batch: 8,
+        };
+        let mut b = GpuSession::in_pool(m.gpu.clone(), opts, &pool).unwrap();
+        // b's own conversation first: what it takes replaces it.
+        pollster::block_on(b.feed(&prompt(7, 9, vocab))).unwrap();
+        let mut tokens = shared[..15].to_vec();
+        tokens.extend(prompt(6, 6, vocab));
+        b.adopt_prefix(&a.session, 15).unwrap();
+        assert_eq!(b.tokens(), &shared[..15], "{what}");
+        pollster::block_on(b.feed(&tokens[15..])).unwrap();
+        let got = pollster::block_on(b.logits()).unwrap();
+        let mut state = m.cpu.new_state();
+        let want = m.cpu.forward(&mut state, &tokens).unwrap().pop().unwrap();
+        let e = rel_err(&got, &want);
+        assert!(e < 2e-4, "{what}: relative error {e}");
+        // a's cache is untouched: its next step still matches its reference.
+        let mut a = a;
+        let mut batch = BatchDecoder::new(pool.clone(), 3).unwrap();
+        step(
+            &mut batch,
+            &m.cpu,
+            &mut [&mut a],
+            &format!("{what} a after"),
+        );
+        // Refused: more than a holds, from a session outside the pool.
+        let held = a.session.tokens().len();
+        assert!(b.adopt_prefix(&a.session, held + 1).is_err());
+        let outside = GpuSession::new(m.gpu.clone(), opts).unwrap();
+        assert!(b.adopt_prefix(&outside, 0).is_err());
+        assert_eq!(b.tokens(), &tokens[..], "{what}: refusals change nothing");
+    }
+}

@@ -182,6 +182,15 @@ kernel_params!(
 );
 
 kernel_params!(
+    /// `copy_within.wgsl`.
+    CopyWithinParams {
+        src: u32,
+        dst: u32,
+        n: u32,
+    }
+);
+
+kernel_params!(
     /// `kv_store.wgsl`.
     KvStoreParams {
         row: u32,

@@ -3033,3 +3033,44 @@ fn waits_and_submissions_from_several_threads_agree() {
     let done = ctx.poll(wgpu::PollType::Poll);
     assert!(done.is_ok(), "{done:?}");
 }
+
+/// A span copied onto another place in the same buffer, as `slice::copy_within` does on the
+/// CPU, in both directions and at an odd length; overlapping or misaligned spans are refused.
+#[test]
+fn copy_within_moves_a_span_inside_one_buffer() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(83);
+    let data: Vec<u32> = rng.vec(4 * 1003, 1.0).iter().map(|v| v.to_bits()).collect();
+    let buf = upload_u32(ctx, &data);
+    // (from, to, length) in words: forward, backward.
+    for (from, to, len) in [(8usize, 2000usize, 1500usize), (2500, 12, 1236)] {
+        let span = |at: usize| buf.slice(4 * at as u64, 4 * len as u64).unwrap();
+        run(
+            ctx,
+            &[&ops::copy_within(ctx, &span(from), &span(to)).unwrap()],
+        );
+        let mut want = data.clone();
+        want.copy_within(from..from + len, to);
+        let got = pollster::block_on(ctx.read_u32(&buf)).unwrap();
+        assert_eq!(got, want, "copy {len} words from {from} to {to}");
+        // Back to the original data for the next case.
+        run(
+            ctx,
+            &[&ops::copy_within(ctx, &span(to), &span(from)).unwrap()],
+        );
+        ctx.write(&buf.buffer, 0, bytemuck::cast_slice(&data));
+    }
+    let at = |o: u64, n: u64| buf.slice(o, n).unwrap();
+    assert!(
+        ops::copy_within(ctx, &at(0, 160), &at(64, 160)).is_err(),
+        "overlap"
+    );
+    assert!(
+        ops::copy_within(ctx, &at(4, 160), &at(400, 160)).is_err(),
+        "misaligned"
+    );
+    assert!(
+        ops::copy_within(ctx, &at(0, 160), &at(400, 176)).is_err(),
+        "sizes"
+    );
+}

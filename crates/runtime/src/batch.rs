@@ -13,6 +13,10 @@ use crate::error::Error;
 use crate::model::Model;
 use crate::session::{CancelHandle, Event, GenerateRequest, Run, Session};
 
+/// Tokens of a prompt another slot must hold beyond what the starting slot's own cache holds
+/// for the slot to take them from it ([`Batch::start`]): fewer are read faster than copied.
+pub const ADOPT_MIN: usize = 16;
+
 /// A slot's event from [`Batch::start`] or [`Batch::step`].
 pub type SlotEvent = (usize, Result<Event, Error>);
 
@@ -144,6 +148,7 @@ impl Batch {
                 }
             }
         }
+        self.adopt_best_prefix(slot, &req).await;
         let s = &mut self.slots[slot];
         let mut run = Run::new(req);
         run.stop_pipelining();
@@ -173,6 +178,49 @@ impl Batch {
         }
         out.push((slot, first));
         Ok(out)
+    }
+
+    /// Where another slot's cache holds more of `req`'s text prompt than `slot`'s own (by
+    /// [`ADOPT_MIN`] tokens or more), `slot` takes that prefix, copied on the GPU, in place of
+    /// its conversation, so that only the rest of the prompt is read: a prefix cache across
+    /// the slots (a system prompt that many requests share is read once).
+    async fn adopt_best_prefix(&mut self, slot: usize, req: &GenerateRequest) {
+        let Some(tokens) = self.slots[slot].session.text_prompt(req) else {
+            return;
+        };
+        // A prompt keeps at least one token to read for its logits.
+        let most = tokens.len().saturating_sub(1);
+        let shared = |s: &Session, upto: usize| {
+            s.cached_tokens()
+                .iter()
+                .zip(&tokens)
+                .take(upto.min(most))
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
+        let own = shared(&self.slots[slot].session, usize::MAX);
+        let best = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != slot)
+            .map(|(i, s)| (i, shared(&s.session, s.session.text_prefix())))
+            .max_by_key(|&(_, n)| n);
+        let Some((donor, n)) = best.filter(|&(_, n)| n >= own + ADOPT_MIN) else {
+            return;
+        };
+        let (to, from) = if donor < slot {
+            let (a, b) = self.slots.split_at_mut(slot);
+            (&mut b[0], &a[donor])
+        } else {
+            let (a, b) = self.slots.split_at_mut(donor);
+            (&mut a[slot], &b[0])
+        };
+        match to.session.adopt_prefix(&from.session, n).await {
+            Ok(()) => tracing::debug!(slot, donor, tokens = n, "took a cached prefix"),
+            // The request reads its whole prompt instead.
+            Err(e) => tracing::warn!(slot, donor, error = %e, "could not take a cached prefix"),
+        }
     }
 
     /// One event from every running generation but those `paused` says to leave (their

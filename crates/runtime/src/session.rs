@@ -331,6 +331,37 @@ impl Session {
         Ok(Some((tokens, common)))
     }
 
+    /// `req`'s prompt as tokens where it is text only (and well formed).
+    pub(crate) fn text_prompt(&self, req: &GenerateRequest) -> Option<Vec<u32>> {
+        if !req.images.is_empty() || !req.audio.is_empty() {
+            return None;
+        }
+        expanded_prompt(&self.model, req)
+            .ok()
+            .and_then(|(tokens, spans)| spans.is_empty().then_some(tokens))
+    }
+
+    /// Positions from the start of the cache that hold text (before its first image or clip).
+    pub(crate) fn text_prefix(&self) -> usize {
+        let first = self.media.iter().map(|m| m.at).min();
+        first.unwrap_or(usize::MAX).min(self.gpu.tokens().len())
+    }
+
+    /// Takes the first `len` positions of `from`'s cache (another slot of the same pool, text
+    /// there: [`Session::text_prefix`]) in place of its own conversation.
+    pub(crate) async fn adopt_prefix(&mut self, from: &Session, len: usize) -> Result<(), Error> {
+        if len > from.text_prefix() {
+            return Err(Error::Request(format!(
+                "{len} positions asked for, {} of text held",
+                from.text_prefix()
+            )));
+        }
+        self.gpu.drain().await?;
+        self.gpu.adopt_prefix(&from.gpu, len)?;
+        self.media.clear();
+        Ok(())
+    }
+
     /// Reads `tokens` into the cache after what it holds: a chunk of a prompt.
     pub(crate) async fn read_chunk(&mut self, tokens: &[u32]) -> Result<(), Error> {
         self.gpu.fetch_rows(tokens).await?;

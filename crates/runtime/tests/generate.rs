@@ -383,3 +383,54 @@ fn a_batched_prompt_cancelled_while_read_ends_and_frees_its_slot() {
     }
     assert_eq!(reply(got.into_iter().map(|(_, e)| e)), want);
 }
+
+/// A request whose prompt starts like what another slot's cache holds takes that prefix
+/// from it (a prefix cache across the slots): it reads only the rest, its timings count the
+/// prefix as cached, and it replies as the same request alone does.
+#[test]
+fn a_batched_request_takes_a_prefix_another_slot_holds() {
+    use wgemma::{Batch, SessionOptions};
+    let Some(model) = tiny_model(true, None) else {
+        return;
+    };
+    let vocab = model.config().n_vocab as u32;
+    let system: Vec<u32> = (0..30).map(|i| (i * 13 + 3) % vocab).collect();
+    let request = |tail: u32| {
+        let mut tokens = system.clone();
+        tokens.extend((0..6).map(|i| (i * 7 + tail) % vocab));
+        GenerateRequest {
+            max_tokens: 5,
+            ..GenerateRequest::new(Prompt::Tokens(tokens))
+        }
+    };
+    let opts = SessionOptions {
+        context: 64,
+        max_batch: 16,
+    };
+    let mut alone = model.session(opts).expect("a session");
+    let want = reply(pollster::block_on(
+        alone.generate(request(40)).collect::<Vec<_>>(),
+    ));
+    let mut batch = Batch::new(&model, 2, opts).expect("a batch");
+    let finish = |batch: &mut Batch, slot: usize, req: GenerateRequest| {
+        let mut got = pollster::block_on(batch.start(slot, req)).expect("starts");
+        while batch.running() > 0 {
+            got.extend(pollster::block_on(batch.step(|_| false)));
+        }
+        got.into_iter().map(|(_, e)| e).collect::<Vec<_>>()
+    };
+    finish(&mut batch, 0, request(20));
+    let events = finish(&mut batch, 1, request(40));
+    let cached = events.iter().find_map(|e| match e {
+        Ok(Event::Done { timings, .. }) => Some(timings.cached_tokens),
+        _ => None,
+    });
+    assert_eq!(
+        cached,
+        Some(system.len()),
+        "the shared prefix came from slot 0"
+    );
+    assert_eq!(reply(events), want);
+    // Slot 0 still holds its own conversation.
+    assert_eq!(batch.cached_tokens(0)[..system.len()], system[..]);
+}

@@ -5,7 +5,9 @@
 //! Models are named by the server's configuration or, on first use, by any Ollama name or
 //! GGUF path a request gives; each loads once and serves `parallel` requests at a time, each
 //! in a session of its own (its KV cache kept between requests, so a conversation's next turn
-//! reuses its prefix), with a bounded queue in front. A client that goes away stops its
+//! reuses its prefix, and a prompt that starts like another slot's cache takes that prefix
+//! from it), with a bounded queue in front. The requests' decode steps run together
+//! (continuous batching); a newcomer's long prompt is read a chunk at a time between them. A client that goes away stops its
 //! generation at the next step. Errors come in each API's shape with a status that says whose
 //! fault it is.
 //!

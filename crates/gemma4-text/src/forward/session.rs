@@ -81,6 +81,8 @@ pub enum ForwardError {
     PoolFull { slots: usize },
     #[error("batched decode: {0}")]
     Batch(String),
+    #[error("cannot take another session's cache prefix: {0}")]
+    Prefix(String),
 }
 
 /// Watches a prompt of several passes: after each pass but the last has run on the GPU, it
@@ -531,6 +533,52 @@ impl GpuSession {
         } else {
             &self.arena.acts
         }
+    }
+
+    /// Takes the first `len` positions of `from`'s cache as its own, so that a prompt that
+    /// starts like `from`'s conversation reads only the rest: `from` is another session of
+    /// the same [`KvPool`] whose cache holds those positions, their keys and values are
+    /// copied on the GPU into this session's slot (queued after everything submitted so
+    /// far), and this session then holds `from`'s first `len` tokens. `from` may be
+    /// generating (its steps write only past its known tokens); this session must have no
+    /// step in flight, and both must apply the same adapters.
+    pub fn adopt_prefix(&mut self, from: &GpuSession, len: usize) -> Result<(), ForwardError> {
+        if self.in_flight() > 0 {
+            return Err(ForwardError::Busy);
+        }
+        let refuse = |why: &str| Err(ForwardError::Prefix(why.into()));
+        let pooled = match (self.kv.slot(), from.kv.slot()) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a.pool(), b.pool()) && a.index() != b.index(),
+            _ => false,
+        };
+        if !pooled {
+            return refuse("the sessions are not two slots of one pool");
+        }
+        if len > from.tokens().len() || len > self.capacity {
+            return refuse("it holds fewer positions than asked for, or this one has no room");
+        }
+        let same = |a: &(Arc<PreparedLora>, f32), b: &(Arc<PreparedLora>, f32)| {
+            Arc::ptr_eq(&a.0, &b.0) && a.1 == b.1
+        };
+        if self.adapters.len() != from.adapters.len()
+            || !self
+                .adapters
+                .iter()
+                .zip(&from.adapters)
+                .all(|(a, b)| same(a, b))
+        {
+            return refuse("the sessions apply different adapters");
+        }
+        let ds = self.kv.copy_rows_from(&self.model.ctx, &from.kv, len)?;
+        let mut rec = Recorder::new(&self.model.ctx, "adopt_prefix");
+        for d in &ds {
+            rec.run(d);
+        }
+        rec.submit();
+        self.ledger.rewind(0);
+        self.ledger.feed(&from.tokens()[..len]);
+        self.has_logits = false;
+        Ok(())
     }
 
     /// Forgets everything after the first `pos` tokens (their cache slots are overwritten

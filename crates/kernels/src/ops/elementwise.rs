@@ -97,3 +97,57 @@ fn flag_label(flag: &str) -> &'static str {
         _ => "softcap",
     }
 }
+
+kernel_bindings!(
+    /// `copy_within.wgsl`.
+    CopyWithinBindings { buf: 0, p: 1 }
+);
+
+const COPY_WITHIN_WGSL: &str = include_str!("../wgsl/copy_within.wgsl");
+
+/// Copies `from` onto `to`, two spans of one buffer of the same size that do not overlap, in
+/// a kernel (WebGPU copies no buffer onto itself): the rows of a KV cache from one pool slot
+/// to another. Both start and end on 16-byte boundaries.
+pub fn copy_within(ctx: &GpuContext, from: &View, to: &View) -> Result<Dispatch, GpuError> {
+    let bad = |why: &str| {
+        Err(shape(format!(
+            "copy_within: {why} ({} bytes at {} onto {} bytes at {})",
+            from.size, from.offset, to.size, to.offset
+        )))
+    };
+    if from.buffer != to.buffer {
+        return bad("the spans lie in different buffers");
+    }
+    if from.size != to.size || from.size == 0 {
+        return bad("the spans differ in size or are empty");
+    }
+    if [from.offset, to.offset, from.size]
+        .iter()
+        .any(|v| v % 16 != 0)
+    {
+        return bad("a span is not 16-byte aligned");
+    }
+    if from.offset < to.offset + to.size && to.offset < from.offset + from.size {
+        return bad("the spans overlap");
+    }
+    // Bound from the buffer's start (always aligned for a binding) to the later span's end.
+    let end = (from.offset + from.size).max(to.offset + to.size);
+    let units = |bytes: u64| u32::try_from(bytes / 16);
+    let (Ok(f), Ok(t), Ok(n)) = (units(from.offset), units(to.offset), units(from.size)) else {
+        return bad("the spans lie too far into the buffer");
+    };
+    let whole = View {
+        buffer: from.buffer.clone(),
+        offset: 0,
+        size: end,
+    };
+    ctx.dispatch(
+        "copy_within",
+        ctx.pipeline(&ShaderSource::new("copy_within", &[COPY_WITHIN_WGSL])),
+        CopyWithinBindings {
+            buf: Bind::Storage(&whole),
+            p: Bind::Params(Params::of(&CopyWithinParams { src: f, dst: t, n })),
+        },
+        grid(ctx, n.div_ceil(256), 1),
+    )
+}

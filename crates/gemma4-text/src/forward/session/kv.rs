@@ -4,7 +4,7 @@
 //! before they are written again, so rewinding is forgetting positions. A session's cache is
 //! its own buffers, or one slot of a [`KvPool`]'s.
 
-use wgemma_kernels::{GpuContext, GpuError, View};
+use wgemma_kernels::{Dispatch, GpuContext, GpuError, View, ops};
 
 use super::ForwardError;
 use super::batch::PoolSlot;
@@ -96,6 +96,34 @@ impl KvCache {
         self.written_by(source).ok_or_else(|| {
             GpuError::Shape(format!("layer {il} reads layer {source}'s missing cache"))
         })
+    }
+
+    /// The dispatches that copy the first `rows` positions of every layer's keys and values
+    /// from `from` (another slot of the same pool) into this cache.
+    pub(super) fn copy_rows_from(
+        &self,
+        ctx: &GpuContext,
+        from: &KvCache,
+        rows: usize,
+    ) -> Result<Vec<Dispatch>, GpuError> {
+        let mut out = Vec::new();
+        if rows == 0 {
+            return Ok(out);
+        }
+        for (mine, theirs) in self.layers.iter().zip(&from.layers) {
+            let (Some((k, v)), Some((fk, fv))) = (mine, theirs) else {
+                continue;
+            };
+            let bytes = k.size / self.capacity as u64 * rows as u64;
+            for (to, src) in [(k, fk), (v, fv)] {
+                out.push(ops::copy_within(
+                    ctx,
+                    &src.slice(0, bytes)?,
+                    &to.slice(0, bytes)?,
+                )?);
+            }
+        }
+        Ok(out)
     }
 
     /// Bytes of GPU memory the cache holds.
