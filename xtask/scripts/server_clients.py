@@ -92,6 +92,17 @@ def ollama_side(base, key, model, greedy):
         part.message.content for part in client.chat(model=model, messages=messages, options=options, stream=True)
     )
     check(streamed == greedy, f"{model}: ollama streamed {streamed!r}")
+    # Log-probabilities: one entry a token, its top alternatives most likely first, the
+    # greedy pick the first of them.
+    lp = client.chat(model=model, messages=messages, options=options, logprobs=True, top_logprobs=2)
+    check(lp.logprobs and len(lp.logprobs) >= lp.eval_count, f"{model}: ollama logprobs {lp.logprobs}")
+    for e in lp.logprobs:
+        top = e.top_logprobs or []
+        check(len(top) == 2 and top[0].token == e.token and top[0].logprob >= top[1].logprob, f"{e}")
+    parts = list(client.generate(model=model, prompt="The sky is", options={"temperature": 0, "num_predict": 4},
+                                 logprobs=True, stream=True))
+    streamed_lp = [e for p in parts for e in (p.logprobs or [])]
+    check(len(streamed_lp) >= 1 and all(e.logprob <= 0 for e in streamed_lp), f"{model}: streamed logprobs {parts}")
     gen = client.generate(model=model, prompt="The sky is", options={"temperature": 0, "num_predict": 4})
     check(isinstance(gen.response, str) and gen.done, f"{gen}")
     names = [m.model for m in client.list().models]

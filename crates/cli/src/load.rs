@@ -111,6 +111,7 @@ fn default_source() -> Result<ModelSource, CliError> {
         label: DEFAULT_MODEL.name.to_string(),
         params: None,
         chat_template: false,
+        template: None,
     })
 }
 

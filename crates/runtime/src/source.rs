@@ -16,6 +16,8 @@ pub struct ModelSource {
     pub params: Option<PathBuf>,
     /// Whether an Ollama manifest gives the model a chat template (the GGUF may lack one).
     pub chat_template: bool,
+    /// That template's file (Ollama's Go template text).
+    pub template: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +86,7 @@ impl ModelSource {
                 label: spec.to_string(),
                 params: None,
                 chat_template: false,
+                template: None,
             });
         }
         if OllamaName::looks_like_name(spec) {
@@ -95,6 +98,7 @@ impl ModelSource {
                         label: m.name.to_string(),
                         params: m.params,
                         chat_template: m.template.is_some(),
+                        template: m.template,
                     });
                 }
                 // Not in the store, but something by that name is here: say what it is.

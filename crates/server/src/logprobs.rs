@@ -17,9 +17,10 @@ fn entry(tok: &Tokenizer, id: u32, logprob: f32) -> Value {
     json!({"token": text, "logprob": logprob, "bytes": bytes})
 }
 
-/// Chat's `logprobs` of `tokens`.
-pub fn chat(tok: &Tokenizer, tokens: &[TokenLogprobs]) -> Value {
-    let content: Vec<Value> = tokens
+/// Each token's `{token, logprob, bytes, top_logprobs}`: the entries of chat's `content`, and
+/// Ollama's `logprobs` list as it is.
+pub fn entries(tok: &Tokenizer, tokens: &[TokenLogprobs]) -> Value {
+    let entries: Vec<Value> = tokens
         .iter()
         .map(|lp| {
             let mut e = entry(tok, lp.token, lp.logprob);
@@ -28,7 +29,12 @@ pub fn chat(tok: &Tokenizer, tokens: &[TokenLogprobs]) -> Value {
             e
         })
         .collect();
-    json!({"content": content, "refusal": null})
+    Value::Array(entries)
+}
+
+/// Chat's `logprobs` of `tokens`.
+pub fn chat(tok: &Tokenizer, tokens: &[TokenLogprobs]) -> Value {
+    json!({"content": entries(tok, tokens), "refusal": null})
 }
 
 /// The completions' `logprobs` of `tokens`, whose text starts `offset` characters into the

@@ -16,9 +16,10 @@ use wgemma::{ImageInput, ModelInfo, ModelSource, Prompt, Role, StopReason, Timin
 
 use crate::error::{ApiError, Dialect};
 use crate::generation::{Generation, Piece, Reply};
+use crate::logprobs;
 use crate::request::{
-    Ask, Media, Sampling, base64_bytes, boolean, message, number, object, role, stop_strings,
-    string, whole,
+    Ask, Media, Sampling, base64_bytes, boolean, chat_logprobs, message, number, object, role,
+    stop_strings, string, whole,
 };
 use crate::{AppState, json_body};
 
@@ -73,19 +74,25 @@ async fn respond(
         put_text(&mut done, endpoint, "");
         return Ok(Json(done).into_response());
     };
+    let ask_logprobs = ask.logprobs.is_some();
     let generation = Generation::start(model, ask, started, load_ms).await?;
     if stream {
         Ok(ndjson(generation, name, endpoint))
     } else {
         let load_ms = generation.load_ms;
+        let asked = ask_logprobs;
+        let model = generation.model.clone();
         let Reply {
             text,
             reason,
             timings,
-            ..
+            logprobs: lps,
         } = generation.collect().await?;
         let mut done = final_line(&name, endpoint, reason, &timings, started, load_ms);
         put_text(&mut done, endpoint, &text);
+        if asked {
+            done["logprobs"] = logprobs::entries(model.model.tokenizer(), &lps);
+        }
         Ok(Json(done).into_response())
     }
 }
@@ -225,7 +232,7 @@ fn chat_ask(o: &Map<String, Value>) -> Result<Option<Ask>, ApiError> {
         messages.push(message(role(name)?, content, n, 0));
     }
     Ok(Some(Ask {
-        logprobs: None,
+        logprobs: chat_logprobs(o)?,
         prompt: Prompt::Chat(messages),
         media,
         sampling,
@@ -269,7 +276,7 @@ fn generate_ask(o: &Map<String, Value>) -> Result<Option<Ask>, ApiError> {
         Prompt::Chat(messages)
     };
     Ok(Some(Ask {
-        logprobs: None,
+        logprobs: chat_logprobs(o)?,
         prompt,
         media,
         sampling,
@@ -323,9 +330,16 @@ fn ndjson(generation: Generation, model: String, endpoint: Endpoint) -> Response
         async move {
             let mut generation = generation?;
             let line = match generation.next().await? {
-                Piece::Text { text: t, .. } => {
+                Piece::Text {
+                    text: t,
+                    logprobs: lp,
+                } => {
                     let mut line = json!({"model": model, "created_at": rfc3339(SystemTime::now()), "done": false});
                     put_text(&mut line, endpoint, &t);
+                    if let Some(lp) = lp {
+                        let tok = generation.model.model.tokenizer();
+                        line["logprobs"] = logprobs::entries(tok, &[lp]);
+                    }
                     Some(line)
                 }
                 Piece::Done { reason, timings } => {
@@ -367,14 +381,50 @@ fn details(info: &ModelInfo) -> Value {
 }
 
 /// A model's file, header and modification time, without loading it.
-fn describe(spec: &str) -> Result<(ModelSource, ModelInfo, SystemTime), ApiError> {
+/// What `/api/show` and `/api/tags` say of a model: where it is, its header's facts, when
+/// its file changed, and its chat template's text ([`template_text`]).
+struct Described {
+    source: ModelSource,
+    info: ModelInfo,
+    modified: SystemTime,
+    template: String,
+}
+
+fn describe(spec: &str) -> Result<Described, ApiError> {
     let source = ModelSource::resolve(spec).map_err(|e| ApiError::model_not_found(spec, e))?;
     let header = read_file_header(&source.model)
         .map_err(|e| ApiError::model_not_found(spec, format!("{}: {e}", source.model.display())))?;
     let modified = std::fs::metadata(&source.model)
         .and_then(|m| m.modified())
         .unwrap_or(SystemTime::UNIX_EPOCH);
-    Ok((source, ModelInfo::new(&header), modified))
+    let template = template_text(&source, &header.metadata);
+    Ok(Described {
+        info: ModelInfo::new(&header),
+        source,
+        modified,
+        template,
+    })
+}
+
+/// A model's chat template as Ollama shows it: the template of its Ollama manifest (Go
+/// template text), else its GGUF's `tokenizer.chat_template` (Jinja), else nothing. A
+/// template file that cannot be read, or is larger than any template (1 MiB), is left out.
+fn template_text(source: &ModelSource, meta: &wgemma::gguf::Metadata) -> String {
+    const MOST: u64 = 1 << 20;
+    let from_manifest = source.template.as_ref().and_then(|path| {
+        let len = std::fs::metadata(path).ok()?.len();
+        (len <= MOST)
+            .then(|| std::fs::read_to_string(path).ok())
+            .flatten()
+    });
+    from_manifest
+        .or_else(|| {
+            meta.opt_str("tokenizer.chat_template")
+                .ok()
+                .flatten()
+                .map(str::to_string)
+        })
+        .unwrap_or_default()
 }
 
 pub async fn tags(State(app): AppState) -> Json<Value> {
@@ -383,7 +433,7 @@ pub async fn tags(State(app): AppState) -> Json<Value> {
         .configured()
         .iter()
         .filter_map(|m| {
-            let (_, info, modified) = describe(&m.spec).ok()?;
+            let Described { info, modified, .. } = describe(&m.spec).ok()?;
             Some(json!({
                 "name": m.name,
                 "model": m.name,
@@ -410,7 +460,12 @@ pub async fn show(State(app): AppState, body: Result<Bytes, BytesRejection>) -> 
             .iter()
             .find(|m| m.name == name)
             .map_or(name, |m| m.spec.as_str());
-        let (source, info, modified) = describe(spec)?;
+        let Described {
+            source,
+            info,
+            modified,
+            template,
+        } = describe(spec)?;
         let mut capabilities = vec!["completion"];
         if info.vision.as_ref().is_some_and(Result::is_ok) || source.projector.is_some() {
             capabilities.push("vision");
@@ -421,7 +476,7 @@ pub async fn show(State(app): AppState, body: Result<Bytes, BytesRejection>) -> 
         Ok::<_, ApiError>(Json(json!({
             "modelfile": "",
             "parameters": "",
-            "template": if info.chat_template || source.chat_template { "gemma" } else { "" },
+            "template": template,
             "details": details(&info),
             "model_info": info.to_json(),
             "capabilities": capabilities,
@@ -463,4 +518,46 @@ pub async fn version() -> Json<Value> {
 /// `t` as RFC 3339 in UTC, as Ollama's timestamps are.
 pub(crate) fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_nanos(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wgemma::gguf::{Metadata, Value as GgufValue};
+
+    fn source(template: Option<std::path::PathBuf>) -> ModelSource {
+        ModelSource {
+            model: "m.gguf".into(),
+            projector: None,
+            label: "m".into(),
+            params: None,
+            chat_template: template.is_some(),
+            template,
+        }
+    }
+
+    #[test]
+    fn the_template_shown_is_the_manifests_else_the_ggufs() {
+        let jinja = "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}";
+        let with = Metadata::from_entries(vec![(
+            "tokenizer.chat_template".into(),
+            GgufValue::String(jinja.into()),
+        )])
+        .unwrap();
+        let without = Metadata::from_entries(Vec::new()).unwrap();
+        assert_eq!(template_text(&source(None), &with), jinja);
+        assert_eq!(template_text(&source(None), &without), "");
+        let dir = std::env::temp_dir().join(format!("wgemma-show-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let go = dir.join("template");
+        std::fs::write(&go, "{{ .Prompt }}").unwrap();
+        assert_eq!(
+            template_text(&source(Some(go.clone())), &with),
+            "{{ .Prompt }}"
+        );
+        // An unreadable template file falls back to the GGUF's.
+        let missing = dir.join("missing");
+        assert_eq!(template_text(&source(Some(missing)), &with), jinja);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -19,8 +19,8 @@ use crate::generation::{Generation, Piece, Reply, finish_reason};
 use crate::logprobs;
 use crate::models::Loaded;
 use crate::request::{
-    Ask, Media, Sampling, boolean, number, object, openai_content, role, stop_strings, string,
-    whole,
+    Ask, Media, Sampling, boolean, chat_logprobs, number, object, openai_content, role,
+    stop_strings, string, whole,
 };
 use crate::{AppState, json_body};
 
@@ -114,19 +114,6 @@ struct Common {
     sampling: Sampling,
     max_tokens: Option<u64>,
     stop: Vec<String>,
-}
-
-/// Chat's `logprobs` (a flag) and `top_logprobs` (0 to 20): the top tokens to report, where
-/// asked.
-fn chat_logprobs(o: &Map<String, Value>) -> Result<Option<u32>, ApiError> {
-    let top = whole(o, "top_logprobs", u64::from(wgemma::MAX_TOP_LOGPROBS))?;
-    match (boolean(o, "logprobs")?.unwrap_or(false), top) {
-        (true, top) => Ok(Some(top.unwrap_or(0) as u32)),
-        (false, None) => Ok(None),
-        (false, Some(_)) => Err(ApiError::bad_request(
-            "`top_logprobs` needs `logprobs`: true",
-        )),
-    }
 }
 
 fn common(o: &Map<String, Value>) -> Result<Common, ApiError> {

@@ -316,3 +316,16 @@ pub fn message(role: Role, content: String, images: usize, audio: usize) -> Mess
         .with_images(images)
         .with_audio(audio)
 }
+
+/// Chat's `logprobs` (a flag) and `top_logprobs` (0 to 20), as OpenAI's chat and Ollama's
+/// APIs both take them: the top tokens to report, where asked.
+pub fn chat_logprobs(o: &Map<String, Value>) -> Result<Option<u32>, ApiError> {
+    let top = whole(o, "top_logprobs", u64::from(wgemma::MAX_TOP_LOGPROBS))?;
+    match (boolean(o, "logprobs")?.unwrap_or(false), top) {
+        (true, top) => Ok(Some(top.unwrap_or(0) as u32)),
+        (false, None) => Ok(None),
+        (false, Some(_)) => Err(ApiError::bad_request(
+            "`top_logprobs` needs `logprobs`: true",
+        )),
+    }
+}

@@ -384,6 +384,8 @@ fn ollama_chat_and_generate_stream_ndjson_and_match_whole_replies() {
         None,
     );
     assert_eq!(status, 200, "{show}");
+    // The fixture's GGUF has no chat template (the template's text is unit-tested).
+    assert_eq!(json_of(&show)["template"], "");
     assert!(
         json_of(&show)["capabilities"]
             .as_array()
