@@ -84,8 +84,11 @@ impl Loaded {
         self.sessions.pending()
     }
 
+    /// Time since its last request started or, later, its last generation ended: a
+    /// request longer than the keep-alive does not leave the model to unload at its end.
     fn idle_for(&self) -> Duration {
-        lock(&self.last_used).elapsed()
+        let started = *lock(&self.last_used);
+        started.max(self.sessions.last_done()).elapsed()
     }
 }
 
@@ -105,7 +108,7 @@ pub struct Registry {
     slots: Mutex<HashMap<String, Slot>>,
     /// The loaded models by name, apart from the slots' load locks, so that listings see a
     /// model while another request for it holds its slot.
-    loaded: Mutex<HashMap<String, Arc<Loaded>>>,
+    loaded: Arc<Mutex<HashMap<String, Arc<Loaded>>>>,
 }
 
 impl Registry {
@@ -114,7 +117,7 @@ impl Registry {
             configured,
             settings,
             slots: Mutex::new(HashMap::new()),
-            loaded: Mutex::new(HashMap::new()),
+            loaded: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -131,18 +134,25 @@ impl Registry {
             .entry(served.name.clone())
             .or_default()
             .clone();
-        let mut guard = slot.lock().await;
+        let mut guard = slot.lock_owned().await;
         if let Some(loaded) = guard.as_ref() {
             return Ok(loaded.clone());
         }
-        let settings = self.settings.clone();
-        let loaded = tokio::task::spawn_blocking(move || load(served, &settings))
-            .await
-            .map_err(|e| ApiError::internal(format!("loading stopped: {e}")))??;
-        let loaded = Arc::new(loaded);
-        *guard = Some(loaded.clone());
-        lock(&self.loaded).insert(loaded.name.clone(), loaded.clone());
-        Ok(loaded)
+        let (settings, listed) = (self.settings.clone(), self.loaded.clone());
+        // The load and its registration run in a task of their own, holding the slot: a
+        // client that goes away while the model loads leaves it loaded for the next request
+        // (which waits on the slot) rather than loaded twice.
+        let task = tokio::spawn(async move {
+            let loaded = tokio::task::spawn_blocking(move || load(served, &settings))
+                .await
+                .map_err(|e| ApiError::internal(format!("loading stopped: {e}")))??;
+            let loaded = Arc::new(loaded);
+            *guard = Some(loaded.clone());
+            lock(&listed).insert(loaded.name.clone(), loaded.clone());
+            Ok::<_, ApiError>(loaded)
+        });
+        task.await
+            .map_err(|e| ApiError::internal(format!("loading stopped: {e}")))?
     }
 
     fn lookup(&self, name: &str) -> Result<ServedModel, ApiError> {
@@ -217,4 +227,53 @@ fn load(served: ServedModel, settings: &ModelSettings) -> Result<Loaded, ApiErro
         last_used: Mutex::new(Instant::now()),
         keep_alive: Mutex::new(settings.idle_unload),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request that goes away while its model loads leaves the load to finish: the model
+    /// is listed as loaded, and the next request gets that one rather than loading it again.
+    #[test]
+    fn a_load_outlives_the_request_that_started_it() {
+        let fixture = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../gemma4-audio/tests/fixtures/gemma4_tiny_audio.gguf");
+        let registry = Arc::new(Registry::new(
+            vec![ServedModel {
+                name: "tiny".into(),
+                spec: fixture.display().to_string(),
+                projector: None,
+            }],
+            ModelSettings {
+                parallel: 1,
+                context: 256,
+                queue: 4,
+                idle_unload: None,
+                gpu: ContextOptions::default().with_env(),
+            },
+        ));
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let r = registry.clone();
+            let gave_up =
+                tokio::time::timeout(Duration::from_millis(1), async move { r.get("tiny").await })
+                    .await;
+            assert!(
+                gave_up.is_err(),
+                "the request gave up before the model loaded"
+            );
+            let start = Instant::now();
+            while registry.loaded().is_empty() {
+                assert!(
+                    start.elapsed() < Duration::from_secs(120),
+                    "the load stopped with its request"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let first = registry.loaded()[0].clone();
+            let next = registry.get("tiny").await.unwrap();
+            assert!(Arc::ptr_eq(&first, &next));
+        });
+    }
 }

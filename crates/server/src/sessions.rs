@@ -146,6 +146,16 @@ impl Sessions {
         self.pending.load(Ordering::Relaxed)
     }
 
+    /// When a slot last finished a job (or the sessions started).
+    pub fn last_done(&self) -> Instant {
+        let st = lock(&self.state);
+        st.slots
+            .iter()
+            .map(|s| s.idle_since)
+            .max()
+            .unwrap_or_else(Instant::now)
+    }
+
     /// Hands `job` (whose prompt is `tokens`) to a slot, or queues it; refused when `queue`
     /// requests already wait.
     pub fn submit(&self, job: Job, tokens: &[u32]) -> Result<(), ApiError> {
