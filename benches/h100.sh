@@ -76,6 +76,11 @@
 #              [".gl", ".dev/xtask", ".dev/llama-dg.tar.xz"]. If one call cannot hold it all:
 #              `diffusion_start` (build, model, ours), then `diffusion_finish`.
 #   ab         the prefill attention's tokens a workgroup, one and as many as fit, one binary.
+#   dawn       the browser's engine on this GPU: web/pkg through web/wgemma.js in Node on Dawn
+#              (cargo xtask dawn-bench) next to native bench-e2e, on MODELS, 512-token prompts,
+#              128 generated; $OUT/dawn/ and a table in $OUT/dawn.md. Carry [".gl",
+#              ".dev/xtask", ".dev/node.xz", ".dev/dawn.tar.xz", "web/pkg"] (prepare-h100.sh
+#              packs Node and the webgpu package).
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
 # them: each device call gets an empty $OUT, so a table made in a later call on the same
 # machine (while it is held) still sees the earlier calls' runs.
@@ -590,6 +595,26 @@ ab() {
         --json > "$OUT/ab/e2e-$m-$name.json" 2> "$OUT/ab/e2e-$m-$name.err"
     done
   done
+}
+
+# Node (the machine has none) and Dawn's package, unpacked once.
+node_dawn() {
+  [ -x "$W/node" ] || xz -dc .dev/node.xz > "$W/node" && chmod +x "$W/node"
+  [ -d web/dawn/node_modules/webgpu ] || tar xJf .dev/dawn.tar.xz -C web/dawn
+}
+
+dawn() {
+  node_dawn
+  mkdir -p "$OUT/dawn"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+  for m in $MODELS; do
+    synth "$m"
+    .dev/xtask bench-e2e --model "$W/models/$m.gguf" --prompt 512 --decode 128 --reps 3 --json \
+      > "$OUT/dawn/native-$m.json" 2> "$OUT/dawn/native-$m.err"
+    .dev/xtask dawn-bench --no-build --node "$W/node" --model "$W/models/$m.gguf" --prompt 512 \
+      --decode 128 --reps 3 > "$OUT/dawn/dawn-$m.json" 2> "$OUT/dawn/dawn-$m.err"
+  done
+  python3 benches/dawn_table.py "$OUT/dawn" $MODELS | tee "$OUT/dawn.md"
 }
 
 # Our side of 26B-A4B alone.

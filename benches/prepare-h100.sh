@@ -41,6 +41,13 @@ cp "$(exe test -p wgemma --test vision --release --no-run)" .dev/vision-runtime
 cp "$(exe test -p wgemma-audio --test tower --release --no-run)" .dev/audio-tower
 cp "$(exe test -p wgemma --test audio --release --no-run)" .dev/audio-runtime
 strip .dev/xtask .dev/parity .dev/kernels .dev/vision-tower .dev/vision-runtime .dev/audio-*
+# Node.js and the webgpu package (Dawn for Node) for `h100.sh dawn`: the lent machine has no
+# Node, and carries at most 64 MiB.
+[ -f .dev/node.xz ] || xz -9 -T0 -c "$(command -v node)" > .dev/node.xz
+if [ ! -f .dev/dawn.tar.xz ]; then
+  (cd web/dawn && npm ci --no-audit --no-fund > /dev/null)
+  tar cJf .dev/dawn.tar.xz -C web/dawn node_modules
+fi
 # BASE=REV: also the xtask of that revision (.dev/xtask-base), for `h100.sh base` to measure
 # the change against in the same call. Built from a worktree into the same target folder.
 if [ -n "${BASE:-}" ]; then

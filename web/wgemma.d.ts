@@ -8,6 +8,7 @@ export type ErrorCode =
   | "tokenizer"
   | "chat"
   | "context_overflow"
+  | "no_webgpu" // the browser has no WebGPU at all (navigator.gpu)
   | "gpu" // no WebGPU adapter, a lost device, out of GPU memory
   | "forward"
   | "empty_prompt"
@@ -65,6 +66,8 @@ export interface ModelInfo {
     weightBytes: number;
   };
   load: { ms: number; fetchedBytes: number; cachedBytes: number };
+  /** Token ids run below this (a prompt of `{tokens}`); null for a text diffusion model. */
+  vocab: number | null;
   /** The vision tower loaded (from `mmproj` or the model file), or null: no images. */
   vision: VisionInfo | null;
   /** The audio tower loaded (from `mmproj` or the model file), or null: no audio. */
@@ -266,14 +269,17 @@ export type GenerateEvent =
     };
 
 export class Session {
-  generate(messages: Message[] | string, options?: GenerateOptions): AsyncGenerator<GenerateEvent>;
+  generate(
+    messages: Message[] | string | { tokens: number[] },
+    options?: GenerateOptions,
+  ): AsyncGenerator<GenerateEvent>;
   abort(): void;
   /**
    * GPU time per kernel of a prefill over `messages` and one decode step, after each image's
    * (`vision`) and each 30 s audio chunk's (`audio`) tower forward; null without timestamp queries.
    */
   profile(
-    messages: Message[] | string,
+    messages: Message[] | string | { tokens: number[] },
     options?: GenerateOptions,
   ): Promise<
     | {

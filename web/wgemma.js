@@ -219,7 +219,12 @@ async function wireMessage(m, imageTokens, wire) {
 async function toRequest(messages, { raw, images, audio, imageTokens, ...rest }) {
   const wire = { images: [], audio: [] };
   let request;
-  if (typeof messages === "string" && raw) {
+  if (messages !== null && typeof messages === "object" && !Array.isArray(messages)) {
+    // Token ids as they are: `{tokens: [2, 651, ...]}` (benchmarks, pre-tokenized prompts).
+    if (!Array.isArray(messages.tokens)) throw badRequest("a prompt object holds `tokens`, an array of ids");
+    if (images != null || audio != null) throw badRequest("a token prompt takes no `images` or `audio`");
+    request = { ...rest, tokens: messages.tokens };
+  } else if (typeof messages === "string" && raw) {
     // A raw prompt holds its placeholders (`<|image|>`, `<|audio|>`) itself.
     for (const image of images ?? []) wire.images.push(await wireImage(image, imageTokens));
     for (const clip of audio ?? []) wire.audio.push(wireAudio(clip));
@@ -266,7 +271,7 @@ export class Session {
   /**
    * Generates a reply. `messages` is an array of `{role, content, images?, audio?}` (content a
    * string or a list of text, image and audio parts) or one user turn as a string; with `{raw: true}` a
-   * string is fed as plain text, without the chat template. Yields `{type: "token", id, text}`
+   * string is fed as plain text, without the chat template; `{tokens: [ids]}` feeds token ids as they are. Yields `{type: "token", id, text}`
    * events, then `{type: "done", reason, timings}`; a text diffusion model (DiffusionGemma)
    * also `{type: "draft", block, step, text}` after each denoising step, its block's tokens
    * once the block is done. Leaving the loop early aborts the generation.

@@ -227,6 +227,13 @@ const handlers = {
   async load({ source, mmproj, cache }, reply) {
     await wasmReady;
     if (model) throw { code: "busy", message: "this worker already holds a model" };
+    if (!navigator.gpu) {
+      throw {
+        code: "no_webgpu",
+        message:
+          "this browser has no WebGPU: use a recent Chrome or Edge (113 or later), or a browser with WebGPU turned on",
+      };
+    }
     const t0 = performance.now();
     model = await WasmModel.load(
       await reader(source, cache),

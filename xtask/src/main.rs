@@ -10,6 +10,7 @@ mod bench_diffusion;
 mod bench_e2e;
 mod bench_vision;
 mod browser_test;
+mod dawn_bench;
 mod dg;
 mod plans;
 mod serve;
@@ -38,6 +39,8 @@ enum Task {
     BenchVision(bench_vision::Args),
     /// Build the wasm package, then test it in headless Chromium (WebGPU on SwiftShader).
     BrowserTest(browser_test::Args),
+    /// The page's engine timed in Node on Dawn (Chrome's WebGPU) on this machine's GPU.
+    DawnBench(dawn_bench::Args),
     /// DiffusionGemma: one denoising step's canvas logits, as raw f32 (parity with
     /// transformers or llama.cpp's diffusion-gemma-eval).
     DgLogits(dg::LogitsArgs),
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
         Task::BenchE2e(a) => bench_e2e::run(a),
         Task::BenchVision(a) => bench_vision::run(a),
         Task::BrowserTest(a) => browser_test::run(a),
+        Task::DawnBench(a) => dawn_bench::run(a),
         Task::DgLogits(a) => dg::logits(a),
         Task::DgReplay(a) => dg::replay(a),
         Task::Plans(a) => plans::run(a),

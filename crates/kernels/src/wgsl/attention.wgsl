@@ -126,11 +126,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         row_keys[li] = keys;
     }
     workgroupBarrier();
-    // The keys of all the tokens, and those of this thread's softmax head.
+    // The keys of all the tokens (uniform: the chunk loop's barriers need every thread to
+    // take the same trips), and those of this thread's softmax head.
     var lo = 0xFFFFFFFFu;
     var hi = 0u;
     for (var r = 0u; r < R; r++) {
-        let k = row_keys[r];
+        let k = workgroupUniformLoad(&row_keys[r]);
         if (k.x <= k.y) {
             lo = min(lo, k.x);
             hi = max(hi, k.y);

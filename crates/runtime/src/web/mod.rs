@@ -170,6 +170,9 @@ impl WasmModel {
                 v
             });
             o.insert("audio".into(), audio.unwrap_or_default());
+            // Token ids run below this (prompts given as ids).
+            let vocab = text.map(|m| m.config().n_vocab);
+            o.insert("vocab".into(), serde_json::json!(vocab));
             o.insert(
                 "gpu".into(),
                 serde_json::json!({
