@@ -75,6 +75,20 @@ impl ImageInput {
         Ok(soft_tokens(width, height, self.budget)?)
     }
 
+    /// The image with its file decoded to RGB pixels, what [`ImageInput::patches`] would
+    /// otherwise decode where the prompt is read: a server decodes on a worker thread of its
+    /// own rather than on the thread that steps every generation.
+    pub fn decoded(&self) -> Result<Self, Error> {
+        self.check_budget()?;
+        Ok(match &self.data {
+            ImageData::Encoded(bytes) => Self {
+                data: ImageData::Rgb(Arc::new(decode(bytes)?)),
+                budget: self.budget,
+            },
+            ImageData::Rgb(_) => self.clone(),
+        })
+    }
+
     /// Decodes and resizes the image into the tower's patches.
     pub fn patches(&self) -> Result<Patches, Error> {
         self.check_budget()?;

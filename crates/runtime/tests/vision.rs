@@ -264,3 +264,24 @@ fn json_image_parts_are_image_tokens_and_typed_markers_stay_text() {
     // The template's own end of turn only: the typed one is text.
     assert_eq!(count(end_of_turn), 1, "{ids:?}");
 }
+
+/// An image decoded ahead (as a server does on a worker thread) gives the patches its file
+/// gives, keeps its budget, and a broken file fails there with the same error.
+#[test]
+fn an_image_decoded_ahead_gives_the_same_patches() {
+    let file = image("up_97x61").with_budget(140);
+    let ahead = file.decoded().unwrap();
+    assert!(matches!(ahead.data, wgemma::ImageData::Rgb(_)));
+    assert_eq!(ahead.budget, 140);
+    let (a, b) = (file.patches().unwrap(), ahead.patches().unwrap());
+    assert_eq!((a.rows, a.cols), (b.rows, b.cols));
+    assert_eq!(a.pixels, b.pixels);
+    // Decoding again is a no-op.
+    assert_eq!(ahead.decoded().unwrap().patches().unwrap().pixels, b.pixels);
+    let broken = ImageInput::from_bytes(b"\x89PNG\r\n\x1a\n not really".to_vec());
+    assert!(matches!(broken.decoded(), Err(Error::Image(_))));
+    assert!(matches!(
+        file.with_budget(100).decoded(),
+        Err(Error::Request(_))
+    ));
+}

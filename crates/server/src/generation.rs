@@ -64,7 +64,16 @@ impl Generation {
         started: Instant,
         load_ms: f64,
     ) -> Result<Self, ApiError> {
-        let request = ask.into_request(&model)?;
+        // Images and audio are decoded on a blocking thread, never on the async workers or
+        // the thread that steps the model's generations.
+        let request = if ask.has_media() {
+            let m = model.clone();
+            tokio::task::spawn_blocking(move || ask.into_request(&m))
+                .await
+                .map_err(|e| ApiError::internal(format!("decoding the media stopped: {e}")))??
+        } else {
+            ask.into_request(&model)?
+        };
         let (tx, mut events) = mpsc::channel(EVENT_BUFFER);
         model.submit(Job {
             request,

@@ -128,7 +128,8 @@ impl Sampling {
 #[derive(Default)]
 pub struct Media {
     pub images: Vec<ImageInput>,
-    pub audio: Vec<AudioInput>,
+    /// Audio files' bytes, decoded by [`Ask::into_request`].
+    pub audio: Vec<Vec<u8>>,
 }
 
 impl Media {
@@ -160,6 +161,12 @@ pub struct Ask {
 }
 
 impl Ask {
+    pub fn has_media(&self) -> bool {
+        !self.media.images.is_empty() || !self.media.audio.is_empty()
+    }
+
+    /// The runtime's request, its images and audio decoded: slow for large files, so a
+    /// caller with media runs it on a blocking thread ([`Ask::has_media`]).
     pub fn into_request(self, model: &Loaded) -> Result<GenerateRequest, ApiError> {
         let mut req = GenerateRequest::new(self.prompt);
         req.sampling = self.sampling.params(model)?;
@@ -168,8 +175,18 @@ impl Ask {
             .max_tokens
             .map_or(model.context, |n| (n as usize).min(model.context));
         req.stop = self.stop;
-        req.images = self.media.images;
-        req.audio = self.media.audio;
+        req.images = self
+            .media
+            .images
+            .iter()
+            .map(|i| i.decoded().map_err(|e| ApiError::runtime(&e)))
+            .collect::<Result<_, _>>()?;
+        req.audio = self
+            .media
+            .audio
+            .iter()
+            .map(|b| AudioInput::from_bytes(b).map_err(|e| ApiError::runtime(&e)))
+            .collect::<Result<_, _>>()?;
         req.logprobs = self.logprobs;
         Ok(req)
     }
@@ -231,9 +248,7 @@ pub fn openai_content(content: Option<&Value>, media: &mut Media) -> Result<Stri
                 let data = string(a, "data")?
                     .ok_or_else(|| ApiError::bad_request("`input_audio` needs base64 `data`"))?;
                 media.room_for(true)?;
-                let clip = AudioInput::from_bytes(&base64_bytes(data)?)
-                    .map_err(|e| ApiError::runtime(&e))?;
-                media.audio.push(clip);
+                media.audio.push(base64_bytes(data)?);
                 out.push_str(AUDIO_PLACEHOLDER);
             }
             t => {
