@@ -46,7 +46,10 @@ strip .dev/xtask .dev/parity .dev/kernels .dev/vision-tower .dev/vision-runtime 
 [ -f .dev/node.xz ] || xz -9 -T0 -c "$(command -v node)" > .dev/node.xz
 if [ ! -f .dev/dawn.tar.xz ]; then
   (cd web/dawn && npm ci --no-audit --no-fund > /dev/null)
-  tar cJf .dev/dawn.tar.xz -C web/dawn node_modules
+  # linux-x64's dawn.node only (the package ships every platform's).
+  tar cJf .dev/dawn.tar.xz -C web/dawn --exclude='node_modules/webgpu/dist/darwin-*' \
+    --exclude='node_modules/webgpu/dist/win32-*' --exclude='node_modules/webgpu/dist/linux-arm64' \
+    node_modules
 fi
 # BASE=REV: also the xtask of that revision (.dev/xtask-base), for `h100.sh base` to measure
 # the change against in the same call. Built from a worktree into the same target folder.
