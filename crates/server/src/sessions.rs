@@ -370,6 +370,11 @@ impl Engine {
             gone: false,
             ended: false,
         });
+        // Fault injection for the tests of the recovery below (absent from real builds).
+        #[cfg(test)]
+        if request.stop.iter().any(|s| s == tests::PANIC_STOP) {
+            panic!("a panic injected by a test");
+        }
         match pollster::block_on(self.batch.start(slot, request)) {
             Ok(events) => self.route(events),
             Err(e) => self.route(vec![(slot, Err(e))]),
@@ -443,6 +448,69 @@ impl Engine {
             if a.ended && a.backlog.is_empty() {
                 self.free(i, owner);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use wgemma::{LoadOptions, Prompt};
+
+    /// A stop string that makes the generation thread panic as it starts the request.
+    pub(crate) const PANIC_STOP: &str = "\u{0}panic injected by a test";
+
+    /// Sends a short greedy request with `stop`; its events.
+    fn send(sessions: &Sessions, stop: &str) -> tmpsc::Receiver<Result<Event, wgemma::Error>> {
+        let (tx, rx) = tmpsc::channel(64);
+        let mut request = GenerateRequest::new(Prompt::Tokens(vec![2, 10, 20, 30]));
+        request.max_tokens = 4;
+        request.stop = vec![stop.to_string()];
+        sessions
+            .submit(
+                Job {
+                    request,
+                    events: tx,
+                },
+                &[],
+            )
+            .unwrap();
+        rx
+    }
+
+    /// Whether the events end with `Done`.
+    fn finished(mut rx: tmpsc::Receiver<Result<Event, wgemma::Error>>) -> bool {
+        while let Some(e) = rx.blocking_recv() {
+            if matches!(e, Ok(Event::Done { .. })) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A generation that panics fails alone: its reply ends without `Done` (the client sees
+    /// an error), the sessions are made anew, and the requests after it are served.
+    #[test]
+    fn a_panicking_generation_fails_alone_and_the_sessions_go_on() {
+        let fixture = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../gemma4-audio/tests/fixtures/gemma4_tiny_audio.gguf");
+        let model = pollster::block_on(Model::load_file(&fixture, LoadOptions::default()))
+            .expect("the tiny model loads");
+        let sessions = Sessions::start(&model, 2, 256, 4).unwrap();
+        assert!(finished(send(&sessions, "never")), "before");
+        assert!(!finished(send(&sessions, PANIC_STOP)), "the panicking one");
+        assert_eq!(sessions.counters.failed.load(Ordering::Relaxed), 1);
+        for i in 0..3 {
+            assert!(finished(send(&sessions, "never")), "after, {i}");
+        }
+        // Every job's count is given back once its slot is free (just after its end went out).
+        let start = Instant::now();
+        while sessions.pending() > 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "jobs still pending"
+            );
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }
