@@ -122,10 +122,11 @@ impl Batch {
         self.slots.get(slot).map(|s| s.session.cancel_handle())
     }
 
-    /// Starts `req` in idle `slot`: its prompt is read (what the slot's cache holds of it
-    /// reused) and its first token sampled. Returns that first event (with the events of a
-    /// generation that ran alone until now and whose queued steps are read first, since the
-    /// generations step together from here on).
+    /// Starts `req` in idle `slot`: its prompt is read (what the slot's cache, or a longer
+    /// prefix another slot holds, has of it reused) and its first token sampled. Returns that
+    /// first event (with the events of a generation that ran alone until now and whose queued
+    /// steps are read first, since the generations step together from here on); a prompt
+    /// read in chunks gives its first event from a later [`Batch::step`].
     pub async fn start(
         &mut self,
         slot: usize,
