@@ -149,16 +149,24 @@ impl Batch {
                 }
             }
         }
-        self.adopt_best_prefix(slot, &req).await;
+        // A text prompt's ids, for the prefix other slots hold and the chunks to read.
+        let text = self.slots[slot].session.text_prompt(&req);
+        if let Some(tokens) = &text {
+            self.adopt_best_prefix(slot, tokens).await;
+        }
         let s = &mut self.slots[slot];
         let mut run = Run::new(req);
         run.stop_pipelining();
-        match s
-            .session
-            .chunked_prompt(run.request(), self.prefill_chunk)
-            .await
-        {
-            Ok(Some((tokens, cached))) => {
+        let chunked = match &text {
+            Some(tokens) => {
+                s.session
+                    .chunked_prompt(run.request(), tokens, self.prefill_chunk)
+                    .await
+            }
+            None => Ok(None),
+        };
+        match chunked.map(|c| c.zip(text)) {
+            Ok(Some((cached, tokens))) => {
                 run.arrived_with(cached);
                 s.prefill = Some(Prefill {
                     run,
@@ -181,20 +189,17 @@ impl Batch {
         Ok(out)
     }
 
-    /// Where another slot's cache holds more of `req`'s text prompt than `slot`'s own (by
+    /// Where another slot's cache holds more of a text prompt, `tokens`, than `slot`'s own (by
     /// [`ADOPT_MIN`] tokens or more), `slot` takes that prefix, copied on the GPU, in place of
     /// its conversation, so that only the rest of the prompt is read: a prefix cache across
     /// the slots (a system prompt that many requests share is read once).
-    async fn adopt_best_prefix(&mut self, slot: usize, req: &GenerateRequest) {
-        let Some(tokens) = self.slots[slot].session.text_prompt(req) else {
-            return;
-        };
+    async fn adopt_best_prefix(&mut self, slot: usize, tokens: &[u32]) {
         // A prompt keeps at least one token to read for its logits.
         let most = tokens.len().saturating_sub(1);
         let shared = |s: &Session, upto: usize| {
             s.cached_tokens()
                 .iter()
-                .zip(&tokens)
+                .zip(tokens)
                 .take(upto.min(most))
                 .take_while(|(a, b)| a == b)
                 .count()

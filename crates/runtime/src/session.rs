@@ -302,33 +302,30 @@ impl Session {
         self.gpu.tokens()
     }
 
-    /// Prepares `req`'s prompt to be read `chunk` tokens at a time ([`crate::Batch`]): where
-    /// it is text only, fits the context and more than `chunk` of its tokens are not cached,
-    /// drops the cache past what it shares with the prompt and returns the prompt and that
-    /// shared length. `None`: the request starts as usual, its prompt read at once (and its
-    /// run says what is wrong with it, if anything).
+    /// Prepares `req`'s text prompt, `tokens` ([`Session::text_prompt`]), to be read `chunk`
+    /// tokens at a time ([`crate::Batch`]): where it fits the context and more than `chunk`
+    /// of its tokens are not cached, drops the cache past what it shares with the prompt and
+    /// returns that shared length. `None`: the request starts as usual, its prompt read at
+    /// once (and its run says what is wrong with it, if anything).
     pub(crate) async fn chunked_prompt(
         &mut self,
         req: &GenerateRequest,
+        tokens: &[u32],
         chunk: usize,
-    ) -> Result<Option<(Vec<u32>, usize)>, Error> {
-        if chunk == 0 || !req.images.is_empty() || !req.audio.is_empty() {
+    ) -> Result<Option<usize>, Error> {
+        if chunk == 0 || tokens.is_empty() || tokens.len() + 1 > self.gpu.capacity() {
             return Ok(None);
         }
         check_request(req)?;
-        let (tokens, spans) = expanded_prompt(&self.model, req)?;
-        if !spans.is_empty() || tokens.is_empty() || tokens.len() + 1 > self.gpu.capacity() {
-            return Ok(None);
-        }
         self.gpu.drain().await?;
-        let common = media::reusable_prefix(self.gpu.tokens(), &self.media, &tokens, &spans)
+        let common = media::reusable_prefix(self.gpu.tokens(), &self.media, tokens, &[])
             .min(tokens.len() - 1);
         if tokens.len() - common <= chunk {
             return Ok(None);
         }
         self.gpu.rewind(common)?;
         self.media.retain(|i| i.at + i.len <= common);
-        Ok(Some((tokens, common)))
+        Ok(Some(common))
     }
 
     /// `req`'s prompt as tokens where it is text only (and well formed).
