@@ -22,13 +22,17 @@ def main():
     out, models = sys.argv[1], sys.argv[2:]
     print("| model | decode tok/s wasm+Dawn / native | prefill tok/s wasm+Dawn / native | TTFT ms wasm+Dawn / native |")
     print("| --- | ---: | ---: | ---: |")
-    for m in models:
-        n, d = read(f"{out}/native-{m}.json"), read(f"{out}/dawn-{m}.json")
+    rows = [(m, m, m) for m in models]
+    # Gemma 4 with the per-layer table fetched a row per token in the browser, where that
+    # run exists (the default uploads it whole).
+    rows += [(f"{m}, table rows fetched", m, f"fetch-{m}") for m in models if read(f"{out}/dawn-fetch-{m}.json")]
+    for label, m, dawn in rows:
+        n, d = read(f"{out}/native-{m}.json"), read(f"{out}/dawn-{dawn}.json")
         if not n or not d:
-            print(f"| {m} | missing: native {n is not None}, dawn {d is not None} | | |")
+            print(f"| {label} | missing: native {n is not None}, dawn {d is not None} | | |")
             continue
         share = lambda key: f"{d[key]:,.0f} / {n[key]:,.0f} ({100 * d[key] / n[key]:.0f}%)"
-        print(f"| {m} | {share('decode_tok_s')} | {share('prefill_tok_s')} | {d['ttft_ms']:.1f} / {n['ttft_ms']:.1f} |")
+        print(f"| {label} | {share('decode_tok_s')} | {share('prefill_tok_s')} | {d['ttft_ms']:.1f} / {n['ttft_ms']:.1f} |")
     adapter = next((read(f"{out}/dawn-{m}.json") for m in models if read(f"{out}/dawn-{m}.json")), None)
     if adapter:
         print(f"\nDawn adapter: {adapter.get('adapter')} ({adapter.get('backend')}), "

@@ -81,6 +81,10 @@
 #              128 generated; $OUT/dawn/ and a table in $OUT/dawn.md. Carry [".gl",
 #              ".dev/xtask", ".dev/node.xz", ".dev/dawn.tar.xz", "web/pkg"] (prepare-h100.sh
 #              packs Node and the webgpu package).
+#   dawnprof   Dawn's per-kernel GPU times and Node's CPU profile of the engine, and a run with
+#              Dawn's robustness off ($OUT/dawnprof-M.txt); DAWNPROF_MODELS.
+#   browserlike native bench-e2e under the browser's constraints (WGEMMA_NO_F16, NO_COOP,
+#              WEBGPU_LIMITS), without and with subgroups, with kernel profiles; BROWSERLIKE_MODELS.
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
 # them: each device call gets an empty $OUT, so a table made in a later call on the same
 # machine (while it is held) still sees the earlier calls' runs.
@@ -92,6 +96,11 @@ mkdir -p "$OUT" "$W/models" "$R"
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+# Binaries may travel xz-compressed to fit the 64 MiB a call carries.
+for z in .dev/*.xz; do
+  case $z in *node.xz) continue ;; esac
+  [ -e "${z%.xz}" ] || xz -dc "$z" > "${z%.xz}"
+done
 chmod +x .dev/xtask* .dev/kernels .dev/parity .dev/vision-* .dev/audio-*
 MODELS=${MODELS:-"gemma3-270m e2b e4b"}
 LL=$W/ll/lltrim
@@ -613,8 +622,82 @@ dawn() {
       > "$OUT/dawn/native-$m.json" 2> "$OUT/dawn/native-$m.err"
     .dev/xtask dawn-bench --no-build --node "$W/node" --model "$W/models/$m.gguf" --prompt 512 \
       --decode 128 --reps 3 > "$OUT/dawn/dawn-$m.json" 2> "$OUT/dawn/dawn-$m.err"
+    # Gemma 4 E2B/E4B with the per-layer table read a row per token (the page's
+    # perLayerTable "fetch"; the default uploads it whole), and natively with the table on
+    # the GPU.
+    case $m in
+      e2b | e4b)
+        .dev/xtask bench-e2e --model "$W/models/$m.gguf" --prompt 512 --decode 128 --reps 3 --json \
+          --table-on-gpu > "$OUT/dawn/native-table-$m.json" 2> "$OUT/dawn/native-table-$m.err"
+        .dev/xtask dawn-bench --no-build --node "$W/node" --model "$W/models/$m.gguf" --prompt 512 \
+          --decode 128 --reps 3 --per-layer-table fetch > "$OUT/dawn/dawn-fetch-$m.json" \
+          2> "$OUT/dawn/dawn-fetch-$m.err"
+        ;;
+    esac
   done
   python3 benches/dawn_table.py "$OUT/dawn" $MODELS | tee "$OUT/dawn.md"
+}
+
+# Where the browser's time goes, on DAWNPROF_MODELS (default e2b): Dawn's per-kernel GPU
+# times of one prefill and one decode step (timestamps unrounded through Dawn's unsafe APIs)
+# and Node's CPU profile of the worker, $OUT/dawnprof-M.txt; then the same bench with Dawn's
+# robustness (bounds clamping, which Chrome always keeps) off, to size what it costs.
+dawnprof() {
+  node_dawn
+  mkdir -p "$OUT/dawn"
+  local unsafe="enable-dawn-features=allow_unsafe_apis"
+  for m in ${DAWNPROF_MODELS:-e2b}; do
+    synth "$m"
+    rm -rf "$W/cpuprof-$m"
+    .dev/xtask dawn-bench --no-build --node "$W/node" --model "$W/models/$m.gguf" --prompt 512 \
+      --decode 128 --reps 1 --profile --cpu-prof "$W/cpuprof-$m" --dawn "$unsafe" \
+      --per-layer-table gpu \
+      --dawn disable-dawn-features=timestamp_quantization \
+      > "$OUT/dawn/dawnprof-$m.json" 2> "$OUT/dawn/dawnprof-$m.err"
+    { python3 benches/dawn_profile.py "$OUT/dawn/dawnprof-$m.json"
+      python3 benches/cpuprof_top.py "$W/cpuprof-$m" 30; } > "$OUT/dawnprof-$m.txt" 2>&1
+    .dev/xtask dawn-bench --no-build --node "$W/node" --model "$W/models/$m.gguf" --prompt 512 \
+      --decode 128 --reps 3 --dawn "$unsafe,disable_robustness" \
+      > "$OUT/dawn/dawn-norobust-$m.json" 2> "$OUT/dawn/dawn-norobust-$m.err"
+    tail -n 1 "$OUT/dawn/dawn-norobust-$m.json" >> "$OUT/dawnprof-$m.txt"
+  done
+}
+
+# Dawn's per-kernel GPU times of E2B (table on the GPU) under each of DAWN_TOGGLES (Dawn's
+# toggles to turn on, comma-separated, "-" for none): which kernels a toggle's work costs;
+# $OUT/dawntoggles.txt.
+dawntoggles() {
+  node_dawn
+  synth e2b
+  mkdir -p "$OUT/dawn"
+  for t in ${DAWN_TOGGLES:-- disable_robustness disable_workgroup_init}; do
+    local on="enable-dawn-features=allow_unsafe_apis"
+    [ "$t" = - ] || on+=",$t"
+    .dev/xtask dawn-bench --no-build --node "$W/node" --model "$W/models/e2b.gguf" --prompt 512 \
+      --decode 128 --reps 1 --profile --per-layer-table gpu --dawn "$on" \
+      --dawn disable-dawn-features=timestamp_quantization \
+      > "$OUT/dawn/toggle-$t.json" 2> "$OUT/dawn/toggle-$t.err"
+    { echo "## toggles: $t"; python3 benches/dawn_profile.py "$OUT/dawn/toggle-$t.json"; } \
+      >> "$OUT/dawntoggles.txt" 2>&1
+  done
+}
+
+# Native under the browser's constraints (no shader-f16, so no tensor-core tiles; WebGPU's
+# default limits), with and without subgroups, each with the per-kernel profile of one prefill
+# and one decode step: where the browser's kernels lose to native's, apart from Dawn and wasm.
+browserlike() {
+  mkdir -p "$OUT/dawn"
+  for m in ${BROWSERLIKE_MODELS:-e2b}; do
+    synth "$m"
+    for v in nosg sg; do
+      local env="WGEMMA_NO_F16=1 WGEMMA_NO_COOP=1 WGEMMA_WEBGPU_LIMITS=1"
+      [ $v = nosg ] && env+=" WGEMMA_NO_SUBGROUPS=1"
+      env $env .dev/xtask bench-e2e --model "$W/models/$m.gguf" --prompt 512 --decode 128 --reps 3 \
+        --json > "$OUT/dawn/native-$v-$m.json" 2> "$OUT/dawn/native-$v-$m.err"
+      env $env .dev/xtask bench-e2e --model "$W/models/$m.gguf" --prompt 512 --decode 16 --reps 1 \
+        --profile > /dev/null 2> "$OUT/dawn/profile-$v-$m.txt"
+    done
+  done
 }
 
 # Our side of 26B-A4B alone.

@@ -166,6 +166,7 @@ async function loadModel(source, label) {
       `${info.name ?? info.architecture} · ${mb(info.file_size)} MiB · loaded in ${(info.load.ms / 1000).toFixed(1)} s ` +
         `(${mb(info.load.fetchedBytes)} MiB downloaded, ${mb(info.load.cachedBytes)} MiB from cache) · ` +
         `${info.gpu.adapter || info.gpu.backend}${info.gpu.shaderF16 ? " · f16" : ""}` +
+        (info.gpu.subgroups ? ` · subgroups of ${info.gpu.subgroupMinSize}` : "") +
         (info.vision ? " · vision" : "") +
         (info.audio ? " · audio" : ""),
     );

@@ -46,6 +46,14 @@ export interface LoadOptions {
   cache?: boolean;
   /** Where worker.js lives, when not next to wgemma.js. */
   workerUrl?: string | URL;
+  /**
+   * Gemma 4 E2B/E4B's per-layer embedding table. `"gpu"` (the default) uploads it whole, so
+   * decode steps queue on the GPU without waiting for each token's row: about 1.3x the
+   * decode speed of `"fetch"`, for the table's size in GPU memory and download (1.5 GB for
+   * a Q8_0 E2B). `"fetch"` reads one row per token from the file as tokens are generated:
+   * for devices short of memory.
+   */
+  perLayerTable?: "gpu" | "fetch";
 }
 
 export interface ModelInfo {
@@ -62,7 +70,11 @@ export interface ModelInfo {
     /** "Cpu" for SwiftShader and other CPU fallbacks. */
     deviceType: string;
     shaderF16: boolean;
+    /** The kernels use subgroups (the adapter has the `subgroups` feature). */
     subgroups: boolean;
+    /** Lanes in a subgroup, as the adapter reports them (0 where it does not). */
+    subgroupMinSize: number;
+    subgroupMaxSize: number;
     weightBytes: number;
   };
   load: { ms: number; fetchedBytes: number; cachedBytes: number };

@@ -356,16 +356,20 @@ export class WGemma {
    * audio towers of a llama.cpp projector file. `onProgress({loaded, total})` reports weight bytes (of
    * both files) uploaded to the GPU.
    */
-  static async load(source, { mmproj, onProgress, cache = true, workerUrl } = {}) {
+  static async load(source, { mmproj, onProgress, cache = true, workerUrl, perLayerTable = "gpu" } = {}) {
     const isSource = (s) => typeof s === "string" || s instanceof Blob;
     if (!isSource(source)) throw badRequest("the source must be a URL string or a File/Blob");
+    if (perLayerTable !== "gpu" && perLayerTable !== "fetch") {
+      throw badRequest('`perLayerTable` must be "gpu" or "fetch"');
+    }
     if (mmproj != null && !isSource(mmproj)) throw badRequest("`mmproj` must be a URL string or a File/Blob");
     const worker = new Worker(workerUrl ?? new URL("./worker.js", import.meta.url), {
       type: "module",
     });
     const channel = new Channel(worker);
     try {
-      const info = await channel.call({ op: "load", source, mmproj, cache }, ({ progress }) => {
+      const tableOnGpu = perLayerTable === "gpu";
+      const info = await channel.call({ op: "load", source, mmproj, cache, tableOnGpu }, ({ progress }) => {
         if (progress) onProgress?.(progress);
       });
       return new WGemma(worker, channel, info);

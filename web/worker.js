@@ -224,7 +224,7 @@ async function cpuAdapter() {
 }
 
 const handlers = {
-  async load({ source, mmproj, cache }, reply) {
+  async load({ source, mmproj, cache, tableOnGpu }, reply) {
     await wasmReady;
     if (model) throw { code: "busy", message: "this worker already holds a model" };
     if (!navigator.gpu) {
@@ -240,6 +240,7 @@ const handlers = {
       mmproj == null ? null : await reader(mmproj, cache),
       (done, total) => reply({ progress: { loaded: done, total } }),
       await cpuAdapter(),
+      Boolean(tableOnGpu),
     );
     const info = model.info();
     info.load = { ms: performance.now() - t0, ...stats };

@@ -6,9 +6,13 @@
 // engine's timings) and time to first token (wall clock, from the request to the first
 // token event).
 //
-//   node bench.mjs --model M.gguf [--prompt 512] [--decode 128] [--reps 3] [--dawn FLAG]...
+//   node bench.mjs --model M.gguf [--prompt 512] [--decode 128] [--reps 3] [--profile]
+//                  [--per-layer-table gpu|fetch] [--dawn FLAG]...
 //
-// `--dawn` passes Dawn's flags (`backend=vulkan`, `enable-dawn-features=...`).
+// `--dawn` passes Dawn's flags (`backend=vulkan`, `enable-dawn-features=...`). `--profile`
+// adds `profile`: GPU time per kernel of one prefill over the prompt and one decode step, as
+// `session.profile` gives it (timestamp queries; Dawn rounds them to 100 us unless given
+// `disable-dawn-features=timestamp_quantization`).
 import { Worker as NodeWorker } from "node:worker_threads";
 import { createServer } from "node:http";
 import { open, stat } from "node:fs/promises";
@@ -21,6 +25,8 @@ const { values: a } = parseArgs({
     decode: { type: "string", default: "128" },
     reps: { type: "string", default: "3" },
     dawn: { type: "string", multiple: true, default: [] },
+    profile: { type: "boolean", default: false },
+    "per-layer-table": { type: "string", default: "gpu" },
   },
 });
 if (!a.model) {
@@ -77,7 +83,7 @@ const { WGemma } = await import("../wgemma.js");
 const median = (v) => [...v].sort((x, y) => x - y)[Math.floor(v.length / 2)];
 try {
   const t0 = performance.now();
-  const model = await WGemma.load(url, { cache: false });
+  const model = await WGemma.load(url, { cache: false, perLayerTable: a["per-layer-table"] });
   const loadS = (performance.now() - t0) / 1e3;
   const info = model.info();
   const vocab = info.vocab;
@@ -115,6 +121,7 @@ try {
     ttft_ms: median(runs.map((r) => r.ttft)),
     first_request_ttft_ms: firstTtft,
   };
+  if (a.profile) out.profile = await session.profile({ tokens });
   console.log(JSON.stringify(out));
   model.dispose();
   const rates = [out.prefill_tok_s, out.decode_tok_s, out.ttft_ms];

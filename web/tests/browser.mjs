@@ -96,7 +96,11 @@ try {
       const cachedInfo = again.info();
       const second = await run(again.session({ context: 256 }));
       again.dispose();
-      return { loadMs, progressCalls, info, cachedLoad: cachedInfo.load, first, second };
+      // What the browser offers, asked directly: the engine's device must use subgroups
+      // exactly when the adapter has them (wgpu's WebGPU backend maps the feature).
+      const adapter = await navigator.gpu.requestAdapter();
+      const adapterSubgroups = adapter.features.has("subgroups");
+      return { loadMs, progressCalls, info, cachedLoad: cachedInfo.load, first, second, adapterSubgroups };
     },
     { model: env.WGEMMA_MODEL, request },
   );
@@ -107,6 +111,11 @@ try {
     "greedy tokens equal the native run",
     JSON.stringify(api.first.ids) === JSON.stringify(expected),
     `browser ${JSON.stringify(api.first.ids)} vs native ${JSON.stringify(expected)}`,
+  );
+  check(
+    "the engine uses subgroups exactly when the browser's adapter has them",
+    api.info.gpu.subgroups === api.adapterSubgroups,
+    `engine ${api.info.gpu.subgroups}, adapter ${api.adapterSubgroups}`,
   );
   check("load reports progress", api.progressCalls > 0, `${api.progressCalls} progress calls`);
   check(
@@ -124,11 +133,19 @@ try {
   const g4 = await page.evaluate(
     async ({ model, request, image }) => {
       const { WGemma } = await import("./wgemma.js");
-      const m = await WGemma.load(model, { cache: false });
-      const ids = [];
       const { messages, ...options } = request;
-      for await (const ev of m.session({ context: 256 }).generate(messages, options))
-        if (ev.type === "token") ids.push(ev.id);
+      const greedy = async (m) => {
+        const ids = [];
+        for await (const ev of m.session({ context: 256 }).generate(messages, options))
+          if (ev.type === "token") ids.push(ev.id);
+        return ids;
+      };
+      // The per-layer table fetched a row per token, then (the default) uploaded whole.
+      const fetching = await WGemma.load(model, { cache: false, perLayerTable: "fetch" });
+      const fetchedIds = await greedy(fetching);
+      fetching.dispose();
+      const m = await WGemma.load(model, { cache: false });
+      const ids = await greedy(m);
       // No projector: no vision tower.
       const noVision = await m.encodeImage(image).then(
         () => "no error",
@@ -140,13 +157,18 @@ try {
       );
       const { vision, audio } = m.info();
       m.dispose();
-      return { ids, noVision, noAudio, vision, audio };
+      return { ids, fetchedIds, noVision, noAudio, vision, audio };
     },
     { model: env.WGEMMA_G4_MODEL, request, image: env.WGEMMA_VISION_IMAGE },
   );
   const expected4 = JSON.parse(env.WGEMMA_G4_EXPECTED);
   check(
     "Gemma 4 with per-layer rows fetched by range equals the native run",
+    JSON.stringify(g4.fetchedIds) === JSON.stringify(expected4),
+    `browser ${JSON.stringify(g4.fetchedIds)} vs native ${JSON.stringify(expected4)}`,
+  );
+  check(
+    "Gemma 4 with the per-layer table on the GPU equals the native run",
     JSON.stringify(g4.ids) === JSON.stringify(expected4),
     `browser ${JSON.stringify(g4.ids)} vs native ${JSON.stringify(expected4)}`,
   );

@@ -47,7 +47,7 @@ struct Measured {
 pub fn run(a: Args) -> Result<(), TaskError> {
     let Loaded {
         ctx, model, name, ..
-    } = load(&a.model, false)?;
+    } = load(&a.model, Default::default())?;
     for &n in &a.sequences {
         let m = measure(&a, &model, n)?;
         if a.json {

@@ -44,6 +44,9 @@ pub struct Args {
     /// Stream a mixture-of-experts model's experts from host memory layer by layer.
     #[arg(long)]
     stream_experts: bool,
+    /// Upload Gemma 4's per-layer embedding table whole instead of staging a row per token.
+    #[arg(long)]
+    table_on_gpu: bool,
     /// Apply a random LoRA adapter of this rank to every projection (what an adapter costs).
     #[arg(long)]
     lora_rank: Option<usize>,
@@ -92,8 +95,17 @@ pub(crate) struct Loaded {
     pub load_s: f64,
 }
 
-/// Loads `path` onto the GPU (`stream_experts`: experts streamed from host memory).
-pub(crate) fn load(path: &std::path::Path, stream_experts: bool) -> Result<Loaded, TaskError> {
+/// Where a benchmark's model keeps what may live off the GPU.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Placement {
+    /// A mixture of experts' experts streamed from host memory layer by layer.
+    pub stream_experts: bool,
+    /// Gemma 4's per-layer embedding table uploaded whole ([`PleRows::Gpu`]).
+    pub table_on_gpu: bool,
+}
+
+/// Loads `path` onto the GPU as `placement` says.
+pub(crate) fn load(path: &std::path::Path, placement: Placement) -> Result<Loaded, TaskError> {
     let ctx = Arc::new(pollster::block_on(GpuContext::new(
         ContextOptions::default().with_env(),
     ))?);
@@ -101,7 +113,7 @@ pub(crate) fn load(path: &std::path::Path, stream_experts: bool) -> Result<Loade
     let g = Gguf::parse(src.bytes(0, TensorSource::len(&*src))?)?;
     let cfg = TextConfig::from_gguf(&g)?;
     let t = Instant::now();
-    let experts = if stream_experts {
+    let experts = if placement.stream_experts {
         ExpertPlacement::Streamed
     } else {
         ExpertPlacement::Auto
@@ -111,7 +123,11 @@ pub(crate) fn load(path: &std::path::Path, stream_experts: bool) -> Result<Loade
         &g,
         &cfg,
         &*src,
-        Some(PleRows::Mapped(src.clone())),
+        Some(if placement.table_on_gpu {
+            PleRows::Gpu
+        } else {
+            PleRows::Mapped(src.clone())
+        }),
         LoadOptions {
             experts,
             ..LoadOptions::default()
@@ -145,7 +161,13 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         model,
         name,
         load_s,
-    } = load(&a.model, a.stream_experts)?;
+    } = load(
+        &a.model,
+        Placement {
+            stream_experts: a.stream_experts,
+            table_on_gpu: a.table_on_gpu,
+        },
+    )?;
     let cfg = &model.cfg;
     let opts = SessionOptions {
         context: a.prompt + a.decode + 8,

@@ -35,6 +35,18 @@ pub struct Args {
     /// The Node.js to run.
     #[arg(long, default_value = "node")]
     node: PathBuf,
+    /// Also time each kernel of one prefill and one decode step (GPU timestamps), as
+    /// `profile` in the JSON.
+    #[arg(long)]
+    profile: bool,
+    /// Gemma 4's per-layer embedding table: `gpu` (uploaded whole, the page's default) or
+    /// `fetch` (a row per token), as the page's `perLayerTable` load option.
+    #[arg(long, default_value = "gpu")]
+    per_layer_table: String,
+    /// Write Node's CPU profiles (`.cpuprofile`, one per thread: the worker's holds the
+    /// engine's wasm and its WebGPU calls) into this folder.
+    #[arg(long)]
+    cpu_prof: Option<PathBuf>,
     /// Run on SwiftShader (`/usr/lib/chromium`'s Vulkan on the CPU) where no GPU is: checks
     /// the harness; its timings say nothing of a GPU.
     #[arg(long)]
@@ -53,13 +65,25 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         .canonicalize()
         .map_err(|e| format!("{}: {e}", a.model.display()))?;
     let mut cmd = Command::new(&a.node);
-    cmd.current_dir(&dir)
-        .arg("bench.mjs")
+    cmd.current_dir(&dir);
+    if let Some(out) = &a.cpu_prof {
+        // Node runs in web/dawn: the folder goes by its absolute path.
+        std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+        let out = out
+            .canonicalize()
+            .map_err(|e| format!("{}: {e}", out.display()))?;
+        cmd.arg("--cpu-prof").arg("--cpu-prof-dir").arg(out);
+    }
+    cmd.arg("bench.mjs")
         .arg("--model")
         .arg(&model)
         .args(["--prompt", &a.prompt.to_string()])
         .args(["--decode", &a.decode.to_string()])
-        .args(["--reps", &a.reps.to_string()]);
+        .args(["--reps", &a.reps.to_string()])
+        .args(["--per-layer-table", &a.per_layer_table]);
+    if a.profile {
+        cmd.arg("--profile");
+    }
     for flag in &a.dawn {
         cmd.args(["--dawn", flag]);
     }

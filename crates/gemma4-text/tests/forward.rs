@@ -7,7 +7,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{
-    ctx, generate_pipelined, gpu_model, gpu_model_fetching_rows, load, rel_err, scoring_session,
+    ctx, generate_pipelined, gpu_model, gpu_model_fetching_rows, gpu_model_table_on_gpu, load,
+    rel_err, scoring_session,
 };
 use wgemma_gguf::{GgmlType, Gguf, MmapSource, TensorSource};
 use wgemma_kernels::{ContextOptions, GpuContext};
@@ -483,7 +484,8 @@ fn pipelined_generation_matches(
 ) {
     let bytes = synthetic_bytes(spec).unwrap();
     let m = load(bytes.clone(), ctx.clone());
-    let fetching = gpu_model_fetching_rows(ctx, bytes);
+    let fetching = gpu_model_fetching_rows(ctx.clone(), bytes.clone());
+    let table_on_gpu = gpu_model_table_on_gpu(ctx, bytes);
     let tokens = prompt(9, spec.n_vocab as u32);
     for p in [
         SamplingParams::default(),
@@ -527,6 +529,15 @@ fn pipelined_generation_matches(
         }
         pollster::block_on(fetched.fetch_rows(&tokens)).unwrap();
         assert_eq!(pipelined(&mut fetched), want, "fetched rows, {p:?}");
+        // The per-layer table on the GPU: the same tokens, with steps queued as deep as for
+        // a model without the table (no token needs the CPU).
+        let mut resident = GpuSession::new(table_on_gpu.clone(), opts).unwrap();
+        assert_eq!(
+            resident.pipeline_depth(),
+            wgemma_text::forward::MAX_IN_FLIGHT
+        );
+        let got = generate_pipelined(&mut resident, &tokens, &p, 10);
+        assert_eq!(got, want, "table on the GPU, {p:?}");
         let mut many = GpuSession::new(m.gpu.clone(), opts).unwrap();
         let got = pipelined(&mut many);
         assert_eq!(got, want, "{p:?}");

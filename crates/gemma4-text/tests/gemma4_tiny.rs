@@ -8,7 +8,10 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{ctx, generate_pipelined, load, rel_err, scoring_session, session_in_chunks};
+use common::{
+    ctx, generate_pipelined, gpu_model_table_on_gpu, load, rel_err, scoring_session,
+    session_in_chunks,
+};
 use wgemma_text::CpuModel;
 
 struct Case {
@@ -366,7 +369,8 @@ fn streamed_experts_match_resident_experts() {
 
 /// Soft tokens (an encoder's rows in place of some tokens' embeddings) through the GPU forward
 /// agree with the CPU reference, in one chunk and across chunk boundaries, with a span at the
-/// last position; per-layer embeddings read the padding token there.
+/// last position; per-layer embeddings read the padding token there (staged from the file,
+/// and gathered from the table on the GPU).
 #[test]
 fn soft_tokens_match_the_cpu_reference() {
     use wgemma_kernels::View;
@@ -416,14 +420,19 @@ fn soft_tokens_match_the_cpu_reference() {
             .unwrap()
             .pop()
             .unwrap();
-        for chunk in [4, 12, 32] {
-            let mut s = session_in_chunks(&m.gpu, chunk);
+        let mut models = vec![(m.gpu.clone(), "rows from the file")];
+        if m.gpu.cfg.n_ple > 0 {
+            let table = gpu_model_table_on_gpu(ctx.clone(), bytes.to_vec());
+            models.push((table, "table on the GPU"));
+        }
+        for ((gpu, rows_from), chunk) in models.iter().flat_map(|m| [4, 12, 32].map(|c| (m, c))) {
+            let mut s = session_in_chunks(gpu, chunk);
             pollster::block_on(s.feed_with(&tokens, &soft)).unwrap();
             let got = pollster::block_on(s.logits()).unwrap();
             let e = rel_err(&got, &want);
             assert!(
                 e < 1e-4,
-                "{name}, chunks of {chunk}: soft tokens off the CPU by {e}"
+                "{name}, {rows_from}, chunks of {chunk}: soft tokens off the CPU by {e}"
             );
             // The session goes on from there as usual.
             pollster::block_on(s.feed(&tokens[..1])).unwrap();

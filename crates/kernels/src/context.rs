@@ -171,6 +171,9 @@ pub struct GpuFeatures {
     pub coop_matmul: bool,
     /// [`ContextOptions::allow_int8_activations`].
     pub int8_activations: bool,
+    /// The WGSL goes to a browser's compiler (wgpu's WebGPU backend passes it through), which
+    /// wants the `enable` directive of each extension used; naga rejects `enable subgroups;`.
+    pub browser_wgsl: bool,
 }
 
 /// A compiled kernel variant and its key ([`ShaderSource::key`]: name, flags, constants),
@@ -290,6 +293,7 @@ impl GpuContext {
             subgroup_max_size: info.subgroup_max_size,
             coop_matmul,
             int8_activations: options.allow_int8_activations,
+            browser_wgsl: info.backend == wgpu::Backend::BrowserWebGpu,
         };
         Self::open(&adapter, info, features, limits, &options).await
     }

@@ -93,7 +93,13 @@ impl ShaderSource {
             }
         }
         // Naga exposes subgroup built-ins when the device has the feature and rejects the
-        // `enable subgroups;` directive, so SUBGROUPS only selects code paths.
+        // `enable subgroups;` directive; a browser's compiler needs it. Kernels call subgroup
+        // reductions where every lane of a subgroup arrives together but the uniformity
+        // analysis cannot prove it (loops over workgroup-computed bounds), so that
+        // diagnostic is off.
+        if features.subgroups && features.browser_wgsl {
+            out.push_str("enable subgroups;\ndiagnostic(off, subgroup_uniformity);\n");
+        }
         for part in &self.parts {
             preprocess(part, &flags, &mut out);
         }
@@ -144,6 +150,7 @@ pub(crate) fn validate_coop(source: &ShaderSource) {
         subgroup_max_size: 32,
         coop_matmul: true,
         int8_activations: false,
+        browser_wgsl: false,
     };
     let wgsl = source.render(&features);
     let module = naga::front::wgsl::parse_str(&wgsl)

@@ -213,19 +213,19 @@ impl<'a, 'c> WeightStore<'a, 'c> {
         for job in &self.jobs {
             match job {
                 Job::Stacked(parts, w) => {
-                    for (i, tile) in w.tiles.iter().enumerate() {
-                        let range = tile.first_row..tile.first_row + tile.rows;
-                        let bytes = stacked_rows(g, src, parts, range).await?;
-                        w.write_tile(self.ctx, i, &bytes)?;
+                    for (i, rows) in upload_chunks(w, 4) {
+                        let bytes = stacked_rows(g, src, parts, rows.clone()).await?;
+                        write_chunk(self.ctx, w, i, rows, &bytes)?;
                         done += bytes.len() as u64;
                         progress(done, total);
                     }
                 }
                 Job::Interleaved { gate, up, pairs, w } => {
-                    for (i, tile) in w.tiles.iter().enumerate() {
-                        let range = tile.first_row..tile.first_row + tile.rows;
-                        let bytes = interleaved_rows(g, src, *gate, *up, *pairs, range).await?;
-                        w.write_tile(self.ctx, i, &bytes)?;
+                    // Chunks of whole groups of gate and up pairs.
+                    for (i, rows) in upload_chunks(w, 8 * pairs) {
+                        let bytes =
+                            interleaved_rows(g, src, *gate, *up, *pairs, rows.clone()).await?;
+                        write_chunk(self.ctx, w, i, rows, &bytes)?;
                         done += bytes.len() as u64;
                         progress(done, total);
                     }
@@ -246,6 +246,54 @@ impl<'a, 'c> WeightStore<'a, 'c> {
         }
         Ok(())
     }
+}
+
+/// Bytes of weights read and written at a time: the host memory an upload holds, whatever
+/// the size of a weight's tiles (a tile may be gigabytes where the device binds that much;
+/// the browser's wasm heap holds 4 GB in all).
+const UPLOAD_CHUNK_BYTES: u64 = 64 << 20;
+
+/// `w`'s rows in pieces of about [`UPLOAD_CHUNK_BYTES`], a multiple of `unit` rows each, as
+/// (tile, absolute rows) pairs, tile by tile.
+fn upload_chunks(w: &GpuWeight, unit: u64) -> Vec<(usize, std::ops::Range<u64>)> {
+    let tiles: Vec<(u64, u64)> = w.tiles.iter().map(|t| (t.first_row, t.rows)).collect();
+    chunk_rows(&tiles, w.row_bytes, unit, UPLOAD_CHUNK_BYTES)
+}
+
+/// The rows of `tiles` (first row, rows) in pieces of at most `chunk_bytes` (but at least
+/// `unit` rows), each starting a multiple of `unit` rows into its tile.
+fn chunk_rows(
+    tiles: &[(u64, u64)],
+    row_bytes: u64,
+    unit: u64,
+    chunk_bytes: u64,
+) -> Vec<(usize, std::ops::Range<u64>)> {
+    let unit = unit.max(1);
+    let step = (chunk_bytes / row_bytes.max(1) / unit).max(1) * unit;
+    let mut out = Vec::new();
+    for (i, &(first, rows)) in tiles.iter().enumerate() {
+        let end = first + rows;
+        let mut row = first;
+        while row < end {
+            let next = (row + step).min(end);
+            out.push((i, row..next));
+            row = next;
+        }
+    }
+    out
+}
+
+/// Writes absolute rows `rows` of `w` into tile `i`.
+fn write_chunk(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    i: usize,
+    rows: std::ops::Range<u64>,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    let first = w.tiles[i].first_row;
+    w.write_tile_rows(ctx, i, rows.start - first..rows.end - first, bytes)?;
+    Ok(())
 }
 
 /// `tensor`'s values as f32.
@@ -311,4 +359,42 @@ pub async fn interleaved_rows<R: RangeSource + ?Sized>(
         row += 2 * (p1 - p0);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_rows;
+
+    /// Every row of every tile lands in exactly one piece, in order; pieces stay within the
+    /// byte bound (but hold at least one unit) and start a whole number of units into their
+    /// tile, so their writes are 4-byte aligned for rows of any size when the unit is 4.
+    #[test]
+    fn chunks_cover_each_tile_once_within_the_bound() {
+        let tiles = [(0, 1000), (1000, 37), (1037, 4)];
+        for (row_bytes, unit, bound) in [
+            (7350, 4, 64 << 10),
+            (144, 8, 4096),
+            (9520, 4, 100),
+            (1, 1, 7),
+        ] {
+            let chunks = chunk_rows(&tiles, row_bytes, unit, bound);
+            let mut next = 0;
+            for (i, rows) in &chunks {
+                let (first, n) = tiles[*i];
+                assert_eq!(rows.start, next, "pieces follow each other");
+                assert!(
+                    rows.start >= first && rows.end <= first + n,
+                    "inside tile {i}"
+                );
+                assert_eq!((rows.start - first) % unit, 0, "starts on a unit");
+                let bytes = (rows.end - rows.start) * row_bytes;
+                assert!(
+                    bytes <= bound.max(unit * row_bytes),
+                    "{bytes} bytes > {bound}"
+                );
+                next = rows.end;
+            }
+            assert_eq!(next, 1041, "every row");
+        }
+    }
 }

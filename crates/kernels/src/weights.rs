@@ -154,16 +154,33 @@ impl GpuWeight {
 
     /// Fills tile `i` with its bytes (exactly `tile_range(i)` of the tensor).
     pub fn write_tile(&self, ctx: &GpuContext, i: usize, bytes: &[u8]) -> Result<(), GpuError> {
-        let r = self.tile_range(i);
-        if bytes.len() as u64 != r.end - r.start {
+        self.write_tile_rows(ctx, i, 0..self.tiles[i].rows, bytes)
+    }
+
+    /// Fills rows `rows` of tile `i` (counted from the tile's first row) with `bytes`. A
+    /// range that starts past the tile's first row starts at a multiple of 4 rows, so that
+    /// the write lands 4-byte aligned whatever the row size.
+    pub fn write_tile_rows(
+        &self,
+        ctx: &GpuContext,
+        i: usize,
+        rows: std::ops::Range<u64>,
+        bytes: &[u8],
+    ) -> Result<(), GpuError> {
+        let tile = &self.tiles[i];
+        let want = (rows.end.saturating_sub(rows.start)) * self.row_bytes;
+        if rows.end > tile.rows
+            || bytes.len() as u64 != want
+            || !(rows.start * self.row_bytes).is_multiple_of(4)
+        {
             return Err(GpuError::Shape(format!(
-                "{}: tile {i} takes {} bytes, got {}",
+                "{}: rows {rows:?} of tile {i} ({} rows) take {want} bytes at a 4-byte boundary, got {}",
                 self.name,
-                r.end - r.start,
+                tile.rows,
                 bytes.len()
             )));
         }
-        ctx.write(&self.tiles[i].buffer, 0, bytes);
+        ctx.write(&tile.buffer, rows.start * self.row_bytes, bytes);
         Ok(())
     }
 

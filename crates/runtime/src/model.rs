@@ -32,7 +32,8 @@ pub struct LoadOptions {
     /// A GPU context to share between models.
     pub context: Option<Arc<GpuContext>>,
     /// Where Gemma 4's per-layer embedding table is read a row per token at run time:
-    /// [`Model::load_file`] sets the mapped file, the browser binding its range reader.
+    /// [`Model::load_file`] sets the mapped file where this is `None`, the browser binding
+    /// its range reader. [`PleRows::Gpu`] uploads the whole table instead.
     pub rows: Option<PleRows>,
     /// Where a mixture-of-experts model's experts live: by default on the GPU when they fit
     /// there, else streamed in from host memory layer by layer.
@@ -263,7 +264,9 @@ impl Model {
     ) -> Result<Self, Error> {
         let (header, map) = read_and_map(path.as_ref())?;
         let map = Arc::new(map);
-        opts.rows = Some(PleRows::Mapped(map.clone()));
+        if opts.rows.is_none() {
+            opts.rows = Some(PleRows::Mapped(map.clone()));
+        }
         let (projector_header, projector_map) = match opts.mmproj.take() {
             Some(p) => {
                 let (h, m) = read_and_map(&p)?;

@@ -220,12 +220,15 @@ pub(super) struct Layer {
     pub experts: Option<Experts>,
 }
 
-/// The per-layer token table, read a row per token from the file (never uploaded whole).
+/// The per-layer token table: read a row per token from the file, or uploaded whole
+/// ([`PleRows::Gpu`]).
 pub(super) struct PleTable {
     pub info: TensorInfo,
     /// Absolute offset of the table's data in the file.
     pub start: u64,
     pub rows: PleRows,
+    /// The whole table on the GPU, with [`PleRows::Gpu`].
+    pub gpu: Option<GpuWeight>,
     pub proj: GpuWeight,
     /// Times 1 / sqrt(2), the scale of the per-layer inputs' sum.
     pub proj_norm: View,
@@ -239,6 +242,11 @@ pub enum PleRows {
     /// Asynchronous reads (HTTP Range requests in the browser): a session fetches the rows
     /// of the tokens it is about to feed first ([`crate::GpuSession::fetch_rows`]).
     Fetched(Arc<dyn RowFetcher>),
+    /// The whole table uploaded at load, its size in GPU memory (1.5 GB for E2B's Q8_0
+    /// table): each step gathers its tokens' rows on the GPU, so decode steps queue ahead of
+    /// the token's readback as for models without the table. For the browser, where the
+    /// readback and a row fetch are two round trips per token that the GPU would wait for.
+    Gpu,
 }
 
 impl PleTable {
@@ -539,6 +547,10 @@ impl GpuModel {
             (Some(info), Some(p)) => Some(PleTable {
                 info: info.clone(),
                 start: g.tensor_range(info).start,
+                gpu: match rows {
+                    Some(PleRows::Gpu) => Some(ld.matrix(vec![info], 1)?),
+                    _ => None,
+                },
                 rows: rows.ok_or(LoadError::NoRowSource)?,
                 proj: ld.matrix(vec![p.proj], 1)?,
                 proj_norm: ld.vector_scaled(p.proj_norm, std::f32::consts::FRAC_1_SQRT_2),
@@ -647,7 +659,12 @@ impl GpuModel {
         let mut matrices: Vec<&GpuWeight> = self.matrices().into_iter().map(|(w, _)| w).collect();
         matrices.sort_by(|a, b| a.name.cmp(&b.name));
         matrices.dedup_by(|a, b| a.name == b.name);
-        matrices.iter().map(|w| w.gpu_bytes()).sum::<u64>() + vectors
+        let table = self
+            .ple
+            .as_ref()
+            .and_then(|p| p.gpu.as_ref())
+            .map_or(0, |w| w.gpu_bytes());
+        matrices.iter().map(|w| w.gpu_bytes()).sum::<u64>() + vectors + table
     }
 
     /// The token embedding table as stored.

@@ -823,13 +823,16 @@ impl GpuSession {
 
     /// Writes the ids and positions of a chunk that starts at the current position, and the
     /// per-layer table rows of `ple_ids` (the chunk's ids, the padding token at soft tokens).
+    /// The step embeds `ple_ids`: a soft token replaces the padding id's token embedding, and
+    /// a table on the GPU gives the padding id's row there, as the reference does.
     fn stage(&self, chunk: &[u32], ple_ids: &[u32]) -> Result<(), ForwardError> {
         let ctx = &self.model.ctx;
+        debug_assert_eq!(chunk.len(), ple_ids.len());
         self.stage_ple_rows(ple_ids)?;
         let start = self.position() as u32;
         let positions: Vec<u32> = (start..start + chunk.len() as u32).collect();
         let a = self.acts(chunk.len());
-        ctx.write(&a.ids.buffer, a.ids.offset, bytemuck::cast_slice(chunk));
+        ctx.write(&a.ids.buffer, a.ids.offset, bytemuck::cast_slice(ple_ids));
         ctx.write(
             &a.positions.buffer,
             a.positions.offset,
@@ -841,7 +844,7 @@ impl GpuSession {
     /// Copies the per-layer table rows of `tokens` to the GPU (models with per-layer
     /// embeddings): a row per token from the file, never the whole table.
     fn stage_ple_rows(&self, tokens: &[u32]) -> Result<(), ForwardError> {
-        let Some(ple) = &self.model.ple else {
+        let Some(ple) = self.model.ple.as_ref().filter(|p| p.gpu.is_none()) else {
             return Ok(());
         };
         let mut rows = Vec::with_capacity(tokens.len() * ple.info.row_bytes() as usize);
@@ -858,6 +861,7 @@ impl GpuSession {
                             .ok_or(ForwardError::RowsNotFetched(t))?,
                     );
                 }
+                PleRows::Gpu => return Ok(()),
             }
         }
         let staged = &self.acts(tokens.len()).ple.rows;
@@ -901,7 +905,7 @@ impl GpuSession {
     /// Whether a decode step needs its input token on the CPU (per-layer embeddings read the
     /// token's table row from the file), so steps cannot run ahead of the readback.
     fn needs_token_on_cpu(&self) -> bool {
-        self.model.ple.is_some()
+        self.model.ple.as_ref().is_some_and(|p| p.gpu.is_none())
     }
 
     /// Bytes of streamed experts ([`crate::ExpertPlacement::Streamed`]) copied to the GPU

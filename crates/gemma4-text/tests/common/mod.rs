@@ -70,10 +70,23 @@ pub fn gpu_model<S: TensorSource + 'static>(
 /// The model's weights on the GPU, with the per-layer embedding rows read as the browser
 /// reads them: fetched asynchronously ahead of the steps that feed their tokens.
 pub fn gpu_model_fetching_rows(ctx: Arc<GpuContext>, bytes: Vec<u8>) -> Arc<GpuModel> {
+    gpu_model_with_rows(ctx, bytes, |src| PleRows::Fetched(src))
+}
+
+/// The model's weights on the GPU with its per-layer embedding table uploaded whole.
+pub fn gpu_model_table_on_gpu(ctx: Arc<GpuContext>, bytes: Vec<u8>) -> Arc<GpuModel> {
+    gpu_model_with_rows(ctx, bytes, |_| PleRows::Gpu)
+}
+
+fn gpu_model_with_rows(
+    ctx: Arc<GpuContext>,
+    bytes: Vec<u8>,
+    rows: impl FnOnce(Arc<BytesSource>) -> PleRows,
+) -> Arc<GpuModel> {
     let g = Gguf::parse(&bytes).unwrap();
     let cfg = TextConfig::from_gguf(&g).unwrap();
     let src = Arc::new(BytesSource::new(bytes.clone()));
-    let rows = PleRows::Fetched(src.clone());
+    let rows = rows(src.clone());
     Arc::new(pollster::block_on(GpuModel::load(ctx, &g, &cfg, &*src, Some(rows), |_| {})).unwrap())
 }
 

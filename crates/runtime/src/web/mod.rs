@@ -94,12 +94,14 @@ impl WasmModel {
     /// with the vision tower of a llama.cpp projector file through `mmproj` (a reader too, or
     /// null), calling `on_progress(done, total)` (bytes of both) as the weights upload.
     /// `cpu_adapter` says the page found WebGPU running on the CPU (SwiftShader), which the
-    /// engine cannot see.
+    /// engine cannot see. `table_on_gpu` uploads Gemma 4's per-layer embedding table whole
+    /// ([`PleRows::Gpu`]) instead of fetching a row per token.
     pub async fn load(
         reader: JsValue,
         mmproj: JsValue,
         on_progress: Option<Function>,
         cpu_adapter: bool,
+        table_on_gpu: bool,
     ) -> Result<WasmModel, JsValue> {
         let source = Arc::new(JsRangeSource::new(reader).map_err(|e| reject(&e.into()))?);
         let projector = if mmproj.is_null() || mmproj.is_undefined() {
@@ -119,8 +121,13 @@ impl WasmModel {
         });
         let opts = LoadOptions {
             on_progress,
-            // Gemma 4's per-layer embedding rows come by range requests as tokens are fed.
-            rows: Some(PleRows::Fetched(source.clone())),
+            // Gemma 4's per-layer embedding rows: on the GPU, or by range requests as
+            // tokens are fed.
+            rows: Some(if table_on_gpu {
+                PleRows::Gpu
+            } else {
+                PleRows::Fetched(source.clone())
+            }),
             gpu: ContextOptions {
                 cpu_adapter,
                 ..ContextOptions::default()
@@ -181,6 +188,8 @@ impl WasmModel {
                     "deviceType": format!("{:?}", ctx.info.device_type),
                     "shaderF16": ctx.features.shader_f16,
                     "subgroups": ctx.features.subgroups,
+                    "subgroupMinSize": ctx.features.subgroup_min_size,
+                    "subgroupMaxSize": ctx.features.subgroup_max_size,
                     "weightBytes": bytes,
                 }),
             );

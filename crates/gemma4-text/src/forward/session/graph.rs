@@ -39,6 +39,8 @@ pub(super) struct DecoderGraph<'s> {
     x: Option<Val>,
     /// Every layer's per-layer inputs, once computed.
     ple_all: Option<Val>,
+    /// The step's token ids (on the GPU), which a table on the GPU is gathered by.
+    ids: Option<&'s View>,
     table_rows_added: bool,
     /// Which keys the step's rows see.
     reach: KeyReach,
@@ -57,6 +59,7 @@ impl<'s> DecoderGraph<'s> {
             g,
             x: None,
             ple_all: None,
+            ids: None,
             table_rows_added: false,
             reach: KeyReach::Causal,
             role: LayerRole::Encoder,
@@ -208,6 +211,7 @@ impl<'s> DecoderGraph<'s> {
         let (model, s) = (&*self.session.model, self.acts);
         let cfg = &model.cfg;
         let mut x = self.new_stream(step_value("inp_embd"));
+        self.ids = Some(input.ids);
         self.g.push(Node::Embed {
             table: Cow::Borrowed(&model.token_embd),
             ids: input.ids,
@@ -242,15 +246,33 @@ impl<'s> DecoderGraph<'s> {
         Ok(())
     }
 
-    /// The table rows staged for this step's tokens join the per-layer inputs: after
-    /// `HostOp::TokenRows`, so that a decode step can start before its token is on the CPU.
+    /// The table rows of this step's tokens join the per-layer inputs: gathered from the
+    /// table where it is on the GPU, else staged by the CPU (after `HostOp::TokenRows`, so
+    /// that a decode step can start before its token is on the CPU).
     fn add_table_rows(&mut self) -> Result<(), GpuError> {
         let (model, s) = (&*self.session.model, self.acts);
         let (Some(ple), Some(all)) = (&model.ple, self.ple_all) else {
             return Ok(());
         };
-        let m = self.m();
         let n = model.cfg.n_ple as u32;
+        // row * sqrt(n), times the sum's 1 / sqrt(2).
+        let scale = (n as f32 / 2.0).sqrt();
+        let out = self.g.next(all, step_value("per_layer_inputs"));
+        if let Some(table) = &ple.gpu {
+            let ids = self
+                .ids
+                .ok_or_else(|| GpuError::Shape("per-layer rows before the embeddings".into()))?;
+            self.g.push(Node::Embed {
+                table: Cow::Borrowed(table),
+                ids,
+                scale,
+                onto: Some(all),
+                out,
+            });
+            self.ple_all = Some(out);
+            return Ok(());
+        }
+        let m = self.m();
         let staged = GpuWeight {
             name: "per_layer_token_embd rows".into(),
             dtype: ple.info.dtype,
@@ -264,12 +286,10 @@ impl<'s> DecoderGraph<'s> {
             }],
         };
         self.g.push(Node::Host(HostOp::TokenRows));
-        let out = self.g.next(all, step_value("per_layer_inputs"));
-        // row * sqrt(n), times the sum's 1 / sqrt(2).
         self.g.push(Node::Embed {
             table: Cow::Owned(staged),
             ids: &s.ple.iota,
-            scale: (n as f32 / 2.0).sqrt(),
+            scale,
             onto: Some(all),
             out,
         });
