@@ -78,11 +78,13 @@
 #   ab         the prefill attention's tokens a workgroup, one and as many as fit, one binary.
 #   dawn       the browser's engine on this GPU: web/pkg through web/wgemma.js in Node on Dawn
 #              (cargo xtask dawn-bench) next to native bench-e2e, on MODELS, 512-token prompts,
-#              128 generated; $OUT/dawn/ and a table in $OUT/dawn.md. Carry [".gl",
-#              ".dev/xtask", ".dev/node.xz", ".dev/dawn.tar.xz", "web/pkg"] (prepare-h100.sh
-#              packs Node and the webgpu package).
+#              128 generated (E2B and E4B also with the per-layer table fetched by rows);
+#              $OUT/dawn/ and a table in $OUT/dawn.md. Carry [".gl", ".dev/xtask.xz",
+#              ".dev/node.xz", ".dev/dawn.tar.xz", "web/pkg"] (prepare-h100.sh packs them).
 #   dawnprof   Dawn's per-kernel GPU times and Node's CPU profile of the engine, and a run with
 #              Dawn's robustness off ($OUT/dawnprof-M.txt); DAWNPROF_MODELS.
+#   dawntoggles Dawn's per-kernel GPU times of E2B under each of DAWN_TOGGLES (default: none,
+#              disable_robustness, disable_workgroup_init), $OUT/dawntoggles.txt.
 #   browserlike native bench-e2e under the browser's constraints (WGEMMA_NO_F16, NO_COOP,
 #              WEBGPU_LIMITS), without and with subgroups, with kernel profiles; BROWSERLIKE_MODELS.
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads

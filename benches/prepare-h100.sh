@@ -41,6 +41,9 @@ cp "$(exe test -p wgemma --test vision --release --no-run)" .dev/vision-runtime
 cp "$(exe test -p wgemma-audio --test tower --release --no-run)" .dev/audio-tower
 cp "$(exe test -p wgemma --test audio --release --no-run)" .dev/audio-runtime
 strip .dev/xtask .dev/parity .dev/kernels .dev/vision-tower .dev/vision-runtime .dev/audio-*
+# The xtask compressed (13 MB -> 4 MB) for calls that carry Node and Dawn too; h100.sh unpacks
+# any .dev/*.xz whose binary did not travel.
+xz -9 -T0 -c .dev/xtask > .dev/xtask.xz
 # Node.js and the webgpu package (Dawn for Node) for `h100.sh dawn`: the lent machine has no
 # Node, and carries at most 64 MiB.
 [ -f .dev/node.xz ] || xz -9 -T0 -c "$(command -v node)" > .dev/node.xz
