@@ -823,16 +823,22 @@ impl GpuSession {
 
     /// Writes the ids and positions of a chunk that starts at the current position, and the
     /// per-layer table rows of `ple_ids` (the chunk's ids, the padding token at soft tokens).
-    /// The step embeds `ple_ids`: a soft token replaces the padding id's token embedding, and
-    /// a table on the GPU gives the padding id's row there, as the reference does.
+    /// With the table on the GPU, which the step gathers by the ids it embeds, those are
+    /// `ple_ids`: a soft token replaces the padding id's token embedding anyway, and the
+    /// table gives the padding id's row there, as the reference does.
     fn stage(&self, chunk: &[u32], ple_ids: &[u32]) -> Result<(), ForwardError> {
         let ctx = &self.model.ctx;
-        debug_assert_eq!(chunk.len(), ple_ids.len());
         self.stage_ple_rows(ple_ids)?;
         let start = self.position() as u32;
         let positions: Vec<u32> = (start..start + chunk.len() as u32).collect();
         let a = self.acts(chunk.len());
-        ctx.write(&a.ids.buffer, a.ids.offset, bytemuck::cast_slice(ple_ids));
+        let table_on_gpu = self.model.ple.as_ref().is_some_and(|p| p.gpu.is_some());
+        let ids = if table_on_gpu && ple_ids.len() == chunk.len() {
+            ple_ids
+        } else {
+            chunk
+        };
+        ctx.write(&a.ids.buffer, a.ids.offset, bytemuck::cast_slice(ids));
         ctx.write(
             &a.positions.buffer,
             a.positions.offset,
