@@ -85,6 +85,8 @@
 #              Dawn's robustness off ($OUT/dawnprof-M.txt); DAWNPROF_MODELS.
 #   dawntoggles Dawn's per-kernel GPU times of E2B under each of DAWN_TOGGLES (default: none,
 #              disable_robustness, disable_workgroup_init), $OUT/dawntoggles.txt.
+#   prefill_ab the browser's f32 prefill product of this build against .dev/xtask-base's
+#              (natively under the browser's constraints), then wasm + Dawn; E2B.
 #   browserlike native bench-e2e under the browser's constraints (WGEMMA_NO_F16, NO_COOP,
 #              WEBGPU_LIMITS), without and with subgroups, with kernel profiles; BROWSERLIKE_MODELS.
 # Results land in $OUT and, after each step, in target/h100/results, where the table reads
@@ -682,6 +684,38 @@ dawntoggles() {
     { echo "## toggles: $t"; python3 benches/dawn_profile.py "$OUT/dawn/toggle-$t.json"; } \
       >> "$OUT/dawntoggles.txt" 2>&1
   done
+}
+
+# The browser's prefill product (the f32 tiles of matmul.wgsl: no f16, no tensor cores) of
+# this build against .dev/xtask-base's, alternating, on E2B natively under the browser's
+# constraints (prefill tok/s and the matmul's kernel time), then this build's web/pkg on Dawn;
+# $OUT/prefill_ab.txt. Carry .dev/xtask-base.xz beside the dawn step's files.
+prefill_ab() {
+  node_dawn
+  synth e2b
+  mkdir -p "$OUT/dawn"
+  local env="WGEMMA_NO_F16=1 WGEMMA_NO_COOP=1 WGEMMA_WEBGPU_LIMITS=1"
+  for rep in 1 2; do
+    for b in base new; do
+      local x=.dev/xtask
+      [ $b = base ] && x=.dev/xtask-base
+      env $env $x bench-e2e --model "$W/models/e2b.gguf" --prompt 512 --decode 16 --reps 3 --json \
+        > "$OUT/dawn/ab-$b-$rep.json" 2> /dev/null
+      echo "$b $rep $(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().splitlines()[-1]); print("prefill", round(d["prefill_tok_s"]), "decode", round(d["decode_tok_s"]))' "$OUT/dawn/ab-$b-$rep.json")" \
+        | tee -a "$OUT/prefill_ab.txt"
+    done
+  done
+  for b in base new; do
+    local x=.dev/xtask
+    [ $b = base ] && x=.dev/xtask-base
+    env $env $x bench-e2e --model "$W/models/e2b.gguf" --prompt 512 --decode 16 --reps 1 --profile \
+      2>&1 > /dev/null | grep -E "^prefill|  matmul " | sed "s/^/$b: /" | tee -a "$OUT/prefill_ab.txt"
+  done
+  .dev/xtask dawn-bench --no-build --node "$W/node" --model "$W/models/e2b.gguf" --prompt 512 \
+    --decode 128 --reps 3 > "$OUT/dawn/dawn-e2b.json" 2> "$OUT/dawn/dawn-e2b.err"
+  .dev/xtask bench-e2e --model "$W/models/e2b.gguf" --prompt 512 --decode 128 --reps 3 --json \
+    > "$OUT/dawn/native-e2b.json" 2> "$OUT/dawn/native-e2b.err"
+  python3 benches/dawn_table.py "$OUT/dawn" e2b | tee -a "$OUT/prefill_ab.txt"
 }
 
 # Native under the browser's constraints (no shader-f16, so no tensor-core tiles; WebGPU's
