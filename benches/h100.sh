@@ -83,6 +83,7 @@
 #              ".dev/node.xz", ".dev/dawn.tar.xz", "web/pkg"] (prepare-h100.sh packs them).
 #   dawnprof   Dawn's per-kernel GPU times and Node's CPU profile of the engine, and a run with
 #              Dawn's robustness off ($OUT/dawnprof-M.txt); DAWNPROF_MODELS.
+#   dawn_only  wasm + Dawn alone on MODELS, one timed run each, $OUT/dawn_only.txt.
 #   dawntoggles Dawn's per-kernel GPU times of E2B under each of DAWN_TOGGLES (default: none,
 #              disable_robustness, disable_workgroup_init), $OUT/dawntoggles.txt.
 #   prefill_ab the browser's f32 prefill product of this build against .dev/xtask-base's
@@ -664,6 +665,19 @@ dawnprof() {
       --decode 128 --reps 3 --dawn "$unsafe,disable_robustness" \
       > "$OUT/dawn/dawn-norobust-$m.json" 2> "$OUT/dawn/dawn-norobust-$m.err"
     tail -n 1 "$OUT/dawn/dawn-norobust-$m.json" >> "$OUT/dawnprof-$m.txt"
+  done
+}
+
+# wasm + Dawn alone on MODELS, one timed run each (load, session creation, first and later
+# time to first token): $OUT/dawn_only.txt.
+dawn_only() {
+  node_dawn
+  mkdir -p "$OUT/dawn"
+  for m in $MODELS; do
+    synth "$m"
+    .dev/xtask dawn-bench --no-build --node "$W/node" --model "$W/models/$m.gguf" --prompt 512 \
+      --decode 128 --reps 1 > "$OUT/dawn/only-$m.json" 2> "$OUT/dawn/only-$m.err"
+    echo "$m $(tail -n 1 "$OUT/dawn/only-$m.json")" >> "$OUT/dawn_only.txt"
   done
 }
 

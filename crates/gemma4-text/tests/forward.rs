@@ -554,3 +554,58 @@ fn pipelined_generation_matches(
         assert_eq!(many.tokens(), &tokens[..3]);
     }
 }
+
+/// After `compile_pipelines`, requests compile nothing more: prompts of one full chunk, of
+/// several chunks and a remainder of 5 tokens or more, and shorter ones down to 5, greedy
+/// and sampled, then decode steps.
+#[test]
+fn compiled_pipelines_cover_a_first_request() {
+    let Some(shared) = ctx() else { return };
+    for spec in [
+        SynthSpec::tiny_gemma3(GgmlType::Q8_0),
+        SynthSpec::tiny_gemma4(GgmlType::Q8_0),
+    ] {
+        // A context of its own: other tests compile into the shared one meanwhile.
+        let ctx = Arc::new(
+            pollster::block_on(GpuContext::new(ContextOptions {
+                adapter_name: Some(shared.info.name.clone()),
+                ..ContextOptions::default().with_env()
+            }))
+            .unwrap(),
+        );
+        let m = load(synthetic_bytes(&spec).unwrap(), ctx.clone());
+        let opts = SessionOptions {
+            context: 64,
+            max_batch: 16,
+        };
+        let s = GpuSession::new(m.gpu.clone(), opts).unwrap();
+        s.compile_pipelines().unwrap();
+        let compiled = ctx.pipeline_count();
+        let vocab = spec.n_vocab as u32;
+        for (len, p) in [
+            (16, SamplingParams::default()),
+            (37, SamplingParams::default()),
+            (5, SamplingParams::default()),
+            (21, SamplingParams::default()),
+            (
+                9,
+                SamplingParams {
+                    temperature: 0.8,
+                    top_k: 40,
+                    top_p: 0.9,
+                    seed: 3,
+                    ..Default::default()
+                },
+            ),
+        ] {
+            let mut s = GpuSession::new(m.gpu.clone(), opts).unwrap();
+            generate_pipelined(&mut s, &prompt(len, vocab), &p, 4);
+            assert_eq!(
+                ctx.pipeline_count(),
+                compiled,
+                "{}: a {len}-token prompt compiled pipelines ({p:?})",
+                spec.arch
+            );
+        }
+    }
+}

@@ -254,6 +254,13 @@ impl Session {
         &mut self.gpu
     }
 
+    /// Compiles the GPU pipelines a request uses, so that the first request does not wait
+    /// for them (hundreds of milliseconds in a browser): call it after creating the session,
+    /// before the user's first prompt arrives.
+    pub fn compile_pipelines(&self) -> Result<(), Error> {
+        Ok(self.gpu.compile_pipelines()?)
+    }
+
     /// A handle that stops the current (or next) generation within one step.
     pub fn cancel_handle(&self) -> CancelHandle {
         self.cancel.clone()

@@ -774,6 +774,19 @@ impl GpuSession {
         Ok(lines.chain(samplers.iter().map(dispatch_line)).collect())
     }
 
+    /// Compiles the pipelines a request's steps use, so that the first request does not
+    /// wait for them: a full prefill chunk's (whose tiled kernels serve any chunk of 5
+    /// tokens or more), the decode step's (already built) and the samplers'.
+    /// Chunks of 2 to 4 tokens take matrix-vector kernels shaped by their count, compiled
+    /// when first needed: in Dawn each pipeline takes tens of milliseconds. Nothing runs.
+    /// Where pipeline creation is asynchronous (a browser's GPU process compiles them), this
+    /// only starts the work.
+    pub fn compile_pipelines(&self) -> Result<(), ForwardError> {
+        let _span = tracing::info_span!("compile_pipelines").entered();
+        self.step_and_samplers(self.max_batch)?;
+        Ok(())
+    }
+
     /// The dispatches of [`GpuSession::plan_lines`]'s step and samplers.
     pub fn plan_dispatches(&self, tokens: usize) -> Result<Vec<Dispatch>, ForwardError> {
         let (step, samplers) = self.step_and_samplers(tokens)?;

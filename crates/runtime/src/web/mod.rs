@@ -236,6 +236,8 @@ impl WasmModel {
     }
 
     /// A new conversation; `options` is JSON (`{"context": 4096, "maxBatch": 256}`) or empty.
+    /// Its pipelines are compiled now (in Chrome's GPU process, while the page waits for a
+    /// prompt), not on the first request.
     pub fn session(&self, options: &str) -> Result<WasmSession, JsValue> {
         let opts = if options.trim().is_empty() {
             SessionOptions::default()
@@ -247,6 +249,7 @@ impl WasmModel {
         let (chat, cancel) = match &self.engine {
             Engine::Text(m) => {
                 let s = m.session(opts).map_err(|e| reject(&e))?;
+                s.compile_pipelines().map_err(|e| reject(&e))?;
                 let cancel = s.cancel_handle();
                 (Chat::Text(s), cancel)
             }
