@@ -313,6 +313,10 @@ export class WGemma {
   encodeImage(image: ImageInput, options?: { imageTokens?: number }): Promise<SoftTokens>;
   /** One audio clip's soft tokens (what the audio tower hands the text model). */
   encodeAudio(clip: AudioSource): Promise<SoftTokens>;
+  /**
+   * A new conversation with its own cache. Its GPU pipelines compile now, in the worker,
+   * so that the first request does not wait for them: make it before the user's prompt.
+   */
   session(options?: SessionOptions): Session;
   dispose(): void;
 }
