@@ -103,7 +103,8 @@ ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 # Binaries may travel xz-compressed to fit the 64 MiB a call carries.
 for z in .dev/*.xz; do
-  case $z in *node.xz) continue ;; esac
+  case $z in *node.xz | *.tar.xz) continue ;; esac
+  [ -e "$z" ] || continue
   [ -e "${z%.xz}" ] || xz -dc "$z" > "${z%.xz}"
 done
 chmod +x .dev/xtask* .dev/kernels .dev/parity .dev/vision-* .dev/audio-*

@@ -19,6 +19,12 @@ const demo = {
 // The browser test reads the state through this.
 window.wgemmaDemo = demo;
 
+// " of 32" or " of 8-64" lanes, as the adapter reports them ("" where it does not).
+function subgroupLanes({ subgroupMinSize: lo, subgroupMaxSize: hi }) {
+  if (!lo) return "";
+  return lo === hi ? ` of ${lo}` : ` of ${lo}-${hi}`;
+}
+
 function setStatus(text, isError = false) {
   $("model-status").textContent = text;
   $("model-status").className = isError ? "error" : "";
@@ -166,7 +172,7 @@ async function loadModel(source, label) {
       `${info.name ?? info.architecture} · ${mb(info.file_size)} MiB · loaded in ${(info.load.ms / 1000).toFixed(1)} s ` +
         `(${mb(info.load.fetchedBytes)} MiB downloaded, ${mb(info.load.cachedBytes)} MiB from cache) · ` +
         `${info.gpu.adapter || info.gpu.backend}${info.gpu.shaderF16 ? " · f16" : ""}` +
-        (info.gpu.subgroups ? ` · subgroups of ${info.gpu.subgroupMinSize}` : "") +
+        (info.gpu.subgroups ? ` · subgroups${subgroupLanes(info.gpu)}` : "") +
         (info.vision ? " · vision" : "") +
         (info.audio ? " · audio" : ""),
     );

@@ -49,8 +49,8 @@ export interface LoadOptions {
   /**
    * Gemma 4 E2B/E4B's per-layer embedding table. `"gpu"` (the default) uploads it whole, so
    * decode steps queue on the GPU without waiting for each token's row: about 1.3x the
-   * decode speed of `"fetch"`, for the table's size in GPU memory and download (1.5 GB for
-   * a Q8_0 E2B). `"fetch"` reads one row per token from the file as tokens are generated:
+   * decode speed of `"fetch"`, for the table's size in GPU memory and download (E2B's: 1.3
+   * GB at Q4_K, 2.5 GB at Q8_0). `"fetch"` reads one row per token from the file as tokens are generated:
    * for devices short of memory.
    */
   perLayerTable?: "gpu" | "fetch";
@@ -281,6 +281,8 @@ export type GenerateEvent =
     };
 
 export class Session {
+  /** Settles when the worker has made the session (its pipelines compiled); rejects if it failed. */
+  readonly ready: Promise<void>;
   generate(
     messages: Message[] | string | { tokens: number[] },
     options?: GenerateOptions,

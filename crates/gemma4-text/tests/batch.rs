@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{ctx, load, rel_err};
+use common::{ctx, gpu_model_table_on_gpu, load, rel_err};
 use wgemma_gguf::GgmlType;
 use wgemma_text::synth::{SynthMoe, SynthSpec, synthetic_bytes};
 use wgemma_text::{
@@ -143,6 +143,31 @@ fn batched_steps_match_each_sequence_alone() {
         step(&mut batch, &m.cpu, &mut [&mut d], &format!("{what} d"));
         drop((a, c, d));
         assert_eq!(pool.free_slots(), 4);
+    }
+}
+
+/// Gemma 4 with its per-layer table on the GPU: the batched step gathers every row's table
+/// row by the ids it stages, as the reference computes each sequence alone.
+#[test]
+fn batched_steps_gather_the_per_layer_table_on_the_gpu() {
+    let Some(ctx) = ctx() else { return };
+    let spec = SynthSpec::tiny_gemma4(GgmlType::Q8_0);
+    let bytes = synthetic_bytes(&spec).unwrap();
+    let cpu = load(bytes.clone(), ctx.clone()).cpu;
+    let gpu = gpu_model_table_on_gpu(ctx, bytes);
+    let vocab = spec.n_vocab as u32;
+    let pool = KvPool::new(gpu.clone(), 3, 64).unwrap();
+    let mut batch = BatchDecoder::new(pool.clone(), 3).unwrap();
+    let mut a = start(&gpu, &cpu, &pool, &prompt(9, 5, vocab));
+    let mut b = start(&gpu, &cpu, &pool, &prompt(4, 6, vocab));
+    let mut c = start(&gpu, &cpu, &pool, &prompt(13, 7, vocab));
+    for i in 0..3 {
+        step(
+            &mut batch,
+            &cpu,
+            &mut [&mut a, &mut b, &mut c],
+            &format!("table on the GPU {i}"),
+        );
     }
 }
 

@@ -79,6 +79,8 @@ pub struct WeightStore<'a, 'c> {
     jobs: Vec<Job<'a>>,
     /// Weights several users share, one per (dtype, rows, cols).
     shared: Vec<GpuWeight>,
+    /// Bytes read and written at a time ([`UPLOAD_CHUNK_BYTES`]).
+    upload_chunk: u64,
 }
 
 impl<'a, 'c> WeightStore<'a, 'c> {
@@ -87,7 +89,14 @@ impl<'a, 'c> WeightStore<'a, 'c> {
             ctx,
             jobs: Vec::new(),
             shared: Vec::new(),
+            upload_chunk: UPLOAD_CHUNK_BYTES,
         }
+    }
+
+    /// Uploads in pieces of about `bytes` (at least 4 rows each) instead of 64 MiB: less host
+    /// memory held at once, more writes.
+    pub fn set_upload_chunk(&mut self, bytes: u64) {
+        self.upload_chunk = bytes;
     }
 
     fn allocate(
@@ -213,7 +222,7 @@ impl<'a, 'c> WeightStore<'a, 'c> {
         for job in &self.jobs {
             match job {
                 Job::Stacked(parts, w) => {
-                    for (i, rows) in upload_chunks(w, 4) {
+                    for (i, rows) in upload_chunks(w, self.upload_chunk) {
                         let bytes = stacked_rows(g, src, parts, rows.clone()).await?;
                         write_chunk(self.ctx, w, i, rows, &bytes)?;
                         done += bytes.len() as u64;
@@ -221,8 +230,9 @@ impl<'a, 'c> WeightStore<'a, 'c> {
                     }
                 }
                 Job::Interleaved { gate, up, pairs, w } => {
-                    // Chunks of whole groups of gate and up pairs.
-                    for (i, rows) in upload_chunks(w, 8 * pairs) {
+                    // Pieces of whole gate and up pairs (4 rows at a time), which
+                    // `interleaved_rows` reads from any pair of a group.
+                    for (i, rows) in upload_chunks(w, self.upload_chunk) {
                         let bytes =
                             interleaved_rows(g, src, *gate, *up, *pairs, rows.clone()).await?;
                         write_chunk(self.ctx, w, i, rows, &bytes)?;
@@ -253,11 +263,11 @@ impl<'a, 'c> WeightStore<'a, 'c> {
 /// the browser's wasm heap holds 4 GB in all).
 const UPLOAD_CHUNK_BYTES: u64 = 64 << 20;
 
-/// `w`'s rows in pieces of about [`UPLOAD_CHUNK_BYTES`], a multiple of `unit` rows each, as
-/// (tile, absolute rows) pairs, tile by tile.
-fn upload_chunks(w: &GpuWeight, unit: u64) -> Vec<(usize, std::ops::Range<u64>)> {
+/// `w`'s rows in pieces of about `bytes`, a multiple of 4 rows each (so that every write is
+/// 4-byte aligned whatever the row size), as (tile, absolute rows) pairs, tile by tile.
+fn upload_chunks(w: &GpuWeight, bytes: u64) -> Vec<(usize, std::ops::Range<u64>)> {
     let tiles: Vec<(u64, u64)> = w.tiles.iter().map(|t| (t.first_row, t.rows)).collect();
-    chunk_rows(&tiles, w.row_bytes, unit, UPLOAD_CHUNK_BYTES)
+    chunk_rows(&tiles, w.row_bytes, 4, bytes)
 }
 
 /// The rows of `tiles` (first row, rows) in pieces of at most `chunk_bytes` (but at least

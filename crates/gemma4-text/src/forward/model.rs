@@ -242,8 +242,8 @@ pub enum PleRows {
     /// Asynchronous reads (HTTP Range requests in the browser): a session fetches the rows
     /// of the tokens it is about to feed first ([`crate::GpuSession::fetch_rows`]).
     Fetched(Arc<dyn RowFetcher>),
-    /// The whole table uploaded at load, its size in GPU memory (1.5 GB for E2B's Q8_0
-    /// table): each step gathers its tokens' rows on the GPU, so decode steps queue ahead of
+    /// The whole table uploaded at load, its size in GPU memory (E2B's: 1.3 GB at Q4_K, 2.5
+    /// GB at Q8_0): each step gathers its tokens' rows on the GPU, so decode steps queue ahead of
     /// the token's readback as for models without the table. For the browser, where the
     /// readback and a row fetch are two round trips per token that the GPU would wait for.
     Gpu,

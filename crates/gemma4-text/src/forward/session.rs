@@ -861,9 +861,9 @@ impl GpuSession {
     }
 
     /// Copies the per-layer table rows of `tokens` to the GPU (models with per-layer
-    /// embeddings): a row per token from the file, never the whole table.
+    /// embeddings whose table stays off the GPU): a row per token from the file.
     fn stage_ple_rows(&self, tokens: &[u32]) -> Result<(), ForwardError> {
-        let Some(ple) = self.model.ple.as_ref().filter(|p| p.gpu.is_none()) else {
+        let Some(ple) = &self.model.ple else {
             return Ok(());
         };
         let mut rows = Vec::with_capacity(tokens.len() * ple.info.row_bytes() as usize);
@@ -880,6 +880,7 @@ impl GpuSession {
                             .ok_or(ForwardError::RowsNotFetched(t))?,
                     );
                 }
+                // The step gathers the rows from the table on the GPU.
                 PleRows::Gpu => return Ok(()),
             }
         }

@@ -799,40 +799,47 @@ fn weight_store_uploads_what_the_file_holds() {
     let gguf = Gguf::parse(&file).unwrap();
     let src = BytesSource::new(file.clone());
     let t = |name: &str| gguf.tensor(name).unwrap();
-    let mut store = WeightStore::new(ctx);
-    let ab = store.matrix(vec![t("a"), t("b")], 1).unwrap();
-    let gu = store
-        .interleaved(RowSource::whole(t("gate")), RowSource::whole(t("up")), 4, 1)
-        .unwrap();
-    let q = store.matrix(vec![t("q")], 1).unwrap();
-    let nv = store.vector_scaled(t("norm"), 0.5);
-    assert!(
-        store.matrix(vec![t("a"), t("q")], 1).is_err(),
-        "two dtypes stacked"
-    );
-    let mut last = (0, 0);
-    pollster::block_on(store.upload((&gguf, &src), &mut |done, total| last = (done, total)))
-        .unwrap();
-    assert_eq!(last, (store.bytes(), store.bytes()));
-    let bytes = |w: &GpuWeight| -> Vec<u8> {
-        w.tiles
-            .iter()
-            .flat_map(|tile| {
-                let n = tile.rows * w.row_bytes;
-                let raw = pollster::block_on(ctx.read_u32(&View::of(&tile.buffer))).unwrap();
-                bytemuck::cast_slice::<u32, u8>(&raw)[..n as usize].to_vec()
-            })
-            .collect()
-    };
-    assert_eq!(bytes(&ab), [f16(&a), f16(&b)].concat());
-    let rows = |v: &[f32], r: usize| f16(&v[r * 64..(r + 1) * 64]);
-    let want_gu: Vec<u8> = (0..4)
-        .flat_map(|r| [rows(&g, r), rows(&u, r)].concat())
-        .collect();
-    assert_eq!(bytes(&gu), want_gu);
-    assert_eq!(bytes(&q), q8);
-    let want_norm: Vec<f32> = norm.iter().map(|v| v * 0.5).collect();
-    assert_eq!(read(ctx, &nv), want_norm);
+    // In one piece per tile, and in pieces of 4 rows (every write but a tile's first at an
+    // offset, interleaved pairs split across pieces).
+    for chunk in [None, Some(1)] {
+        let mut store = WeightStore::new(ctx);
+        if let Some(c) = chunk {
+            store.set_upload_chunk(c);
+        }
+        let ab = store.matrix(vec![t("a"), t("b")], 1).unwrap();
+        let gu = store
+            .interleaved(RowSource::whole(t("gate")), RowSource::whole(t("up")), 4, 1)
+            .unwrap();
+        let q = store.matrix(vec![t("q")], 1).unwrap();
+        let nv = store.vector_scaled(t("norm"), 0.5);
+        assert!(
+            store.matrix(vec![t("a"), t("q")], 1).is_err(),
+            "two dtypes stacked"
+        );
+        let mut last = (0, 0);
+        pollster::block_on(store.upload((&gguf, &src), &mut |done, total| last = (done, total)))
+            .unwrap();
+        assert_eq!(last, (store.bytes(), store.bytes()));
+        let bytes = |w: &GpuWeight| -> Vec<u8> {
+            w.tiles
+                .iter()
+                .flat_map(|tile| {
+                    let n = tile.rows * w.row_bytes;
+                    let raw = pollster::block_on(ctx.read_u32(&View::of(&tile.buffer))).unwrap();
+                    bytemuck::cast_slice::<u32, u8>(&raw)[..n as usize].to_vec()
+                })
+                .collect()
+        };
+        assert_eq!(bytes(&ab), [f16(&a), f16(&b)].concat());
+        let rows = |v: &[f32], r: usize| f16(&v[r * 64..(r + 1) * 64]);
+        let want_gu: Vec<u8> = (0..4)
+            .flat_map(|r| [rows(&g, r), rows(&u, r)].concat())
+            .collect();
+        assert_eq!(bytes(&gu), want_gu);
+        assert_eq!(bytes(&q), q8);
+        let want_norm: Vec<f32> = norm.iter().map(|v| v * 0.5).collect();
+        assert_eq!(read(ctx, &nv), want_norm);
+    }
 }
 
 /// Draws by inverse CDF: each GPU draw is the CPU's, or (where the uniform lies within
