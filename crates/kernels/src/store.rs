@@ -263,22 +263,24 @@ impl<'a, 'c> WeightStore<'a, 'c> {
 /// the browser's wasm heap holds 4 GB in all).
 const UPLOAD_CHUNK_BYTES: u64 = 64 << 20;
 
-/// `w`'s rows in pieces of about `bytes`, a multiple of 4 rows each (so that every write is
-/// 4-byte aligned whatever the row size), as (tile, absolute rows) pairs, tile by tile.
+/// Rows a piece of an upload holds a multiple of: every write then starts 4-byte aligned
+/// whatever the row size, and interleaved gate/up pieces hold whole pairs.
+const UPLOAD_UNIT_ROWS: u64 = 4;
+
+/// `w`'s rows in pieces of about `bytes`, as (tile, absolute rows) pairs, tile by tile.
 fn upload_chunks(w: &GpuWeight, bytes: u64) -> Vec<(usize, std::ops::Range<u64>)> {
     let tiles: Vec<(u64, u64)> = w.tiles.iter().map(|t| (t.first_row, t.rows)).collect();
-    chunk_rows(&tiles, w.row_bytes, 4, bytes)
+    chunk_rows(&tiles, w.row_bytes, bytes)
 }
 
 /// The rows of `tiles` (first row, rows) in pieces of at most `chunk_bytes` (but at least
-/// `unit` rows), each starting a multiple of `unit` rows into its tile.
+/// [`UPLOAD_UNIT_ROWS`] rows), each starting a multiple of that into its tile.
 fn chunk_rows(
     tiles: &[(u64, u64)],
     row_bytes: u64,
-    unit: u64,
     chunk_bytes: u64,
 ) -> Vec<(usize, std::ops::Range<u64>)> {
-    let unit = unit.max(1);
+    let unit = UPLOAD_UNIT_ROWS;
     let step = (chunk_bytes / row_bytes.max(1) / unit).max(1) * unit;
     let mut out = Vec::new();
     for (i, &(first, rows)) in tiles.iter().enumerate() {
@@ -373,21 +375,17 @@ pub async fn interleaved_rows<R: RangeSource + ?Sized>(
 
 #[cfg(test)]
 mod tests {
-    use super::chunk_rows;
+    use super::{UPLOAD_UNIT_ROWS, chunk_rows};
 
     /// Every row of every tile lands in exactly one piece, in order; pieces stay within the
     /// byte bound (but hold at least one unit) and start a whole number of units into their
-    /// tile, so their writes are 4-byte aligned for rows of any size when the unit is 4.
+    /// tile, so their writes are 4-byte aligned for rows of any size.
     #[test]
     fn chunks_cover_each_tile_once_within_the_bound() {
-        let tiles = [(0, 1000), (1000, 37), (1037, 4)];
-        for (row_bytes, unit, bound) in [
-            (7350, 4, 64 << 10),
-            (144, 8, 4096),
-            (9520, 4, 100),
-            (1, 1, 7),
-        ] {
-            let chunks = chunk_rows(&tiles, row_bytes, unit, bound);
+        let tiles = [(0, 1000), (1000, 38), (1038, 4)];
+        let unit = UPLOAD_UNIT_ROWS;
+        for (row_bytes, bound) in [(7350, 64 << 10), (144, 4096), (9520, 100), (1, 7), (2, 64)] {
+            let chunks = chunk_rows(&tiles, row_bytes, bound);
             let mut next = 0;
             for (i, rows) in &chunks {
                 let (first, n) = tiles[*i];
@@ -404,7 +402,7 @@ mod tests {
                 );
                 next = rows.end;
             }
-            assert_eq!(next, 1041, "every row");
+            assert_eq!(next, 1042, "every row");
         }
     }
 }
