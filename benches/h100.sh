@@ -65,6 +65,13 @@
 #              bench-batch: 512-token prompts, 128 generated each) on BATCH_MODELS (default
 #              "e2b"), then llama.cpp's llama-batched-bench (CUDA) on the same files and
 #              lengths; $OUT/batch/ and a table in $OUT/batch.md
+#   serve      HTTP serving: cargo xtask bench-serve against our server (in its process) and
+#              against llama-server (CUDA, -np 64, built from .dev/llama-server.tar.xz with
+#              llama-batched-bench), SERVE_MODEL (default e2b), 512-token prompts, 256 generated
+#              per stream, at SERVE_CONCURRENCY (default 1,4,16,64) streams at once; then
+#              bench-batch and llama-batched-bench of the same build on BATCH_MODELS;
+#              $OUT/serve/, a table in $OUT/serve.md (and $OUT/batch.md). Carry [".gl",
+#              ".dev/xtask.xz", ".dev/llama-server.tar.xz"].
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 #   diffusion  DiffusionGemma 26B-A4B (synthetic, Q4_K_M, 16 GiB): ms a denoising step of a
 #              256-token canvas after a 512-token prompt, ours (cargo xtask bench-diffusion)
@@ -393,6 +400,50 @@ batch() {
       > "$B/llama-$m.jsonl" 2> "$B/llama-$m.err"
   done
   python3 benches/batch_table.py "$B" $models | tee "$OUT/batch.md"
+}
+
+# llama-server and llama-batched-bench with CUDA from .dev/llama-server.tar.xz, in the
+# background (no web UI: that needs npm or a download).
+build_srv() {
+  local S=$W/llsrv
+  [ -d "$S" ] || tar xJf .dev/llama-server.tar.xz -C "$W"
+  [ -e "$W/srv.done" ] && return
+  [ -f "$W/srv.pid" ] && kill -0 "$(cat "$W/srv.pid")" 2> /dev/null && return
+  setsid nohup bash -c "cd $S && cmake -B build-cuda -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    && cmake --build build-cuda -j14 --target llama-server llama-batched-bench && touch $W/srv.done" \
+    > "$W/llama-srv-build.log" 2>&1 &
+  echo $! > "$W/srv.pid"
+}
+
+serve() {
+  build_srv
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+  local S=$OUT/serve m=${SERVE_MODEL:-e2b} conc=${SERVE_CONCURRENCY:-1,4,16,64}
+  local bin=$W/llsrv/build-cuda/bin args="--prompt 512 --decode 256 --json"
+  mkdir -p "$S"
+  synth "$m" ${BATCH_MODELS:-}
+  # Ours after the build, which would otherwise take the CPU that records our steps.
+  wait_for srv
+  .dev/xtask bench-serve --model "$W/models/$m.gguf" --concurrency "$conc" $args \
+    > "$S/ours.jsonl" 2> "$S/ours.err"
+  "$bin/llama-server" -m "$W/models/$m.gguf" -ngl 99 -fa on -np 64 -c $((64 * 784)) -b 2048 \
+    -ub 512 --host 127.0.0.1 --port 8091 > "$S/llama-server.log" 2>&1 &
+  local pid=$!
+  .dev/xtask bench-serve --url http://127.0.0.1:8091 --server llama-server --concurrency "$conc" \
+    $args > "$S/llama.jsonl" 2> "$S/llama.err"
+  kill $pid
+  python3 benches/serve_table.py "$S" | tee "$OUT/serve.md"
+  for b in ${BATCH_MODELS:-}; do
+    .dev/xtask bench-batch --model "$W/models/$b.gguf" --sequences 1,4,16,64 --json \
+      > "$S/batch-ours-$b.jsonl" 2> "$S/batch-ours-$b.err"
+    "$bin/llama-batched-bench" -m "$W/models/$b.gguf" -ngl 99 -fa on -c 45000 -b 2048 -ub 512 \
+      -npp 512 -ntg 128 -npl 1,4,16,64 --output-format jsonl > "$S/batch-llama-$b.jsonl" 2>&1
+  done
+  [ -n "${BATCH_MODELS:-}" ] && (cd "$S" && for f in batch-*; do mv "$f" "${f#batch-}"; done) \
+    && python3 benches/batch_table.py "$S" $BATCH_MODELS | tee "$OUT/batch.md"
+  tar czf "$OUT/serve.tgz" -C "$OUT" serve && rm -rf "$S"
 }
 
 coop_compare() {

@@ -110,4 +110,21 @@ if [ ! -f .dev/llama-dg.tar.xz ] && git -C "$DG_LLAMA" cat-file -e "$DG_COMMIT" 
   tar cJf .dev/llama-dg.tar.xz -C "$work" lldg
   rm -rf "$work"
 fi
+# llama-server (and llama-batched-bench beside it) from the same tree: the llama-cpp-python
+# sdist has no server source, so the fork's commit above stands in for llama.cpp (its server and
+# text path are upstream's of that date). Without the web UI (no npm, no download there):
+# .dev/llama-server.tar.xz.
+if [ ! -f .dev/llama-server.tar.xz ] && git -C "$DG_LLAMA" cat-file -e "$DG_COMMIT" 2> /dev/null; then
+  work=$(mktemp -d) && t=$work/llsrv && mkdir -p "$t"
+  git -C "$DG_LLAMA" archive "$DG_COMMIT" CMakeLists.txt cmake common include src vendor \
+    ggml/CMakeLists.txt ggml/cmake ggml/include ggml/src licenses LICENSE scripts/ui-assets.cmake \
+    tools/server tools/ui/CMakeLists.txt tools/ui/embed.cpp tools/mtmd tools/batched-bench \
+    | tar x -C "$t"
+  (cd "$t/ggml/src" && for b in ggml-*/; do case $b in ggml-cpu/|ggml-cuda/) ;; *) rm -rf "$b" ;; esac; done)
+  rm -rf "$t"/tools/server/{tests,bench} "$t"/tools/mtmd/{test-*,tests,legacy-models}
+  printf 'add_subdirectory(%s)\n' ui server mtmd batched-bench > "$t/tools/CMakeLists.txt"
+  echo "$DG_COMMIT" > "$t/COMMIT"
+  tar cJf .dev/llama-server.tar.xz -C "$work" llsrv
+  rm -rf "$work"
+fi
 du -sh .gl .dev

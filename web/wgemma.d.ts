@@ -12,6 +12,7 @@ export type ErrorCode =
   | "gpu" // no WebGPU adapter, a lost device, out of GPU memory
   | "forward"
   | "empty_prompt"
+  | "bad_token" // a prompt's token id outside the model's vocabulary
   | "bad_request"
   | "bad_image" // an image that cannot be read: corrupt, empty, over 16384 pixels a side
   | "no_vision" // images for a model without a vision tower (load it with `mmproj`)
@@ -207,6 +208,8 @@ export interface GenerateOptions {
   parseSpecial?: boolean;
   /** End a reply that repeats the same stretch of text three times in a row (reason "loop"). */
   stopLoops?: boolean;
+  /** Generate past end-of-turn tokens until `maxTokens` (for fixed-length benchmarks). */
+  ignoreEos?: boolean;
   /**
    * Report each token's log-probability (of the model's distribution) and those of this many
    * most likely tokens (0 to 20) in its event.

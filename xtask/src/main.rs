@@ -8,6 +8,7 @@ mod bench_audio;
 mod bench_batch;
 mod bench_diffusion;
 mod bench_e2e;
+mod bench_serve;
 mod bench_vision;
 mod browser_test;
 mod dawn_bench;
@@ -35,6 +36,9 @@ enum Task {
     BenchDiffusion(bench_diffusion::Args),
     /// End-to-end speed: prefill and decode tok/s, time to first token, memory, bandwidth use.
     BenchE2e(bench_e2e::Args),
+    /// An OpenAI-compatible server (ours, or another by URL) under 1, 4, 16, 64 concurrent
+    /// streams: time to first token and aggregate decode.
+    BenchServe(bench_serve::Args),
     /// The vision tower's speed: preprocessing, encode, time to first token of an image prompt.
     BenchVision(bench_vision::Args),
     /// Build the wasm package, then test it in headless Chromium (WebGPU on SwiftShader).
@@ -71,6 +75,7 @@ fn main() -> ExitCode {
         Task::BenchBatch(a) => bench_batch::run(a),
         Task::BenchDiffusion(a) => bench_diffusion::run(a),
         Task::BenchE2e(a) => bench_e2e::run(a),
+        Task::BenchServe(a) => bench_serve::run(a),
         Task::BenchVision(a) => bench_vision::run(a),
         Task::BrowserTest(a) => browser_test::run(a),
         Task::DawnBench(a) => dawn_bench::run(a),

@@ -95,6 +95,7 @@ impl Error {
             Error::Chat(_) => "chat",
             Error::Forward(F::ContextOverflow { .. }) => "context_overflow",
             Error::Forward(F::NonFiniteLogits) => "bad_model",
+            Error::Forward(F::BadToken { .. }) => "bad_token",
             Error::Forward(F::Gpu(_)) | Error::Gpu(_) => "gpu",
             Error::Adapter(_) | Error::Forward(F::Lora(_)) => "adapter",
             Error::Forward(_) => "forward",

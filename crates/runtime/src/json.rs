@@ -6,8 +6,9 @@
 //! fed without a chat template, or `"tokens": [2, 651]`), plus optional `maxTokens`,
 //! `temperature`, `topK`, `topP`, `minP`, `repeatPenalty`, `frequencyPenalty`,
 //! `presencePenalty`, `penaltyLastN`, `seed`, `stop` (strings), `parseSpecial` (whether
-//! control-token text typed in the messages becomes control tokens) and `stopLoops` (stop a
-//! reply that repeats itself in a loop); both false by default.
+//! control-token text typed in the messages becomes control tokens), `stopLoops` (stop a
+//! reply that repeats itself in a loop) and `ignoreEos` (generate past end-of-turn tokens to
+//! `maxTokens`); all false by default.
 //!
 //! Images and audio clips travel beside the JSON (bytes have no place in it), each kind in
 //! prompt order: a message's `"images": N` and `"audio": N` open it with N image, then N audio
@@ -170,6 +171,7 @@ impl GenerateRequest {
         req.sampling.validate()?;
         req.parse_special = flag(o, "parseSpecial")?;
         req.stop_loops = flag(o, "stopLoops")?;
+        req.ignore_eos = flag(o, "ignoreEos")?;
         req.logprobs =
             count(o, "logprobs", wgemma_text::MAX_TOP_LOGPROBS.into())?.map(|n| n as u32);
         if let Some(n) = count(o, "maxTokens", u32::MAX.into())? {
@@ -331,7 +333,7 @@ mod tests {
             r#"{"messages": [{"role": "system", "content": "Be brief."},
                              {"role": "user", "content": "Hi"}],
                 "maxTokens": 12, "temperature": 0.7, "topK": 40, "topP": 0.9,
-                "seed": 7, "stop": ["\n\n"], "stopLoops": true}"#,
+                "seed": 7, "stop": ["\n\n"], "stopLoops": true, "ignoreEos": true}"#,
         )
         .expect("valid request");
         let Prompt::Chat(m) = &r.prompt else {
@@ -351,7 +353,7 @@ mod tests {
         );
         assert_eq!(r.stop, vec!["\n\n".to_string()]);
         assert_eq!(r.sampling.min_p, SamplingParams::default().min_p);
-        assert!(r.stop_loops && !r.parse_special);
+        assert!(r.stop_loops && r.ignore_eos && !r.parse_special);
     }
 
     /// `images` opens a message with that many placeholders; image parts sit where they are.

@@ -64,6 +64,10 @@ pub struct GenerateRequest {
     /// tokens (at most [`wgemma_text::MAX_TOP_LOGPROBS`]) in its [`Event::Token`]. Steps are
     /// then queued one at a time.
     pub logprobs: Option<u32>,
+    /// Generate past end-of-turn and end-of-sequence tokens (they are emitted as text like any
+    /// other) until `max_tokens`, a stop string or the context's end: for benchmarks that need
+    /// a fixed length, as llama-server's and vLLM's `ignore_eos`. Off by default.
+    pub ignore_eos: bool,
 }
 
 impl GenerateRequest {
@@ -78,6 +82,7 @@ impl GenerateRequest {
             parse_special: false,
             stop_loops: false,
             logprobs: None,
+            ignore_eos: false,
         }
     }
 }
@@ -861,7 +866,7 @@ impl Run {
         }
         self.last = Some(id);
         let tok = s.model.tokenizer();
-        if tok.is_end_of_generation(id) {
+        if tok.is_end_of_generation(id) && !self.req.ignore_eos {
             return self.end(s, StopReason::EndOfGeneration).await;
         }
         self.generated += 1;

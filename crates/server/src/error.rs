@@ -111,6 +111,7 @@ impl ApiError {
             code,
             "bad_request"
                 | "empty_prompt"
+                | "bad_token"
                 | "context_overflow"
                 | "bad_image"
                 | "bad_audio"

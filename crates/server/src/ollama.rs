@@ -238,6 +238,7 @@ fn chat_ask(o: &Map<String, Value>) -> Result<Option<Ask>, ApiError> {
         sampling,
         max_tokens,
         stop,
+        ignore_eos: false,
     }))
 }
 
@@ -282,6 +283,7 @@ fn generate_ask(o: &Map<String, Value>) -> Result<Option<Ask>, ApiError> {
         sampling,
         max_tokens,
         stop,
+        ignore_eos: false,
     }))
 }
 

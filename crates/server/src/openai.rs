@@ -114,6 +114,7 @@ struct Common {
     sampling: Sampling,
     max_tokens: Option<u64>,
     stop: Vec<String>,
+    ignore_eos: bool,
 }
 
 fn common(o: &Map<String, Value>) -> Result<Common, ApiError> {
@@ -149,6 +150,7 @@ fn common(o: &Map<String, Value>) -> Result<Common, ApiError> {
         sampling,
         max_tokens,
         stop: stop_strings(o, "stop")?,
+        ignore_eos: boolean(o, "ignore_eos")?.unwrap_or(false),
     })
 }
 
@@ -190,6 +192,7 @@ fn chat_ask(o: &Map<String, Value>) -> Result<Ask, ApiError> {
         max_tokens: c.max_tokens,
         stop: c.stop,
         logprobs: chat_logprobs(o)?,
+        ignore_eos: c.ignore_eos,
     })
 }
 
@@ -228,26 +231,39 @@ fn completion_ask(o: &Map<String, Value>) -> Result<Ask, ApiError> {
     if boolean(o, "echo")?.unwrap_or(false) {
         return Err(ApiError::unsupported("`echo` is not supported"));
     }
-    let prompt = match o.get("prompt") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-            a[0].as_str().unwrap_or_default().to_string()
-        }
-        _ => {
-            return Err(ApiError::bad_request(
-                "`prompt` must be a string (or a list of one)",
-            ));
-        }
-    };
     Ok(Ask {
-        prompt: Prompt::Text(prompt),
+        prompt: completion_prompt(o.get("prompt"))?,
         media: Media::default(),
         sampling: c.sampling,
         // OpenAI's completions default to 16 tokens.
         max_tokens: Some(c.max_tokens.unwrap_or(16)),
         stop: c.stop,
         logprobs,
+        ignore_eos: c.ignore_eos,
     })
+}
+
+/// A completion's `prompt`: a string, a list of one string, or token ids (a list of integers,
+/// or a list of one such list), as OpenAI's API allows.
+fn completion_prompt(prompt: Option<&Value>) -> Result<Prompt, ApiError> {
+    let bad = || ApiError::bad_request("`prompt` must be a string or token ids (or a list of one)");
+    let ids = |list: &[Value]| -> Result<Prompt, ApiError> {
+        list.iter()
+            .map(|v| v.as_u64().and_then(|x| u32::try_from(x).ok()))
+            .collect::<Option<Vec<u32>>>()
+            .filter(|ids| !ids.is_empty())
+            .map(Prompt::Tokens)
+            .ok_or_else(bad)
+    };
+    match prompt {
+        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+        Some(Value::Array(a)) => match a.as_slice() {
+            [Value::String(s)] => Ok(Prompt::Text(s.clone())),
+            [Value::Array(inner)] => ids(inner),
+            list => ids(list),
+        },
+        _ => Err(bad()),
+    }
 }
 
 /// What every chunk or response of one request repeats.

@@ -158,6 +158,8 @@ pub struct Ask {
     pub stop: Vec<String>,
     /// Log-probabilities of each token and of this many top tokens (OpenAI's `logprobs`).
     pub logprobs: Option<u32>,
+    /// Generate past end-of-turn tokens (llama-server's and vLLM's `ignore_eos`).
+    pub ignore_eos: bool,
 }
 
 impl Ask {
@@ -188,6 +190,7 @@ impl Ask {
             .map(|b| AudioInput::from_bytes(b).map_err(|e| ApiError::runtime(&e)))
             .collect::<Result<_, _>>()?;
         req.logprobs = self.logprobs;
+        req.ignore_eos = self.ignore_eos;
         Ok(req)
     }
 }

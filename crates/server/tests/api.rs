@@ -160,6 +160,52 @@ fn openai_completions_take_a_plain_prompt() {
     assert_eq!(models["data"][0]["id"], MODEL);
 }
 
+/// A completion's prompt as token ids is read as given (its usage counts them), ids outside the
+/// vocabulary are a 400, and `ignore_eos` runs a reply that ends at its end of turn on to
+/// `max_tokens`.
+#[test]
+fn completions_take_token_ids_and_ignore_eos() {
+    let addr = server();
+    let ids = [2, 261, 300, 301, 420, 77];
+    let ask = |seed: u64, ignore_eos: bool| {
+        let body = json!({"model": MODEL, "prompt": ids, "max_tokens": 48, "temperature": 1.0,
+                          "seed": seed, "ignore_eos": ignore_eos});
+        let (status, text) = post(addr, "/v1/completions", &body.to_string(), None);
+        assert_eq!(status, 200, "{text}");
+        json_of(&text)
+    };
+    let first = ask(1, false);
+    assert_eq!(first["usage"]["prompt_tokens"], ids.len());
+    // A seed whose reply ends at an end of turn before 48 tokens.
+    let (seed, ended) = (1..40)
+        .map(|seed| (seed, ask(seed, false)))
+        .find(|(_, v)| v["choices"][0]["finish_reason"] == "stop")
+        .expect("some seed's reply ends at its end of turn");
+    assert!(ended["usage"]["completion_tokens"].as_u64().unwrap() < 48);
+    let longer = ask(seed, true);
+    assert_eq!(longer["choices"][0]["finish_reason"], "length", "{longer}");
+    assert_eq!(longer["usage"]["completion_tokens"], 48);
+    let start = ended["choices"][0]["text"].as_str().unwrap();
+    assert!(
+        longer["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with(start)
+    );
+
+    for prompt in [
+        json!([2, 4_000_000_000u64]),
+        json!([[2, 512]]),
+        json!([]),
+        json!([2, -1]),
+        json!(3),
+    ] {
+        let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 2});
+        let (status, text) = post(addr, "/v1/completions", &body.to_string(), None);
+        assert_eq!(status, 400, "{prompt}: {text}");
+    }
+}
+
 /// Log-probabilities: one entry a generated token (whole and streamed alike), each with its
 /// top tokens most likely first and the sampled one among them when greedy; the completions'
 /// legacy shape; bad settings refused.
