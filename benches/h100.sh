@@ -72,6 +72,9 @@
 #              bench-batch and llama-batched-bench of the same build on BATCH_MODELS;
 #              $OUT/serve/, a table in $OUT/serve.md (and $OUT/batch.md). Carry [".gl",
 #              ".dev/xtask.xz", ".dev/llama-server.tar.xz"].
+#   few_ab     batched decode (bench-batch, E2B, 2/4/8/16 sequences) with the few-token
+#              kernel off (WGEMMA_FEW_TOKENS=0), up to 8 and up to 16 tokens, one binary, and
+#              the kernel profile at 8; $OUT/few/ and $OUT/few.md. Starts build_srv first.
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 #   diffusion  DiffusionGemma 26B-A4B (synthetic, Q4_K_M, 16 GiB): ms a denoising step of a
 #              256-token canvas after a 512-token prompt, ours (cargo xtask bench-diffusion)
@@ -415,6 +418,30 @@ build_srv() {
     && cmake --build build-cuda -j14 --target llama-server llama-batched-bench && touch $W/srv.done" \
     > "$W/llama-srv-build.log" 2>&1 &
   echo $! > "$W/srv.pid"
+}
+
+few_ab() {
+  build_srv
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+  synth e2b
+  mkdir -p "$OUT/few"
+  for n in 0 8 16; do
+    WGEMMA_FEW_TOKENS=$n .dev/xtask bench-batch --model "$W/models/e2b.gguf" --sequences 2,4,8,16 \
+      --reps 2 --decode 64 --json > "$OUT/few/few-$n.jsonl" 2> "$OUT/few/few-$n.err"
+  done
+  WGEMMA_FEW_TOKENS=8 .dev/xtask bench-batch --model "$W/models/e2b.gguf" --sequences 4,16 --reps 1 \
+    --decode 16 --profile > /dev/null 2> "$OUT/few/profile-8.txt"
+  python3 - "$OUT/few" << 'PY' | tee "$OUT/few.md"
+import json, pathlib, sys
+d = pathlib.Path(sys.argv[1])
+runs = {n: {r["sequences"]: r for r in map(json.loads, (d / f"few-{n}.jsonl").read_text().split())}
+        for n in (0, 8, 16) if (d / f"few-{n}.jsonl").exists()}
+print("| sequences | off | up to 8 | up to 16 |")
+print("| ---: | ---: | ---: | ---: |")
+for s in sorted({s for r in runs.values() for s in r}):
+    cell = lambda n: f"{runs[n][s]['decode_tok_s']:,.0f}" if n in runs and s in runs[n] else "-"
+    print(f"| {s} | {cell(0)} | {cell(8)} | {cell(16)} |")
+PY
 }
 
 serve() {

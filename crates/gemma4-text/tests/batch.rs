@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use common::{ctx, gpu_model_table_on_gpu, load, rel_err};
 use wgemma_gguf::GgmlType;
-use wgemma_text::synth::{SynthMoe, SynthSpec, synthetic_bytes};
+use wgemma_text::synth::{DtypeMix, SynthMoe, SynthSpec, synthetic_bytes};
 use wgemma_text::{
     BatchDecoder, BatchRow, CpuModel, ForwardError, GpuModel, GpuSession, KvPool, SamplingParams,
     SessionOptions,
@@ -48,6 +48,19 @@ fn start(gpu: &Arc<GpuModel>, cpu: &CpuModel, pool: &Arc<KvPool>, tokens: &[u32]
 
 /// One batched step over `seqs`: each row's logits against the reference fed the same token.
 fn step(batch: &mut BatchDecoder, cpu: &CpuModel, seqs: &mut [&mut Sequence], what: &str) {
+    step_within(batch, cpu, seqs, what, 2e-4);
+}
+
+/// [`step`] to within `tol`; where that is loose (inputs rounded to 8-bit integers), each
+/// row's token is the reference's argmax wherever the reference's top two are further apart
+/// than the error allows.
+fn step_within(
+    batch: &mut BatchDecoder,
+    cpu: &CpuModel,
+    seqs: &mut [&mut Sequence],
+    what: &str,
+    tol: f32,
+) {
     let p = SamplingParams::default();
     let fed: Vec<u32> = seqs
         .iter()
@@ -68,12 +81,17 @@ fn step(batch: &mut BatchDecoder, cpu: &CpuModel, seqs: &mut [&mut Sequence], wh
         s.want = cpu.forward(&mut s.cpu, &[fed]).unwrap().pop().unwrap();
         let logits = pollster::block_on(s.session.logits()).unwrap();
         let e = rel_err(&logits, &s.want);
-        assert!(e < 2e-4, "{what}: at {pos}, relative error {e}");
-        assert_eq!(
-            token.unwrap(),
-            wgemma_kernels::cpu::argmax(&s.want).0,
-            "{what}: token at {pos}"
-        );
+        assert!(e < tol, "{what}: at {pos}, relative error {e}");
+        let peak = s.want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let mut sorted = s.want.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        if sorted[0] - sorted[1] > 2.0 * tol * peak {
+            assert_eq!(
+                token.unwrap(),
+                wgemma_kernels::cpu::argmax(&s.want).0,
+                "{what}: token at {pos}"
+            );
+        }
     }
 }
 
@@ -168,6 +186,43 @@ fn batched_steps_gather_the_per_layer_table_on_the_gpu() {
             &mut [&mut a, &mut b, &mut c],
             &format!("table on the GPU {i}"),
         );
+    }
+}
+
+/// A model of K-quant products (Q4_K_M's mix at widths of whole 256-blocks): batched steps of
+/// 2 to 4 rows take the few-token kernel (inputs rounded to 8-bit integers, as one token's
+/// down and head products round theirs), within 3% of the reference's largest logit (one
+/// token's rounded products reach 1.5% on Gemma 3 270M), the same tokens where the
+/// reference is not close to a tie.
+#[test]
+fn batched_steps_of_k_quants_round_their_inputs_within_tolerance() {
+    let Some(ctx) = ctx() else { return };
+    assert!(wgemma_kernels::ops::few_tokens_max(&ctx) >= 4);
+    let mut spec = SynthSpec::tiny_gemma4(GgmlType::Q8_0);
+    (spec.n_embd, spec.n_ff, spec.head_dim) = (256, 256, 64);
+    spec.mix = DtypeMix::Q4KM;
+    if let Some(g) = spec.gemma4.as_mut() {
+        g.head_dim_global = 128;
+    }
+    let m = load(synthetic_bytes(&spec).unwrap(), ctx.clone());
+    let vocab = spec.n_vocab as u32;
+    let pool = KvPool::new(m.gpu.clone(), 4, 64).unwrap();
+    let mut batch = BatchDecoder::new(pool.clone(), 4).unwrap();
+    let mut a = start(&m.gpu, &m.cpu, &pool, &prompt(11, 8, vocab));
+    let mut b = start(&m.gpu, &m.cpu, &pool, &prompt(3, 9, vocab));
+    let mut c = start(&m.gpu, &m.cpu, &pool, &prompt(7, 10, vocab));
+    let mut d = start(&m.gpu, &m.cpu, &pool, &prompt(5, 11, vocab));
+    for i in 0..3 {
+        let what = format!("k-quants abcd {i}");
+        step_within(
+            &mut batch,
+            &m.cpu,
+            &mut [&mut a, &mut b, &mut c, &mut d],
+            &what,
+            3e-2,
+        );
+        let what = format!("k-quants ca {i}");
+        step_within(&mut batch, &m.cpu, &mut [&mut c, &mut a], &what, 3e-2);
     }
 }
 

@@ -83,6 +83,10 @@ pub struct ContextOptions {
     /// Tokens a workgroup of the prefill attention takes (`WGEMMA_ATTENTION_ROWS`: 1, 2, 4
     /// or 8); `None`: as many as fill its eight heads.
     pub attention_rows: Option<u32>,
+    /// The most tokens a K-quant product takes through the few-token kernel (inputs rounded to
+    /// 8-bit integers, several tokens a workgroup: batched decode); more go to the tiled
+    /// kernel. 0 or 1: never (`WGEMMA_FEW_TOKENS`). Needs `allow_int8_activations`.
+    pub few_tokens: u32,
 }
 
 impl Default for ContextOptions {
@@ -102,6 +106,7 @@ impl Default for ContextOptions {
             allow_split_k: true,
             coop_tile: None,
             attention_rows: None,
+            few_tokens: 8,
         }
     }
 }
@@ -146,6 +151,9 @@ impl ContextOptions {
             }
             if let Some(t) = var("WGEMMA_COOP_TILE") {
                 self.coop_tile = crate::ops::CoopTile::from_name(&t);
+            }
+            if let Some(n) = var("WGEMMA_FEW_TOKENS").and_then(|n| n.parse().ok()) {
+                self.few_tokens = n;
             }
             if let Some(r) = var("WGEMMA_ATTENTION_ROWS") {
                 self.attention_rows = r.parse().ok().filter(|r: &u32| r.is_power_of_two());
@@ -229,6 +237,8 @@ pub struct GpuContext {
     pub(crate) coop_tile: Option<crate::ops::CoopTile>,
     /// [`ContextOptions::attention_rows`].
     pub(crate) attention_rows: Option<u32>,
+    /// [`ContextOptions::few_tokens`].
+    pub(crate) few_tokens: u32,
     /// Held around every submit and poll ([`GpuContext::submit`], [`GpuContext::poll`]):
     /// [`crate::poller::Maintenance`] says why.
     pub(crate) maintenance: Arc<crate::poller::Maintenance>,
@@ -369,6 +379,7 @@ impl GpuContext {
             split_k: options.allow_split_k,
             coop_tile: options.coop_tile,
             attention_rows: options.attention_rows,
+            few_tokens: options.few_tokens,
             pipelines: Mutex::new(HashMap::new()),
             unused: std::sync::OnceLock::new(),
             shader_checks: options.shader_checks,

@@ -681,10 +681,27 @@ impl GpuSession {
         logits: LogitsFor,
         all_logits: Option<&'a View>,
     ) -> Result<Vec<Op>, GpuError> {
+        let fusions = Fusions {
+            few_token_products: false,
+            ..self.fusions
+        };
+        self.plan_fused(m, input, logits, all_logits, fusions)
+    }
+
+    /// [`GpuSession::plan`] under `fusions` (a batched decode step's, whose rows are
+    /// sequences: [`Fusions::few_token_products`]).
+    fn plan_fused<'a>(
+        &'a self,
+        m: u32,
+        input: StepInput<'a>,
+        logits: LogitsFor,
+        all_logits: Option<&'a View>,
+        fusions: Fusions,
+    ) -> Result<Vec<Op>, GpuError> {
         let ctx = &*self.model.ctx;
         ctx.with_params_batch(|| {
             let g = DecoderGraph::step(self, m, input, logits, all_logits)?;
-            DecoderGraph::lower(self, &g, self.fusions, Vec::new())
+            DecoderGraph::lower(self, &g, fusions, Vec::new())
         })
     }
 

@@ -421,6 +421,10 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
             partials: Some(self.l.scratch.partials),
         };
         match lora {
+            None if self.l.fusions.few_token_products => {
+                let ds = ops::matmul_few_tokens(self.ctx, w, &args)?;
+                self.run(ds);
+            }
             None => {
                 let ds = ops::matmul(self.ctx, w, &args)?;
                 self.run(ds);

@@ -367,6 +367,11 @@ pub struct Fusions {
     /// product's prologue where it has one), rather than added by products of its own; the
     /// adapted products keep the other rules.
     pub lora_in_product: bool,
+    /// A few rows' K-quant products through the few-token kernel (`ops::matmul_few_tokens`:
+    /// inputs rounded to 8-bit integers, the rows sharing each weight load). For steps whose
+    /// rows are several sequences' tokens (batched decode); a prompt's steps leave it off, so
+    /// that its logits do not depend on how it was cut into steps.
+    pub few_token_products: bool,
 }
 
 /// A rule's field of [`Fusions`].
@@ -384,6 +389,7 @@ impl Fusions {
         route_in_product: true,
         per_layer_gate: true,
         lora_in_product: true,
+        few_token_products: true,
     };
 
     /// No fusion rule: one dispatch per node, but where a kernel is the only one for a
@@ -399,10 +405,11 @@ impl Fusions {
         route_in_product: false,
         per_layer_gate: false,
         lora_in_product: false,
+        few_token_products: false,
     };
 
     /// Each rule's name and a switch for it.
-    fn rules() -> [(&'static str, Switch); 9] {
+    fn rules() -> [(&'static str, Switch); 10] {
         [
             ("residual_prologue", |f| &mut f.residual_prologue),
             ("experts_mix_in_product", |f| &mut f.experts_mix_in_product),
@@ -413,6 +420,7 @@ impl Fusions {
             ("route_in_product", |f| &mut f.route_in_product),
             ("per_layer_gate", |f| &mut f.per_layer_gate),
             ("lora_in_product", |f| &mut f.lora_in_product),
+            ("few_token_products", |f| &mut f.few_token_products),
         ]
     }
 

@@ -54,6 +54,21 @@ pub fn matmul(
     matmul_in_parts(ctx, w, a, parts)
 }
 
+/// [`matmul`], but a few tokens of a K-quant with room in `a.partials` take the few-token
+/// kernel ([`few_tokens_max`]): their inputs rounded to 8-bit integers, the tokens sharing
+/// each weight load. For several sequences' decode steps, whose rows are independent tokens.
+pub fn matmul_few_tokens(
+    ctx: &GpuContext,
+    w: &GpuWeight,
+    a: &MatmulArgs<'_>,
+) -> Result<Vec<Dispatch>, GpuError> {
+    if !takes_few_tokens(ctx, w, a) {
+        return matmul(ctx, w, a);
+    }
+    check_product(w, a, a.out.is_geglu())?;
+    few_token_products(ctx, w, a)
+}
+
 /// Ranges a product's inputs and outputs are clamped to: `y = clamp(W clamp(x))`, as the
 /// vision tower's clamped linears compute (each bound only where given).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -225,10 +240,11 @@ pub fn matmul_parts(ctx: &GpuContext, k: u32, rows: u64, m: u32, geglu: bool) ->
     steps.div_ceil(per) as u32
 }
 
-/// Floats of [`MatmulArgs::partials`] that [`matmul`] needs for `w` over up to `max_m` tokens
-/// (0 where it never splits).
+/// Floats of [`MatmulArgs::partials`] that [`matmul`] needs for `w` over up to `max_m` tokens:
+/// the partial sums of products split over k, or the rounded inputs of few-token products
+/// ([`few_token_floats`]); 0 where it needs neither.
 pub fn matmul_partials_floats(ctx: &GpuContext, w: &GpuWeight, max_m: u32) -> u64 {
-    (1..=max_m.div_ceil(64))
+    let split = (1..=max_m.div_ceil(64))
         .map(|t| {
             let m = (64 * t).min(max_m);
             match matmul_parts(ctx, w.cols as u32, w.rows, m, false) {
@@ -237,7 +253,8 @@ pub fn matmul_partials_floats(ctx: &GpuContext, w: &GpuWeight, max_m: u32) -> u6
             }
         })
         .max()
-        .unwrap_or(0)
+        .unwrap_or(0);
+    split.max(few_token_floats(ctx, w, max_m))
 }
 
 /// [`matmul`] split over k into `parts` parts (for tests; 1: not split; 0: matrix-vector

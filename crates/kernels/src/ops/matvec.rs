@@ -241,8 +241,12 @@ pub(super) struct MatvecJob<'a> {
     pub(super) merge: Option<&'a AttentionMerge<'a>>,
     /// The input's norm computed in front of the product.
     pub(super) norm: Option<&'a InputNorm<'a>>,
-    /// x is rounded to 8-bit integers ([`int8_vector_words`]).
+    /// x is rounded to 8-bit integers ([`int8_vector_words`] words a token, `x_stride`
+    /// apart).
     pub(super) x_int8: bool,
+    /// Tokens a workgroup takes (`TOKENS`, with `x_int8`): each step's weights are loaded
+    /// once for all of them. 1: a workgroup a token.
+    pub(super) tokens_per_group: u32,
     /// An adapter's delta joined to the rows.
     pub(super) lora: Option<&'a LoraDelta<'a>>,
 }
@@ -265,6 +269,7 @@ impl<'a> MatvecJob<'a> {
             merge: None,
             norm: None,
             x_int8: false,
+            tokens_per_group: 1,
             lora: None,
         }
     }
@@ -396,6 +401,7 @@ pub(super) fn matvec_dispatches(
         (Some(_), _, _) => "residual_matvec",
         (_, Some(_), _) => "merge_matvec",
         (_, _, Some(_)) => "normed_matvec",
+        _ if job.tokens_per_group > 1 => "few_token_matvec",
         _ => "matvec",
     };
     w.tiles
@@ -409,7 +415,11 @@ pub(super) fn matvec_dispatches(
                 label,
                 pipeline.clone(),
                 binds,
-                grid(ctx, params.n.div_ceil(rows_per_group), job.m),
+                grid(
+                    ctx,
+                    params.n.div_ceil(rows_per_group),
+                    job.m.div_ceil(job.tokens_per_group),
+                ),
             )
         })
         .collect()
@@ -457,18 +467,38 @@ fn plan_matvec<'j, 'a>(
     if x_int8
         && (prologue
             || job.experts.is_some()
-            || job.m != 1
             || !matches!(w.dtype, GgmlType::Q4K | GgmlType::Q6K)
             || !k.is_multiple_of(32))
     {
         return Err(shape(format!(
-            "{}: a rounded input is for one token's Q4_K or Q6_K product of rows of whole 32s",
+            "{}: a rounded input is for a dense Q4_K or Q6_K product of rows of whole 32s",
+            w.name
+        )));
+    }
+    let few = job.tokens_per_group;
+    if few > 1
+        && (!x_int8
+            || few > FEW_TOKENS_PER_GROUP
+            || job.lora.is_some()
+            || !matches!(job.out, MatvecOut::Rows { .. } | MatvecOut::Geglu))
+    {
+        return Err(shape(format!(
+            "{}: {few} tokens a workgroup take rounded inputs (at most {FEW_TOKENS_PER_GROUP}) into plain or gated rows",
             w.name
         )));
     }
     if x_int8 {
-        job.x
-            .expect_len32(&format!("{} rounded input", w.name), int8_vector_words(k))?;
+        let words = int8_vector_words(k);
+        if job.m > 1 && u64::from(job.x_stride) < words {
+            return Err(shape(format!(
+                "{}: rounded inputs {} words apart, {words} each",
+                w.name, job.x_stride
+            )));
+        }
+        job.x.expect_len32(
+            &format!("{} rounded input", w.name),
+            u64::from(job.m.saturating_sub(1)) * u64::from(job.x_stride) + words,
+        )?;
     }
     // Every entry point has checked y's length against the output it names.
     let q8_out = matches!(job.out, MatvecOut::GegluInt8);
@@ -717,6 +747,7 @@ fn matvec_source(
         .flag_if(job.merge.is_some(), "MERGE")
         .flag_if(job.merge.is_some_and(|mg| mg.store_kv), "KV_STORE")
         .flag_if(job.lora.is_some(), "LORA")
+        .flag_if(job.tokens_per_group > 1, "TOKENS")
         .constant("TPR", f64::from(t.tpr))
         .constant("RPT", f64::from(t.rpt))
         // A mixed product's lanes step across its slots' segments, which the prefetch's
@@ -732,6 +763,9 @@ fn matvec_source(
     }
     if let Some(mix) = moe {
         source = source.constant("MOE_K", f64::from(mix.k));
+    }
+    if job.tokens_per_group > 1 {
+        source = source.constant("MT", f64::from(job.tokens_per_group));
     }
     if plan.rounds_input {
         source = source

@@ -61,7 +61,14 @@
 // no workgroup rounds it again. The rounded vector (binding 2 of the one, 1 of the other)
 // is k / 4 words of four integers, then from word xs_words per 16 values its 32's scale
 // and the sum of its 16 values as rounded (two f32 words). Each workgroup of a long-row
-// product then reads a quarter of the bytes a float input takes.
+// product then reads a quarter of the bytes a float input takes. Token m's vector starts at
+// word m * x_stride.
+//
+// TOKENS (with XQ_IN, a few tokens: several sequences' decode steps): MT tokens a workgroup
+// (grid.z counts groups of MT). Each step's weights are loaded once and dotted as integers
+// with every token's rounded input (round_rows.wgsl rounds them), so the tokens share the
+// weight loads and their unpacking: one token a workgroup would read and unpack every weight
+// once per token. Plain or gated rows out.
 
 struct Params {
     k: u32,
@@ -623,9 +630,13 @@ fn merge_prologue(li: u32, writer: bool) {
 #endif
 
 #if XQ_IN
+// The first word of the token's rounded input that the steps read.
+var<private> xq_at: u32;
+
 // Per 16 values of the input: its 32's scale and its sum as rounded.
 fn xscale(j: u32) -> vec2<f32> {
-    return vec2<f32>(bitcast<f32>(xg[p.xs_words + 2u * j]), bitcast<f32>(xg[p.xs_words + 2u * j + 1u]));
+    let o = xq_at + p.xs_words + 2u * j;
+    return vec2<f32>(bitcast<f32>(xg[o]), bitcast<f32>(xg[o + 1u]));
 }
 #else
 #if INT8_X
@@ -697,6 +708,114 @@ fn write_rounded(o0: u32, per: u32, li: u32) {
 }
 #endif
 
+// The sums of a group's TPR lanes, in its lane 0 (every thread calls it: it may wait at
+// barriers; a caller that reduces again waits at one first).
+fn lanes_sum(acc_in: vec4<f32>, li: u32, lane: u32) -> vec4<f32> {
+    var acc = acc_in;
+#if !NO_SUBGROUPS
+    for (var off = min(TPR, SG) / 2u; off > 0u; off >>= 1u) {
+        acc += subgroupShuffleXor(acc, off);
+    }
+    if (TPR > SG) {
+        if (li % SG == 0u) {
+            sg_sums[li / SG] = acc;
+        }
+        workgroupBarrier();
+        if (lane == 0u) {
+            for (var i = 1u; i < TPR / SG; i++) {
+                acc += sg_sums[li / SG + i];
+            }
+        }
+    }
+#else
+    for (var r = 0u; r < RPT; r++) {
+        rows_red[r * 256u + li] = acc[r];
+    }
+    workgroupBarrier();
+    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+        if (lane < s) {
+            for (var r = 0u; r < RPT; r++) {
+                rows_red[r * 256u + li] += rows_red[r * 256u + li + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var r = 0u; r < RPT; r++) {
+        acc[r] = rows_red[r * 256u + li];
+    }
+#endif
+    return acc;
+}
+
+#if TOKENS
+// Most tokens a workgroup takes (MT of them).
+const MT_MAX: u32 = 8u;
+override MT: u32 = 4u;
+
+@compute @workgroup_size(256)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let group = (wg.x + wg.y * nwg.x) * (256u / TPR) + li / TPR;
+    let lane = li % TPR;
+    let row0 = group * RPT;
+    let t0 = wg.z * MT;
+    let tokens = min(MT, p.m - t0);
+    var acc: array<vec4<f32>, MT_MAX>;
+    let steps = p.k / STEP;
+    if (row0 < p.n) {
+        // Rows past the end repeat the last row: same loads, results dropped.
+        let last = p.n - 1u;
+        let rb = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last)) * p.row_bytes;
+        for (var u = lane; u < steps; u += TPR) {
+            let cur = group_load(rb, u);
+            for (var t = 0u; t < tokens; t++) {
+                xq_at = (t0 + t) * p.x_stride;
+                var xv: XIn;
+                for (var i = 0u; i < XN; i++) {
+                    xv[i] = xg[xq_at + x_vec(u, i)];
+                }
+                let xs = step_pre(u, &xv);
+                var d = vec4<f32>(0.0);
+                d.x = step_dot(cur[0], u, &xv, xs);
+                if (RPT > 1u) {
+                    d.y = step_dot(cur[1], u, &xv, xs);
+                }
+                if (RPT > 2u) {
+                    d.z = step_dot(cur[2], u, &xv, xs);
+                    d.w = step_dot(cur[3], u, &xv, xs);
+                }
+                acc[t] += d;
+            }
+        }
+    }
+    for (var t = 0u; t < MT; t++) {
+        workgroupBarrier();
+        let sums = lanes_sum(acc[t], li, lane);
+        if (lane == 0u && row0 < p.n && t < tokens) {
+            write_token(t0 + t, row0, sums);
+        }
+    }
+}
+
+fn write_token(m: u32, row0: u32, sums: vec4<f32>) {
+    let ob = m * p.y_stride + p.out_offset;
+#if GEGLU_OUT
+    y[ob + row0 / 2u] = gelu_tanh(sums.x) * sums.y;
+    if (RPT > 2u && row0 + 2u < p.n) {
+        y[ob + row0 / 2u + 1u] = gelu_tanh(sums.z) * sums.w;
+    }
+#else
+    for (var r = 0u; r < RPT; r++) {
+        if (row0 + r < p.n) {
+            y[ob + row0 + r] = softcapped(sums[r], p.softcap);
+        }
+    }
+#endif
+}
+#else
 @compute @workgroup_size(256)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -747,7 +866,9 @@ fn main(
     workgroupBarrier();
 #endif
 #if INT8_X
-#if !XQ_IN
+#if XQ_IN
+    xq_at = m * p.x_stride;
+#else
     quantize_input(xb, li);
     workgroupBarrier();
 #endif
@@ -798,7 +919,7 @@ fn main(
                 let c = x_vec(u, i);
                 if (4u * c < p.k) {
 #if XQ_IN
-                    xv[i] = xg[c];
+                    xv[i] = xg[xq_at + c];
 #else
 #if INT8_X
                     xv[i] = xq[c];
@@ -835,38 +956,7 @@ fn main(
         }
     }
 #endif
-#if !NO_SUBGROUPS
-    for (var off = min(TPR, SG) / 2u; off > 0u; off >>= 1u) {
-        acc += subgroupShuffleXor(acc, off);
-    }
-    if (TPR > SG) {
-        if (li % SG == 0u) {
-            sg_sums[li / SG] = acc;
-        }
-        workgroupBarrier();
-        if (lane == 0u) {
-            for (var i = 1u; i < TPR / SG; i++) {
-                acc += sg_sums[li / SG + i];
-            }
-        }
-    }
-#else
-    for (var r = 0u; r < RPT; r++) {
-        rows_red[r * 256u + li] = acc[r];
-    }
-    workgroupBarrier();
-    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-        if (lane < s) {
-            for (var r = 0u; r < RPT; r++) {
-                rows_red[r * 256u + li] += rows_red[r * 256u + li + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    for (var r = 0u; r < RPT; r++) {
-        acc[r] = rows_red[r * 256u + li];
-    }
-#endif
+    acc = lanes_sum(acc, li, lane);
 #if Q8_OUT
     // One token, whole blocks of outputs per workgroup (the dispatcher checks).
     let per = 256u / TPR * RPT / 2u;
@@ -905,3 +995,4 @@ fn main(
 #endif
 #endif
 }
+#endif

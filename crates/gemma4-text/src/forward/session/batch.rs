@@ -282,11 +282,13 @@ impl BatchDecoder {
         self.host.fetch_rows(&tokens).await?;
         if !self.plans.contains_key(&m) {
             let ids = &self.host.acts(m).ids;
-            let plan = self.host.plan(
+            // Its rows are sequences: the few-token products are theirs.
+            let plan = self.host.plan_fused(
                 m as u32,
                 StepInput::ids(ids),
                 LogitsFor::All,
                 Some(&self.logits),
+                self.host.fusions,
             )?;
             self.plans.insert(m, plan);
         }
