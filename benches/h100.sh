@@ -68,7 +68,8 @@
 #   serve      HTTP serving: cargo xtask bench-serve against our server (in its process) and
 #              against llama-server (CUDA, -np 64, built from .dev/llama-server.tar.xz with
 #              llama-batched-bench), SERVE_MODEL (default e2b), 512-token prompts, 256 generated
-#              per stream, at SERVE_CONCURRENCY (default 1,4,16,64) streams at once; then
+#              per stream, at SERVE_CONCURRENCY (default 1,4,16,64) streams at once
+#              (SERVE_LLAMA_ARGS: more llama-server flags); then
 #              bench-batch and llama-batched-bench of the same build on BATCH_MODELS;
 #              $OUT/serve/, a table in $OUT/serve.md (and $OUT/batch.md). Carry [".gl",
 #              ".dev/xtask.xz", ".dev/llama-server.tar.xz"].
@@ -414,14 +415,15 @@ build_srv() {
   [ -f "$W/srv.pid" ] && kill -0 "$(cat "$W/srv.pid")" 2> /dev/null && return
   setsid nohup bash -c "cd $S && cmake -B build-cuda -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF \
+    -DLLAMA_USE_PREBUILT_UI=OFF \
     && cmake --build build-cuda -j14 --target llama-server llama-batched-bench && touch $W/srv.done" \
     > "$W/llama-srv-build.log" 2>&1 &
   echo $! > "$W/srv.pid"
 }
 
 few_ab() {
-  build_srv
+  [ -n "${FEW_NO_BUILD:-}" ] || build_srv
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
   synth e2b
   mkdir -p "$OUT/few"
@@ -429,12 +431,11 @@ few_ab() {
     WGEMMA_FEW_TOKENS=$n .dev/xtask bench-batch --model "$W/models/e2b.gguf" --sequences 2,4,8,16 \
       --reps 2 --decode 64 --json > "$OUT/few/few-$n.jsonl" 2> "$OUT/few/few-$n.err"
   done
-  WGEMMA_FEW_TOKENS=8 .dev/xtask bench-batch --model "$W/models/e2b.gguf" --sequences 4,16 --reps 1 \
-    --decode 16 --profile > /dev/null 2> "$OUT/few/profile-8.txt"
+  few_prof
   python3 - "$OUT/few" << 'PY' | tee "$OUT/few.md"
 import json, pathlib, sys
 d = pathlib.Path(sys.argv[1])
-runs = {n: {r["sequences"]: r for r in map(json.loads, (d / f"few-{n}.jsonl").read_text().split())}
+runs = {n: {r["sequences"]: r for r in map(json.loads, (d / f"few-{n}.jsonl").read_text().splitlines())}
         for n in (0, 8, 16) if (d / f"few-{n}.jsonl").exists()}
 print("| sequences | off | up to 8 | up to 16 |")
 print("| ---: | ---: | ---: | ---: |")
@@ -442,6 +443,26 @@ for s in sorted({s for r in runs.values() for s in r}):
     cell = lambda n: f"{runs[n][s]['decode_tok_s']:,.0f}" if n in runs and s in runs[n] else "-"
     print(f"| {s} | {cell(0)} | {cell(8)} | {cell(16)} |")
 PY
+}
+
+# The kernels of one batched step of 2, 4 and 8 E2B sequences, the few-token kernel off and
+# on (up to 8), to stdout and $OUT/few/profile-N.txt.
+few_prof() {
+  synth e2b
+  mkdir -p "$OUT/few"
+  for n in ${FEW_PROF:-0 8}; do
+    WGEMMA_FEW_TOKENS=$n .dev/xtask bench-batch --model "$W/models/e2b.gguf" --sequences 2,4,8 \
+      --reps 1 --decode 8 --prompt 128 --profile > /dev/null 2> "$OUT/few/profile-$n.txt"
+    echo "== WGEMMA_FEW_TOKENS=$n"
+    grep -E "^step of|matvec|matmul|attn|norm|sample|head" "$OUT/few/profile-$n.txt" | head -60
+  done
+}
+
+# The E2B file and the llama-server build ready, for a `serve` call after this one.
+srv_ready() {
+  build_srv
+  synth "${SERVE_MODEL:-e2b}"
+  wait_for srv
 }
 
 serve() {
@@ -455,11 +476,13 @@ serve() {
   wait_for srv
   .dev/xtask bench-serve --model "$W/models/$m.gguf" --concurrency "$conc" $args \
     > "$S/ours.jsonl" 2> "$S/ours.err"
+  # SERVE_LLAMA_ARGS: more llama-server flags (e.g. "-ctxcp 0 -cram 0": no context checkpoints
+  # and no prompt cache in host memory, which cost it much with many streams of a SWA model).
   "$bin/llama-server" -m "$W/models/$m.gguf" -ngl 99 -fa on -np 64 -c $((64 * 784)) -b 2048 \
-    -ub 512 --host 127.0.0.1 --port 8091 > "$S/llama-server.log" 2>&1 &
+    -ub 512 ${SERVE_LLAMA_ARGS:-} --host 127.0.0.1 --port 8091 > "$S/llama-server.log" 2>&1 &
   local pid=$!
-  .dev/xtask bench-serve --url http://127.0.0.1:8091 --server llama-server --concurrency "$conc" \
-    $args > "$S/llama.jsonl" 2> "$S/llama.err"
+  .dev/xtask bench-serve --url http://127.0.0.1:8091 --server "llama-server ${SERVE_LLAMA_ARGS:-}" \
+    --concurrency "$conc" $args > "$S/llama.jsonl" 2> "$S/llama.err"
   kill $pid
   python3 benches/serve_table.py "$S" | tee "$OUT/serve.md"
   for b in ${BATCH_MODELS:-}; do

@@ -85,7 +85,9 @@ pub struct ContextOptions {
     pub attention_rows: Option<u32>,
     /// The most tokens a K-quant product takes through the few-token kernel (inputs rounded to
     /// 8-bit integers, several tokens a workgroup: batched decode); more go to the tiled
-    /// kernel. 0 or 1: never (`WGEMMA_FEW_TOKENS`). Needs `allow_int8_activations`.
+    /// kernel. Below `ops::FEW_TOKENS_MIN`: never (`WGEMMA_FEW_TOKENS`). Needs
+    /// `allow_int8_activations`. 8 by default: up to 16 was slower at 16 tokens than the
+    /// tiled kernel (benches/RESULTS.md, "thirtieth session").
     pub few_tokens: u32,
 }
 

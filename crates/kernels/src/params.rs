@@ -402,16 +402,6 @@ kernel_params!(
 );
 
 kernel_params!(
-    /// `round_rows.wgsl`.
-    RoundRowsParams {
-        k: u32,
-        m: u32,
-        x_stride: u32,
-        q_stride: u32,
-    }
-);
-
-kernel_params!(
     /// `product.wgsl`.
     ProductParams {
         m: u32,

@@ -1488,44 +1488,12 @@ fn int8_input_matvec_matches_cpu() {
     assert!(ops::matvec_tuned(ctx, &w, &xv, &y, 1, rows_out, int8(4, 4, false)).is_err());
 }
 
-/// Rows rounded to 8-bit integers for the few-token kernel (`ops::round_rows`): each row's
-/// values are the CPU's rounding (`cpu::round_to_int8`) and its sum words match its integers,
-/// rows taken from a wider stride; bad shapes are refused.
-#[test]
-fn round_rows_match_cpu() {
-    let Some(ctx) = ctx() else { return };
-    let mut rng = Rng(131);
-    let (k, m, stride) = (96u32, 3u32, 104u32);
-    let mut x = rng.vec((m * stride) as usize, 1.0);
-    // Blocks of very different magnitudes, one all zero.
-    for (b, chunk) in x.chunks_mut(32).enumerate() {
-        let scale = [1.0, 0.01, 30.0, 0.0][b % 4];
-        chunk.iter_mut().for_each(|v| *v *= scale);
-    }
-    let words = ops::int8_vector_words(k) as usize;
-    let q = poisoned(ctx, m as usize * words);
-    let d = ops::round_rows(ctx, &upload(ctx, &x), &q, m, k, stride).unwrap();
-    run(ctx, &[&d]);
-    let got: Vec<u32> = read(ctx, &q).iter().map(|v| v.to_bits()).collect();
-    for r in 0..m as usize {
-        let row = &x[r * stride as usize..][..k as usize];
-        let (values, sums) = rounded_vector(&got[r * words..][..words], k as usize);
-        assert_close(&format!("row {r}"), &values, &cpu::round_to_int8(row), 1e-6);
-        let want_sums: Vec<f32> = values.chunks(16).map(|c| c.iter().sum()).collect();
-        assert_close(&format!("row {r} sums"), &sums, &want_sums, 1e-5);
-    }
-    let x1 = upload(ctx, &x);
-    assert!(ops::round_rows(ctx, &x1, &q, m, 100, stride).is_err());
-    assert!(ops::round_rows(ctx, &x1, &q, m, k, 90).is_err());
-    assert!(ops::round_rows(ctx, &x1, &q, m + 1, k, stride).is_err());
-}
-
-/// A few tokens of a Q4_K or Q6_K weight through `ops::matmul_few_tokens` with room for
-/// their rounded inputs: the few-token kernel (groups of up to 8 tokens a workgroup) equals the CPU
-/// product of the inputs as rounded and comes close to the exact one, for every count from 2
-/// to the device's limit plus one past a group (two groups), plain rows with a softcap and
-/// strides, gated rows, weights in several tiles; without room, or for other dtypes, the
-/// product goes the usual way.
+/// A few tokens of a Q4_K or Q6_K weight through `ops::matmul_few_tokens`: the few-token
+/// kernel (each workgroup rounding its group of tokens' inputs, groups as even as they
+/// divide) equals the CPU product of the inputs as rounded and comes close to the exact one,
+/// for every count from the fewest it takes to a group and some past it (two groups), plain rows with a softcap
+/// and strides, gated rows, weights in several tiles, and rows long enough that a workgroup
+/// holds fewer than 8 tokens on some devices.
 #[test]
 fn few_token_products_match_cpu() {
     let Some(ctx) = ctx() else { return };
@@ -1541,129 +1509,135 @@ fn few_token_products_match_cpu() {
     .unwrap();
     let mut rng = Rng(0xf3e7);
     for ctx in [ctx, &wide] {
-        few_token_products_on(ctx, &mut rng);
-    }
-}
-
-fn few_token_products_on(ctx: &GpuContext, rng: &mut Rng) {
-    let max = ops::few_tokens_max(ctx);
-    for dtype in [GgmlType::Q4K, GgmlType::Q6K] {
-        let (k, n) = (512u64, 301u64);
-        let wq = quantize(dtype, &rng.vec((k * n) as usize, 0.5)).unwrap();
-        let wd = dequantize_to_vec(dtype, &wq).unwrap();
-        // Tiles of ~100 rows (4 tiles), gate/up pairs whole in each.
-        let tile = dtype.bytes_for(k).unwrap() * 100;
-        let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, Some(tile)).unwrap();
-        let gu_n = 2 * 150u64;
-        let guq = quantize(dtype, &rng.vec((k * gu_n) as usize, 0.5)).unwrap();
-        let gud = dequantize_to_vec(dtype, &guq).unwrap();
-        let gu = GpuWeight::upload(ctx, "gu", dtype, k, gu_n, &guq, None).unwrap();
-        // Every count up to a group, then some past it (groups as even as they divide).
-        let counts = (2..=max.min(ops::FEW_TOKENS_PER_GROUP)).chain([9, 11, 16]);
-        for m in counts.filter(|&m| m <= max) {
-            let (xs, ys) = (k as u32 + 32, n as u32 + 5);
-            let x = rng.vec((m * xs) as usize, 1.0);
-            let packed: Vec<f32> = (0..m as usize)
-                .flat_map(|t| x[t * xs as usize..][..k as usize].to_vec())
-                .collect();
-            let rounded = cpu::round_to_int8(&packed);
-            let (xv, yv) = (upload(ctx, &x), poisoned(ctx, (m * ys) as usize));
-            let room = poisoned(ctx, ops::few_token_floats(ctx, &w, m) as usize);
-            let args = MatmulArgs {
-                x: &xv,
-                y: &yv,
-                m,
-                x_stride: xs,
-                y_stride: ys,
-                out: ops::MatvecOut::Rows { softcap: 3.0 },
-                y_offset: 2,
-                partials: Some(&room),
-            };
-            let ds = ops::matmul_few_tokens(ctx, &w, &args).unwrap();
-            assert!(
-                ds.iter().any(|d| d.label == "few_token_matvec"),
-                "{m} tokens take the few-token kernel"
-            );
-            run(ctx, &ds.iter().collect::<Vec<_>>());
-            let got = read(ctx, &yv);
-            let rows: Vec<f32> = (0..m as usize)
-                .flat_map(|t| got[t * ys as usize + 2..][..n as usize].to_vec())
-                .collect();
-            let soft = |v: Vec<f32>| {
-                v.into_iter()
-                    .map(|v| cpu::softcap(v, 3.0))
-                    .collect::<Vec<_>>()
-            };
-            let what = format!("{dtype} {m} tokens");
-            let want = soft(cpu::matmul(
-                &wd, n as usize, k as usize, &rounded, m as usize,
-            ));
-            assert_close(&what, &rows, &want, 3e-5);
-            let exact = soft(cpu::matmul(
-                &wd, n as usize, k as usize, &packed, m as usize,
-            ));
-            let e = rel_err(&rows, &exact);
-            // The rounding's own error (about 2% of these softcapped rows on the CPU too).
-            assert!(e < 5e-2, "{what}: {e} from the exact product");
-
-            let gy = poisoned(ctx, (m as u64 * gu_n / 2) as usize);
-            let gated_args = MatmulArgs {
-                y: &gy,
-                y_stride: (gu_n / 2) as u32,
-                out: ops::MatvecOut::Geglu,
-                y_offset: 0,
-                ..args
-            };
-            let ds = ops::matmul_few_tokens(ctx, &gu, &gated_args).unwrap();
-            run(ctx, &ds.iter().collect::<Vec<_>>());
-            let want = gated(&cpu::matmul(
-                &gud,
-                gu_n as usize,
-                k as usize,
-                &rounded,
-                m as usize,
-            ));
-            assert_close(&format!("{what} gated"), &read(ctx, &gy), &want, 3e-5);
+        for (dtype, k) in [
+            (GgmlType::Q4K, 512u64),
+            (GgmlType::Q6K, 512),
+            (GgmlType::Q4K, 8192),
+        ] {
+            few_token_products_on(ctx, &mut rng, dtype, k);
         }
     }
 }
 
-/// Without room for the rounded inputs, or for a dtype the few-token kernel does not read,
-/// products of a few tokens go the usual way.
+fn few_token_products_on(ctx: &GpuContext, rng: &mut Rng, dtype: GgmlType, k: u64) {
+    let max = ops::few_tokens_max(ctx);
+    let n = 301u64;
+    let wq = quantize(dtype, &rng.vec((k * n) as usize, 0.5)).unwrap();
+    let wd = dequantize_to_vec(dtype, &wq).unwrap();
+    // Tiles of ~100 rows (4 tiles).
+    let tile = dtype.bytes_for(k).unwrap() * 100;
+    let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, Some(tile)).unwrap();
+    let gu_n = 2 * 150u64;
+    let guq = quantize(dtype, &rng.vec((k * gu_n) as usize, 0.5)).unwrap();
+    let gud = dequantize_to_vec(dtype, &guq).unwrap();
+    let gu = GpuWeight::upload(ctx, "gu", dtype, k, gu_n, &guq, None).unwrap();
+    let counts = (ops::FEW_TOKENS_MIN..=max.min(ops::FEW_TOKENS_PER_GROUP)).chain([9, 11, 16]);
+    for m in counts.filter(|&m| m <= max) {
+        let (xs, ys) = (k as u32 + 32, n as u32 + 5);
+        // Outputs of about the same size at every length (the softcap bites the same).
+        let x = rng.vec((m * xs) as usize, (512.0 / k as f32).sqrt());
+        let packed: Vec<f32> = (0..m as usize)
+            .flat_map(|t| x[t * xs as usize..][..k as usize].to_vec())
+            .collect();
+        let rounded = cpu::round_to_int8(&packed);
+        let (xv, yv) = (upload(ctx, &x), poisoned(ctx, (m * ys) as usize));
+        let args = MatmulArgs {
+            x: &xv,
+            y: &yv,
+            m,
+            x_stride: xs,
+            y_stride: ys,
+            out: ops::MatvecOut::Rows { softcap: 3.0 },
+            y_offset: 2,
+            partials: None,
+        };
+        let ds = ops::matmul_few_tokens(ctx, &w, &args).unwrap();
+        assert!(
+            ds.iter().all(|d| d.label == "few_token_matvec"),
+            "{m} tokens take the few-token kernel"
+        );
+        run(ctx, &ds.iter().collect::<Vec<_>>());
+        let got = read(ctx, &yv);
+        let rows: Vec<f32> = (0..m as usize)
+            .flat_map(|t| got[t * ys as usize + 2..][..n as usize].to_vec())
+            .collect();
+        let soft = |v: Vec<f32>| {
+            v.into_iter()
+                .map(|v| cpu::softcap(v, 3.0))
+                .collect::<Vec<_>>()
+        };
+        let what = format!("{dtype} k={k} {m} tokens");
+        let want = soft(cpu::matmul(
+            &wd, n as usize, k as usize, &rounded, m as usize,
+        ));
+        assert_close(&what, &rows, &want, 3e-5);
+        let exact = soft(cpu::matmul(
+            &wd, n as usize, k as usize, &packed, m as usize,
+        ));
+        let e = rel_err(&rows, &exact);
+        // The rounding's own error (about 2% of these softcapped rows on the CPU too).
+        assert!(e < 5e-2, "{what}: {e} from the exact product");
+
+        let gy = poisoned(ctx, (m as u64 * gu_n / 2) as usize);
+        let gated_args = MatmulArgs {
+            y: &gy,
+            y_stride: (gu_n / 2) as u32,
+            out: ops::MatvecOut::Geglu,
+            y_offset: 0,
+            ..args
+        };
+        let ds = ops::matmul_few_tokens(ctx, &gu, &gated_args).unwrap();
+        run(ctx, &ds.iter().collect::<Vec<_>>());
+        let want = gated(&cpu::matmul(
+            &gud,
+            gu_n as usize,
+            k as usize,
+            &rounded,
+            m as usize,
+        ));
+        assert_close(&format!("{what} gated"), &read(ctx, &gy), &want, 3e-5);
+    }
+}
+
+/// Products of a few tokens go the usual way for a dtype the few-token kernel does not read,
+/// for rows too long for a workgroup to hold two tokens' inputs, and through plain `matmul`.
 #[test]
-fn few_token_products_need_room_and_a_k_quant() {
+fn few_token_products_are_for_k_quants_that_fit() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(0xf3e8);
-    let (k, n, m) = (256u64, 40u64, 3u32);
-    let q8 = quantize(GgmlType::Q8_0, &rng.vec((k * n) as usize, 0.5)).unwrap();
-    let w8 = GpuWeight::upload(ctx, "w8", GgmlType::Q8_0, k, n, &q8, None).unwrap();
-    let (xv, yv, room) = (
-        upload(ctx, &rng.vec((m as u64 * k) as usize, 1.0)),
-        poisoned(ctx, (m as u64 * n) as usize),
-        poisoned(ctx, 4096),
-    );
-    let args = MatmulArgs {
-        x: &xv,
-        y: &yv,
-        m,
-        x_stride: k as u32,
-        y_stride: n as u32,
-        out: ops::MatvecOut::Rows { softcap: 0.0 },
-        y_offset: 0,
-        partials: Some(&room),
-    };
     let few = |ds: Vec<Dispatch>| ds.iter().any(|d| d.label == "few_token_matvec");
-    assert!(!few(ops::matmul_few_tokens(ctx, &w8, &args).unwrap()));
-    assert_eq!(ops::few_token_floats(ctx, &w8, m), 0);
-    let q4 = quantize(GgmlType::Q4K, &rng.vec((k * n) as usize, 0.5)).unwrap();
-    let w4 = GpuWeight::upload(ctx, "w4", GgmlType::Q4K, k, n, &q4, None).unwrap();
-    assert!(few(ops::matmul_few_tokens(ctx, &w4, &args).unwrap()));
-    // Plain `matmul` never rounds; nor without room, or with too little.
-    assert!(!few(ops::matmul(ctx, &w4, &args).unwrap()));
-    let short = poisoned(ctx, ops::few_token_floats(ctx, &w4, m) as usize - 1);
-    for partials in [None, Some(&short)] {
-        let a = MatmulArgs { partials, ..args };
-        assert!(!few(ops::matmul_few_tokens(ctx, &w4, &a).unwrap()));
+    let room = ctx.limits.max_compute_workgroup_storage_size as u64;
+    let too_long = 256 * (room / 384 + 1);
+    assert!(ops::few_tokens_per_workgroup(ctx, GgmlType::Q4K, too_long as u32) < 2);
+    let m = 3u32;
+    for (dtype, k, taken) in [
+        (GgmlType::Q8_0, 256u64, false),
+        (GgmlType::Q4K, too_long, false),
+        (GgmlType::Q4K, 256, true),
+    ] {
+        let n = 40u64;
+        let q = quantize(dtype, &rng.vec((k * n) as usize, 0.5)).unwrap();
+        let w = GpuWeight::upload(ctx, "w", dtype, k, n, &q, None).unwrap();
+        let (xv, yv) = (
+            upload(ctx, &rng.vec((m as u64 * k) as usize, 1.0)),
+            poisoned(ctx, (m as u64 * n) as usize),
+        );
+        let args = MatmulArgs {
+            x: &xv,
+            y: &yv,
+            m,
+            x_stride: k as u32,
+            y_stride: n as u32,
+            out: ops::MatvecOut::Rows { softcap: 0.0 },
+            y_offset: 0,
+            partials: None,
+        };
+        assert_eq!(
+            few(ops::matmul_few_tokens(ctx, &w, &args).unwrap()),
+            taken,
+            "{dtype} k={k}"
+        );
+        assert!(!few(ops::matmul(ctx, &w, &args).unwrap()));
     }
 }
 

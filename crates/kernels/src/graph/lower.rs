@@ -1235,7 +1235,11 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
                 y_offset: 0,
                 partials: None,
             };
-            ops::matmul(self.ctx, w, &args)?
+            if self.l.fusions.few_token_products {
+                ops::matmul_few_tokens(self.ctx, w, &args)?
+            } else {
+                ops::matmul(self.ctx, w, &args)?
+            }
         } else if m == 1 {
             ops::matvec(self.ctx, w, xv, y, 0, kind)?
         } else {

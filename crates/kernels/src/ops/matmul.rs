@@ -54,9 +54,9 @@ pub fn matmul(
     matmul_in_parts(ctx, w, a, parts)
 }
 
-/// [`matmul`], but a few tokens of a K-quant with room in `a.partials` take the few-token
-/// kernel ([`few_tokens_max`]): their inputs rounded to 8-bit integers, the tokens sharing
-/// each weight load. For several sequences' decode steps, whose rows are independent tokens.
+/// [`matmul`], but a few tokens of a K-quant take the few-token kernel ([`few_tokens_max`]):
+/// their inputs rounded to 8-bit integers, the tokens sharing each weight load. For several
+/// sequences' decode steps, whose rows are independent tokens.
 pub fn matmul_few_tokens(
     ctx: &GpuContext,
     w: &GpuWeight,
@@ -240,11 +240,10 @@ pub fn matmul_parts(ctx: &GpuContext, k: u32, rows: u64, m: u32, geglu: bool) ->
     steps.div_ceil(per) as u32
 }
 
-/// Floats of [`MatmulArgs::partials`] that [`matmul`] needs for `w` over up to `max_m` tokens:
-/// the partial sums of products split over k, or the rounded inputs of few-token products
-/// ([`few_token_floats`]); 0 where it needs neither.
+/// Floats of [`MatmulArgs::partials`] that [`matmul`] needs for `w` over up to `max_m` tokens
+/// (0 where it never splits).
 pub fn matmul_partials_floats(ctx: &GpuContext, w: &GpuWeight, max_m: u32) -> u64 {
-    let split = (1..=max_m.div_ceil(64))
+    (1..=max_m.div_ceil(64))
         .map(|t| {
             let m = (64 * t).min(max_m);
             match matmul_parts(ctx, w.cols as u32, w.rows, m, false) {
@@ -253,8 +252,7 @@ pub fn matmul_partials_floats(ctx: &GpuContext, w: &GpuWeight, max_m: u32) -> u6
             }
         })
         .max()
-        .unwrap_or(0);
-    split.max(few_token_floats(ctx, w, max_m))
+        .unwrap_or(0)
 }
 
 /// [`matmul`] split over k into `parts` parts (for tests; 1: not split; 0: matrix-vector

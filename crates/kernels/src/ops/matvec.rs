@@ -241,11 +241,10 @@ pub(super) struct MatvecJob<'a> {
     pub(super) merge: Option<&'a AttentionMerge<'a>>,
     /// The input's norm computed in front of the product.
     pub(super) norm: Option<&'a InputNorm<'a>>,
-    /// x is rounded to 8-bit integers ([`int8_vector_words`] words a token, `x_stride`
-    /// apart).
+    /// x is rounded to 8-bit integers ([`int8_vector_words`]).
     pub(super) x_int8: bool,
-    /// Tokens a workgroup takes (`TOKENS`, with `x_int8`): each step's weights are loaded
-    /// once for all of them. 1: a workgroup a token.
+    /// Tokens a workgroup takes (`TOKENS`: it rounds their inputs into its memory, and each
+    /// step's weights are loaded once for all of them). 1: a workgroup a token.
     pub(super) tokens_per_group: u32,
     /// An adapter's delta joined to the rows.
     pub(super) lora: Option<&'a LoraDelta<'a>>,
@@ -458,7 +457,7 @@ fn plan_matvec<'j, 'a>(
     let tuning = matvec_tuning(ctx, w, job, prologue)?;
     let x_int8 = job.x_int8;
     let rounds_input = tuning.int8_input && !x_int8;
-    if rounds_input && !int8_input_fits(ctx, w.dtype, k, prologue) {
+    if rounds_input && job.tokens_per_group < 2 && !int8_input_fits(ctx, w.dtype, k, prologue) {
         return Err(shape(format!(
             "{}: 8-bit inputs are for a Q4_K or Q6_K product whose rows fit in workgroup memory",
             w.name
@@ -467,38 +466,33 @@ fn plan_matvec<'j, 'a>(
     if x_int8
         && (prologue
             || job.experts.is_some()
+            || job.m != 1
             || !matches!(w.dtype, GgmlType::Q4K | GgmlType::Q6K)
             || !k.is_multiple_of(32))
     {
         return Err(shape(format!(
-            "{}: a rounded input is for a dense Q4_K or Q6_K product of rows of whole 32s",
-            w.name
-        )));
-    }
-    let few = job.tokens_per_group;
-    if few > 1
-        && (!x_int8
-            || few > FEW_TOKENS_PER_GROUP
-            || job.lora.is_some()
-            || !matches!(job.out, MatvecOut::Rows { .. } | MatvecOut::Geglu))
-    {
-        return Err(shape(format!(
-            "{}: {few} tokens a workgroup take rounded inputs (at most {FEW_TOKENS_PER_GROUP}) into plain or gated rows",
+            "{}: a rounded input is for one token's Q4_K or Q6_K product of rows of whole 32s",
             w.name
         )));
     }
     if x_int8 {
-        let words = int8_vector_words(k);
-        if job.m > 1 && u64::from(job.x_stride) < words {
-            return Err(shape(format!(
-                "{}: rounded inputs {} words apart, {words} each",
-                w.name, job.x_stride
-            )));
-        }
-        job.x.expect_len32(
-            &format!("{} rounded input", w.name),
-            u64::from(job.m.saturating_sub(1)) * u64::from(job.x_stride) + words,
-        )?;
+        job.x
+            .expect_len32(&format!("{} rounded input", w.name), int8_vector_words(k))?;
+    }
+    let few = job.tokens_per_group;
+    if few > 1
+        && (!rounds_input
+            || prologue
+            || job.experts.is_some()
+            || job.lora.is_some()
+            || few > few_tokens_per_workgroup(ctx, w.dtype, k)
+            || !matches!(job.out, MatvecOut::Rows { .. } | MatvecOut::Geglu))
+    {
+        return Err(shape(format!(
+            "{}: {few} tokens a workgroup round their inputs into its memory (at most {}) for plain or gated rows",
+            w.name,
+            few_tokens_per_workgroup(ctx, w.dtype, k)
+        )));
     }
     // Every entry point has checked y's length against the output it names.
     let q8_out = matches!(job.out, MatvecOut::GegluInt8);
@@ -768,9 +762,10 @@ fn matvec_source(
         source = source.constant("MT", f64::from(job.tokens_per_group));
     }
     if plan.rounds_input {
+        let tokens = job.tokens_per_group;
         source = source
-            .constant("XQ", f64::from(k / 4))
-            .constant("XC", f64::from(k / 16));
+            .constant("XQ", f64::from(tokens * k / 4))
+            .constant("XC", f64::from(tokens * k / 16));
     }
     if subgroups {
         source = source.constant("SG", f64::from(ctx.features.subgroup_min_size.clamp(4, 64)));

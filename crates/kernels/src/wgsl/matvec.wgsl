@@ -61,14 +61,14 @@
 // no workgroup rounds it again. The rounded vector (binding 2 of the one, 1 of the other)
 // is k / 4 words of four integers, then from word xs_words per 16 values its 32's scale
 // and the sum of its 16 values as rounded (two f32 words). Each workgroup of a long-row
-// product then reads a quarter of the bytes a float input takes. Token m's vector starts at
-// word m * x_stride.
+// product then reads a quarter of the bytes a float input takes.
 //
-// TOKENS (with XQ_IN, a few tokens: several sequences' decode steps): MT tokens a workgroup
-// (grid.z counts groups of MT). Each step's weights are loaded once and dotted as integers
-// with every token's rounded input (round_rows.wgsl rounds them), so the tokens share the
-// weight loads and their unpacking: one token a workgroup would read and unpack every weight
-// once per token. Plain or gated rows out.
+// TOKENS (with INT8_X, a few tokens: several sequences' decode steps): MT tokens a workgroup
+// (grid.z counts groups of MT). Every workgroup rounds its MT tokens' inputs into its memory
+// (XQ and XC hold all of them); each step's weights are then loaded and unpacked once and
+// dotted as integers with every token's input, so the tokens share the weight loads and
+// their unpacking, where one token a workgroup would read and unpack every weight once per
+// token. Plain or gated rows out.
 
 struct Params {
     k: u32,
@@ -630,52 +630,67 @@ fn merge_prologue(li: u32, writer: bool) {
 #endif
 
 #if XQ_IN
-// The first word of the token's rounded input that the steps read.
-var<private> xq_at: u32;
-
 // Per 16 values of the input: its 32's scale and its sum as rounded.
 fn xscale(j: u32) -> vec2<f32> {
-    let o = xq_at + p.xs_words + 2u * j;
-    return vec2<f32>(bitcast<f32>(xg[o]), bitcast<f32>(xg[o + 1u]));
+    return vec2<f32>(bitcast<f32>(xg[p.xs_words + 2u * j]), bitcast<f32>(xg[p.xs_words + 2u * j + 1u]));
 }
 #else
 #if INT8_X
 override XQ: u32 = 1u;
 override XC: u32 = 1u;
 // The input's k / 4 words of four 8-bit integers, and per 16 values (XC = k / 16) its
-// 32 values' scale and the sum of its 16 values as rounded.
+// 32 values' scale and the sum of its 16 values as rounded; with TOKENS, MT tokens' of them
+// one after another.
 var<workgroup> xq: array<u32, XQ>;
 var<workgroup> xqs: array<vec2<f32>, XC>;
+// TOKENS: where the token the steps read starts in xqs.
+var<private> xs_at: u32;
 
 fn xscale(j: u32) -> vec2<f32> {
-    return xqs[j];
+    return xqs[xs_at + j];
 }
 
 // One thread per 32 inputs: rounded to integers in -127..127 with the scale max|x| / 127.
 fn quantize_input(xb: u32, li: u32) {
     for (var b = li; b < p.k / 32u; b += 256u) {
-        var v: array<vec4<f32>, 8>;
-        var amax = vec4<f32>(0.0);
-        for (var i = 0u; i < 8u; i++) {
-#if RESIDUAL|MERGE|NORM_IN
-            v[i] = xsh[8u * b + i];
-#else
-            v[i] = x[xb + 8u * b + i];
-#endif
-            amax = max(amax, abs(v[i]));
-        }
-        let a = max(max(amax.x, amax.y), max(amax.z, amax.w));
-        let inv = select(0.0, 127.0 / a, a > 0.0);
-        let d = a / 127.0;
-        var sums = vec2<i32>(0);
-        for (var i = 0u; i < 8u; i++) {
-            let q = vec4<i32>(round(v[i] * inv));
-            xq[8u * b + i] = pack4xI8(q);
-            sums[i / 4u] += q.x + q.y + q.z + q.w;
-        }
-        xqs[2u * b] = vec2<f32>(d, d * f32(sums.x));
-        xqs[2u * b + 1u] = vec2<f32>(d, d * f32(sums.y));
+        quantize_block(xb, b, 0u, 0u);
     }
+}
+
+// TOKENS: the group's tokens from x[xb] (x_stride apart), a thread per token's 32 inputs, each
+// token's k / 4 words after the one before it in xq (k / 16 in xqs).
+fn quantize_tokens(xb: u32, tokens: u32, li: u32) {
+    let blocks = p.k / 32u;
+    for (var i = li; i < tokens * blocks; i += 256u) {
+        let t = i / blocks;
+        quantize_block(xb + t * (p.x_stride / 4u), i - t * blocks, t * (p.k / 4u), t * (p.k / 16u));
+    }
+}
+
+// Block b (32 inputs) of the row at x[xb] (or the workgroup's row xsh) into xq from word qo
+// and xqs from so.
+fn quantize_block(xb: u32, b: u32, qo: u32, so: u32) {
+    var v: array<vec4<f32>, 8>;
+    var amax = vec4<f32>(0.0);
+    for (var i = 0u; i < 8u; i++) {
+#if RESIDUAL|MERGE|NORM_IN
+        v[i] = xsh[8u * b + i];
+#else
+        v[i] = x[xb + 8u * b + i];
+#endif
+        amax = max(amax, abs(v[i]));
+    }
+    let a = max(max(amax.x, amax.y), max(amax.z, amax.w));
+    let inv = select(0.0, 127.0 / a, a > 0.0);
+    let d = a / 127.0;
+    var sums = vec2<i32>(0);
+    for (var i = 0u; i < 8u; i++) {
+        let q = vec4<i32>(round(v[i] * inv));
+        xq[qo + 8u * b + i] = pack4xI8(q);
+        sums[i / 4u] += q.x + q.y + q.z + q.w;
+    }
+    xqs[so + 2u * b] = vec2<f32>(d, d * f32(sums.x));
+    xqs[so + 2u * b + 1u] = vec2<f32>(d, d * f32(sums.y));
 }
 #endif
 #endif
@@ -763,6 +778,8 @@ fn main(
     let row0 = group * RPT;
     let t0 = wg.z * MT;
     let tokens = min(MT, p.m - t0);
+    quantize_tokens(t0 * (p.x_stride / 4u), tokens, li);
+    workgroupBarrier();
     var acc: array<vec4<f32>, MT_MAX>;
     let steps = p.k / STEP;
     if (row0 < p.n) {
@@ -772,10 +789,11 @@ fn main(
         for (var u = lane; u < steps; u += TPR) {
             let cur = group_load(rb, u);
             for (var t = 0u; t < tokens; t++) {
-                xq_at = (t0 + t) * p.x_stride;
+                let xq_at = t * (p.k / 4u);
+                xs_at = t * (p.k / 16u);
                 var xv: XIn;
                 for (var i = 0u; i < XN; i++) {
-                    xv[i] = xg[xq_at + x_vec(u, i)];
+                    xv[i] = xq[xq_at + x_vec(u, i)];
                 }
                 let xs = step_pre(u, &xv);
                 var d = vec4<f32>(0.0);
@@ -792,7 +810,14 @@ fn main(
         }
     }
     for (var t = 0u; t < MT; t++) {
+        // The reduction's workgroup memory is free again (a group of one subgroup uses none).
+#if NO_SUBGROUPS
         workgroupBarrier();
+#else
+        if (TPR > SG) {
+            workgroupBarrier();
+        }
+#endif
         let sums = lanes_sum(acc[t], li, lane);
         if (lane == 0u && row0 < p.n && t < tokens) {
             write_token(t0 + t, row0, sums);
@@ -866,9 +891,7 @@ fn main(
     workgroupBarrier();
 #endif
 #if INT8_X
-#if XQ_IN
-    xq_at = m * p.x_stride;
-#else
+#if !XQ_IN
     quantize_input(xb, li);
     workgroupBarrier();
 #endif
@@ -919,7 +942,7 @@ fn main(
                 let c = x_vec(u, i);
                 if (4u * c < p.k) {
 #if XQ_IN
-                    xv[i] = xg[xq_at + c];
+                    xv[i] = xg[c];
 #else
 #if INT8_X
                     xv[i] = xq[c];
