@@ -225,7 +225,7 @@ fn prompt_ids(n: usize, seed: u32, vocab: u32) -> Vec<u32> {
 }
 
 /// Sends one streamed completion; when its first token came, when it ended, and its tokens
-/// (the usage the server reports, else the chunks that carried text).
+/// (as the server counts them, else the chunks that carried text).
 fn one_stream(url: &str, body: &str, start: Instant) -> Result<Stream, String> {
     let resp = agent()
         .post(url)
@@ -248,7 +248,13 @@ fn one_stream(url: &str, body: &str, start: Instant) -> Result<Stream, String> {
             break;
         }
         let v: Value = serde_json::from_str(data).map_err(|e| format!("{e}: {data}"))?;
-        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+        // The usage the server reports (OpenAI's), else llama-server's own timings: a chunk
+        // may carry several tokens (llama-server holds back bytes of an unfinished UTF-8
+        // character and sends them with the next).
+        let counted = v["usage"]["completion_tokens"]
+            .as_u64()
+            .or_else(|| v["timings"]["predicted_n"].as_u64());
+        if let Some(n) = counted {
             usage = Some(n as usize);
         }
         if v["choices"][0]["text"].as_str().is_some() && v["choices"][0]["finish_reason"].is_null()
