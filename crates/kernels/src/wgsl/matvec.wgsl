@@ -723,6 +723,21 @@ fn write_rounded(o0: u32, per: u32, li: u32) {
 }
 #endif
 
+// Step u of the group's rows (their weights in cur) dotted with the inputs xv.
+fn group_dots(cur: array<Raw, 4>, u: u32, xv: ptr<function, XIn>) -> vec4<f32> {
+    let xs = step_pre(u, xv);
+    var d = vec4<f32>(0.0);
+    d.x = step_dot(cur[0], u, xv, xs);
+    if (RPT > 1u) {
+        d.y = step_dot(cur[1], u, xv, xs);
+    }
+    if (RPT > 2u) {
+        d.z = step_dot(cur[2], u, xv, xs);
+        d.w = step_dot(cur[3], u, xv, xs);
+    }
+    return d;
+}
+
 // The sums of a group's TPR lanes, in its lane 0 (every thread calls it: it may wait at
 // barriers; a caller that reduces again waits at one first).
 fn lanes_sum(acc_in: vec4<f32>, li: u32, lane: u32) -> vec4<f32> {
@@ -795,17 +810,7 @@ fn main(
                 for (var i = 0u; i < XN; i++) {
                     xv[i] = xq[xq_at + x_vec(u, i)];
                 }
-                let xs = step_pre(u, &xv);
-                var d = vec4<f32>(0.0);
-                d.x = step_dot(cur[0], u, &xv, xs);
-                if (RPT > 1u) {
-                    d.y = step_dot(cur[1], u, &xv, xs);
-                }
-                if (RPT > 2u) {
-                    d.z = step_dot(cur[2], u, &xv, xs);
-                    d.w = step_dot(cur[3], u, &xv, xs);
-                }
-                acc[t] += d;
+                acc[t] += group_dots(cur, u, &xv);
             }
         }
     }
@@ -956,17 +961,7 @@ fn main(
 #endif
                 }
             }
-            let xs = step_pre(u, &xv);
-            var d = vec4<f32>(0.0);
-            d.x = step_dot(cur[0], u, &xv, xs);
-            if (RPT > 1u) {
-                d.y = step_dot(cur[1], u, &xv, xs);
-            }
-            if (RPT > 2u) {
-                d.z = step_dot(cur[2], u, &xv, xs);
-                d.w = step_dot(cur[3], u, &xv, xs);
-            }
-            acc += wu * d;
+            acc += wu * group_dots(cur, u, &xv);
             if (PREFETCH) {
                 cur = next;
             }
