@@ -29,6 +29,7 @@
 // the default depth.
 #![recursion_limit = "256"]
 
+mod diffusion;
 mod error;
 mod generation;
 mod logprobs;

@@ -5,7 +5,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use wgemma::{ContextOptions, LoadOptions, Model, ModelSource, SamplingHints};
+use wgemma::{
+    ContextOptions, DiffusionModel, LoadOptions, Model, ModelInfo, ModelSource, Prompt,
+    SamplingHints, Tokenizer,
+};
 
 use crate::error::ApiError;
 use crate::sessions::{Job, Sessions};
@@ -36,10 +39,58 @@ pub struct ModelSettings {
     pub gpu: ContextOptions,
 }
 
+/// A model as loaded: one that writes a token at a time (its requests batched), or a text
+/// diffusion model (DiffusionGemma: a block at a time, one request after another).
+#[derive(Clone)]
+pub enum LoadedModel {
+    Text(Model),
+    Diffusion(DiffusionModel),
+}
+
+impl LoadedModel {
+    pub fn tokenizer(&self) -> &Tokenizer {
+        match self {
+            LoadedModel::Text(m) => m.tokenizer(),
+            LoadedModel::Diffusion(m) => m.tokenizer(),
+        }
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        match self {
+            LoadedModel::Text(m) => m.info(),
+            LoadedModel::Diffusion(m) => m.info(),
+        }
+    }
+
+    pub fn gpu_bytes(&self) -> u64 {
+        match self {
+            LoadedModel::Text(m) => m.gpu_bytes(),
+            LoadedModel::Diffusion(m) => m.gpu_bytes(),
+        }
+    }
+
+    /// The most positions a session of the model holds.
+    pub fn context_length(&self) -> usize {
+        match self {
+            LoadedModel::Text(m) => m.config().context_length,
+            LoadedModel::Diffusion(m) => m.config().text.context_length,
+        }
+    }
+
+    /// The prompt's tokens, by which a request goes to the session whose cache holds their
+    /// start; none for a diffusion model, whose sessions keep no cache between requests.
+    fn cache_key(&self, prompt: &Prompt, parse_special: bool) -> Vec<u32> {
+        match self {
+            LoadedModel::Text(m) => m.prompt_tokens(prompt, parse_special).unwrap_or_default(),
+            LoadedModel::Diffusion(_) => Vec::new(),
+        }
+    }
+}
+
 /// A loaded model and the sessions that serve it.
 pub struct Loaded {
     pub name: String,
-    pub model: Model,
+    pub model: LoadedModel,
     /// Sampling settings the model recommends (its Ollama parameters, else its GGUF's).
     pub hints: SamplingHints,
     pub context: usize,
@@ -74,8 +125,7 @@ impl Loaded {
         // cannot be tokenized fails in the session, with the runtime's error.
         let tokens = self
             .model
-            .prompt_tokens(&job.request.prompt, job.request.parse_special)
-            .unwrap_or_default();
+            .cache_key(&job.request.prompt, job.request.parse_special);
         self.sessions.submit(job, &tokens)
     }
 
@@ -211,11 +261,20 @@ fn load(served: ServedModel, settings: &ModelSettings) -> Result<Loaded, ApiErro
         mmproj: served.projector.clone().or(source.projector.clone()),
         ..LoadOptions::default()
     };
-    let model = pollster::block_on(Model::load_file(&source.model, opts))
-        .map_err(|e| ApiError::internal(format!("loading {}: {e}", source.model.display())))?;
-    let info = model.info();
-    let hints = source.sampling_hints().or(info.sampling.clone());
-    let context = settings.context.min(model.config().context_length).max(1);
+    let failed =
+        |e: wgemma::Error| ApiError::internal(format!("loading {}: {e}", source.model.display()));
+    let header = wgemma::gguf::read_file_header(&source.model)
+        .map_err(|e| failed(wgemma::Error::Gguf(e)))?;
+    let model = if wgemma::is_diffusion(&header) {
+        let m = pollster::block_on(DiffusionModel::load_file(&source.model, opts));
+        LoadedModel::Diffusion(m.map_err(failed)?)
+    } else {
+        LoadedModel::Text(
+            pollster::block_on(Model::load_file(&source.model, opts)).map_err(failed)?,
+        )
+    };
+    let hints = source.sampling_hints().or(model.info().sampling.clone());
+    let context = settings.context.min(model.context_length()).max(1);
     let sessions = Sessions::start(&model, settings.parallel, context, settings.queue)?;
     tracing::info!(model = %served.name, context, parallel = settings.parallel, "loaded");
     Ok(Loaded {

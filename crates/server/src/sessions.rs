@@ -14,7 +14,9 @@ use tokio::sync::mpsc as tmpsc;
 use tokio::sync::mpsc::error::TrySendError;
 use wgemma::{Batch, Event, GenerateRequest, Model, SessionOptions};
 
+use crate::diffusion::DiffusionJobs;
 use crate::error::ApiError;
+use crate::models::LoadedModel;
 
 /// One generation: the request, and where its events go. A closed channel (the client went
 /// away) stops the generation at its next step.
@@ -42,11 +44,11 @@ pub struct Counters {
 }
 
 impl Counters {
-    fn add(counter: &AtomicU64, n: u64) {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
-    fn record_done(&self, t: &wgemma::Timings) {
+    pub(crate) fn record_done(&self, t: &wgemma::Timings) {
         Self::add(&self.finished, 1);
         Self::add(&self.prompt_tokens, t.prompt_tokens as u64);
         Self::add(&self.cached_tokens, t.cached_tokens as u64);
@@ -57,12 +59,12 @@ impl Counters {
 }
 
 /// A job on its way: counted as pending until its session is done with it.
-struct Queued {
-    job: Job,
+pub(crate) struct Queued {
+    pub(crate) job: Job,
     _pending: Pending,
 }
 
-struct Pending(Arc<AtomicUsize>);
+pub(crate) struct Pending(Arc<AtomicUsize>);
 
 impl Drop for Pending {
     fn drop(&mut self) {
@@ -100,22 +102,42 @@ pub struct Sessions {
 
 impl Sessions {
     /// `parallel` sessions of `model` with `context` positions each, and the thread that
-    /// runs their generations.
+    /// runs their generations: a text model's steps batched across them, a diffusion
+    /// model's requests one after another.
     pub fn start(
-        model: &Model,
+        model: &LoadedModel,
         parallel: usize,
         context: usize,
         queue: usize,
     ) -> Result<Arc<Self>, ApiError> {
-        let opts = SessionOptions {
-            context,
-            ..SessionOptions::default()
-        };
-        let batch = Batch::new(model, parallel.max(1), opts).map_err(|e| ApiError::runtime(&e))?;
-        let slots = batch.slots();
-        let engine = Engine::new(batch, model.clone(), opts);
         let (tx, rx) = mpsc::channel();
-        let this = Arc::new(Self {
+        match model {
+            LoadedModel::Text(model) => {
+                let opts = SessionOptions {
+                    context,
+                    ..SessionOptions::default()
+                };
+                let batch =
+                    Batch::new(model, parallel.max(1), opts).map_err(|e| ApiError::runtime(&e))?;
+                let this = Self::scheduler(batch.slots(), queue, tx);
+                let engine = Engine::new(batch, model.clone(), opts);
+                let me = Arc::downgrade(&this);
+                spawn("wgemma-batch", move || engine.serve(&rx, &me))?;
+                Ok(this)
+            }
+            LoadedModel::Diffusion(model) => {
+                let jobs = DiffusionJobs::new(model, context)?;
+                let this = Self::scheduler(parallel.max(1), queue, tx);
+                let me = Arc::downgrade(&this);
+                spawn("wgemma-diffusion", move || jobs.serve(&rx, &me))?;
+                Ok(this)
+            }
+        }
+    }
+
+    /// The scheduler of `slots` slots, sending the jobs it gives them to `inbox`.
+    fn scheduler(slots: usize, queue: usize, inbox: mpsc::Sender<(usize, Queued)>) -> Arc<Self> {
+        Arc::new(Self {
             state: Mutex::new(State {
                 idle: (0..slots).collect(),
                 slots: (0..slots)
@@ -125,20 +147,12 @@ impl Sessions {
                     })
                     .collect(),
                 waiting: VecDeque::new(),
-                inbox: tx,
+                inbox,
             }),
             queue,
             pending: Arc::new(AtomicUsize::new(0)),
             counters: Counters::default(),
-        });
-        // The thread holds the scheduler weakly: dropping the model's last handle drops the
-        // inbox's sender, and the thread ends at its next wait.
-        let me = Arc::downgrade(&this);
-        std::thread::Builder::new()
-            .name("wgemma-batch".into())
-            .spawn(move || engine.serve(&rx, &me))
-            .map_err(|e| ApiError::internal(format!("starting the generation thread: {e}")))?;
-        Ok(this)
+        })
     }
 
     /// Requests queued or running now.
@@ -180,18 +194,29 @@ impl Sessions {
         }
     }
 
-    /// Slot `i` is done with its job, its cache now holding `cached`: its next job from the
-    /// queue, or it goes idle.
-    fn finished(&self, i: usize, cached: Vec<u32>) -> Option<Queued> {
+    /// Slot `i` is done with its job, its cache now holding `cached`: the job waiting
+    /// longest goes to it (through the inbox, which the generation thread reads next), or it
+    /// goes idle.
+    pub(crate) fn slot_done(&self, i: usize, cached: Vec<u32>) {
         let mut st = lock(&self.state);
         st.slots[i].cached = cached;
         st.slots[i].idle_since = Instant::now();
-        let next = st.waiting.pop_front();
-        if next.is_none() {
-            st.idle.push(i);
+        match st.waiting.pop_front() {
+            Some(next) => {
+                let _ = st.inbox.send((i, next));
+            }
+            None => st.idle.push(i),
         }
-        next
     }
+}
+
+/// Starts a model's generation thread.
+fn spawn(name: &str, run: impl FnOnce() + Send + 'static) -> Result<(), ApiError> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(run)
+        .map(drop)
+        .map_err(|e| ApiError::internal(format!("starting the generation thread: {e}")))
 }
 
 /// The idle slot for a prompt of `tokens` (its position in `idle`): the one whose cache the
@@ -389,9 +414,7 @@ impl Engine {
         if let Some(h) = self.batch.cancel_handle(i) {
             h.withdraw();
         }
-        if let Some(q) = owner.finished(i, self.batch.cached_tokens(i).to_vec()) {
-            let _ = lock(&owner.state).inbox.send((i, q));
-        }
+        owner.slot_done(i, self.batch.cached_tokens(i).to_vec());
     }
 
     /// Puts each event in its slot's backlog.
@@ -496,7 +519,7 @@ pub(crate) mod tests {
             .join("../gemma4-audio/tests/fixtures/gemma4_tiny_audio.gguf");
         let model = pollster::block_on(Model::load_file(&fixture, LoadOptions::default()))
             .expect("the tiny model loads");
-        let sessions = Sessions::start(&model, 2, 256, 4).unwrap();
+        let sessions = Sessions::start(&LoadedModel::Text(model), 2, 256, 4).unwrap();
         assert!(finished(send(&sessions, "never")), "before");
         assert!(!finished(send(&sessions, PANIC_STOP)), "the panicking one");
         assert_eq!(sessions.counters.failed.load(Ordering::Relaxed), 1);

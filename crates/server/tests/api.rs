@@ -14,7 +14,7 @@ use wgemma_server::ServerConfig;
 
 mod common;
 
-use common::{MODEL, fixture, start};
+use common::{MODEL, agent, fixture, json_of, post, sse_data, start};
 
 fn config() -> ServerConfig {
     common::config(true)
@@ -24,27 +24,6 @@ fn config() -> ServerConfig {
 fn server() -> SocketAddr {
     static ADDR: OnceLock<SocketAddr> = OnceLock::new();
     *ADDR.get_or_init(|| start(config()))
-}
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(600)))
-        .build()
-        .into()
-}
-
-/// POSTs `body` (JSON text) to `path`: status and body text.
-fn post(addr: SocketAddr, path: &str, body: &str, key: Option<&str>) -> (u16, String) {
-    let mut req = agent()
-        .post(format!("http://{addr}{path}"))
-        .header("Content-Type", "application/json");
-    if let Some(k) = key {
-        req = req.header("Authorization", format!("Bearer {k}"));
-    }
-    let mut resp = req.send(body).expect("the server answers");
-    let status = resp.status().as_u16();
-    (status, resp.body_mut().read_to_string().unwrap())
 }
 
 fn get(addr: SocketAddr, path: &str) -> (u16, Value) {
@@ -57,10 +36,6 @@ fn get(addr: SocketAddr, path: &str) -> (u16, Value) {
         status,
         serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap(),
     )
-}
-
-fn json_of(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
 
 fn chat_body(words: &str, max_tokens: u32, stream: bool) -> String {
@@ -77,14 +52,6 @@ fn chat_body(words: &str, max_tokens: u32, stream: bool) -> String {
         "stream_options": {"include_usage": true},
     })
     .to_string()
-}
-
-/// The `data:` payloads of an SSE body.
-fn sse_data(body: &str) -> Vec<String> {
-    body.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(str::to_string)
-        .collect()
 }
 
 /// The text and finish reason of streamed chat chunks.

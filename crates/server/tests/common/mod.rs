@@ -1,7 +1,12 @@
-//! What the server's tests share: the tiny model and a server on a free port.
+//! What the server's tests share: the tiny model, a server on a free port, and requests to it.
+
+#![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
 
 use wgemma_server::{ServedModel, ServerConfig};
 
@@ -46,4 +51,37 @@ pub fn start(config: ServerConfig) -> SocketAddr {
         });
     });
     rx.recv().unwrap()
+}
+
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(600)))
+        .build()
+        .into()
+}
+
+/// POSTs `body` (JSON text) to `path`: status and body text.
+pub fn post(addr: SocketAddr, path: &str, body: &str, key: Option<&str>) -> (u16, String) {
+    let mut req = agent()
+        .post(format!("http://{addr}{path}"))
+        .header("Content-Type", "application/json");
+    if let Some(k) = key {
+        req = req.header("Authorization", format!("Bearer {k}"));
+    }
+    let mut resp = req.send(body).expect("the server answers");
+    let status = resp.status().as_u16();
+    (status, resp.body_mut().read_to_string().unwrap())
+}
+
+pub fn json_of(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// The `data:` payloads of an SSE body.
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
 }

@@ -1,0 +1,119 @@
+//! A text diffusion model behind the server (DiffusionGemma's tiny random fixture): both APIs,
+//! whole and streamed, reply with the text the runtime gives the same conversation and seed
+//! alone; what such a model cannot do is refused with a 400, and the model serves on.
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use wgemma::{DiffusionGenerate, DiffusionModel, Event, LoadOptions, Message, Prompt, Role};
+use wgemma_server::{ServedModel, ServerConfig};
+
+mod common;
+
+use common::{json_of, post, sse_data, start};
+
+const PATH: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../diffusion/tests/fixtures/dg_tiny.gguf"
+);
+const CONTEXT: usize = 256;
+
+/// The reply the runtime gives `words` from a user with `seed`, `max_tokens` long at most.
+fn alone(words: &str, seed: u64, max_tokens: usize) -> (String, usize) {
+    let model =
+        pollster::block_on(DiffusionModel::load_file(PATH, LoadOptions::default())).unwrap();
+    let mut chat = model.session(CONTEXT, None).unwrap();
+    let req = DiffusionGenerate {
+        max_tokens,
+        ..DiffusionGenerate::new(Prompt::Chat(vec![Message::new(Role::User, words)]), seed)
+    };
+    let events: Vec<Event> = pollster::block_on(chat.generate(req).map(|e| e.unwrap()).collect());
+    let tokens: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Token { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    (tokens.concat(), tokens.len())
+}
+
+/// POSTs an OpenAI chat request: status and body text.
+fn post_chat(addr: std::net::SocketAddr, body: Value) -> (u16, String) {
+    post(addr, "/v1/chat/completions", &body.to_string(), None)
+}
+
+fn chat(words: &str, stream: bool, extra: Value) -> Value {
+    let mut body = json!({
+        "model": "dg",
+        "messages": [{"role": "user", "content": words}],
+        "max_tokens": 24,
+        "seed": 7,
+        "stream": stream,
+    });
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+#[test]
+fn a_diffusion_model_answers_as_the_runtime_does() {
+    let addr = start(ServerConfig {
+        models: vec![ServedModel {
+            name: "dg".into(),
+            spec: PATH.into(),
+            projector: None,
+        }],
+        parallel: 2,
+        context: CONTEXT,
+        ..ServerConfig::default()
+    });
+    let (want, n) = alone("Hello there", 7, 24);
+    assert!(n > 0 && n <= 24, "{n} tokens");
+
+    let (status, body) = post_chat(addr, chat("Hello there", false, json!({})));
+    assert_eq!(status, 200, "{body}");
+    let whole = json_of(&body);
+    assert_eq!(whole["choices"][0]["message"]["content"], want.as_str());
+    assert_eq!(whole["usage"]["completion_tokens"], n);
+
+    let (status, body) = post_chat(addr, chat("Hello there", true, json!({})));
+    assert_eq!(status, 200, "{body}");
+    let data = sse_data(&body);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let streamed: String = data[..data.len() - 1]
+        .iter()
+        .filter_map(|d| {
+            json_of(d)["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(streamed, want);
+
+    let ollama = json!({
+        "model": "dg",
+        "messages": [{"role": "user", "content": "Hello there"}],
+        "options": {"seed": 7, "num_predict": 24},
+        "stream": false,
+    });
+    let (status, body) = post(addr, "/api/chat", &ollama.to_string(), None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json_of(&body)["message"]["content"], want.as_str());
+
+    // What a text diffusion model cannot do: refused, and the model serves on.
+    for extra in [
+        json!({"logprobs": true, "top_logprobs": 2}),
+        json!({"stop": ["x"]}),
+    ] {
+        let (status, body) = post_chat(addr, chat("Hi", false, extra.clone()));
+        assert_eq!(status, 400, "{extra}: {body}");
+        assert_eq!(json_of(&body)["error"]["code"], "bad_request", "{body}");
+    }
+    let (status, body) = post_chat(addr, chat("Hello there", false, json!({})));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        json_of(&body)["choices"][0]["message"]["content"],
+        want.as_str()
+    );
+}
