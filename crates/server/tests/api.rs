@@ -3,7 +3,6 @@
 //! shapes and statuses, a client that goes away mid-stream, and concurrent requests that each
 //! get what they would alone.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -14,7 +13,9 @@ use wgemma_server::ServerConfig;
 
 mod common;
 
-use common::{MODEL, agent, fixture, json_of, post, sse_data, start};
+use common::{
+    MODEL, agent, fixture, hang_up_after_the_first_event, json_of, metric, post, sse_data, start,
+};
 
 fn config() -> ServerConfig {
     common::config(true)
@@ -415,43 +416,6 @@ fn ollama_chat_and_generate_stream_ndjson_and_match_whole_replies() {
     assert!(json_of(&text)["error"].is_string());
 }
 
-/// A loaded model's counter from `GET /metrics`.
-fn metric(addr: SocketAddr, name: &str) -> u64 {
-    let mut resp = agent()
-        .get(format!("http://{addr}/metrics"))
-        .call()
-        .unwrap();
-    let text = resp.body_mut().read_to_string().unwrap();
-    let prefix = format!("{name}{{model=\"{MODEL}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{name} in {text}"))
-}
-
-/// Sends a streamed request on a connection of its own, reads up to its first event, and
-/// closes the connection.
-fn hang_up_after_the_first_event(addr: SocketAddr, body: &str) {
-    use std::io::Write;
-    let mut conn = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        conn,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut reader = BufReader::new(conn.try_clone().unwrap());
-    let mut line = String::new();
-    while !line.starts_with("data: ") {
-        line.clear();
-        assert!(
-            reader.read_line(&mut line).unwrap() > 0,
-            "the stream ended early"
-        );
-    }
-    conn.shutdown(std::net::Shutdown::Both).unwrap();
-}
-
 /// Clients that read the first chunk and hang up: the server stops those generations (they
 /// count as cancelled, nothing stays pending) and serves the next request as before.
 #[test]
@@ -468,16 +432,16 @@ fn a_client_that_goes_away_mid_stream_frees_its_session() {
         hang_up_after_the_first_event(addr, &chat_body("Write a long poem", 900, true));
     }
     let waited = std::time::Instant::now();
-    while metric(addr, "wgemma_requests_pending") > 0 {
+    while metric(addr, MODEL, "wgemma_requests_pending") > 0 {
         assert!(
             waited.elapsed() < Duration::from_secs(60),
             "generations left running"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(metric(addr, "wgemma_requests_cancelled_total"), 3);
-    assert_eq!(metric(addr, "wgemma_requests_finished_total"), 1);
-    assert!(metric(addr, "wgemma_generated_tokens_total") < 12 + 3 * 900);
+    assert_eq!(metric(addr, MODEL, "wgemma_requests_cancelled_total"), 3);
+    assert_eq!(metric(addr, MODEL, "wgemma_requests_finished_total"), 1);
+    assert!(metric(addr, MODEL, "wgemma_generated_tokens_total") < 12 + 3 * 900);
     let (status, after) = post(
         addr,
         "/v1/chat/completions",

@@ -9,7 +9,7 @@ use wgemma_server::{ServedModel, ServerConfig};
 
 mod common;
 
-use common::{json_of, post, sse_data, start};
+use common::{hang_up_after_the_first_event, json_of, metric, post, sse_data, start};
 
 const PATH: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -56,9 +56,8 @@ fn chat(words: &str, stream: bool, extra: Value) -> Value {
     body
 }
 
-#[test]
-fn a_diffusion_model_answers_as_the_runtime_does() {
-    let addr = start(ServerConfig {
+fn server() -> std::net::SocketAddr {
+    start(ServerConfig {
         models: vec![ServedModel {
             name: "dg".into(),
             spec: PATH.into(),
@@ -67,7 +66,12 @@ fn a_diffusion_model_answers_as_the_runtime_does() {
         parallel: 2,
         context: CONTEXT,
         ..ServerConfig::default()
-    });
+    })
+}
+
+#[test]
+fn a_diffusion_model_answers_as_the_runtime_does() {
+    let addr = server();
     let (want, n) = alone("Hello there", 7, 24);
     assert!(n > 0 && n <= 24, "{n} tokens");
 
@@ -116,4 +120,31 @@ fn a_diffusion_model_answers_as_the_runtime_does() {
         json_of(&body)["choices"][0]["message"]["content"],
         want.as_str()
     );
+}
+
+/// A client that hangs up mid-reply stops its generation within a step: nothing stays
+/// pending, it counts as cancelled, and the next request is served.
+#[test]
+fn a_diffusion_client_that_goes_away_stops_its_generation() {
+    let addr = server();
+    let long = chat("Write a long story", true, json!({"max_tokens": 200}));
+    hang_up_after_the_first_event(addr, &long.to_string());
+    let waited = std::time::Instant::now();
+    while metric(addr, "dg", "wgemma_requests_pending") > 0 {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(120),
+            "the generation went on"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(metric(addr, "dg", "wgemma_requests_cancelled_total"), 1);
+    assert!(metric(addr, "dg", "wgemma_generated_tokens_total") < 200);
+    let (status, body) = post_chat(addr, chat("Hello there", false, json!({})));
+    assert_eq!(status, 200, "{body}");
+    // Counted once its end went out, just after the reply could be read.
+    while metric(addr, "dg", "wgemma_requests_finished_total") < 1 {
+        assert!(waited.elapsed() < std::time::Duration::from_secs(120));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(metric(addr, "dg", "wgemma_requests_cancelled_total"), 1);
 }

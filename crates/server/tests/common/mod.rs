@@ -85,3 +85,40 @@ pub fn sse_data(body: &str) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// A loaded model's counter from `GET /metrics`.
+pub fn metric(addr: SocketAddr, model: &str, name: &str) -> u64 {
+    let mut resp = agent()
+        .get(format!("http://{addr}/metrics"))
+        .call()
+        .unwrap();
+    let text = resp.body_mut().read_to_string().unwrap();
+    let prefix = format!("{name}{{model=\"{model}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} in {text}"))
+}
+
+/// Sends a streamed chat request on a connection of its own, reads up to its first event,
+/// and closes the connection.
+pub fn hang_up_after_the_first_event(addr: SocketAddr, body: &str) {
+    use std::io::Write;
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        conn,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reader = std::io::BufReader::new(conn.try_clone().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        assert!(
+            std::io::BufRead::read_line(&mut reader, &mut line).unwrap() > 0,
+            "the stream ended early"
+        );
+    }
+    conn.shutdown(std::net::Shutdown::Both).unwrap();
+}
