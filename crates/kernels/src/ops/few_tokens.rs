@@ -11,8 +11,8 @@ use super::*;
 /// Most tokens one workgroup of a few-token product takes.
 pub const FEW_TOKENS_PER_GROUP: u32 = 8;
 
-/// The fewest tokens the few-token kernel takes: at 2, one workgroup a token was as fast
-/// (E2B on the H200, benches/RESULTS.md, "thirtieth session").
+/// The fewest tokens the few-token kernel takes: at 2, one workgroup a token was faster (338
+/// against 321 tok/s, E2B on the H200, benches/RESULTS.md, "thirtieth session").
 pub const FEW_TOKENS_MIN: u32 = 3;
 
 /// The most tokens [`matmul_few_tokens`] takes through the few-token kernel on `ctx`'s device
@@ -46,9 +46,10 @@ pub(super) fn takes_few_tokens(ctx: &GpuContext, w: &GpuWeight, a: &MatmulArgs<'
 }
 
 /// The few-token kernel's shape: 16 lanes a row (a subgroup's shuffles sum them on GPUs,
-/// no workgroup barrier per token), 2 rows a group, or 4 for rows by the ten thousand (an
-/// output head: fewer workgroups, each rounding its tokens' inputs once); a CPU adapter's
-/// lanes as its one-token products take them.
+/// no workgroup barrier per token; 64 lanes with a barrier per token measured far slower),
+/// 2 rows a group, or 4 for rows by the ten thousand (an output head: fewer workgroups, each
+/// rounding its tokens' inputs once; not tuned apart); a CPU adapter's lanes as its
+/// one-token products take them.
 fn few_token_tuning(ctx: &GpuContext, rows: u64) -> MatvecTuning {
     let tpr = match TuningClass::of(ctx) {
         TuningClass::Gpu => 16,
