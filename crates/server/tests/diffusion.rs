@@ -118,7 +118,11 @@ fn a_diffusion_model_answers_as_the_runtime_does() {
     let long = "word ".repeat(2 * CONTEXT);
     let (status, body) = post_chat(addr, chat(&long, false, json!({})));
     assert_eq!(status, 400, "{body}");
-    assert_eq!(json_of(&body)["error"]["code"], "context_overflow", "{body}");
+    assert_eq!(
+        json_of(&body)["error"]["code"],
+        "context_overflow",
+        "{body}"
+    );
     let (status, body) = post_chat(addr, chat("Hello there", false, json!({})));
     assert_eq!(status, 200, "{body}");
     assert_eq!(
