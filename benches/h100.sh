@@ -76,6 +76,8 @@
 #   few_ab     batched decode (bench-batch, E2B, 2/4/8/16 sequences) with the few-token
 #              kernel off (WGEMMA_FEW_TOKENS=0), up to 8 and up to 16 tokens, one binary, and
 #              the kernel profile at 8; $OUT/few/ and $OUT/few.md. Starts build_srv first.
+#   few_sweep  the few-token kernel's lanes a row and rows a group (WGEMMA_FEW_TUNING), one
+#              binary, bench-batch on E2B at 3, 4 and 8 sequences; $OUT/few/sweep.md
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 #   diffusion  DiffusionGemma 26B-A4B (synthetic, Q4_K_M, 16 GiB): ms a denoising step of a
 #              256-token canvas after a 512-token prompt, ours (cargo xtask bench-diffusion)
@@ -456,6 +458,40 @@ few_prof() {
     echo "== WGEMMA_FEW_TOKENS=$n"
     grep -E "^step of|matvec|matmul|attn|norm|sample|head" "$OUT/few/profile-$n.txt" | head -60
   done
+}
+
+# The few-token kernel's shape swept (WGEMMA_FEW_TUNING "lanes a row,rows a group", FEW_TUNINGS;
+# "-": the tuned choice; "noresid": that with WGEMMA_FUSIONS_OFF=residual_prologue),
+# bench-batch on E2B at FEW_SEQS sequences; $OUT/few/sweep.md.
+few_sweep() {
+  synth e2b
+  mkdir -p "$OUT/few"
+  for t in ${FEW_TUNINGS:-- 16,1 8,2 8,1 32,1 4,2}; do
+    f="$OUT/few/sweep-${t/,/x}.jsonl"
+    case $t in
+      -) envs="" ;;
+      noresid) envs="WGEMMA_FUSIONS_OFF=residual_prologue" ;;
+      *) envs="WGEMMA_FEW_TUNING=$t" ;;
+    esac
+    env $envs .dev/xtask bench-batch \
+      --model "$W/models/e2b.gguf" --sequences "${FEW_SEQS:-3,4,8}" --reps 2 --decode 64 --json \
+      > "$f" 2> "${f%.jsonl}.err" || tail -3 "${f%.jsonl}.err"
+  done
+  python3 - "$OUT/few" << 'PY' | tee "$OUT/few/sweep.md"
+import json, pathlib, sys
+d = pathlib.Path(sys.argv[1])
+rows = {}
+for f in sorted(d.glob("sweep-*.jsonl")):
+    t = f.stem[6:]
+    for line in f.read_text().splitlines():
+        r = json.loads(line)
+        rows.setdefault(t, {})[r["sequences"]] = r["decode_tok_s"]
+seqs = sorted({s for r in rows.values() for s in r})
+print("| tuning | " + " | ".join(f"{s} seqs" for s in seqs) + " |")
+print("| --- |" + " ---: |" * len(seqs))
+for t, r in rows.items():
+    print(f"| {t} | " + " | ".join(f"{r[s]:,.0f}" if s in r else "-" for s in seqs) + " |")
+PY
 }
 
 # The E2B file and the llama-server build ready, for a `serve` call after this one.

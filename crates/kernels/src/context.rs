@@ -89,6 +89,10 @@ pub struct ContextOptions {
     /// `allow_int8_activations`. 8 by default: up to 16 was slower at 16 tokens than the
     /// tiled kernel (benches/RESULTS.md, "thirtieth session").
     pub few_tokens: u32,
+    /// The few-token kernel's lanes a row and rows a group (`WGEMMA_FEW_TUNING=16,2`), to
+    /// sweep them on a GPU; `None`: the tuned choice (`ops::few_tokens`). A gated product
+    /// takes at least 2 rows a group.
+    pub few_tuning: Option<(u32, u32)>,
 }
 
 impl Default for ContextOptions {
@@ -109,6 +113,7 @@ impl Default for ContextOptions {
             coop_tile: None,
             attention_rows: None,
             few_tokens: 8,
+            few_tuning: None,
         }
     }
 }
@@ -156,6 +161,11 @@ impl ContextOptions {
             }
             if let Some(n) = var("WGEMMA_FEW_TOKENS").and_then(|n| n.parse().ok()) {
                 self.few_tokens = n;
+            }
+            if let Some(t) = var("WGEMMA_FEW_TUNING") {
+                self.few_tuning = t
+                    .split_once(',')
+                    .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
             }
             if let Some(r) = var("WGEMMA_ATTENTION_ROWS") {
                 self.attention_rows = r.parse().ok().filter(|r: &u32| r.is_power_of_two());
@@ -241,6 +251,8 @@ pub struct GpuContext {
     pub(crate) attention_rows: Option<u32>,
     /// [`ContextOptions::few_tokens`].
     pub(crate) few_tokens: u32,
+    /// [`ContextOptions::few_tuning`].
+    pub(crate) few_tuning: Option<(u32, u32)>,
     /// Held around every submit and poll ([`GpuContext::submit`], [`GpuContext::poll`]):
     /// [`crate::poller::Maintenance`] says why.
     pub(crate) maintenance: Arc<crate::poller::Maintenance>,
@@ -382,6 +394,7 @@ impl GpuContext {
             coop_tile: options.coop_tile,
             attention_rows: options.attention_rows,
             few_tokens: options.few_tokens,
+            few_tuning: options.few_tuning,
             pipelines: Mutex::new(HashMap::new()),
             unused: std::sync::OnceLock::new(),
             shader_checks: options.shader_checks,

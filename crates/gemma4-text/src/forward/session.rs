@@ -425,7 +425,7 @@ impl GpuSession {
             fetched: HashMap::new(),
             streamed: AtomicU64::new(0),
             router_readback,
-            fusions: Fusions::ALL,
+            fusions: Fusions::ALL.with_env(),
             adapters: Vec::new(),
             lora: None,
             logprobs: None,

@@ -424,6 +424,21 @@ impl Fusions {
         ]
     }
 
+    /// These fusions less the rules named in `WGEMMA_FUSIONS_OFF` (comma-separated; native
+    /// only), to measure what a rule brings with one binary.
+    #[cfg_attr(target_arch = "wasm32", allow(unused_mut))]
+    pub fn with_env(mut self) -> Self {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Ok(off) = std::env::var("WGEMMA_FUSIONS_OFF") {
+            for name in off.split(',').map(str::trim) {
+                if let Some((_, switch)) = Self::rules().into_iter().find(|(n, _)| *n == name) {
+                    *switch(&mut self) = false;
+                }
+            }
+        }
+        self
+    }
+
     /// Each rule alone turned off, by name.
     pub fn each_off() -> Vec<(&'static str, Self)> {
         Self::rules()

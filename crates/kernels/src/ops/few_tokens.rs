@@ -50,7 +50,15 @@ pub(super) fn takes_few_tokens(ctx: &GpuContext, w: &GpuWeight, a: &MatmulArgs<'
 /// 2 rows a group, or 4 for rows by the ten thousand (an output head: fewer workgroups, each
 /// rounding its tokens' inputs once; not tuned apart); a CPU adapter's lanes as its
 /// one-token products take them.
-fn few_token_tuning(ctx: &GpuContext, rows: u64) -> MatvecTuning {
+fn few_token_tuning(ctx: &GpuContext, rows: u64, gated: bool) -> MatvecTuning {
+    if let Some((tpr, rpt)) = ctx.few_tuning {
+        return MatvecTuning {
+            tpr,
+            rpt: if gated { rpt.max(2) } else { rpt },
+            prefetch: false,
+            int8_input: true,
+        };
+    }
     let tpr = match TuningClass::of(ctx) {
         TuningClass::Gpu => 16,
         TuningClass::CpuAdapter => ctx.features.subgroup_min_size.clamp(4, 16),
@@ -73,7 +81,7 @@ pub(super) fn few_token_products(
     let k = w.cols as u32;
     let most = few_tokens_per_workgroup(ctx, w.dtype, k).max(1);
     let groups = a.m.div_ceil(most);
-    let tuning = few_token_tuning(ctx, w.rows);
+    let tuning = few_token_tuning(ctx, w.rows, a.out.is_geglu());
     let job = MatvecJob {
         m: a.m,
         x_stride: a.x_stride,
