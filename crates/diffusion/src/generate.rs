@@ -10,6 +10,7 @@ use crate::config::EntropyBound;
 use crate::gpu::DiffusionError;
 use crate::sampler::SamplerRng;
 use crate::session::{DiffusionSession, StepOutcome};
+use wgemma_text::SoftTokens;
 
 /// What to generate.
 #[derive(Clone, Debug)]
@@ -81,6 +82,8 @@ enum Phase {
 pub struct BlockLoop {
     req: DiffusionRequest,
     prompt: Vec<u32>,
+    /// Soft tokens over some of the prompt's (its images').
+    soft: Vec<SoftTokens>,
     phase: Phase,
     block: usize,
     block_steps: u32,
@@ -107,6 +110,7 @@ impl BlockLoop {
         Ok(Self {
             req,
             prompt,
+            soft: Vec::new(),
             phase: Phase::Prompt,
             block: 0,
             block_steps: 0,
@@ -118,6 +122,13 @@ impl BlockLoop {
                 finish: Finish::Length,
             },
         })
+    }
+
+    /// The loop with `soft` tokens (images' rows from their tower) over the prompt's
+    /// placeholders, which the prompt's encode reads in their place.
+    pub fn with_soft(mut self, soft: Vec<SoftTokens>) -> Self {
+        self.soft = soft;
+        self
     }
 
     /// Stops the loop: the next event is the end, with what the finished blocks kept.
@@ -138,7 +149,8 @@ impl BlockLoop {
         match self.phase {
             Phase::Finished => Ok(None),
             Phase::Prompt => {
-                session.encode(&self.prompt).await?;
+                session.encode_with(&self.prompt, &self.soft).await?;
+                self.soft.clear();
                 self.start_block(session, rng)?;
                 Ok(Some(DiffusionEvent::Encoded {
                     tokens: self.prompt.len(),

@@ -13,7 +13,7 @@ use wgemma_kernels::ops::{
     NormOut, RmsNorm, RowOp,
 };
 use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Profiler, Tensor, View, wgpu};
-use wgemma_text::{CanvasBuffers, CanvasWork, GpuSession, SessionOptions};
+use wgemma_text::{CanvasBuffers, CanvasWork, GpuSession, SessionOptions, SoftTokens};
 
 use crate::config::EntropyBound;
 use crate::gpu::{DiffusionError, GpuDiffusion};
@@ -162,6 +162,18 @@ impl DiffusionSession {
         context: usize,
         rows: usize,
     ) -> Result<Self, DiffusionError> {
+        Self::with_chunk(model, context, rows, 512)
+    }
+
+    /// [`DiffusionSession::with_canvas`] whose prompt steps take at least `chunk` tokens (at
+    /// most the context): an image, whose tokens see each other, is never cut by a step, so a
+    /// prompt with images needs steps as long as the longest.
+    pub fn with_chunk(
+        model: Arc<GpuDiffusion>,
+        context: usize,
+        rows: usize,
+        chunk: usize,
+    ) -> Result<Self, DiffusionError> {
         if rows == 0 || rows > ops::MAX_CANVAS_ROWS as usize || rows > context {
             return Err(DiffusionError::Input(format!(
                 "a canvas of {rows} tokens (1 to {}, within the context of {context})",
@@ -170,7 +182,7 @@ impl DiffusionSession {
         }
         let opts = SessionOptions {
             context,
-            max_batch: rows.max(512),
+            max_batch: rows.max(chunk.min(context)),
         };
         let mut session = GpuSession::new(model.text.clone(), opts)?;
         let canvas = session.prepare_canvas(rows)?;
@@ -227,9 +239,19 @@ impl DiffusionSession {
     /// Reads `tokens` into the cache with the causal encoder (the prompt, or a finished
     /// block).
     pub async fn encode(&mut self, tokens: &[u32]) -> Result<(), DiffusionError> {
-        let span = tracing::info_span!("encode", tokens = tokens.len());
+        self.encode_with(tokens, &[]).await
+    }
+
+    /// [`DiffusionSession::encode`] with `soft` tokens (an image's, from its tower) in place
+    /// of the placeholders they cover; an image's tokens see the whole image.
+    pub async fn encode_with(
+        &mut self,
+        tokens: &[u32],
+        soft: &[SoftTokens],
+    ) -> Result<(), DiffusionError> {
+        let span = tracing::info_span!("encode", tokens = tokens.len(), media = soft.len());
         let _e = span.enter();
-        self.session.feed(tokens).await?;
+        self.session.feed_with(tokens, soft).await?;
         Ok(())
     }
 

@@ -110,12 +110,25 @@ fn invalid(msg: impl Into<String>) -> ConfigError {
 }
 
 impl TextConfig {
-    /// Whether an image's tokens see each other (the later ones too) on sliding layers: Gemma
-    /// 4 26B and 31B (`use_bidirectional_attention = "vision"` in transformers). E2B and E4B,
-    /// the models with per-layer embeddings, attend causally; no GGUF key says which, so this
-    /// follows the model family as llama.cpp does.
+    /// Whether an image's tokens see each other (the later ones too): Gemma 4 26B and 31B on
+    /// sliding layers, DiffusionGemma everywhere ([`TextConfig::images_seen_whole`];
+    /// `use_bidirectional_attention = "vision"` in transformers). E2B and E4B, the models with
+    /// per-layer embeddings, attend causally; no GGUF key says which, so this follows the model
+    /// family as llama.cpp does.
     pub fn bidirectional_images(&self) -> bool {
-        self.arch == Arch::Gemma4 && self.n_ple == 0
+        match self.arch {
+            Arch::Gemma4 => self.n_ple == 0,
+            Arch::DiffusionGemma => true,
+            Arch::Gemma3 => false,
+        }
+    }
+
+    /// Whether an image's tokens see the whole image on every layer, whatever the window:
+    /// DiffusionGemma, whose encoder transformers masks with the generic mask functions
+    /// (causal or sliding, OR the same image). Gemma 4's own masks keep it to sliding layers
+    /// and the window (AND(window, OR(causal, same image))).
+    pub fn images_seen_whole(&self) -> bool {
+        self.arch == Arch::DiffusionGemma
     }
 }
 

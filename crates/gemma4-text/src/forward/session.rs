@@ -160,6 +160,9 @@ enum KeyReach {
     /// DiffusionGemma's canvas: every layer up to the staged last key (the whole canvas), and
     /// sliding layers from the staged first key (a fixed stretch of the prompt).
     Canvas,
+    /// DiffusionGemma's prompt with images: every layer up to the staged last key, and
+    /// sliding layers from the staged first key (an image's rows see the whole image).
+    Blocks,
 }
 
 impl<'a> StepInput<'a> {
@@ -661,9 +664,10 @@ impl GpuSession {
             last_key: match reach {
                 KeyReach::Causal => None,
                 KeyReach::Spans => lc.sliding.then_some(&a.last_key),
-                KeyReach::Canvas => Some(&a.last_key),
+                KeyReach::Canvas | KeyReach::Blocks => Some(&a.last_key),
             },
-            first_key: (reach == KeyReach::Canvas && lc.sliding).then_some(&a.first_key),
+            first_key: (matches!(reach, KeyReach::Canvas | KeyReach::Blocks) && lc.sliding)
+                .then_some(&a.first_key),
             slot_rows: self.slot_rows as u32,
         })
     }
@@ -1059,11 +1063,7 @@ impl GpuSession {
                 let input = StepInput {
                     ids: &self.acts(chunk.len()).ids,
                     soft: &copies,
-                    reach: if self.stage_last_keys(start, range.clone(), &spans) {
-                        KeyReach::Spans
-                    } else {
-                        KeyReach::Causal
-                    },
+                    reach: self.stage_span_keys(start, range.clone(), &spans),
                 };
                 let ops = self.plan(chunk.len() as u32, input, logits, None)?;
                 self.stage(chunk, &ple_ids)?;
@@ -1128,30 +1128,54 @@ impl GpuSession {
             .collect()
     }
 
-    /// Stages each row's last key for the rows `range` of what is fed from position `start`:
-    /// the end of its span for a span's rows, else itself. Whether any row sees past itself.
-    fn stage_last_keys(&self, start: usize, range: Range<usize>, spans: &[(usize, usize)]) -> bool {
-        let keys: Vec<u32> = range
+    /// Stages each row's last key for the rows `range` of what is fed from position `start`
+    /// (the end of its span for a span's rows, else itself) and, where the model's images are
+    /// seen whole ([`crate::TextConfig::images_seen_whole`]), its first key on sliding layers
+    /// (the earlier of its window's reach and its span's start): how its rows see.
+    fn stage_span_keys(
+        &self,
+        start: usize,
+        range: Range<usize>,
+        spans: &[(usize, usize)],
+    ) -> KeyReach {
+        let span_of = |i: usize| spans.iter().find(|&&(at, len)| at <= i && i < at + len);
+        let last: Vec<u32> = range
             .clone()
-            .map(|i| {
-                let end = spans
-                    .iter()
-                    .find(|&&(at, len)| at <= i && i < at + len)
-                    .map_or(i, |&(at, len)| at + len - 1);
-                (start + end) as u32
-            })
+            .map(|i| (start + span_of(i).map_or(i, |&(at, len)| at + len - 1)) as u32)
             .collect();
-        let ahead = keys
+        let ahead = last
             .iter()
             .zip(range.clone())
             .any(|(&k, i)| k as usize > start + i);
-        if ahead {
-            let staged = &self.acts(range.len()).last_key;
-            self.model
-                .ctx
-                .write(&staged.buffer, staged.offset, bytemuck::cast_slice(&keys));
+        if !ahead {
+            return KeyReach::Causal;
         }
-        ahead
+        let a = self.acts(range.len());
+        let ctx = &self.model.ctx;
+        ctx.write(
+            &a.last_key.buffer,
+            a.last_key.offset,
+            bytemuck::cast_slice(&last),
+        );
+        if !self.model.cfg.images_seen_whole() {
+            return KeyReach::Spans;
+        }
+        let window = self.model.cfg.sliding_window;
+        let first: Vec<u32> = range
+            .map(|i| {
+                let reach = match window {
+                    0 => 0,
+                    w => (start + i + 1).saturating_sub(w),
+                };
+                span_of(i).map_or(reach, |&(at, _)| reach.min(start + at)) as u32
+            })
+            .collect();
+        ctx.write(
+            &a.first_key.buffer,
+            a.first_key.offset,
+            bytemuck::cast_slice(&first),
+        );
+        KeyReach::Blocks
     }
 
     /// Errors unless every span of soft tokens holds whole rows of the model's width, lies
@@ -1637,11 +1661,7 @@ impl GpuSession {
             let input = StepInput {
                 ids: &self.acts(chunk.len()).ids,
                 soft: &copies,
-                reach: if self.stage_last_keys(start, range.clone(), &spans) {
-                    KeyReach::Spans
-                } else {
-                    KeyReach::Causal
-                },
+                reach: self.stage_span_keys(start, range.clone(), &spans),
             };
             let ops = self.plan(chunk.len() as u32, input, LogitsFor::All, Some(&all))?;
             let arena = self.arena.clone();
