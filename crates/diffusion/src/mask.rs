@@ -31,6 +31,28 @@ pub fn key_range(
     }
 }
 
+/// [`key_range`] where the prompt holds images (`images`: each one's first position and
+/// length) whose tokens see each other: a prompt row inside one also sees the whole image, on
+/// every layer and past the window (transformers masks DiffusionGemma's encoder with the
+/// causal or sliding mask OR the same image).
+pub fn key_range_with_images(
+    row: usize,
+    prompt: usize,
+    canvas: usize,
+    sliding: bool,
+    window: usize,
+    images: &[(usize, usize)],
+) -> (usize, usize) {
+    let (lo, hi) = key_range(row, prompt, canvas, sliding, window);
+    match images
+        .iter()
+        .find(|&&(at, len)| row < prompt && at <= row && row < at + len)
+    {
+        Some(&(at, len)) => (lo.min(at), hi.max(at + len - 1)),
+        None => (lo, hi),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,6 +82,37 @@ mod tests {
             table(false),
             [
                 "10000000", "11000000", "11100000", "11110000", "11111000", "11111111", "11111111",
+                "11111111",
+            ]
+        );
+    }
+
+    /// An image at positions 1 to 4 of a 6-row prompt, a 2-row canvas, a window of 2: the
+    /// image's rows see all of it on both kinds of layer; the other rows are as without it.
+    #[test]
+    fn an_image_is_seen_whole_by_its_rows() {
+        let table = |sliding| -> Vec<String> {
+            (0..8)
+                .map(|q| {
+                    let (lo, hi) = key_range_with_images(q, 6, 2, sliding, 2, &[(1, 4)]);
+                    (0..8)
+                        .map(|k| if (lo..=hi).contains(&k) { '1' } else { '0' })
+                        .collect()
+                })
+                .collect()
+        };
+        assert_eq!(
+            table(true),
+            [
+                "10000000", "11111000", "01111000", "01111000", "01111000",
+                "00001100", // prompt
+                "00000111", "00000111", // canvas: the last prompt key + canvas
+            ]
+        );
+        assert_eq!(
+            table(false),
+            [
+                "10000000", "11111000", "11111000", "11111000", "11111000", "11111100", "11111111",
                 "11111111",
             ]
         );

@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use wgemma_gguf::{Gguf, ReadError, TensorInfo, TensorSource, read_tensor_f32};
 use wgemma_kernels::cpu;
-use wgemma_text::{CpuModel, LayerQkv, LayerRole, Matrix};
+use wgemma_text::{CpuModel, Input, LayerQkv, LayerRole, Matrix};
 
 use crate::config::DiffusionConfig;
-use crate::mask::key_range;
+use crate::mask::key_range_with_images;
 use crate::tensors::SelfCond;
 
 #[derive(Debug, thiserror::Error)]
@@ -61,14 +61,24 @@ impl CpuDiffusion {
 
     fn check(
         &self,
-        prompt: &[u32],
+        prompt: &[Input<'_>],
         canvas: &[u32],
         sc: Option<&[f32]>,
     ) -> Result<(), ReferenceError> {
-        let vocab = self.cfg.text.n_vocab;
-        if let Some(&t) = prompt.iter().chain(canvas).find(|&&t| t as usize >= vocab) {
+        let (vocab, width) = (self.cfg.text.n_vocab, self.cfg.text.n_embd);
+        let ids = prompt.iter().filter_map(|i| match i {
+            Input::Token(t) => Some(t),
+            Input::Embedding(_) => None,
+        });
+        if let Some(&t) = ids.chain(canvas).find(|&&t| t as usize >= vocab) {
             return Err(ReferenceError::Input(format!(
                 "token {t} of a {vocab}-token vocabulary"
+            )));
+        }
+        let row = |i: &Input<'_>| matches!(i, Input::Embedding(r) if r.len() != width);
+        if prompt.iter().any(row) {
+            return Err(ReferenceError::Input(format!(
+                "a soft token that is not {width} values"
             )));
         }
         if canvas.is_empty() {
@@ -130,10 +140,30 @@ impl CpuDiffusion {
         canvas: &[u32],
         sc_logits: Option<&[f32]>,
     ) -> Result<Vec<f32>, ReferenceError> {
+        let inputs: Vec<Input<'_>> = prompt.iter().map(|&t| Input::Token(t)).collect();
+        self.canvas_logits_with(&inputs, &[], canvas, sc_logits)
+    }
+
+    /// [`CpuDiffusion::canvas_logits`] after a prompt of token ids and soft tokens (images'
+    /// rows from their tower), `images` each image's first position and length in it: an
+    /// image's tokens see the whole image ([`key_range_with_images`]).
+    pub fn canvas_logits_with(
+        &self,
+        prompt: &[Input<'_>],
+        images: &[(usize, usize)],
+        canvas: &[u32],
+        sc_logits: Option<&[f32]>,
+    ) -> Result<Vec<f32>, ReferenceError> {
         self.check(prompt, canvas, sc_logits)?;
         let c = &self.cfg.text;
         let (p, n) = (prompt.len(), prompt.len() + canvas.len());
-        let mut rows: Vec<Vec<f32>> = prompt.iter().map(|&t| self.text.embed(t)).collect();
+        let mut rows: Vec<Vec<f32>> = prompt
+            .iter()
+            .map(|i| match *i {
+                Input::Token(t) => self.text.embed(t),
+                Input::Embedding(r) => r.to_vec(),
+            })
+            .collect();
         rows.extend(self.canvas_input(canvas, sc_logits));
         for (il, lc) in c.layers.iter().enumerate() {
             let kvw = lc.n_kv_head * lc.head_dim;
@@ -148,7 +178,14 @@ impl CpuDiffusion {
                 vs.extend(v);
             }
             for (row, (x, q)) in rows.iter_mut().zip(&qs).enumerate() {
-                let (lo, hi) = key_range(row, p, canvas.len(), lc.sliding, c.sliding_window);
+                let (lo, hi) = key_range_with_images(
+                    row,
+                    p,
+                    canvas.len(),
+                    lc.sliding,
+                    c.sliding_window,
+                    images,
+                );
                 let attn = cpu::attention(&cpu::CausalAttention {
                     q,
                     k_cache: &ks[lo * kvw..(hi + 1) * kvw],
