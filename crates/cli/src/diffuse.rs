@@ -48,6 +48,8 @@ pub struct Request<'a> {
     pub diffusion: &'a DiffusionArgs,
     pub prompt: String,
     pub system: Option<String>,
+    /// Images the prompt opens with (the model needs a vision tower: `--mmproj`).
+    pub images: Vec<wgemma::ImageInput>,
     /// Plain text, no chat format; no statistics.
     pub raw: bool,
 }
@@ -55,7 +57,8 @@ pub struct Request<'a> {
 /// Runs a DiffusionGemma model on one prompt.
 pub fn run(source: ModelSource, r: Request<'_>) -> Result<(), CliError> {
     let path = source.model.clone();
-    let (bar, opts) = progress(r.model, r.raw);
+    let (bar, mut opts) = progress(r.model, r.raw);
+    opts.mmproj = opts.mmproj.or(source.projector);
     let model = pollster::block_on(DiffusionModel::load_file(&path, opts))
         .map_err(|e| format!("{}: {e}", path.display()))?;
     bar.finish_and_clear();
@@ -67,20 +70,23 @@ pub fn run(source: ModelSource, r: Request<'_>) -> Result<(), CliError> {
         .unwrap_or(4096.min(limit));
     let canvas = r.diffusion.canvas.map(|c| c as usize);
     let mut chat = model.session(context, canvas)?;
+    let n_images = r.images.len();
     let prompt = if r.raw {
-        Prompt::Text(r.prompt)
+        // The images open the text, as in a chat message.
+        Prompt::Text(wgemma::IMAGE_PLACEHOLDER.repeat(n_images) + &r.prompt)
     } else {
         let mut messages = Vec::new();
         if let Some(system) = r.system {
             messages.push(wgemma::Message::system(system));
         }
-        messages.push(wgemma::Message::user(r.prompt));
+        messages.push(wgemma::Message::user(r.prompt).with_images(n_images));
         Prompt::Chat(messages)
     };
     let req = DiffusionGenerate {
         max_tokens: r.gen_args.max_tokens as usize,
         sampler: Some(r.diffusion.sampler(&model)?),
         parse_special: r.gen_args.parse_special,
+        images: r.images,
         ..DiffusionGenerate::new(prompt, r.gen_args.seed.unwrap_or_else(wgemma::fresh_seed))
     };
     let (timings, reason) = stream(&mut chat, req)?;
@@ -140,8 +146,12 @@ fn print_stats(t: &Timings, reason: StopReason, canvas: usize) {
         _ => "other",
     };
     let per_step = t.ms_per_step();
+    let images = match t.encoded_images {
+        0 => String::new(),
+        n => format!(" ({n} image(s) encoded in {:.0} ms)", t.encode_ms),
+    };
     eprintln!(
-        "prompt: {} tokens, {:.0} ms | {} block(s), {} steps ({:.1} a block), {per_step:.1} ms a step | \
+        "prompt: {} tokens{images}, {:.0} ms | {} block(s), {} steps ({:.1} a block), {per_step:.1} ms a step | \
          {} tokens: {:.1} tok/s effective, {:.0} tok/s in-step | stop: {stop}",
         t.prompt_tokens,
         t.prompt_ms,

@@ -158,13 +158,8 @@ pub fn run(args: Args) -> Result<(), CliError> {
     args.gen_args.check()?;
     let source = resolve(&args.model)?;
     if is_diffusion(&source)? {
-        if !args.adapters.lora.is_empty()
-            || !args.media.images.is_empty()
-            || !args.media.audio.is_empty()
-        {
-            return Err(
-                "--lora, --image and --audio are not supported with a DiffusionGemma model".into(),
-            );
+        if !args.adapters.lora.is_empty() || !args.media.audio.is_empty() {
+            return Err("--lora and --audio are not supported with a DiffusionGemma model".into());
         }
         let request = diffuse::Request {
             model: &args.model,
@@ -172,6 +167,7 @@ pub fn run(args: Args) -> Result<(), CliError> {
             diffusion: &args.diffusion,
             prompt: args.prompt,
             system: args.system,
+            images: args.media.read()?.images,
             raw: args.raw,
         };
         return diffuse::run(source, request);

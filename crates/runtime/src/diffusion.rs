@@ -14,16 +14,21 @@ use wgemma_gguf::{Gguf, RangeSource, read_header};
 use wgemma_kernels::GpuContext;
 use wgemma_text::chat::ChatTemplate;
 use wgemma_text::tokenizer::{StreamDecoder, Tokenizer};
-use wgemma_text::{LoadOptions as TextLoadOptions, LoadProgress};
+use wgemma_text::{LoadOptions as TextLoadOptions, LoadProgress, SoftTokens};
+use wgemma_vision::VisionTower;
 
 use crate::clock::now_ms;
 use crate::error::Error;
+use crate::image::ImageInput;
 use crate::info::ModelInfo;
-use crate::model::{LoadOptions, prompt_ids};
+use crate::media::{self, Inputs, Markers, Source, Span};
+use crate::model::{LoadOptions, prompt_ids, scaled, vision_tower_in};
 use crate::session::{CancelHandle, Event, Prompt, StopReason, Timings};
 
 struct Inner {
     gpu: Arc<GpuDiffusion>,
+    /// The vision tower, from the model file or a projector file.
+    vision: Option<Arc<VisionTower>>,
     tokenizer: Tokenizer,
     template: ChatTemplate,
     info: ModelInfo,
@@ -41,58 +46,108 @@ pub fn is_diffusion(header: &Gguf) -> bool {
 }
 
 impl DiffusionModel {
-    /// Loads a model through any byte-range source: the header first, then the weights.
+    /// Loads a model through any byte-range source: the header first, then the weights (and
+    /// the vision tower, where the file holds one).
     pub async fn load<R: RangeSource + ?Sized>(
         source: &R,
         opts: LoadOptions,
     ) -> Result<Self, Error> {
-        let (header, _) = read_header(source).await?;
-        Self::from_header(header, source, opts).await
+        Self::load_with_projector::<R, R>(source, None, opts).await
     }
 
-    /// Loads a model from a file (mapped; see [`crate::Model::load_file`]).
+    /// [`DiffusionModel::load`] with the vision tower of a llama.cpp projector file (`mmproj`)
+    /// read through `projector`, whose header is read first: a file without a vision tower
+    /// fails before the model's weights are read.
+    pub async fn load_with_projector<R: RangeSource + ?Sized, P: RangeSource + ?Sized>(
+        source: &R,
+        projector: Option<&P>,
+        opts: LoadOptions,
+    ) -> Result<Self, Error> {
+        let (header, _) = read_header(source).await?;
+        let projector = match projector {
+            Some(p) => Some((p, read_header(p).await?.0)),
+            None => None,
+        };
+        Self::from_header(header, source, projector, opts).await
+    }
+
+    /// Loads a model from a file (mapped; see [`crate::Model::load_file`]), with
+    /// `opts.mmproj`'s vision tower where given.
     #[cfg(not(target_arch = "wasm32"))]
     pub async fn load_file(
         path: impl AsRef<std::path::Path>,
-        opts: LoadOptions,
+        mut opts: LoadOptions,
     ) -> Result<Self, Error> {
         let (header, map) = crate::model::read_and_map(path.as_ref())?;
-        Self::from_header(header, &map, opts).await
+        let projector = match opts.mmproj.take() {
+            Some(p) => Some(crate::model::read_and_map(&p)?),
+            None => None,
+        };
+        let projector = projector.as_ref().map(|(h, m)| (m, h.clone()));
+        Self::from_header(header, &map, projector, opts).await
     }
 
-    async fn from_header<R: RangeSource + ?Sized>(
+    async fn from_header<R: RangeSource + ?Sized, P: RangeSource + ?Sized>(
         header: Gguf,
         source: &R,
+        projector: Option<(&P, Gguf)>,
         mut opts: LoadOptions,
     ) -> Result<Self, Error> {
         let span = tracing::info_span!("load");
         let _enter = span.enter();
         let cfg = DiffusionConfig::from_gguf(&header)?;
+        if let Some((_, h)) = &projector
+            && crate::model::vision_bytes(h)? == 0
+        {
+            return Err(Error::NoTower);
+        }
         let tokenizer = Tokenizer::from_metadata(&header.metadata, cfg.text.arch.name())?;
         let template = ChatTemplate::for_architecture(cfg.text.arch.name());
         let ctx = match opts.context.take() {
             Some(c) => c,
             None => Arc::new(GpuContext::new(opts.gpu.clone()).await?),
         };
+        let tower_bytes = match &projector {
+            Some((_, h)) => crate::model::vision_bytes(h)?,
+            None => crate::model::vision_bytes(&header)?,
+        };
         let mut progress = opts.on_progress.take();
+        let mut report = |done: u64, total: u64| {
+            if let Some(f) = progress.as_mut() {
+                f(LoadProgress { done, total });
+            }
+        };
         let placement = TextLoadOptions {
             experts: opts.experts,
             ..Default::default()
         };
-        let gpu = GpuDiffusion::load(ctx, &header, &cfg, source, placement, |p: LoadProgress| {
-            if let Some(f) = progress.as_mut() {
-                f(p);
-            }
+        let mut text_total = 0;
+        let gpu = GpuDiffusion::load(ctx.clone(), &header, &cfg, source, placement, |p| {
+            text_total = p.total;
+            report(p.done, p.total + tower_bytes);
         })
         .await?;
+        let width = cfg.text.n_embd;
+        let total = text_total + tower_bytes;
+        let tower_progress = |done, all| report(text_total + scaled(done, all, tower_bytes), total);
+        let vision = match projector {
+            Some((p, h)) => vision_tower_in(ctx, &h, p, width, tower_progress).await?,
+            None => vision_tower_in(ctx, &header, source, width, tower_progress).await?,
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 gpu: Arc::new(gpu),
+                vision: vision.map(Arc::new),
                 tokenizer,
                 template,
                 info: ModelInfo::new(&header),
             }),
         })
+    }
+
+    /// The vision tower, when the model file or its projector file has one.
+    pub fn vision(&self) -> Option<&Arc<VisionTower>> {
+        self.inner.vision.as_ref()
     }
 
     pub fn config(&self) -> &DiffusionConfig {
@@ -131,7 +186,13 @@ impl DiffusionModel {
             )));
         }
         let rows = canvas.unwrap_or(self.config().canvas_length);
-        let session = DiffusionSession::with_canvas(self.inner.gpu.clone(), context, rows)?;
+        // An image's tokens see each other: a prompt step holds the largest image whole.
+        let chunk = match self.vision() {
+            Some(_) => *wgemma_vision::TOKEN_BUDGETS.iter().max().unwrap_or(&0) as usize,
+            None => 0,
+        };
+        let session =
+            DiffusionSession::with_chunk(self.inner.gpu.clone(), context, rows, chunk.max(512))?;
         Ok(DiffusionChat {
             model: self.clone(),
             session,
@@ -152,6 +213,9 @@ pub struct DiffusionGenerate {
     pub seed: u64,
     /// Turn control-token text in the prompt into control tokens.
     pub parse_special: bool,
+    /// The prompt's images, in order, as [`crate::GenerateRequest::images`] (the model needs a
+    /// vision tower: [`DiffusionModel::vision`]).
+    pub images: Vec<ImageInput>,
 }
 
 impl DiffusionGenerate {
@@ -162,6 +226,7 @@ impl DiffusionGenerate {
             sampler: None,
             seed,
             parse_special: false,
+            images: Vec::new(),
         }
     }
 }
@@ -198,16 +263,20 @@ impl DiffusionChat {
     }
 
     /// Generates a reply to `req` as a stream of events: a draft after each denoising step,
-    /// then each finished block's tokens, then the end.
+    /// then each finished block's tokens, then the end. The request's images are encoded when
+    /// the stream is first polled.
     pub fn generate(
         &mut self,
         req: DiffusionGenerate,
     ) -> impl Stream<Item = Result<Event, Error>> + '_ {
-        let start = self.start(req);
-        futures::stream::unfold((self, Some(start)), |(chat, run)| async move {
-            let mut run = match run? {
-                Ok(run) => run,
-                Err(e) => return Some((Err(e), (chat, None))),
+        futures::stream::unfold((self, Some(req), None), |(chat, req, run)| async move {
+            let mut run: Run = match (req, run) {
+                (Some(req), _) => match chat.start(req).await {
+                    Ok(run) => run,
+                    Err(e) => return Some((Err(e), (chat, None, None))),
+                },
+                (None, Some(run)) => run,
+                (None, None) => return None,
             };
             if run.done {
                 return None;
@@ -216,11 +285,12 @@ impl DiffusionChat {
             if item.is_err() {
                 run.done = true;
             }
-            Some((item, (chat, Some(Ok(run)))))
+            Some((item, (chat, None, Some(run))))
         })
     }
 
-    fn start(&mut self, req: DiffusionGenerate) -> Result<Run, Error> {
+    async fn start(&mut self, req: DiffusionGenerate) -> Result<Run, Error> {
+        let start_ms = now_ms();
         let m = &self.model;
         let prompt = prompt_ids(
             m.tokenizer(),
@@ -230,27 +300,77 @@ impl DiffusionChat {
         )?;
         let sampler = req.sampler.unwrap_or(m.config().sampler);
         sampler.check().map_err(Error::Request)?;
+        let (prompt, spans) = self.expand_images(prompt, &req.images)?;
         self.session.rewind(0)?;
         self.cancel.withdraw();
         let request = DiffusionRequest {
             max_new_tokens: req.max_tokens.max(1),
             sampler,
-            stop_tokens: m.tokenizer().end_of_generation().to_vec(),
+            stop_tokens: self.model.tokenizer().end_of_generation().to_vec(),
         };
+        let prompt_tokens = prompt.len();
+        // The room is checked before any image is encoded.
+        let blocks = BlockLoop::new(&self.session, prompt, request)?;
+        let soft = self.encode_images(&spans, &req.images).await?;
         let timings = Timings {
-            prompt_tokens: prompt.len(),
+            prompt_tokens,
+            encoded_images: soft.len(),
+            encode_ms: now_ms() - start_ms,
             ..Timings::default()
         };
         Ok(Run {
-            blocks: BlockLoop::new(&self.session, prompt, request)?,
+            blocks: blocks.with_soft(soft),
             rng: SeededRng::new(req.seed),
             decoder: StreamDecoder::new(),
             queued: Default::default(),
             timings,
-            start_ms: now_ms(),
+            start_ms,
             denoise_start_ms: 0.0,
             done: false,
         })
+    }
+
+    /// `prompt` with each image placeholder expanded to its marker block, and where each
+    /// image's soft tokens go.
+    fn expand_images(
+        &self,
+        prompt: Vec<u32>,
+        images: &[ImageInput],
+    ) -> Result<(Vec<u32>, Vec<Span>), Error> {
+        if images.is_empty() {
+            return Ok((prompt, Vec::new()));
+        }
+        if self.model.vision().is_none() {
+            return Err(Error::NoVision);
+        }
+        let inputs = Inputs {
+            images,
+            audio: &[],
+            image_markers: Markers::image(self.model.tokenizer()),
+            audio_markers: None,
+        };
+        media::expand(&prompt, &inputs)
+    }
+
+    /// The images' soft tokens (encoded by the vision tower) over their `spans`.
+    async fn encode_images(
+        &self,
+        spans: &[Span],
+        images: &[ImageInput],
+    ) -> Result<Vec<SoftTokens>, Error> {
+        let mut soft = Vec::with_capacity(spans.len());
+        for span in spans {
+            let (Source::Image(i), Some(vision)) = (span.source, self.model.vision()) else {
+                continue;
+            };
+            let encoded = vision.encode(&images[i].patches()?).await?;
+            soft.push(SoftTokens {
+                at: span.at,
+                rows: encoded.rows,
+                bidirectional: true,
+            });
+        }
+        Ok(soft)
     }
 
     async fn next_event(&mut self, run: &mut Run) -> Result<Event, Error> {

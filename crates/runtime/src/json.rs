@@ -246,6 +246,7 @@ impl crate::diffusion::DiffusionGenerate {
             sampler: Some(sampler),
             seed: base.sampling.seed,
             parse_special: base.parse_special,
+            images: base.images,
         })
     }
 }

@@ -467,7 +467,7 @@ impl Model {
 
 /// `done / total` of `part` bytes (a tower's own count scaled onto its share of the file, so
 /// progress never goes back).
-fn scaled(done: u64, total: u64, part: u64) -> u64 {
+pub(crate) fn scaled(done: u64, total: u64, part: u64) -> u64 {
     let share = u128::from(done) * u128::from(part) / u128::from(total.max(1));
     (share as u64).min(part)
 }
@@ -547,6 +547,37 @@ impl Towers {
         };
         Ok((vision, audio))
     }
+}
+
+/// The vision tower of `g` (a projector file's, or a model file's own), if it has one, and
+/// its tensors' bytes: uploaded from `source` with `progress(done, total)`, checked to project
+/// to `width` (a text model's).
+pub(crate) async fn vision_tower_in<R: RangeSource + ?Sized>(
+    ctx: Arc<GpuContext>,
+    g: &Gguf,
+    source: &R,
+    width: usize,
+    progress: impl FnMut(u64, u64),
+) -> Result<Option<VisionTower>, Error> {
+    let Some(cfg) = VisionConfig::from_gguf(g)? else {
+        return Ok(None);
+    };
+    if cfg.projection_dim != width {
+        return Err(Error::Request(format!(
+            "the vision tower projects to width {}, the model is {width} wide: a projector for another model",
+            cfg.projection_dim
+        )));
+    }
+    load_tower(ctx, g, &cfg, source, progress).await.map(Some)
+}
+
+/// Bytes of the vision tower's tensors in `g` (0 without one).
+pub(crate) fn vision_bytes(g: &Gguf) -> Result<u64, Error> {
+    let towers = Towers {
+        vision: VisionConfig::from_gguf(g)?,
+        audio: None,
+    };
+    Ok(towers.bytes(g)[0])
 }
 
 /// The vision tower `cfg` describes (an mmproj file's, or an Ollama blob's), uploaded with

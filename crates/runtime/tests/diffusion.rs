@@ -1,12 +1,13 @@
 //! DiffusionGemma through the public API on the diffusion crate's tiny random model: the
 //! stream's events in order (a draft per step, each finished block's tokens, the end with
-//! block and step counts), the same reply for the same seed, a cancel ending it, and each kind
-//! of model refused by the other's loader.
+//! block and step counts), the same reply for the same seed, a cancel ending it, each kind
+//! of model refused by the other's loader, and images in the prompt (the tiny model with the
+//! vision fixtures' tower).
 
 use futures::StreamExt;
 use wgemma::{
-    DiffusionGenerate, DiffusionModel, EntropyBound, Error, Event, LoadOptions, Model, Prompt,
-    StopReason,
+    DiffusionGenerate, DiffusionModel, EntropyBound, Error, Event, IMAGE_PLACEHOLDER, ImageInput,
+    LoadOptions, Model, Prompt, StopReason,
 };
 
 const PATH: &str = concat!(
@@ -164,4 +165,109 @@ fn each_kind_of_model_is_refused_by_the_other_loader() {
     );
     let r = pollster::block_on(DiffusionModel::load_file(text, self::opts().unwrap()));
     assert!(matches!(r, Err(Error::DiffusionConfig(_))), "{:?}", r.err());
+}
+
+const VISION_MODEL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../diffusion/tests/fixtures/dg_tiny_vision.gguf"
+);
+const MMPROJ: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../gemma4-vision/tests/fixtures/gemma4_tiny_vision_moe_mmproj.gguf"
+);
+const IMAGE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../gemma4-vision/tests/fixtures/exact_480x336.png"
+);
+
+fn image(budget: u32) -> ImageInput {
+    ImageInput::from_bytes(std::fs::read(IMAGE).unwrap()).with_budget(budget)
+}
+
+/// A request whose text opens with an image (70 soft tokens at budget 70) and its reply.
+fn image_reply(chat: &mut wgemma::DiffusionChat, images: Vec<ImageInput>) -> Vec<Event> {
+    let placeholders = IMAGE_PLACEHOLDER.repeat(images.len());
+    let req = DiffusionGenerate {
+        images,
+        ..DiffusionGenerate::new(Prompt::Text(placeholders + "Describe it"), 5)
+    };
+    events(
+        chat,
+        DiffusionGenerate {
+            max_tokens: 16,
+            sampler: request(5).sampler,
+            ..req
+        },
+    )
+}
+
+/// An image in the prompt: the projector's tower encodes it, its marker block (70 soft tokens
+/// and the two markers) joins the prompt, the timings count it, the reply is the same for the
+/// same request and differs from the reply to the text alone. Bad image requests are typed
+/// errors and the session goes on.
+#[test]
+fn an_image_in_the_prompt_is_encoded_and_read() {
+    let Some(opts) = opts() else { return };
+    let opts = LoadOptions {
+        mmproj: Some(MMPROJ.into()),
+        ..opts
+    };
+    let dg = pollster::block_on(DiffusionModel::load_file(VISION_MODEL, opts)).unwrap();
+    assert!(dg.vision().is_some());
+    let mut chat = dg.session(256, None).unwrap();
+    let text_only = image_reply(&mut chat, Vec::new());
+    let got = image_reply(&mut chat, vec![image(70)]);
+    let Some(Event::Done { timings, .. }) = got.last() else {
+        panic!("no end: {got:?}")
+    };
+    let Some(Event::Done { timings: t0, .. }) = text_only.last() else {
+        panic!("no end")
+    };
+    assert_eq!(timings.encoded_images, 1);
+    assert!(timings.encode_ms > 0.0);
+    assert_eq!(timings.prompt_tokens, t0.prompt_tokens + 72);
+    assert_eq!(
+        ids_and_drafts(&image_reply(&mut chat, vec![image(70)])),
+        ids_and_drafts(&got)
+    );
+    assert_ne!(ids_and_drafts(&got), ids_and_drafts(&text_only));
+
+    // More image tokens than the context holds; a placeholder without its image; an image
+    // that is not one.
+    let mut small = dg.session(200, None).unwrap();
+    let bad: [(Vec<ImageInput>, &str); 3] = [
+        (vec![image(280)], "context_overflow"),
+        (vec![image(70), image(70)], "bad_request"),
+        (
+            vec![ImageInput::from_bytes(b"not an image".to_vec())],
+            "bad_image",
+        ),
+    ];
+    for (images, code) in bad {
+        let n = images.len().min(1);
+        let req = DiffusionGenerate {
+            images,
+            ..DiffusionGenerate::new(Prompt::Text(IMAGE_PLACEHOLDER.repeat(n) + "Hi"), 1)
+        };
+        let got: Vec<Result<Event, Error>> = pollster::block_on(small.generate(req).collect());
+        assert!(
+            matches!(got.as_slice(), [Err(e)] if e.code() == code),
+            "{code}: {got:?}"
+        );
+    }
+    assert_eq!(
+        ids_and_drafts(&image_reply(&mut small, vec![image(70)])),
+        ids_and_drafts(&got),
+        "the session goes on"
+    );
+
+    // A model without a vision tower.
+    let Some(plain) = model() else { return };
+    let mut chat = plain.session(128, None).unwrap();
+    let req = DiffusionGenerate {
+        images: vec![image(70)],
+        ..request(1)
+    };
+    let got: Vec<Result<Event, Error>> = pollster::block_on(chat.generate(req).collect());
+    assert!(matches!(got.as_slice(), [Err(Error::NoVision)]), "{got:?}");
 }

@@ -124,8 +124,8 @@ fn send(
     }
 }
 
-/// The diffusion model's request for a server's: its prompt, length and seed. What a text
-/// diffusion model cannot do is refused (images, audio, stop strings, log-probabilities);
+/// The diffusion model's request for a server's: its prompt, images, length and seed. What a
+/// text diffusion model cannot do is refused (audio, stop strings, log-probabilities);
 /// sampling settings other than the seed belong to the entropy-bound sampler, which takes
 /// the model's own.
 fn diffusion_request(r: GenerateRequest) -> Result<DiffusionGenerate, wgemma::Error> {
@@ -134,8 +134,8 @@ fn diffusion_request(r: GenerateRequest) -> Result<DiffusionGenerate, wgemma::Er
             "{what}: not for a text diffusion (DiffusionGemma) model"
         )))
     };
-    if !r.images.is_empty() || !r.audio.is_empty() {
-        return refuse("images and audio");
+    if !r.audio.is_empty() {
+        return refuse("audio");
     }
     if !r.stop.is_empty() {
         return refuse("stop strings");
@@ -146,6 +146,7 @@ fn diffusion_request(r: GenerateRequest) -> Result<DiffusionGenerate, wgemma::Er
     Ok(DiffusionGenerate {
         max_tokens: r.max_tokens,
         parse_special: r.parse_special,
+        images: r.images,
         ..DiffusionGenerate::new(r.prompt, r.sampling.seed)
     })
 }

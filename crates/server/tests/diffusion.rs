@@ -1,6 +1,7 @@
 //! A text diffusion model behind the server (DiffusionGemma's tiny random fixture): both APIs,
 //! whole and streamed, reply with the text the runtime gives the same conversation and seed
-//! alone; what such a model cannot do is refused with a 400, and the model serves on.
+//! alone; what such a model cannot do is refused with a 400, and the model serves on; with a
+//! vision tower (the tiny model with the vision fixtures' projector) it reads images.
 
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -156,4 +157,70 @@ fn a_diffusion_client_that_goes_away_stops_its_generation() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     assert_eq!(metric(addr, "dg", "wgemma_requests_cancelled_total"), 1);
+}
+
+const VISION_MODEL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../diffusion/tests/fixtures/dg_tiny_vision.gguf"
+);
+const MMPROJ: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../gemma4-vision/tests/fixtures/gemma4_tiny_vision_moe_mmproj.gguf"
+);
+
+/// An image part (at the low budget, 70 soft tokens: the default's would not fit 256
+/// positions) in an OpenAI chat request to a diffusion model with a vision tower: read, and
+/// counted in the prompt's tokens (its soft tokens and two markers); to one without, a 400.
+#[test]
+fn a_diffusion_model_with_a_vision_tower_reads_images() {
+    use base64::Engine;
+    let addr = start(ServerConfig {
+        models: vec![
+            ServedModel {
+                name: "dgv".into(),
+                spec: VISION_MODEL.into(),
+                projector: Some(MMPROJ.into()),
+            },
+            ServedModel {
+                name: "dg".into(),
+                spec: PATH.into(),
+                projector: None,
+            },
+        ],
+        parallel: 1,
+        context: CONTEXT,
+        ..ServerConfig::default()
+    });
+    let png = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../gemma4-vision/tests/fixtures/exact_480x336.png"
+    ))
+    .unwrap();
+    let url = format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(png)
+    );
+    let body = |model: &str, image: bool| {
+        let mut content = vec![json!({"type": "text", "text": "Describe it"})];
+        if image {
+            content.insert(
+                0,
+                json!({"type": "image_url", "image_url": {"url": url, "detail": "low"}}),
+            );
+        }
+        json!({"model": model, "messages": [{"role": "user", "content": content}],
+               "max_tokens": 16, "seed": 3})
+    };
+    let prompt = |text: &str| json_of(text)["usage"]["prompt_tokens"].as_u64().unwrap();
+    let (status, without) = post_chat(addr, body("dgv", false));
+    assert_eq!(status, 200, "{without}");
+    let (status, with) = post_chat(addr, body("dgv", true));
+    assert_eq!(status, 200, "{with}");
+    assert_eq!(prompt(&with), prompt(&without) + 72, "{with} / {without}");
+    let (status, text) = post_chat(addr, body("dg", true));
+    assert_eq!(
+        (status, json_of(&text)["error"]["code"].clone()),
+        (400, json!("no_vision")),
+        "{text}"
+    );
 }
