@@ -112,9 +112,10 @@ def build_model():
     return model
 
 
-def canvas_logits(model, prompt, canvas, sc=None, gaps=None):
+def canvas_logits(model, prompt, canvas, sc=None, gaps=None, **forward):
     """transformers' canvas logits [C, V]; with `gaps` (a list), appends every router's gap
-    between its k-th and (k+1)-th log-probability at every row it routed."""
+    between its k-th and (k+1)-th log-probability at every row it routed; `forward`: more
+    arguments of the model's forward."""
     import torch
 
     hooks = []
@@ -128,7 +129,8 @@ def canvas_logits(model, prompt, canvas, sc=None, gaps=None):
     try:
         with torch.no_grad():
             out = model(input_ids=torch.tensor([prompt]), decoder_input_ids=torch.tensor([canvas]),
-                        self_conditioning_logits=None if sc is None else torch.tensor(sc)[None])
+                        self_conditioning_logits=None if sc is None else torch.tensor(sc)[None],
+                        **forward)
     finally:
         for h in hooks:
             h.remove()

@@ -85,28 +85,13 @@ def image_features(model, cases):
 
 def canvas_logits(model, ids, feats, canvas, sc=None, gaps=None, bidirectional=True):
     """transformers' canvas logits [C, V] after the prompt `ids` with the images `feats`
-    (without `bidirectional`, their tokens attend causally)."""
+    (without `bidirectional`, their tokens attend causally); `gaps` as in
+    diffusion_gemma_fixtures.canvas_logits."""
     import torch
 
-    hooks = []
-    if gaps is not None:
-        def hook(mod, inp, out):
-            k = mod.config.top_k_experts
-            srt = torch.sort(torch.log(out[0].to(torch.float64)), dim=-1, descending=True).values
-            gaps.append(float((srt[:, k - 1] - srt[:, k]).min()))
-        layers = list(model.model.encoder.language_model.layers) + list(model.model.decoder.layers)
-        hooks = [layer.router.register_forward_hook(hook) for layer in layers]
-    input_ids = torch.tensor([ids])
-    try:
-        with torch.no_grad():
-            out = model(input_ids=input_ids, decoder_input_ids=torch.tensor([canvas]),
-                        self_conditioning_logits=None if sc is None else torch.tensor(sc)[None],
-                        mm_encoder_outputs={"image": feats},
-                        attention_mask=encoder_masks(model, input_ids) if bidirectional else None)
-    finally:
-        for h in hooks:
-            h.remove()
-    return out.logits[0].to(torch.float32).numpy()
+    masks = encoder_masks(model, torch.tensor([ids])) if bidirectional else None
+    return dg.canvas_logits(model, ids, canvas, sc=sc, gaps=gaps,
+                            mm_encoder_outputs={"image": feats}, attention_mask=masks)
 
 
 def encoder_masks(model, input_ids):

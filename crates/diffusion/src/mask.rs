@@ -57,20 +57,23 @@ pub fn key_range_with_images(
 mod tests {
     use super::*;
 
-    /// The mask as a table of 0/1, row by row, for a 5-row prompt and a 3-row canvas with a
-    /// window of 3: written out by hand from the rules above.
+    /// The mask of 8 rows as a table of 0/1, row by row, from each row's key range.
+    fn table(range: impl Fn(usize) -> (usize, usize)) -> Vec<String> {
+        (0..8)
+            .map(|q| {
+                let (lo, hi) = range(q);
+                (0..8)
+                    .map(|k| if (lo..=hi).contains(&k) { '1' } else { '0' })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The mask for a 5-row prompt and a 3-row canvas with a window of 3: written out by
+    /// hand from the rules above.
     #[test]
     fn the_mask_table_of_a_small_pass() {
-        let table = |sliding| -> Vec<String> {
-            (0..8)
-                .map(|q| {
-                    let (lo, hi) = key_range(q, 5, 3, sliding, 3);
-                    (0..8)
-                        .map(|k| if (lo..=hi).contains(&k) { '1' } else { '0' })
-                        .collect()
-                })
-                .collect()
-        };
+        let table = |sliding| table(|q| key_range(q, 5, 3, sliding, 3));
         assert_eq!(
             table(true),
             [
@@ -91,16 +94,7 @@ mod tests {
     /// image's rows see all of it on both kinds of layer; the other rows are as without it.
     #[test]
     fn an_image_is_seen_whole_by_its_rows() {
-        let table = |sliding| -> Vec<String> {
-            (0..8)
-                .map(|q| {
-                    let (lo, hi) = key_range_with_images(q, 6, 2, sliding, 2, &[(1, 4)]);
-                    (0..8)
-                        .map(|k| if (lo..=hi).contains(&k) { '1' } else { '0' })
-                        .collect()
-                })
-                .collect()
-        };
+        let table = |sliding| table(|q| key_range_with_images(q, 6, 2, sliding, 2, &[(1, 4)]));
         assert_eq!(
             table(true),
             [

@@ -10,7 +10,7 @@ use wgemma_diffusion::{
     BlockLoop, DiffusionConfig, DiffusionEvent, DiffusionRequest, DiffusionSession, EntropyBound,
     Finish, GpuDiffusion, SeededRng,
 };
-use wgemma_gguf::{Gguf, RangeSource, read_header};
+use wgemma_gguf::{Gguf, RangeSource};
 use wgemma_kernels::GpuContext;
 use wgemma_text::chat::ChatTemplate;
 use wgemma_text::tokenizer::{StreamDecoder, Tokenizer};
@@ -22,7 +22,7 @@ use crate::error::Error;
 use crate::image::ImageInput;
 use crate::info::ModelInfo;
 use crate::media::{self, Inputs, Markers, Source, Span};
-use crate::model::{LoadOptions, prompt_ids, scaled, vision_tower_in};
+use crate::model::{LoadOptions, prompt_ids, read_headers, scaled, vision_tower_in};
 use crate::session::{CancelHandle, Event, Prompt, StopReason, Timings};
 
 struct Inner {
@@ -63,11 +63,7 @@ impl DiffusionModel {
         projector: Option<&P>,
         opts: LoadOptions,
     ) -> Result<Self, Error> {
-        let (header, _) = read_header(source).await?;
-        let projector = match projector {
-            Some(p) => Some((p, read_header(p).await?.0)),
-            None => None,
-        };
+        let (header, projector) = read_headers(source, projector).await?;
         Self::from_header(header, source, projector, opts).await
     }
 
@@ -148,6 +144,17 @@ impl DiffusionModel {
     /// The vision tower, when the model file or its projector file has one.
     pub fn vision(&self) -> Option<&Arc<VisionTower>> {
         self.inner.vision.as_ref()
+    }
+
+    /// One image's soft tokens read back: `[tokens, model width]` row by row, and `tokens`.
+    pub async fn encode_image_to_vec(
+        &self,
+        image: &ImageInput,
+    ) -> Result<(Vec<f32>, usize), Error> {
+        let vision = self.vision().ok_or(Error::NoVision)?;
+        let encoded = vision.encode(&image.patches()?).await?;
+        let rows = self.gpu_context().read_f32(&encoded.rows).await?;
+        Ok((rows, encoded.tokens as usize))
     }
 
     pub fn config(&self) -> &DiffusionConfig {

@@ -88,11 +88,7 @@ impl Model {
         projector: Option<&P>,
         opts: LoadOptions,
     ) -> Result<Self, Error> {
-        let (header, _) = read_header(source).await?;
-        let projector = match projector {
-            Some(p) => Some((p, read_header(p).await?.0)),
-            None => None,
-        };
+        let (header, projector) = read_headers(source, projector).await?;
         Self::load_read(header, source, projector, opts).await
     }
 
@@ -463,6 +459,20 @@ impl Model {
     pub fn gpu_bytes(&self) -> u64 {
         self.inner.gpu.gpu_bytes()
     }
+}
+
+/// The headers of a model file and of its projector file, if any (the projector with its
+/// reader).
+pub(crate) async fn read_headers<'p, R: RangeSource + ?Sized, P: RangeSource + ?Sized>(
+    source: &R,
+    projector: Option<&'p P>,
+) -> Result<(Gguf, Option<(&'p P, Gguf)>), Error> {
+    let (header, _) = read_header(source).await?;
+    let projector = match projector {
+        Some(p) => Some((p, read_header(p).await?.0)),
+        None => None,
+    };
+    Ok((header, projector))
 }
 
 /// `done / total` of `part` bytes (a tower's own count scaled onto its share of the file, so

@@ -10,6 +10,8 @@ use wgemma::{
     LoadOptions, Model, Prompt, StopReason,
 };
 
+use wgemma_test_support::dg_vision;
+
 const PATH: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../diffusion/tests/fixtures/dg_tiny.gguf"
@@ -167,21 +169,8 @@ fn each_kind_of_model_is_refused_by_the_other_loader() {
     assert!(matches!(r, Err(Error::DiffusionConfig(_))), "{:?}", r.err());
 }
 
-const VISION_MODEL: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../diffusion/tests/fixtures/dg_tiny_vision.gguf"
-);
-const MMPROJ: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../gemma4-vision/tests/fixtures/gemma4_tiny_vision_moe_mmproj.gguf"
-);
-const IMAGE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../gemma4-vision/tests/fixtures/exact_480x336.png"
-);
-
 fn image(budget: u32) -> ImageInput {
-    ImageInput::from_bytes(std::fs::read(IMAGE).unwrap()).with_budget(budget)
+    ImageInput::from_bytes(std::fs::read(dg_vision::IMAGE).unwrap()).with_budget(budget)
 }
 
 /// A request whose text opens with an image (70 soft tokens at budget 70) and its reply.
@@ -209,10 +198,10 @@ fn image_reply(chat: &mut wgemma::DiffusionChat, images: Vec<ImageInput>) -> Vec
 fn an_image_in_the_prompt_is_encoded_and_read() {
     let Some(opts) = opts() else { return };
     let opts = LoadOptions {
-        mmproj: Some(MMPROJ.into()),
+        mmproj: Some(dg_vision::MMPROJ.into()),
         ..opts
     };
-    let dg = pollster::block_on(DiffusionModel::load_file(VISION_MODEL, opts)).unwrap();
+    let dg = pollster::block_on(DiffusionModel::load_file(dg_vision::MODEL, opts)).unwrap();
     assert!(dg.vision().is_some());
     let mut chat = dg.session(256, None).unwrap();
     let text_only = image_reply(&mut chat, Vec::new());

@@ -10,6 +10,8 @@ use wgemma_server::{ServedModel, ServerConfig};
 
 mod common;
 
+use wgemma_test_support::dg_vision;
+
 use common::{hang_up_after_the_first_event, json_of, metric, post, sse_data, start};
 
 const PATH: &str = concat!(
@@ -159,15 +161,6 @@ fn a_diffusion_client_that_goes_away_stops_its_generation() {
     assert_eq!(metric(addr, "dg", "wgemma_requests_cancelled_total"), 1);
 }
 
-const VISION_MODEL: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../diffusion/tests/fixtures/dg_tiny_vision.gguf"
-);
-const MMPROJ: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../gemma4-vision/tests/fixtures/gemma4_tiny_vision_moe_mmproj.gguf"
-);
-
 /// An image part (at the low budget, 70 soft tokens: the default's would not fit 256
 /// positions) in an OpenAI chat request to a diffusion model with a vision tower: read, and
 /// counted in the prompt's tokens (its soft tokens and two markers); to one without, a 400.
@@ -178,8 +171,8 @@ fn a_diffusion_model_with_a_vision_tower_reads_images() {
         models: vec![
             ServedModel {
                 name: "dgv".into(),
-                spec: VISION_MODEL.into(),
-                projector: Some(MMPROJ.into()),
+                spec: dg_vision::MODEL.into(),
+                projector: Some(dg_vision::MMPROJ.into()),
             },
             ServedModel {
                 name: "dg".into(),
@@ -191,11 +184,7 @@ fn a_diffusion_model_with_a_vision_tower_reads_images() {
         context: CONTEXT,
         ..ServerConfig::default()
     });
-    let png = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../gemma4-vision/tests/fixtures/exact_480x336.png"
-    ))
-    .unwrap();
+    let png = std::fs::read(dg_vision::IMAGE).unwrap();
     let url = format!(
         "data:image/png;base64,{}",
         base64::engine::general_purpose::STANDARD.encode(png)

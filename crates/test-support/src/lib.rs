@@ -337,3 +337,21 @@ pub fn ollama_audio_blob(text: &[u8], mmproj: &[u8]) -> Vec<u8> {
     );
     write_gguf(&meta, &tensors, 32).unwrap()
 }
+
+/// The tiny DiffusionGemma with a vision tower (`xtask/scripts/diffusion_gemma_vision_fixtures.py`),
+/// its projector file (the vision fixtures' 26B-like tower) and an image that needs no resize
+/// (480 x 336: 70 soft tokens at budget 70).
+pub mod dg_vision {
+    pub const MODEL: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../diffusion/tests/fixtures/dg_tiny_vision.gguf"
+    );
+    pub const MMPROJ: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../gemma4-vision/tests/fixtures/gemma4_tiny_vision_moe_mmproj.gguf"
+    );
+    pub const IMAGE: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../gemma4-vision/tests/fixtures/exact_480x336.png"
+    );
+}

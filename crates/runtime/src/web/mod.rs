@@ -64,6 +64,7 @@ fn parse_json(text: &str) -> Result<serde_json::Value, Error> {
 }
 
 /// A model that writes a token at a time, or a DiffusionGemma model (a block at a time).
+#[derive(Clone)]
 enum Engine {
     Text(Model),
     Diffusion(DiffusionModel),
@@ -138,10 +139,8 @@ impl WasmModel {
             .await
             .map_err(|e| reject(&e.into()))?;
         let engine = if is_diffusion(&header) {
-            if projector.is_some() {
-                return Err(not_for_diffusion("a projector file"));
-            }
-            let model = DiffusionModel::load(&*source, opts).await;
+            let model =
+                DiffusionModel::load_with_projector(&*source, projector.as_ref(), opts).await;
             Engine::Diffusion(model.map_err(|e| reject(&e))?)
         } else {
             let model = Model::load_with_projector(&*source, projector.as_ref(), opts).await;
@@ -201,17 +200,17 @@ impl WasmModel {
     /// rows, width, ms}`, `rows` tokens of `width` values each, row by row.
     #[wasm_bindgen(js_name = encodeImage)]
     pub fn encode_image(&self, image: JsValue) -> Promise {
-        let Engine::Text(model) = &self.engine else {
-            return Promise::reject(&not_for_diffusion("images"));
-        };
         let image = match image_input(&image) {
             Ok(i) => i,
             Err(e) => return Promise::reject(&reject(&e)),
         };
-        let model = model.clone();
+        let engine = self.engine.clone();
         future_to_promise(async move {
             let start = now_ms();
-            let encoded = model.encode_image_to_vec(&image).await;
+            let encoded = match &engine {
+                Engine::Text(m) => m.encode_image_to_vec(&image).await,
+                Engine::Diffusion(m) => m.encode_image_to_vec(&image).await,
+            };
             soft_tokens_object(encoded, start)
         })
     }
@@ -295,18 +294,19 @@ impl WasmSession {
         // An abort that came after the previous generation had finished is stale.
         self.cancel.withdraw();
         if let Some(defaults) = self.diffusion_defaults {
-            let req = match parse_json(request)
+            let mut req = match parse_json(request)
                 .and_then(|v| DiffusionGenerate::from_json(&v, defaults))
             {
                 Ok(r) => r,
                 Err(e) => return Promise::reject(&reject(&e)),
             };
-            let media = [&images, &audio]
-                .iter()
-                .any(|m| js_sys::Array::is_array(m) && js_sys::Array::from(m).length() > 0);
-            if media {
-                return Promise::reject(&not_for_diffusion("images and audio"));
+            if js_sys::Array::is_array(&audio) && js_sys::Array::from(&audio).length() > 0 {
+                return Promise::reject(&not_for_diffusion("audio"));
             }
+            req.images = match image_inputs(&images) {
+                Ok(i) => i,
+                Err(e) => return Promise::reject(&reject(&e)),
+            };
             return self.lend(async move |chat| {
                 let Chat::Diffusion(d) = chat else {
                     return Err(reject(&bad("a text session")));
