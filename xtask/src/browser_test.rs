@@ -134,15 +134,42 @@ fn diffusion_request() -> serde_json::Value {
     serde_json::json!({ "prompt": "the sea at night", "maxTokens": 16, "seed": 5, "steps": 1 })
 }
 
-/// The native run of [`diffusion_request`]: `{drafts: [text], ids}`.
-fn native_diffusion(model: &Path) -> Result<serde_json::Value, TaskError> {
+/// The tiny DiffusionGemma with a vision tower (`crates/diffusion/tests/images.rs`'s; its
+/// projector is the vision fixtures' 26B-like one) and what it is asked about the vision
+/// checks' picture: one user turn holding it, one denoising step a block.
+const DIFFUSION_VISION_MODEL: &str = "crates/diffusion/tests/fixtures/dg_tiny_vision.gguf";
+const DIFFUSION_VISION_MMPROJ: &str = "gemma4_tiny_vision_moe_mmproj.gguf";
+
+fn diffusion_image_request() -> serde_json::Value {
+    serde_json::json!({
+        "messages": [{"role": "user", "content": "What is this?", "images": 1}],
+        "maxTokens": 16, "seed": 5, "steps": 1, "imageTokens": IMAGE_TOKENS,
+    })
+}
+
+/// A native DiffusionGemma run: `model` (with `mmproj`'s vision tower) asked `request` with
+/// `images` in a session of `context` positions: `{drafts: [text], ids, softTokens}` (the
+/// first image's, or none).
+fn native_diffusion(
+    model: &Path,
+    mmproj: Option<PathBuf>,
+    request: &serde_json::Value,
+    images: Vec<ImageInput>,
+    context: usize,
+) -> Result<serde_json::Value, TaskError> {
     let opts = LoadOptions {
         gpu: native_gpu(),
+        mmproj,
         ..LoadOptions::default()
     };
     let model = pollster::block_on(DiffusionModel::load_file(model, opts))?;
-    let req = DiffusionGenerate::from_json(&diffusion_request(), model.config().sampler)?;
-    let mut chat = model.session(64, None)?;
+    let soft = match images.first() {
+        Some(image) => pollster::block_on(model.encode_image_to_vec(image))?.0,
+        None => Vec::new(),
+    };
+    let mut req = DiffusionGenerate::from_json(request, model.config().sampler)?;
+    req.images = images;
+    let mut chat = model.session(context, None)?;
     let (mut drafts, mut ids) = (Vec::new(), Vec::new());
     let events: Vec<Result<Event, wgemma::Error>> =
         pollster::block_on(chat.generate(req).collect());
@@ -153,7 +180,11 @@ fn native_diffusion(model: &Path) -> Result<serde_json::Value, TaskError> {
             Event::Done { .. } => {}
         }
     }
-    Ok(serde_json::json!({ "drafts": drafts, "ids": ids }))
+    let mut out = serde_json::json!({ "drafts": drafts, "ids": ids });
+    if !soft.is_empty() {
+        out["softTokens"] = soft.into();
+    }
+    Ok(out)
 }
 
 /// The tiny Gemma 4 with a vision tower (`crates/runtime/tests/vision.rs`'s), its projector
@@ -365,10 +396,24 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     let audio_fixtures = root.join("crates/gemma4-audio/tests/fixtures");
     let audio_path = write_native(&out, "audio", &native_audio(&audio_fixtures)?)?;
     let diffusion_file = root.join(DIFFUSION_MODEL);
-    let diffusion_native = native_diffusion(&diffusion_file)?;
+    let diffusion_native =
+        native_diffusion(&diffusion_file, None, &diffusion_request(), Vec::new(), 64)?;
+    let dg_vision = [
+        root.join(DIFFUSION_VISION_MODEL),
+        fixtures.join(DIFFUSION_VISION_MMPROJ),
+    ];
+    let picture = ImageInput::from_bytes(std::fs::read(fixtures.join(VISION_IMAGE))?);
+    let dg_vision_native = native_diffusion(
+        &dg_vision[0],
+        Some(dg_vision[1].clone()),
+        &diffusion_image_request(),
+        vec![picture.with_budget(IMAGE_TOKENS)],
+        256,
+    )?;
     let tests = root.join("web/tests");
     ensure_playwright(&tests)?;
     models.extend([tiny.clone(), tiny4.clone(), diffusion_file.clone()]);
+    models.extend(dg_vision.iter().cloned());
     let vision_files = [VISION_MODEL, VISION_MMPROJ, VISION_IMAGE].map(|f| fixtures.join(f));
     models.extend(vision_files.iter().cloned());
     let audio_files = [AUDIO_MODEL, AUDIO_MMPROJ, AUDIO_CLIP].map(|f| audio_fixtures.join(f));
@@ -387,6 +432,10 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         .env("WGEMMA_DG_MODEL", name(&diffusion_file))
         .env("WGEMMA_DG_REQUEST", diffusion_request().to_string())
         .env("WGEMMA_DG_EXPECTED", diffusion_native.to_string())
+        .env("WGEMMA_DGV_MODEL", name(&dg_vision[0]))
+        .env("WGEMMA_DGV_MMPROJ", name(&dg_vision[1]))
+        .env("WGEMMA_DGV_REQUEST", diffusion_image_request().to_string())
+        .env("WGEMMA_DGV_EXPECTED", dg_vision_native.to_string())
         .env("WGEMMA_DTYPE_REQUEST", dtype_request().to_string())
         .env(
             "WGEMMA_DTYPE_CASES",
