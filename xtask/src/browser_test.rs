@@ -131,7 +131,7 @@ fn native_tokens(model: &Path, requests: &[serde_json::Value]) -> Result<Vec<Vec
 const DIFFUSION_MODEL: &str = "crates/diffusion/tests/fixtures/dg_tiny.gguf";
 
 fn diffusion_request() -> serde_json::Value {
-    serde_json::json!({ "prompt": "the sea at night", "maxTokens": 16, "seed": 5, "steps": 1 })
+    serde_json::json!({ "prompt": "the sea at night, and the quiet harbour under the stars", "maxTokens": 16, "seed": 5, "steps": 1 })
 }
 
 /// The tiny DiffusionGemma with a vision tower (`crates/diffusion/tests/images.rs`'s; its

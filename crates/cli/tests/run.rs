@@ -244,8 +244,8 @@ fn diffusion_model() -> String {
 }
 
 /// `wgemma run` on a DiffusionGemma file: detected by its architecture, the reply in blocks
-/// (the tiny model's canvas is 16), the same with the same seed, the block statistics, and
-/// what text diffusion does not take refused by name.
+/// (the tiny model's canvas is 16), the same with the same seed, the block statistics, what
+/// text diffusion does not take refused by name, and a picture read with a vision tower.
 #[test]
 fn a_diffusion_model_replies_in_blocks() {
     let model = diffusion_model();
@@ -274,6 +274,20 @@ fn a_diffusion_model_replies_in_blocks() {
     assert!(stderr(&out).contains("--entropy-bound"), "{}", stderr(&out));
     let out = wgemma(&["run", "-m", &model, "--canvas", "2000", "hello"]);
     assert!(!out.status.success());
-    let out = wgemma(&["run", "-m", &model, "--image", "x.png", "hello"]);
+    let out = wgemma(&["run", "-m", &model, "--audio", "x.wav", "hello"]);
     assert!(stderr(&out).contains("not supported with a DiffusionGemma model"));
+    // Images need a vision tower: this model has none; the tiny model with one reads them.
+    use wgemma_test_support::dg_vision;
+    let image = ["--image", dg_vision::IMAGE, "--image-tokens", "70"];
+    let out = wgemma(&[&["run", "-m", &model][..], &image, &["hello"]].concat());
+    assert!(stderr(&out).contains("no vision tower"), "{}", stderr(&out));
+    let mmproj = ["-m", dg_vision::MODEL, "--mmproj", dg_vision::MMPROJ];
+    let short = ["--steps", "2", "--max-tokens", "8", "hello"];
+    let out = wgemma(&[&["run"][..], &mmproj, &image, &short].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("1 image(s) encoded"),
+        "{}",
+        stderr(&out)
+    );
 }
