@@ -15,7 +15,7 @@ use wgemma_kernels::GpuContext;
 use wgemma_text::chat::ChatTemplate;
 use wgemma_text::tokenizer::{StreamDecoder, Tokenizer};
 use wgemma_text::{LoadOptions as TextLoadOptions, LoadProgress, SoftTokens};
-use wgemma_vision::VisionTower;
+use wgemma_vision::{Encoded, VisionTower};
 
 use crate::clock::now_ms;
 use crate::error::Error;
@@ -92,9 +92,8 @@ impl DiffusionModel {
         let span = tracing::info_span!("load");
         let _enter = span.enter();
         let cfg = DiffusionConfig::from_gguf(&header)?;
-        if let Some((_, h)) = &projector
-            && crate::model::vision_bytes(h)? == 0
-        {
+        let tower_bytes = crate::model::vision_bytes(projector.as_ref().map_or(&header, |p| &p.1))?;
+        if projector.is_some() && tower_bytes == 0 {
             return Err(Error::NoTower);
         }
         let tokenizer = Tokenizer::from_metadata(&header.metadata, cfg.text.arch.name())?;
@@ -102,10 +101,6 @@ impl DiffusionModel {
         let ctx = match opts.context.take() {
             Some(c) => c,
             None => Arc::new(GpuContext::new(opts.gpu.clone()).await?),
-        };
-        let tower_bytes = match &projector {
-            Some((_, h)) => crate::model::vision_bytes(h)?,
-            None => crate::model::vision_bytes(&header)?,
         };
         let mut progress = opts.on_progress.take();
         let mut report = |done: u64, total: u64| {
@@ -146,15 +141,17 @@ impl DiffusionModel {
         self.inner.vision.as_ref()
     }
 
+    /// One image's soft tokens, left on the GPU.
+    pub async fn encode_image(&self, image: &ImageInput) -> Result<Encoded, Error> {
+        crate::model::encode_image(self.vision(), image).await
+    }
+
     /// One image's soft tokens read back: `[tokens, model width]` row by row, and `tokens`.
     pub async fn encode_image_to_vec(
         &self,
         image: &ImageInput,
     ) -> Result<(Vec<f32>, usize), Error> {
-        let vision = self.vision().ok_or(Error::NoVision)?;
-        let encoded = vision.encode(&image.patches()?).await?;
-        let rows = self.gpu_context().read_f32(&encoded.rows).await?;
-        Ok((rows, encoded.tokens as usize))
+        crate::model::encode_image_to_vec(self.vision(), image).await
     }
 
     pub fn config(&self) -> &DiffusionConfig {
@@ -367,10 +364,10 @@ impl DiffusionChat {
     ) -> Result<Vec<SoftTokens>, Error> {
         let mut soft = Vec::with_capacity(spans.len());
         for span in spans {
-            let (Source::Image(i), Some(vision)) = (span.source, self.model.vision()) else {
+            let Source::Image(i) = span.source else {
                 continue;
             };
-            let encoded = vision.encode(&images[i].patches()?).await?;
+            let encoded = self.model.encode_image(&images[i]).await?;
             soft.push(SoftTokens {
                 at: span.at,
                 rows: encoded.rows,

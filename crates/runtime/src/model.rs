@@ -162,11 +162,7 @@ impl Model {
             Tower::Vision(t) => ("vision", t.cfg.projection_dim),
             Tower::Audio(t) => ("audio", t.cfg.text_width),
         };
-        if projects_to != width {
-            return Err(Error::Request(format!(
-                "the {what} tower projects to width {projects_to}, the model is {width} wide: a projector for another model"
-            )));
-        }
+        check_projection(what, projects_to, width)?;
         let inner = Arc::get_mut(&mut self.inner).ok_or(Error::Busy)?;
         match tower {
             Tower::Vision(t) => inner.vision = Some(Arc::new(*t)),
@@ -387,8 +383,7 @@ impl Model {
 
     /// One image's soft tokens, left on the GPU (see [`Model::encode_image_to_vec`]).
     pub async fn encode_image(&self, image: &ImageInput) -> Result<Encoded, Error> {
-        let vision = self.vision().ok_or(Error::NoVision)?;
-        Ok(vision.encode(&image.patches()?).await?)
+        encode_image(self.vision(), image).await
     }
 
     /// One image's soft tokens read back: `[tokens, model width]` row by row, and `tokens`.
@@ -396,9 +391,7 @@ impl Model {
         &self,
         image: &ImageInput,
     ) -> Result<(Vec<f32>, usize), Error> {
-        let encoded = self.encode_image(image).await?;
-        let tokens = encoded.tokens as usize;
-        Ok((self.gpu_context().read_f32(&encoded.rows).await?, tokens))
+        encode_image_to_vec(self.vision(), image).await
     }
 
     /// One clip's soft tokens, left on the GPU: one block of rows per 30 s chunk, in order.
@@ -559,9 +552,41 @@ impl Towers {
     }
 }
 
-/// The vision tower of `g` (a projector file's, or a model file's own), if it has one, and
-/// its tensors' bytes: uploaded from `source` with `progress(done, total)`, checked to project
-/// to `width` (a text model's).
+/// One image's soft tokens from `vision` (a model's tower, if it has one), left on the GPU.
+pub(crate) async fn encode_image(
+    vision: Option<&Arc<VisionTower>>,
+    image: &ImageInput,
+) -> Result<Encoded, Error> {
+    let vision = vision.ok_or(Error::NoVision)?;
+    Ok(vision.encode(&image.patches()?).await?)
+}
+
+/// One image's soft tokens from `vision` read back: `[tokens, model width]` row by row, and
+/// `tokens`.
+pub(crate) async fn encode_image_to_vec(
+    vision: Option<&Arc<VisionTower>>,
+    image: &ImageInput,
+) -> Result<(Vec<f32>, usize), Error> {
+    let vision = vision.ok_or(Error::NoVision)?;
+    let patches = image.patches()?;
+    let rows = vision.encode_to_vec(&patches).await?;
+    Ok((rows, patches.soft_tokens() as usize))
+}
+
+/// A `what` tower's output width against the model's: a projector for another model is an
+/// error.
+fn check_projection(what: &str, projects_to: usize, width: usize) -> Result<(), Error> {
+    if projects_to != width {
+        return Err(Error::Request(format!(
+            "the {what} tower projects to width {projects_to}, the model is {width} wide: a projector for another model"
+        )));
+    }
+    Ok(())
+}
+
+/// The vision tower of `g` (a projector file's, or a model file's own), if it has one:
+/// uploaded from `source` with `progress(done, total)`, checked to project to `width` (a text
+/// model's).
 pub(crate) async fn vision_tower_in<R: RangeSource + ?Sized>(
     ctx: Arc<GpuContext>,
     g: &Gguf,
@@ -572,12 +597,7 @@ pub(crate) async fn vision_tower_in<R: RangeSource + ?Sized>(
     let Some(cfg) = VisionConfig::from_gguf(g)? else {
         return Ok(None);
     };
-    if cfg.projection_dim != width {
-        return Err(Error::Request(format!(
-            "the vision tower projects to width {}, the model is {width} wide: a projector for another model",
-            cfg.projection_dim
-        )));
-    }
+    check_projection("vision", cfg.projection_dim, width)?;
     load_tower(ctx, g, &cfg, source, progress).await.map(Some)
 }
 
