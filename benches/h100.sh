@@ -77,9 +77,8 @@
 #              kernel off (WGEMMA_FEW_TOKENS=0), up to 8 and up to 16 tokens, one binary, and
 #              the kernel profile at 8; $OUT/few/ and $OUT/few.md. Starts build_srv first.
 #   few_sweep  the few-token kernel's lanes a row and rows a group (WGEMMA_FEW_TUNING), one
-#              binary, bench-batch on E2B at 3, 4 and 8 sequences; $OUT/few/sweep.md. With
-#              benches/experiments/few-token-residual.patch applied, FEW_TUNINGS="- noresid"
-#              measures that fusion against the same binary without it
+#              binary, bench-batch on E2B at 3, 4 and 8 sequences; $OUT/few/sweep.md.
+#              FEW_TUNINGS: the shapes ("-": the default; "noresid": rule residual_prologue off)
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 #   diffusion  DiffusionGemma 26B-A4B (synthetic, Q4_K_M, 16 GiB): ms a denoising step of a
 #              256-token canvas after a 512-token prompt, ours (cargo xtask bench-diffusion)
