@@ -79,6 +79,9 @@
 #   few_sweep  the few-token kernel's lanes a row and rows a group (WGEMMA_FEW_TUNING), one
 #              binary, bench-batch on E2B at 3, 4 and 8 sequences; $OUT/few/sweep.md.
 #              FEW_TUNINGS: the shapes ("-": the default; "noresid": rule residual_prologue off)
+#   split_sweep  batched decode at 9-64 rows under the split over k's target (WGEMMA_SPLIT)
+#              and 16-token tiles (WGEMMA_COOP_TILE=16), one binary; $OUT/split/sweep.md.
+#              Carry [".gl", ".dev/xtask.xz", ".dev/parity.xz"].
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 #   diffusion  DiffusionGemma 26B-A4B (synthetic, Q4_K_M, 16 GiB): ms a denoising step of a
 #              256-token canvas after a 512-token prompt, ours (cargo xtask bench-diffusion)
@@ -489,6 +492,42 @@ for f in sorted(d.glob("sweep-*.jsonl")):
         rows.setdefault(t, {})[r["sequences"]] = r["decode_tok_s"]
 seqs = sorted({s for r in rows.values() for s in r})
 print("| tuning | " + " | ".join(f"{s} seqs" for s in seqs) + " |")
+print("| --- |" + " ---: |" * len(seqs))
+for t, r in rows.items():
+    print(f"| {t} | " + " | ".join(f"{r[s]:,.0f}" if s in r else "-" for s in seqs) + " |")
+PY
+}
+
+# Batched decode's tiled products (9 to 64 rows) under the split over k's target and fewest
+# steps (WGEMMA_SPLIT) and the tile (WGEMMA_COOP_TILE), one binary: each of SPLIT_RUNS names
+# a run ("-": as tuned; "s1024x2": split target 1024 workgroups, 2 steps a part at least,
+# for every token count ("s512x8": as before rule matmul-few-rows);
+# "t16": 16-token tiles; "t16s1024x2": both); first the products' parity tests with 16-token
+# tiles; bench-batch on E2B at SPLIT_SEQS; $OUT/split/sweep.md.
+split_sweep() {
+  synth e2b
+  mkdir -p "$OUT/split"
+  WGEMMA_COOP_TILE=16 CI=true WGEMMA_EXPECT_COOP=1 .dev/parity matmul 2>&1 \
+    | grep "test result\|FAILED\|panicked" | tee "$OUT/split/parity-t16.txt"
+  local t envs
+  for t in ${SPLIT_RUNS:-- s512x4 s512x2 s1024x2 s2048x2 t16 t16s1024x2}; do
+    envs=""
+    [[ $t =~ t([0-9]+) ]] && envs+=" WGEMMA_COOP_TILE=${BASH_REMATCH[1]}"
+    [[ $t =~ s([0-9]+)x([0-9]+) ]] && envs+=" WGEMMA_SPLIT=${BASH_REMATCH[1]},${BASH_REMATCH[2]}"
+    env $envs .dev/xtask bench-batch --model "$W/models/e2b.gguf" \
+      --sequences "${SPLIT_SEQS:-9,12,16,24,32,64}" --reps "${SPLIT_REPS:-1}" --decode 32 --json \
+      > "$OUT/split/sweep-$t.jsonl" 2> "$OUT/split/sweep-$t.err" || tail -3 "$OUT/split/sweep-$t.err"
+  done
+  python3 - "$OUT/split" << 'PY' | tee "$OUT/split/sweep.md"
+import json, pathlib, sys
+d = pathlib.Path(sys.argv[1])
+rows = {}
+for f in sorted(d.glob("sweep-*.jsonl")):
+    for line in f.read_text().splitlines():
+        r = json.loads(line)
+        rows.setdefault(f.stem[6:], {})[r["sequences"]] = r["decode_tok_s"]
+seqs = sorted({s for r in rows.values() for s in r})
+print("| run | " + " | ".join(f"{s} seqs" for s in seqs) + " |")
 print("| --- |" + " ---: |" * len(seqs))
 for t, r in rows.items():
     print(f"| {t} | " + " | ".join(f"{r[s]:,.0f}" if s in r else "-" for s in seqs) + " |")

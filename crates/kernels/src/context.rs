@@ -93,6 +93,11 @@ pub struct ContextOptions {
     /// sweep them on a GPU; `None`: the tuned choice (`ops::few_tokens`). A gated product
     /// takes at least 2 rows a group.
     pub few_tuning: Option<(u32, u32)>,
+    /// The split over k's target of workgroups and fewest steps a part
+    /// (`WGEMMA_SPLIT=512,8`), to sweep them on a GPU: for every token count, and no
+    /// 16-token tiles unless `coop_tile` names them; `None`: the tuned choice
+    /// (`ops::MatmulRouting`).
+    pub split_routing: Option<(u64, u64)>,
 }
 
 impl Default for ContextOptions {
@@ -114,6 +119,7 @@ impl Default for ContextOptions {
             attention_rows: None,
             few_tokens: 8,
             few_tuning: None,
+            split_routing: None,
         }
     }
 }
@@ -163,9 +169,10 @@ impl ContextOptions {
                 self.few_tokens = n;
             }
             if let Some(t) = var("WGEMMA_FEW_TUNING") {
-                self.few_tuning = t
-                    .split_once(',')
-                    .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
+                self.few_tuning = pair(&t);
+            }
+            if let Some(t) = var("WGEMMA_SPLIT") {
+                self.split_routing = pair(&t);
             }
             if let Some(r) = var("WGEMMA_ATTENTION_ROWS") {
                 self.attention_rows = r.parse().ok().filter(|r: &u32| r.is_power_of_two());
@@ -173,6 +180,13 @@ impl ContextOptions {
         }
         self
     }
+}
+
+/// Two numbers written `a,b`.
+#[cfg(not(target_arch = "wasm32"))]
+fn pair<A: std::str::FromStr, B: std::str::FromStr>(s: &str) -> Option<(A, B)> {
+    let (a, b) = s.split_once(',')?;
+    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
 }
 
 /// Optional hardware abilities the kernels specialise on (by default none).
@@ -253,6 +267,8 @@ pub struct GpuContext {
     pub(crate) few_tokens: u32,
     /// [`ContextOptions::few_tuning`].
     pub(crate) few_tuning: Option<(u32, u32)>,
+    /// [`ContextOptions::split_routing`].
+    pub(crate) split_routing: Option<(u64, u64)>,
     /// Held around every submit and poll ([`GpuContext::submit`], [`GpuContext::poll`]):
     /// [`crate::poller::Maintenance`] says why.
     pub(crate) maintenance: Arc<crate::poller::Maintenance>,
@@ -395,6 +411,7 @@ impl GpuContext {
             attention_rows: options.attention_rows,
             few_tokens: options.few_tokens,
             few_tuning: options.few_tuning,
+            split_routing: options.split_routing,
             pipelines: Mutex::new(HashMap::new()),
             unused: std::sync::OnceLock::new(),
             shader_checks: options.shader_checks,

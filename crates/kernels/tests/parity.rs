@@ -1535,7 +1535,10 @@ fn few_token_products_on(ctx: &GpuContext, rng: &mut Rng, dtype: GgmlType, k: u6
     for m in counts.filter(|&m| m <= max) {
         let (xs, ys) = (k as u32 + 32, n as u32 + 5);
         // Outputs of about the same size at every length (the softcap bites the same).
-        let x = rng.vec((m * xs) as usize, (512.0 / k as f32).sqrt());
+        let mut x = rng.vec((m * xs) as usize, (512.0 / k as f32).sqrt());
+        for row in x.chunks_mut(xs as usize) {
+            away_from_halves(&mut row[..k as usize]);
+        }
         let packed: Vec<f32> = (0..m as usize)
             .flat_map(|t| x[t * xs as usize..][..k as usize].to_vec())
             .collect();
@@ -1596,6 +1599,26 @@ fn few_token_products_on(ctx: &GpuContext, rng: &mut Rng, dtype: GgmlType, k: u6
             m as usize,
         ));
         assert_close(&format!("{what} gated"), &read(ctx, &gy), &want, 3e-5);
+    }
+}
+
+/// Moves every input that its block's scale puts within 1e-3 of a half between two integers
+/// to 0.1 below it. A GPU's `127 / max` need not be correctly rounded (Vulkan allows 2.5
+/// ulp), so such an input may round the other way there than on the CPU; kept away from the
+/// halves, the rounding is the same on both, and the products agree to the sums' order.
+fn away_from_halves(x: &mut [f32]) {
+    for block in x.chunks_mut(32) {
+        let a = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        if a == 0.0 {
+            continue;
+        }
+        let inv = 127.0 / a;
+        for v in block.iter_mut() {
+            let s = *v * inv;
+            if (s - s.floor() - 0.5).abs() < 1e-3 {
+                *v = (s.floor() + 0.4) / inv;
+            }
+        }
     }
 }
 

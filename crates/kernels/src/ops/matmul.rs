@@ -151,6 +151,9 @@ pub(super) fn matmul_tile_rows(ctx: &GpuContext) -> u64 {
 /// rows wide.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CoopTile {
+    /// 16 tokens, eight subgroups of 16 tokens x 16 rows (`SMALL_TILES`): a quarter of the
+    /// input loads and products of a step, for a few tokens.
+    Tokens16,
     /// 64 tokens, eight subgroups of 32 tokens x 32 rows.
     Tokens64,
     /// 128 tokens, eight subgroups of 32 x 64 (`TOKENS_128`): fewer fragment loads per
@@ -170,9 +173,10 @@ const TOKENS_128_MIN_WORKGROUPS: u64 = 112;
 pub const FEW_SLOTS_PER_EXPERT: u32 = 12;
 
 impl CoopTile {
-    /// The tile named by its tokens, `64` or `128` (`WGEMMA_COOP_TILE`).
+    /// The tile named by its tokens, `16`, `64` or `128` (`WGEMMA_COOP_TILE`).
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
+            "16" => Some(Self::Tokens16),
             "64" => Some(Self::Tokens64),
             "128" => Some(Self::Tokens128),
             _ => None,
@@ -182,40 +186,51 @@ impl CoopTile {
     /// Tokens a tile takes.
     pub fn tokens(self) -> u32 {
         match self {
+            Self::Tokens16 => 16,
             Self::Tokens64 => 64,
             Self::Tokens128 => 128,
         }
     }
 
     /// The tile of a plain product of `rows` rows over `m` tokens in `parts` parts over k:
-    /// the context's where it names one, otherwise 128 tokens where those tiles are
+    /// the context's where it names one; 16 tokens for a few
+    /// ([`MatmulRouting::small_tile_max_tokens`]); otherwise 128 tokens where those tiles are
     /// [`TOKENS_128_MIN_WORKGROUPS`] or more; 64 where the device lacks the workgroup
     /// memory for 128.
     pub fn of(ctx: &GpuContext, rows: u64, m: u32, parts: u32) -> Self {
-        if ctx.limits.max_compute_workgroup_storage_size < COOP_MATMUL_128_BYTES {
-            return Self::Tokens64;
-        }
-        if let Some(t) = ctx.coop_tile {
-            return t;
-        }
-        let workgroups = rows.div_ceil(128) * u64::from(m.div_ceil(128)) * u64::from(parts);
-        if workgroups >= TOKENS_128_MIN_WORKGROUPS {
-            Self::Tokens128
-        } else {
+        let room_for_128 = ctx.limits.max_compute_workgroup_storage_size >= COOP_MATMUL_128_BYTES;
+        let tile = match ctx.coop_tile {
+            Some(t) => t,
+            None if m <= MatmulRouting::of(ctx).small_tile_max_tokens => Self::Tokens16,
+            None => {
+                let workgroups = rows.div_ceil(128) * u64::from(m.div_ceil(128)) * u64::from(parts);
+                if workgroups >= TOKENS_128_MIN_WORKGROUPS {
+                    Self::Tokens128
+                } else {
+                    Self::Tokens64
+                }
+            }
+        };
+        if tile == Self::Tokens128 && !room_for_128 {
             Self::Tokens64
+        } else {
+            tile
         }
     }
 }
 
-/// Tokens a tile of a plain product takes where the device can run them ([`CoopTile`]), for
-/// the split over k: the 128-token tile, which the split then gives workgroups enough.
-fn split_tile_tokens(ctx: &GpuContext) -> u32 {
-    if ctx.features.coop_matmul
-        && ctx.limits.max_compute_workgroup_storage_size >= COOP_MATMUL_128_BYTES
-    {
-        ctx.coop_tile.map_or(128, CoopTile::tokens)
-    } else {
-        64
+/// Tokens a tile of a plain product over `m` tokens takes where the device can run them
+/// ([`CoopTile`]), for the split over k: 16 for a few tokens, else the 128-token tile, which
+/// the split then gives workgroups enough.
+fn split_tile_tokens(ctx: &GpuContext, m: u32) -> u32 {
+    if !ctx.features.coop_matmul {
+        return 64;
+    }
+    match ctx.coop_tile {
+        Some(t) => t.tokens(),
+        None if m <= MatmulRouting::of(ctx).small_tile_max_tokens => 16,
+        None if ctx.limits.max_compute_workgroup_storage_size >= COOP_MATMUL_128_BYTES => 128,
+        None => 64,
     }
 }
 
@@ -224,12 +239,12 @@ fn split_tile_tokens(ctx: &GpuContext) -> u32 {
 /// matrix-vector products; otherwise enough parts for the routing's target of workgroups,
 /// each of at least its fewest steps ([`MatmulRouting`]).
 pub fn matmul_parts(ctx: &GpuContext, k: u32, rows: u64, m: u32, geglu: bool) -> u32 {
-    let r = MatmulRouting::of(ctx);
+    let r = MatmulRouting::for_tokens(ctx, m);
     if geglu || m <= r.matvec_max_tokens {
         return 1;
     }
     let tiles =
-        rows.div_ceil(matmul_tile_rows(ctx)) * u64::from(m.div_ceil(split_tile_tokens(ctx)));
+        rows.div_ceil(matmul_tile_rows(ctx)) * u64::from(m.div_ceil(split_tile_tokens(ctx, m)));
     if tiles >= r.fill {
         return 1;
     }
@@ -243,14 +258,16 @@ pub fn matmul_parts(ctx: &GpuContext, k: u32, rows: u64, m: u32, geglu: bool) ->
 /// Floats of [`MatmulArgs::partials`] that [`matmul`] needs for `w` over up to `max_m` tokens
 /// (0 where it never splits).
 pub fn matmul_partials_floats(ctx: &GpuContext, w: &GpuWeight, max_m: u32) -> u64 {
-    (1..=max_m.div_ceil(64))
-        .map(|t| {
-            let m = (64 * t).min(max_m);
-            match matmul_parts(ctx, w.cols as u32, w.rows, m, false) {
+    // Every count of a few rows (their rule differs), then whole 128-token tiles' counts.
+    let few = 1..=max_m.min(MatmulRouting::FEW_ROWS_MAX);
+    let tiles = (1..=max_m.div_ceil(64)).map(|t| (64 * t).min(max_m));
+    few.chain(tiles)
+        .map(
+            |m| match matmul_parts(ctx, w.cols as u32, w.rows, m, false) {
                 1 => 0,
                 parts => u64::from(parts) * u64::from(m) * w.rows,
-            }
-        })
+            },
+        )
         .max()
         .unwrap_or(0)
 }
@@ -540,7 +557,13 @@ fn tiled_source(
         .flag(dtype_flag(dtype)?)
         .flag_if(geglu, "GEGLU_OUT")
         .flag_if(!matches!(tiles, Tiles::Plain(_)), "EXPERTS")
-        .flag_if(tiles == Tiles::FewSlotExperts, "SMALL_TILES")
+        .flag_if(
+            coop && matches!(
+                tiles,
+                Tiles::FewSlotExperts | Tiles::Plain(CoopTile::Tokens16)
+            ),
+            "SMALL_TILES",
+        )
         .flag_if(clamped, "CLAMPED"))
 }
 
@@ -582,6 +605,13 @@ mod tests {
                 false,
             ),
             (GgmlType::Q8_0, false, Tiles::FewSlotExperts, false),
+            (
+                GgmlType::Q4K,
+                false,
+                Tiles::Plain(CoopTile::Tokens16),
+                false,
+            ),
+            (GgmlType::Q4K, true, Tiles::Plain(CoopTile::Tokens16), false),
         ] {
             let source = tiled_source(true, dtype, geglu, tiles, clamped).unwrap();
             crate::shader::validate_coop(&source);

@@ -60,18 +60,25 @@ pub struct MatmulRouting {
     pub fill: u64,
     pub target: u64,
     pub min_steps: u64,
+    /// Tokens up to which a product on cooperative matrices takes 16-token tiles
+    /// ([`CoopTile::Tokens16`]); 0: never.
+    pub small_tile_max_tokens: u32,
 }
 
 impl MatmulRouting {
     /// The rules' names: a CPU adapter takes every token count as matrix-vector products;
     /// the split over k.
-    pub const RULES: [&'static str; 2] = ["matmul-cpu-matvec", "matmul-split-k"];
+    pub const RULES: [&'static str; 3] = ["matmul-cpu-matvec", "matmul-split-k", "matmul-few-rows"];
+
+    /// Tokens up to which rule `matmul-few-rows` holds (a batched decode step's rows).
+    pub const FEW_ROWS_MAX: u32 = 64;
 
     const GPU: Self = Self {
         matvec_max_tokens: MATVEC_MAX_TOKENS,
         fill: 256,
         target: 512,
         min_steps: 8,
+        small_tile_max_tokens: 32,
     };
 
     pub fn of(ctx: &GpuContext) -> Self {
@@ -79,12 +86,45 @@ impl MatmulRouting {
             TuningClass::Gpu => Self::GPU,
             TuningClass::CpuAdapter => Self {
                 matvec_max_tokens: u32::MAX,
+                small_tile_max_tokens: 0,
                 ..Self::GPU
             },
+        };
+        // Named numbers stand for every token count, with tiles chosen as for many tokens.
+        let routing = match ctx.split_routing {
+            Some((target, min_steps)) => Self {
+                target,
+                min_steps: min_steps.max(1),
+                small_tile_max_tokens: 0,
+                ..routing
+            },
+            None => routing,
         };
         // Without the split, every tile count fills the device.
         let fill = if ctx.split_k { routing.fill } else { 0 };
         Self { fill, ..routing }
+    }
+
+    /// The routing of a product over `m` tokens: on a GPU, rule `matmul-few-rows` for up to
+    /// [`Self::FEW_ROWS_MAX`] tokens (parts of 4 steps or more, for 1,024 workgroups, or 512
+    /// in 16-token tiles), unless the context names the split's numbers.
+    pub fn for_tokens(ctx: &GpuContext, m: u32) -> Self {
+        let r = Self::of(ctx);
+        let few = m <= Self::FEW_ROWS_MAX
+            && ctx.split_routing.is_none()
+            && TuningClass::of(ctx) == TuningClass::Gpu;
+        if !few {
+            return r;
+        }
+        Self {
+            target: if m <= r.small_tile_max_tokens {
+                512
+            } else {
+                1024
+            },
+            min_steps: 4,
+            ..r
+        }
     }
 }
 
