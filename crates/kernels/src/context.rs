@@ -53,7 +53,8 @@ pub struct ContextOptions {
     /// for its down product, and on GPUs the input of its gate/up product. Off, every
     /// activation stays f32 (closest to the f32 reference).
     pub allow_int8_activations: bool,
-    /// Let wgpu add bounds checks, loop bounds and division guards to every shader. Off by
+    /// Let wgpu add bounds checks, loop bounds and division guards to every shader, and zero
+    /// workgroup memory at each dispatch's start (as a browser runs them). Off by
     /// default: they cost the kernels a large share of their speed, and every kernel's indices
     /// are bounded by the shapes its dispatcher validates. On for debugging
     /// (`WGEMMA_SHADER_CHECKS=1`).
@@ -563,7 +564,7 @@ impl GpuContext {
                 entry_point: Some("main"),
                 compilation_options: wgpu::PipelineCompilationOptions {
                     constants: &constants,
-                    zero_initialize_workgroup_memory: false,
+                    zero_initialize_workgroup_memory: self.shader_checks,
                 },
                 cache: None,
             },

@@ -1898,9 +1898,13 @@ fn residual_matvec_matches_cpu() {
 
     // A mixture-of-experts FFN's output as the delta, computed inside the product: the dense
     // branch and the experts' weighted rows, each normalised, added (what `moe_mix` writes).
+    // SwiftShader (the browser's Vulkan without a GPU, which CI runs these tests on too) binds
+    // fewer.
     assert!(
-        ops::moe_delta_fits(ctx) || std::env::var("CI").is_err(),
-        "CI's devices bind 12 storage buffers"
+        ops::moe_delta_fits(ctx)
+            || std::env::var("CI").is_err()
+            || ctx.info.name.contains("SwiftShader"),
+        "CI's lavapipe binds 12 storage buffers"
     );
     if !ops::moe_delta_fits(ctx) {
         return;

@@ -139,7 +139,7 @@ pub fn rope_axes(ctx: &GpuContext, a: &RopeAxes<'_>) -> Result<Dispatch, GpuErro
         base: a.base,
         freq_scale: a.freq_scale,
     };
-    let source = ShaderSource::new("rope_axes", &[ROPE_AXES_WGSL])
+    let source = ShaderSource::new("rope_axes", &[ROPE_MATH_WGSL, ROPE_AXES_WGSL])
         .flag_if(a.pairs == RopePairs::Interleaved, "INTERLEAVED")
         .flag_if(a.freq_factors.is_some(), "FREQ_FACTORS");
     ctx.dispatch(

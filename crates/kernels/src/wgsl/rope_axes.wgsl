@@ -52,8 +52,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let row = p.x_at + t * p.x0 + h * p.x1;
     let o0 = row + d0 * p.x2;
     let o1 = row + d1 * p.x2;
-    let c = cos(theta);
-    let s = sin(theta);
+    let cs = cos_sin(theta);
+    let c = cs.x;
+    let s = cs.y;
     let x0v = x[o0];
     let x1v = x[o1];
     x[o0] = x0v * c - x1v * s;

@@ -14,7 +14,26 @@ fn rotated(ab: vec2<f32>, i: u32, pos: f32, rope: Rope) -> vec2<f32> {
 #if FREQ_FACTORS
     theta /= ff[i];
 #endif
-    let c = cos(theta);
-    let s = sin(theta);
-    return vec2<f32>(ab.x * c - ab.y * s, ab.x * s + ab.y * c);
+    let cs = cos_sin(theta);
+    return vec2<f32>(ab.x * cs.x - ab.y * cs.y, ab.x * cs.y + ab.y * cs.x);
+}
+
+// (cos x, sin x) to a few ulp for |x| up to about 2^16 (positions times frequencies). The
+// built-ins need only be close within [-pi, pi] (Vulkan: 2^-11 absolute): SwiftShader's, which
+// Chromium runs when there is no GPU, were off by 3e-4 at a rope's angles, enough to move
+// logits past a hundred positions. So: x less the nearest multiple k of pi / 2, in three
+// parts whose products with k are exact, then minimax polynomials on [-pi / 4, pi / 4]
+// (Cephes' sinf and cosf) and the quadrant k mod 4.
+fn cos_sin(x: f32) -> vec2<f32> {
+    let k = round(x * 0.63661977236758134);
+    let r = ((x - k * 1.5703125) - k * 4.837512969970703125e-4) - k * 7.54978995489188216e-8;
+    let z = r * r;
+    let s = r + r * z * (-1.6666654611e-1 + z * (8.3321608736e-3 + z * -1.9515295891e-4));
+    let c = 1.0 - 0.5 * z + z * z * (4.166664568298827e-2 + z * (-1.388731625493765e-3 + z * 2.443315711809948e-5));
+    switch (i32(k) & 3) {
+        case 0: { return vec2<f32>(c, s); }
+        case 1: { return vec2<f32>(-s, c); }
+        case 2: { return vec2<f32>(-c, -s); }
+        default: { return vec2<f32>(s, -c); }
+    }
 }
