@@ -481,17 +481,22 @@ few_sweep() {
       --model "$W/models/e2b.gguf" --sequences "${FEW_SEQS:-3,4,8}" --reps 2 --decode 64 --json \
       > "$f" 2> "${f%.jsonl}.err" || tail -3 "${f%.jsonl}.err"
   done
-  python3 - "$OUT/few" << 'PY' | tee "$OUT/few/sweep.md"
+  sweep_table "$OUT/few" tuning | tee "$OUT/few/sweep.md"
+}
+
+# The aggregate decode tok/s of each run's sweep-RUN.jsonl (bench-batch lines) in directory $1,
+# a row a run, a column a sequence count; $2 names the runs' column.
+sweep_table() {
+  python3 - "$1" "$2" << 'PY'
 import json, pathlib, sys
 d = pathlib.Path(sys.argv[1])
 rows = {}
 for f in sorted(d.glob("sweep-*.jsonl")):
-    t = f.stem[6:]
     for line in f.read_text().splitlines():
         r = json.loads(line)
-        rows.setdefault(t, {})[r["sequences"]] = r["decode_tok_s"]
+        rows.setdefault(f.stem[6:], {})[r["sequences"]] = r["decode_tok_s"]
 seqs = sorted({s for r in rows.values() for s in r})
-print("| tuning | " + " | ".join(f"{s} seqs" for s in seqs) + " |")
+print(f"| {sys.argv[2]} | " + " | ".join(f"{s} seqs" for s in seqs) + " |")
 print("| --- |" + " ---: |" * len(seqs))
 for t, r in rows.items():
     print(f"| {t} | " + " | ".join(f"{r[s]:,.0f}" if s in r else "-" for s in seqs) + " |")
@@ -518,20 +523,7 @@ split_sweep() {
       --sequences "${SPLIT_SEQS:-9,12,16,24,32,64}" --reps "${SPLIT_REPS:-1}" --decode 32 --json \
       > "$OUT/split/sweep-$t.jsonl" 2> "$OUT/split/sweep-$t.err" || tail -3 "$OUT/split/sweep-$t.err"
   done
-  python3 - "$OUT/split" << 'PY' | tee "$OUT/split/sweep.md"
-import json, pathlib, sys
-d = pathlib.Path(sys.argv[1])
-rows = {}
-for f in sorted(d.glob("sweep-*.jsonl")):
-    for line in f.read_text().splitlines():
-        r = json.loads(line)
-        rows.setdefault(f.stem[6:], {})[r["sequences"]] = r["decode_tok_s"]
-seqs = sorted({s for r in rows.values() for s in r})
-print("| run | " + " | ".join(f"{s} seqs" for s in seqs) + " |")
-print("| --- |" + " ---: |" * len(seqs))
-for t, r in rows.items():
-    print(f"| {t} | " + " | ".join(f"{r[s]:,.0f}" if s in r else "-" for s in seqs) + " |")
-PY
+  sweep_table "$OUT/split" run | tee "$OUT/split/sweep.md"
 }
 
 # The E2B file and the llama-server build ready, for a `serve` call after this one.
