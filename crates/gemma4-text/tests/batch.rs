@@ -232,6 +232,71 @@ fn batched_steps_of_k_quants_round_their_inputs_within_tolerance() {
     }
 }
 
+/// Rows with their own samplers in one step: greedy and plain temperature rows are drawn
+/// together (one argmax over all rows), a top-k row and a penalized row by their sessions;
+/// each row's token is what its sampler draws from its logits: the argmax, or the Gumbel-max
+/// sample of its seed and step (the CPU's draw of the GPU's noise).
+#[test]
+fn rows_with_their_own_samplers_draw_as_alone() {
+    let Some(ctx) = ctx() else { return };
+    let spec = SynthSpec::tiny_gemma3(GgmlType::F32);
+    let m = load(synthetic_bytes(&spec).unwrap(), ctx.clone());
+    let vocab = spec.n_vocab as u32;
+    let pool = KvPool::new(m.gpu.clone(), 4, 64).unwrap();
+    let mut batch = BatchDecoder::new(pool.clone(), 4).unwrap();
+    let mut seqs: Vec<Sequence> = (0..4)
+        .map(|i| start(&m.gpu, &m.cpu, &pool, &prompt(6 + i, 20 + i as u32, vocab)))
+        .collect();
+    let warm = |seed: u64| SamplingParams {
+        temperature: 0.8,
+        top_k: 0,
+        top_p: 1.0,
+        seed,
+        ..SamplingParams::default()
+    };
+    let params = [
+        SamplingParams::default(),
+        warm(7),
+        SamplingParams {
+            top_k: 5,
+            ..warm(8)
+        },
+        SamplingParams {
+            repeat_penalty: 1.3,
+            ..warm(9)
+        },
+    ];
+    for step in 1..4u32 {
+        let mut rows: Vec<BatchRow<'_>> = seqs
+            .iter_mut()
+            .zip(&params)
+            .map(|(s, p)| BatchRow {
+                session: &mut s.session,
+                params: p,
+                step,
+            })
+            .collect();
+        let got = pollster::block_on(batch.step(&mut rows)).unwrap();
+        drop(rows);
+        for (i, (s, token)) in seqs.iter_mut().zip(got).enumerate() {
+            let token = token.unwrap();
+            assert!(token < vocab, "row {i} step {step}: {token}");
+            // The penalized row's logits are rewritten by its penalties; the top-k row's
+            // draw has its own tests.
+            if i >= 2 {
+                continue;
+            }
+            let logits = pollster::block_on(s.session.logits()).unwrap();
+            let p = &params[i];
+            let want = match i {
+                0 => wgemma_kernels::cpu::argmax(&logits).0,
+                _ => wgemma_kernels::cpu::gumbel_argmax(&logits, p.seed32(), step, p.temperature),
+            };
+            assert_eq!(token, want, "row {i} at step {step}");
+        }
+    }
+}
+
 #[test]
 fn sessions_that_cannot_join_a_step_are_refused() {
     let Some(ctx) = ctx() else { return };

@@ -1089,6 +1089,57 @@ fn argmax_and_gumbel_sampling_match_cpu() {
     }
 }
 
+/// Rows sampled together (a batched decode step's): each row's argmax or Gumbel-max sample
+/// as its draw says, as one row's sampling draws it on the CPU.
+#[test]
+fn argmax_rows_draw_each_row_as_alone() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(37);
+    for (n, rows) in [(1000u32, 3u32), (262_149, 5)] {
+        let mut x = rng.vec((n * rows) as usize, 10.0);
+        // A NaN never wins, in any row.
+        x[(n + n / 3) as usize] = f32::NAN;
+        // Odd rows draw Gumbel-max samples, even rows take the argmax.
+        let gumbels: Vec<Option<ops::Gumbel>> = (0..rows)
+            .map(|r| {
+                (r % 2 == 1).then_some(ops::Gumbel {
+                    seed: 40 + r,
+                    step: 3 * r,
+                    temperature: 0.5 + 0.25 * r as f32,
+                })
+            })
+            .collect();
+        let draws: Vec<ops::RowDraw> = gumbels
+            .iter()
+            .map(|g| g.map_or(ops::RowDraw::greedy(), ops::RowDraw::gumbel))
+            .collect();
+        let words: Vec<u32> = draws
+            .iter()
+            .flat_map(|d| [d.seed, d.step, d.inv_temp.to_bits(), d.gumbel])
+            .collect();
+        let scratch = vec![0; (ops::Argmax::scratch_words(n) * u64::from(rows)) as usize];
+        let (scratch, result) = (
+            upload_u32(ctx, &scratch),
+            upload_u32(ctx, &vec![7; 2 * rows as usize]),
+        );
+        let (xv, dv) = (upload(ctx, &x), upload_u32(ctx, &words));
+        let a = ops::argmax_rows(ctx, &xv, n, rows, &scratch, &result, &dv).unwrap();
+        run(ctx, &[&a.partial, &a.finish]);
+        let got = pollster::block_on(ctx.read_u32(&result)).unwrap();
+        for (r, g) in gumbels.iter().enumerate() {
+            let row = &x[r * n as usize..][..n as usize];
+            let want = match g {
+                None => cpu::argmax(row).0,
+                Some(g) => cpu::gumbel_argmax(row, g.seed, g.step, g.temperature),
+            };
+            assert_eq!(got[2 * r], want, "row {r} of {rows}, n={n}");
+            if g.is_none() {
+                assert_eq!(f32::from_bits(got[2 * r + 1]), row[want as usize]);
+            }
+        }
+    }
+}
+
 #[test]
 fn top_k_matches_cpu() {
     let Some(ctx) = ctx() else { return };

@@ -1561,6 +1561,25 @@ impl GpuSession {
         Ok(())
     }
 
+    /// How a batched step samples this session's row together with the others
+    /// ([`ops::argmax_rows`]): where its sampling is the argmax or a Gumbel-max draw, with
+    /// no penalties and no log-probabilities, as [`GpuSession::record_sampling`] would draw
+    /// it; `None` where the session samples its row itself.
+    pub(super) fn row_draw(&self, p: &SamplingParams, step: u32) -> Option<ops::RowDraw> {
+        if self.logprobs.is_some() || p.penalties().is_some() {
+            return None;
+        }
+        match p.strategy() {
+            Strategy::Greedy => Some(ops::RowDraw::greedy()),
+            Strategy::Gumbel => Some(ops::RowDraw::gumbel(ops::Gumbel {
+                seed: p.seed32(),
+                step,
+                temperature: p.temperature,
+            })),
+            _ => None,
+        }
+    }
+
     fn sampler_plan(&self, strategy: Strategy, penalties: bool) -> Result<SamplerPlan, GpuError> {
         let ctx = &self.model.ctx;
         let s = &self.s;

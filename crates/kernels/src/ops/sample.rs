@@ -8,6 +8,11 @@ kernel_bindings!(
 );
 
 kernel_bindings!(
+    /// `argmax.wgsl` with PARTIAL and ROWS.
+    ArgmaxRowsPartialBindings { x: 0, part: 1, p: 2, draws: 3 }
+);
+
+kernel_bindings!(
     /// `argmax.wgsl`'s final stage.
     ArgmaxFinalBindings { result: 0, part: 1, p: 2 }
 );
@@ -82,6 +87,84 @@ fn argmax_params(n: u32, g: Option<Gumbel>) -> Params {
         step: g.step,
         inv_temp: 1.0 / g.temperature.max(1e-6),
     })
+}
+
+/// One row's draw in [`argmax_rows`] (`argmax.wgsl`'s `Draw`): the row's argmax, or a
+/// Gumbel-max sample as [`argmax`] draws it with a [`Gumbel`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct RowDraw {
+    pub seed: u32,
+    pub step: u32,
+    pub inv_temp: f32,
+    /// 1: the Gumbel-max sample; 0: the plain argmax.
+    pub gumbel: u32,
+}
+
+impl RowDraw {
+    /// The plain argmax.
+    pub fn greedy() -> Self {
+        Self {
+            seed: 0,
+            step: 0,
+            inv_temp: 1.0,
+            gumbel: 0,
+        }
+    }
+
+    /// The sample [`argmax`] draws with `g`.
+    pub fn gumbel(g: Gumbel) -> Self {
+        Self {
+            seed: g.seed,
+            step: g.step,
+            inv_temp: 1.0 / g.temperature.max(1e-6),
+            gumbel: 1,
+        }
+    }
+}
+
+/// Each of `rows` rows of `n` values of `x` (one after another): its argmax or Gumbel-max
+/// sample as `draws` (`rows` [`RowDraw`]s) says, into `result` as [`argmax`] writes one (two
+/// words a row: the index, the value's bits). `scratch`: [`Argmax::scratch_words`] a row.
+/// Two dispatches whatever the rows: a batched decode step's sampling.
+pub fn argmax_rows(
+    ctx: &GpuContext,
+    x: &View,
+    n: u32,
+    rows: u32,
+    scratch: &View,
+    result: &View,
+    draws: &View,
+) -> Result<Argmax, GpuError> {
+    let rows64 = u64::from(rows);
+    x.expect_len32("argmax rows x", u64::from(n) * rows64)?;
+    scratch.expect_len32("argmax rows scratch", Argmax::scratch_words(n) * rows64)?;
+    result.expect_len32("argmax rows result", 2 * rows64)?;
+    draws.expect_len32("argmax rows draws", 4 * rows64)?;
+    let params = argmax_params(n, None);
+    let source = ShaderSource::new("argmax", &[ARGMAX_WGSL]).flag("ROWS");
+    let partial = ctx.dispatch(
+        "argmax_rows",
+        ctx.pipeline(&source.clone().flag("PARTIAL")),
+        ArgmaxRowsPartialBindings {
+            x: Bind::Storage(x),
+            part: Bind::Storage(scratch),
+            p: Bind::Params(params.clone()),
+            draws: Bind::Storage(draws),
+        },
+        [n.div_ceil(ARGMAX_CHUNK), rows, 1],
+    )?;
+    let finish = ctx.dispatch(
+        "argmax_rows_final",
+        ctx.pipeline(&source),
+        ArgmaxFinalBindings {
+            result: Bind::Storage(result),
+            part: Bind::Storage(scratch),
+            p: Bind::Params(params),
+        },
+        [rows, 1, 1],
+    )?;
+    Ok(Argmax { partial, finish })
 }
 
 /// Index of the largest of the first `n` values of `x` (or a Gumbel-max sample).

@@ -5,6 +5,10 @@
 //
 // GUMBEL: each logit first becomes logit / temperature + Gumbel(seed, step, index) noise, so
 // the argmax is an exact sample from softmax(logits / temperature).
+//
+// ROWS: `rows` rows of n values one after another (a batched decode step's logits), each with
+// its own draw (`draws[row]`: GUMBEL's numbers, or the plain argmax); the partial stage's
+// workgroups are (chunk, row), the final stage's one a row, its result at 2 row.
 
 struct Params {
     n: u32,
@@ -23,6 +27,19 @@ const CHUNK: u32 = 1024u;
 #endif
 @group(0) @binding(1) var<storage, read_write> part: array<u32>;
 @group(0) @binding(2) var<uniform> p: Params;
+#if ROWS
+#if PARTIAL
+// A row's draw: Gumbel noise at its seed, step and 1 / temperature where `gumbel` is 1.
+struct Draw {
+    seed: u32,
+    step: u32,
+    inv_temp: f32,
+    gumbel: u32,
+}
+
+@group(0) @binding(3) var<storage, read> draws: array<Draw>;
+#endif
+#endif
 
 var<workgroup> bv: array<f32, 256>;
 var<workgroup> bi: array<u32, 256>;
@@ -34,8 +51,8 @@ fn hash(a: u32) -> u32 {
     return (w >> 22u) ^ w;
 }
 
-fn gumbel(i: u32) -> f32 {
-    let h = hash(hash(hash(p.seed) ^ p.step) ^ i);
+fn gumbel(seed: u32, step: u32, i: u32) -> f32 {
+    let h = hash(hash(hash(seed) ^ step) ^ i);
     // Uniform in (0, 1), never exactly 0 or 1.
     let u = (f32(h >> 8u) + 0.5) / 16777216.0;
     return -log(-log(u));
@@ -49,14 +66,31 @@ fn better(v: f32, i: u32, ov: f32, oi: u32) -> bool {
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     var best = -3.4e38;
     var besti = 0xFFFFFFFFu;
+#if ROWS
+#if PARTIAL
+    let row = wg.y;
+    let d = draws[row];
+#else
+    let row = wg.x;
+#endif
+#else
+    let row = 0u;
+#endif
+    // This row's partials.
+    let pb = 2u * row * p.parts;
 #if PARTIAL
     let start = wg.x * CHUNK;
     for (var j = li; j < CHUNK; j += 256u) {
         let i = start + j;
         if (i < p.n) {
-            var v = x[i];
+            var v = x[row * p.n + i];
 #if GUMBEL
-            v = v * p.inv_temp + gumbel(i);
+            v = v * p.inv_temp + gumbel(p.seed, p.step, i);
+#endif
+#if ROWS
+            if (d.gumbel != 0u) {
+                v = v * d.inv_temp + gumbel(d.seed, d.step, i);
+            }
 #endif
             // NaN and -inf (also after the noise) count as the lowest value, so an index always
             // wins and a model computing NaN shows in the value left beside it.
@@ -71,8 +105,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
 #else
     for (var j = li; j < p.parts; j += 256u) {
-        let v = bitcast<f32>(part[2u * j]);
-        let i = part[2u * j + 1u];
+        let v = bitcast<f32>(part[pb + 2u * j]);
+        let i = part[pb + 2u * j + 1u];
         if (better(v, i, best, besti)) {
             best = v;
             besti = i;
@@ -91,11 +125,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     if (li == 0u) {
 #if PARTIAL
-        part[2u * wg.x] = bitcast<u32>(bv[0]);
-        part[2u * wg.x + 1u] = bi[0];
+        part[pb + 2u * wg.x] = bitcast<u32>(bv[0]);
+        part[pb + 2u * wg.x + 1u] = bi[0];
 #else
-        result[0] = bi[0];
-        result[1] = bitcast<u32>(bv[0]);
+        result[2u * row] = bi[0];
+        result[2u * row + 1u] = bitcast<u32>(bv[0]);
 #endif
     }
 }

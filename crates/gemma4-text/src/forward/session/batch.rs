@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tracing::Instrument;
 
-use wgemma_kernels::{Profiler, Recorder, View, wgpu};
+use wgemma_kernels::ops::{self, Argmax, RowDraw};
+use wgemma_kernels::{GpuContext, GpuError, Profiler, Recorder, View, wgpu};
 
 use super::kv::KvCache;
 use super::queue::Sampled;
@@ -200,7 +201,82 @@ pub struct BatchDecoder {
     readback: wgpu::Buffer,
     /// The plan of a step over M rows, built on first use.
     plans: HashMap<usize, Vec<Op>>,
+    together: RowsTogether,
     max_rows: usize,
+}
+
+/// The rows a step samples together, in two dispatches whatever their number
+/// ([`GpuSession::row_draw`], [`ops::argmax_rows`]), rather than two or more a row.
+struct RowsTogether {
+    /// Off (`WGEMMA_ROWS_APART=1`, to measure it): every row samples itself.
+    on: bool,
+    /// A [`RowDraw`] a row.
+    draws: View,
+    scratch: View,
+    /// A row's token and winning logit's bits.
+    results: View,
+    /// The dispatches over M rows, built on first use.
+    argmax: HashMap<usize, Argmax>,
+}
+
+impl RowsTogether {
+    fn new(ctx: &GpuContext, max_rows: usize, vocab: u32) -> Self {
+        let rows = max_rows as u64;
+        let buf = |name: &str, words: u64| View::of(&ctx.storage(name, words * 4));
+        #[cfg(not(target_arch = "wasm32"))]
+        let on = !std::env::var("WGEMMA_ROWS_APART").is_ok_and(|v| !v.is_empty() && v != "0");
+        #[cfg(target_arch = "wasm32")]
+        let on = true;
+        Self {
+            on,
+            draws: buf("batch draws", 4 * rows),
+            scratch: buf("batch argmax scratch", Argmax::scratch_words(vocab) * rows),
+            results: buf("batch results", 2 * rows),
+            argmax: HashMap::new(),
+        }
+    }
+
+    /// Records the draws of `draws` (a row each, of `logits`, `vocab` values a row) and
+    /// copies each of the rows `which` its token and logit into its session's result and
+    /// into `readback`.
+    fn record(
+        &mut self,
+        rec: &mut Recorder<'_>,
+        logits: &View,
+        vocab: u32,
+        draws: &[RowDraw],
+        which: &mut [(usize, &mut GpuSession)],
+        readback: &View,
+    ) -> Result<(), GpuError> {
+        let ctx = rec.ctx();
+        ctx.write(
+            &self.draws.buffer,
+            self.draws.offset,
+            bytemuck::cast_slice(draws),
+        );
+        let m = draws.len();
+        if !self.argmax.contains_key(&m) {
+            let a = ops::argmax_rows(
+                ctx,
+                logits,
+                vocab,
+                m as u32,
+                &self.scratch,
+                &self.results,
+                &self.draws,
+            )?;
+            self.argmax.insert(m, a);
+        }
+        let a = &self.argmax[&m];
+        rec.run(&a.partial);
+        rec.run(&a.finish);
+        for (r, s) in which.iter_mut() {
+            let result = self.results.slice(*r as u64 * 8, 8)?;
+            rec.copy(&result, &s.s.result, 8);
+            rec.copy(&result, &readback.slice(*r as u64 * 8, 8)?, 8);
+        }
+        Ok(())
+    }
 }
 
 impl BatchDecoder {
@@ -226,6 +302,7 @@ impl BatchDecoder {
             logits,
             readback,
             plans: HashMap::new(),
+            together: RowsTogether::new(ctx, max_rows, vocab as u32),
             max_rows,
         })
     }
@@ -301,19 +378,7 @@ impl BatchDecoder {
             None => Recorder::new(&ctx, "batch decode"),
         };
         self.host.record(&mut rec, &self.plans[&m]).await?;
-        let vocab_bytes = self.host.model.cfg.n_vocab as u64 * 4;
-        let readback = View::of(&self.readback);
-        for (r, row) in rows.iter_mut().enumerate() {
-            let s = &mut *row.session;
-            rec.copy(
-                &self.logits.slice(r as u64 * vocab_bytes, vocab_bytes)?,
-                &s.s.logits,
-                vocab_bytes,
-            );
-            s.has_logits = true;
-            s.record_sampling(&mut rec, row.params, row.step, true)?;
-            rec.copy(&s.s.result, &readback.slice(r as u64 * 8, 8)?, 8);
-        }
+        self.record_sampling(&mut rec, rows)?;
         let submitted = rec.submit();
         drop(lease);
         ctx.done(Some(submitted), ctx.urgent_wait()).await?;
@@ -335,6 +400,49 @@ impl BatchDecoder {
             .collect();
         ctx.check()?;
         Ok(out)
+    }
+
+    /// Each row's logits into its session, then its draw: together with the others where
+    /// its session allows ([`GpuSession::row_draw`]), else by its session's own sampler;
+    /// each row's token and logit into the readback.
+    fn record_sampling(
+        &mut self,
+        rec: &mut Recorder<'_>,
+        rows: &mut [BatchRow<'_>],
+    ) -> Result<(), ForwardError> {
+        let vocab = self.host.model.cfg.n_vocab as u32;
+        let vocab_bytes = u64::from(vocab) * 4;
+        let readback = View::of(&self.readback);
+        let mut draws = Vec::with_capacity(rows.len());
+        let mut together = Vec::new();
+        for (r, row) in rows.iter_mut().enumerate() {
+            let s = &mut *row.session;
+            rec.copy(
+                &self.logits.slice(r as u64 * vocab_bytes, vocab_bytes)?,
+                &s.s.logits,
+                vocab_bytes,
+            );
+            s.has_logits = true;
+            match s
+                .row_draw(row.params, row.step)
+                .filter(|_| self.together.on)
+            {
+                Some(d) => {
+                    draws.push(d);
+                    together.push((r, s));
+                }
+                None => {
+                    draws.push(RowDraw::greedy());
+                    s.record_sampling(rec, row.params, row.step, true)?;
+                    rec.copy(&s.s.result, &readback.slice(r as u64 * 8, 8)?, 8);
+                }
+            }
+        }
+        if !together.is_empty() {
+            self.together
+                .record(rec, &self.logits, vocab, &draws, &mut together, &readback)?;
+        }
+        Ok(())
     }
 
     /// Each row's token to feed, once every row is fit for the step.
