@@ -67,7 +67,7 @@ pub struct MatmulRouting {
 
 impl MatmulRouting {
     /// The rules' names: a CPU adapter takes every token count as matrix-vector products;
-    /// the split over k.
+    /// the split over k; a few rows' tiles and split ([`MatmulRouting::for_tokens`]).
     pub const RULES: [&'static str; 3] = ["matmul-cpu-matvec", "matmul-split-k", "matmul-few-rows"];
 
     /// Tokens up to which rule `matmul-few-rows` holds (a batched decode step's rows).
