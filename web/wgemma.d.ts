@@ -55,6 +55,11 @@ export interface LoadOptions {
    * for devices short of memory.
    */
   perLayerTable?: "gpu" | "fetch";
+  /**
+   * The engine's tuning and debugging switches for this model: the README's `WGEMMA_*`
+   * environment variables, e.g. `{ WGEMMA_FUSIONS_OFF: "residual_prologue" }`.
+   */
+  knobs?: Record<string, string>;
 }
 
 export interface ModelInfo {

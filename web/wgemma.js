@@ -354,22 +354,26 @@ export class WGemma {
    * Loads a GGUF from a URL (read with HTTP Range requests and kept in the Cache API unless
    * `cache: false`) or from a `File`/`Blob`; `mmproj` (the same kinds) adds the vision and
    * audio towers of a llama.cpp projector file. `onProgress({loaded, total})` reports weight bytes (of
-   * both files) uploaded to the GPU.
+   * both files) uploaded to the GPU. `knobs` sets the engine's `WGEMMA_*` tuning and debugging
+   * switches (the README's environment variables, as strings) for this model.
    */
-  static async load(source, { mmproj, onProgress, cache = true, workerUrl, perLayerTable = "gpu" } = {}) {
+  static async load(source, { mmproj, onProgress, cache = true, workerUrl, perLayerTable = "gpu", knobs } = {}) {
     const isSource = (s) => typeof s === "string" || s instanceof Blob;
     if (!isSource(source)) throw badRequest("the source must be a URL string or a File/Blob");
     if (perLayerTable !== "gpu" && perLayerTable !== "fetch") {
       throw badRequest('`perLayerTable` must be "gpu" or "fetch"');
     }
     if (mmproj != null && !isSource(mmproj)) throw badRequest("`mmproj` must be a URL string or a File/Blob");
+    if (knobs != null && (typeof knobs !== "object" || Object.values(knobs).some((v) => typeof v !== "string"))) {
+      throw badRequest("`knobs` must be an object of strings");
+    }
     const worker = new Worker(workerUrl ?? new URL("./worker.js", import.meta.url), {
       type: "module",
     });
     const channel = new Channel(worker);
     try {
       const tableOnGpu = perLayerTable === "gpu";
-      const info = await channel.call({ op: "load", source, mmproj, cache, tableOnGpu }, ({ progress }) => {
+      const info = await channel.call({ op: "load", source, mmproj, cache, tableOnGpu, knobs }, ({ progress }) => {
         if (progress) onProgress?.(progress);
       });
       return new WGemma(worker, channel, info);

@@ -2,7 +2,7 @@
 // (HTTP Range requests through a persistent Cache API store, or slices of a File), turns
 // images into what the engine takes, and runs generation off the page's thread. It speaks
 // the message protocol of wgemma.js.
-import init, { WasmModel } from "./pkg/wgemma.js";
+import init, { WasmModel, setKnobs } from "./pkg/wgemma.js";
 
 // Bytes per cached piece of a remote file: large enough that a 244 MB model takes a few dozen
 // requests, small enough that a failed request costs little to redo.
@@ -224,9 +224,10 @@ async function cpuAdapter() {
 }
 
 const handlers = {
-  async load({ source, mmproj, cache, tableOnGpu }, reply) {
+  async load({ source, mmproj, cache, tableOnGpu, knobs }, reply) {
     await wasmReady;
     if (model) throw { code: "busy", message: "this worker already holds a model" };
+    if (knobs) setKnobs(JSON.stringify(knobs));
     if (!navigator.gpu) {
       throw {
         code: "no_webgpu",

@@ -70,7 +70,7 @@ fn session_options() -> serde_json::Value {
 }
 
 /// The native runs' GPU: without `shader-f16`, as on SwiftShader.
-fn native_gpu() -> ContextOptions {
+pub(crate) fn native_gpu() -> ContextOptions {
     ContextOptions {
         allow_f16: false,
         ..ContextOptions::default().with_env()
@@ -195,9 +195,8 @@ const VISION_MMPROJ: &str = "gemma4_tiny_vision_e2b_mmproj.gguf";
 const VISION_IMAGE: &str = "exact_480x336.png";
 const IMAGE_TOKENS: u32 = 70;
 
-/// The vision chat's questions; the first message holds the picture. The chat stays near 110
-/// positions: past about 150, the browser's logits drift from native on this model even
-/// without images (the CPU reference agrees with native).
+/// The vision chat's questions; the first message holds the picture (about 110 positions in
+/// all, so the prefill attention walks more than one 64-key chunk).
 const VISION_TURNS: [&str; 2] = ["What is in this picture?", "And its colours?"];
 
 /// A chat request: greedy, few tokens, distinct ones (see `request`). The first message's
@@ -314,7 +313,7 @@ fn write_native(out: &Path, what: &str, v: &serde_json::Value) -> Result<PathBuf
 }
 
 /// Installs playwright-core (the driver only; it never downloads a browser).
-fn ensure_playwright(tests: &Path) -> Result<(), TaskError> {
+pub(crate) fn ensure_playwright(tests: &Path) -> Result<(), TaskError> {
     if tests.join("node_modules/playwright-core").is_dir() {
         return Ok(());
     }

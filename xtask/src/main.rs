@@ -10,6 +10,7 @@ mod bench_diffusion;
 mod bench_e2e;
 mod bench_serve;
 mod bench_vision;
+mod browser_probe;
 mod browser_test;
 mod dawn_bench;
 mod dg;
@@ -41,6 +42,8 @@ enum Task {
     BenchServe(bench_serve::Args),
     /// The vision tower's speed: preprocessing, encode, time to first token of an image prompt.
     BenchVision(bench_vision::Args),
+    /// Where a model's logits in headless Chromium leave native, under sets of switches.
+    BrowserProbe(browser_probe::Args),
     /// Build the wasm package, then test it in headless Chromium (WebGPU on SwiftShader).
     BrowserTest(browser_test::Args),
     /// The page's engine timed in Node on Dawn (Chrome's WebGPU) on this machine's GPU.
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
         Task::BenchE2e(a) => bench_e2e::run(a),
         Task::BenchServe(a) => bench_serve::run(a),
         Task::BenchVision(a) => bench_vision::run(a),
+        Task::BrowserProbe(a) => browser_probe::run(a),
         Task::BrowserTest(a) => browser_test::run(a),
         Task::DawnBench(a) => dawn_bench::run(a),
         Task::DgLogits(a) => dg::logits(a),

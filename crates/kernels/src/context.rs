@@ -126,65 +126,60 @@ impl Default for ContextOptions {
 }
 
 impl ContextOptions {
-    /// Applies the `WGEMMA_*` environment overrides (native only; the browser has no env).
-    #[cfg_attr(target_arch = "wasm32", allow(unused_mut))]
+    /// Applies the `WGEMMA_*` overrides ([`crate::knobs`]: natively the environment, in the
+    /// browser what the page set).
     pub fn with_env(mut self) -> Self {
-        #[cfg(not(target_arch = "wasm32"))]
-        {
-            let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-            if let Some(b) = var("WGEMMA_BACKEND") {
-                self.backends = wgpu::Backends::from_comma_list(&b);
-            }
-            if let Some(a) = var("WGEMMA_ADAPTER") {
-                self.adapter_name = Some(a);
-            }
-            let on = |k: &str| var(k).is_some_and(|v| v != "0");
-            if on("WGEMMA_NO_F16") {
-                self.allow_f16 = false;
-            }
-            if on("WGEMMA_NO_SUBGROUPS") {
-                self.allow_subgroups = false;
-            }
-            if on("WGEMMA_NO_COOP") {
-                self.allow_coop = false;
-            }
-            if on("WGEMMA_NO_INT8_ACTIVATIONS") {
-                self.allow_int8_activations = false;
-            }
-            if on("WGEMMA_SHADER_CHECKS") {
-                self.shader_checks = true;
-            }
-            if on("WGEMMA_NO_BUSY_WAIT") {
-                self.busy_wait = false;
-            }
-            if on("WGEMMA_WEBGPU_LIMITS") {
-                self.webgpu_limits = true;
-            }
-            if on("WGEMMA_NO_SPLIT_K") {
-                self.allow_split_k = false;
-            }
-            if let Some(t) = var("WGEMMA_COOP_TILE") {
-                self.coop_tile = crate::ops::CoopTile::from_name(&t);
-            }
-            if let Some(n) = var("WGEMMA_FEW_TOKENS").and_then(|n| n.parse().ok()) {
-                self.few_tokens = n;
-            }
-            if let Some(t) = var("WGEMMA_FEW_TUNING") {
-                self.few_tuning = pair(&t);
-            }
-            if let Some(t) = var("WGEMMA_SPLIT") {
-                self.split_routing = pair(&t);
-            }
-            if let Some(r) = var("WGEMMA_ATTENTION_ROWS") {
-                self.attention_rows = r.parse().ok().filter(|r: &u32| r.is_power_of_two());
-            }
+        use crate::knobs::{get as var, on};
+        if let Some(b) = var("WGEMMA_BACKEND") {
+            self.backends = wgpu::Backends::from_comma_list(&b);
+        }
+        if let Some(a) = var("WGEMMA_ADAPTER") {
+            self.adapter_name = Some(a);
+        }
+        if on("WGEMMA_NO_F16") {
+            self.allow_f16 = false;
+        }
+        if on("WGEMMA_NO_SUBGROUPS") {
+            self.allow_subgroups = false;
+        }
+        if on("WGEMMA_NO_COOP") {
+            self.allow_coop = false;
+        }
+        if on("WGEMMA_NO_INT8_ACTIVATIONS") {
+            self.allow_int8_activations = false;
+        }
+        if on("WGEMMA_SHADER_CHECKS") {
+            self.shader_checks = true;
+        }
+        if on("WGEMMA_NO_BUSY_WAIT") {
+            self.busy_wait = false;
+        }
+        if on("WGEMMA_WEBGPU_LIMITS") {
+            self.webgpu_limits = true;
+        }
+        if on("WGEMMA_NO_SPLIT_K") {
+            self.allow_split_k = false;
+        }
+        if let Some(t) = var("WGEMMA_COOP_TILE") {
+            self.coop_tile = crate::ops::CoopTile::from_name(&t);
+        }
+        if let Some(n) = var("WGEMMA_FEW_TOKENS").and_then(|n| n.parse().ok()) {
+            self.few_tokens = n;
+        }
+        if let Some(t) = var("WGEMMA_FEW_TUNING") {
+            self.few_tuning = pair(&t);
+        }
+        if let Some(t) = var("WGEMMA_SPLIT") {
+            self.split_routing = pair(&t);
+        }
+        if let Some(r) = var("WGEMMA_ATTENTION_ROWS") {
+            self.attention_rows = r.parse().ok().filter(|r: &u32| r.is_power_of_two());
         }
         self
     }
 }
 
 /// Two numbers written `a,b`.
-#[cfg(not(target_arch = "wasm32"))]
 fn pair<A: std::str::FromStr, B: std::str::FromStr>(s: &str) -> Option<(A, B)> {
     let (a, b) = s.split_once(',')?;
     Some((a.trim().parse().ok()?, b.trim().parse().ok()?))

@@ -9,6 +9,7 @@ pub mod cpu;
 mod device_class;
 mod gpu;
 pub mod graph;
+pub mod knobs;
 pub mod ops;
 pub mod params;
 #[cfg_attr(target_arch = "wasm32", allow(dead_code))]

@@ -179,4 +179,50 @@ mod tests {
         preprocess(src, &BTreeSet::new(), &mut out);
         assert_eq!(out, "a\ne\n");
     }
+
+    /// The `var` declarations without an initializer inside a block of a function (brace
+    /// depth 2 or more): `(file:line, text)`.
+    fn nested_vars_without_initializer(file: &str, src: &str) -> Vec<(String, String)> {
+        let mut depth = 0usize;
+        let mut found = Vec::new();
+        for (i, line) in src.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            let t = code.trim();
+            if depth >= 2 && t.starts_with("var ") && !t.starts_with("var<") && !t.contains('=') {
+                found.push((format!("{file}:{}", i + 1), t.to_string()));
+            }
+            depth += code.matches('{').count();
+            depth = depth.saturating_sub(code.matches('}').count());
+        }
+        found
+    }
+
+    /// Every variable declared inside a loop or branch says its first value. WGSL zeroes one
+    /// declared without an initializer each time the declaration runs, but Chromium's Tint
+    /// (the browser's shader compiler; seen in Debian's Chromium 156) zeroes it once, at the
+    /// function's start: a loop's per-trip sums then carried over from the trip before
+    /// (the prefill attention over more than 64 keys was off by 20% in the browser).
+    #[test]
+    fn nested_variables_are_initialized() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/wgsl");
+        let mut found = Vec::new();
+        let mut files = 0;
+        for entry in std::fs::read_dir(&dir).expect("the wgsl folder") {
+            let path = entry.expect("a wgsl entry").path();
+            let src = std::fs::read_to_string(&path).expect("a wgsl file");
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            found.extend(nested_vars_without_initializer(name, &src));
+            files += 1;
+        }
+        assert!(files > 20, "only {files} WGSL files in {}", dir.display());
+        assert!(found.is_empty(), "give these an initializer: {found:?}");
+        let planted = "fn f() {\n    var a: f32;\n    for (;;) {\n        var b: f32;\n        var c = 0.0;\n    }\n}\n";
+        assert_eq!(
+            nested_vars_without_initializer("planted", planted),
+            vec![("planted:4".to_string(), "var b: f32;".to_string())]
+        );
+    }
 }

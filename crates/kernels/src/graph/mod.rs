@@ -424,12 +424,11 @@ impl Fusions {
         ]
     }
 
-    /// These fusions less the rules named in `WGEMMA_FUSIONS_OFF` (comma-separated; native
-    /// only), to measure what a rule brings with one binary.
-    #[cfg_attr(target_arch = "wasm32", allow(unused_mut))]
+    /// These fusions less the rules named in `WGEMMA_FUSIONS_OFF` (comma-separated;
+    /// [`crate::knobs`]), to measure what a rule brings with one binary, or to find which
+    /// one a browser runs differently.
     pub fn with_env(mut self) -> Self {
-        #[cfg(not(target_arch = "wasm32"))]
-        if let Ok(off) = std::env::var("WGEMMA_FUSIONS_OFF") {
+        if let Some(off) = crate::knobs::get("WGEMMA_FUSIONS_OFF") {
             for name in off.split(',').map(str::trim) {
                 if let Some((_, switch)) = Self::rules().into_iter().find(|(n, _)| *n == name) {
                     *switch(&mut self) = false;

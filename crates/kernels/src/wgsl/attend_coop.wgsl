@@ -182,7 +182,7 @@ fn main(
         }
         workgroupBarrier();
 
-        var s: array<f32, KT>;
+        var s = array<f32, KT>();
         var tile_max = MASKED;
         for (var i = 0u; i < KT; i++) {
             let j = part * KT + i;

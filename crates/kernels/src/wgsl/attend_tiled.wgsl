@@ -93,7 +93,7 @@ fn main(
             vs[j * D4 + c4] = vx;
         }
         workgroupBarrier();
-        var s: array<f32, TILE_KEYS>;
+        var s = array<f32, TILE_KEYS>();
         var tile_max = MASKED;
         for (var j = 0u; j < TILE_KEYS; j++) {
             let kp = kb + j;

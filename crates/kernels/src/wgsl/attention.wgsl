@@ -151,13 +151,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var acc: array<vec2<f32>, MAX_G>;
     for (var first = lo; first <= hi; first += CHUNK) {
         let count = min(CHUNK, hi + 1u - first);
-        var dv: array<f32, MAX_G>;
+        var dv = array<f32, MAX_G>();
         if (key < count) {
             let kb = ((first + key) * row + kvh * hd) / 4u;
             // Four of the key's vec4s loaded before they are used: loads in flight together
             // rather than one after another (this loop waits on memory, not arithmetic).
             for (var i0 = quarter; i0 < hd / 4u; i0 += 16u) {
-                var ks: array<vec4<f32>, 4>;
+                var ks = array<vec4<f32>, 4>();
                 for (var t = 0u; t < 4u; t++) {
                     if (i0 + 4u * t < hd / 4u) {
                         ks[t] = kc[kb + i0 + 4u * t];
@@ -213,7 +213,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         // Keys in batches of 8 whose values are loaded before they are summed, as above. Keys
         // past `count` have zero values (their stale probabilities add nothing).
         for (var j0 = 0u; j0 < count; j0 += 8u) {
-            var vs: array<vec2<f32>, 8>;
+            var vs = array<vec2<f32>, 8>();
             for (var t = 0u; t < 8u; t++) {
                 let vr = vb + (j0 + t) * row;
                 if (j0 + t < count && li < hd) {

@@ -123,7 +123,7 @@ fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
     for (var i = 0u; i < 8u; i++) {
         let q = w32(qb + 4u * i);
         let h = bit4u(w32(ob + 16u + 4u * i), s) << vec4<u32>(4u);
-        var v: vec4<u32>;
+        var v = vec4<u32>();
         if ((s & 1u) == 0u) {
             v = lo4u(q);
         } else {
@@ -185,7 +185,7 @@ fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
     var scl: array<f32, 2>;
     for (var t = 0u; t < 2u; t++) {
         let idx = s * 2u + t;
-        var low: u32;
+        var low = u32();
         if (idx < 8u) {
             low = wb(ob + 96u + idx) & 0xFu;
         } else {
@@ -247,7 +247,7 @@ fn decode_unit(raw: RawUnit, u: u32) -> array<vec4<f32>, 8> {
         if (i < 4u) {
             q = raw.q0[i];
         }
-        var v: vec4<f32>;
+        var v = vec4<f32>();
         if ((s & 1u) == 0u) {
             v = lo4(q);
         } else {

@@ -806,7 +806,7 @@ fn main(
             for (var t = 0u; t < tokens; t++) {
                 let xq_at = t * (p.k / 4u);
                 xs_at = t * (p.k / 16u);
-                var xv: XIn;
+                var xv = XIn();
                 for (var i = 0u; i < XN; i++) {
                     xv[i] = xq[xq_at + x_vec(u, i)];
                 }
@@ -914,7 +914,7 @@ fn main(
         // Rows past the end repeat the last row: same loads, results dropped.
         let last = p.n - 1u;
         let rb = (rbase + min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last))) * p.row_bytes;
-        var cur: array<Raw, 4>;
+        var cur = array<Raw, 4>();
         if (PREFETCH && lane < steps) {
             cur = group_load(rb, lane);
         }
@@ -936,13 +936,13 @@ fn main(
             let xbu = xb;
             let wu = 1.0;
 #endif
-            var next: array<Raw, 4>;
+            var next = array<Raw, 4>();
             if (!PREFETCH) {
                 cur = group_load(rbu, u);
             } else if (u + TPR < steps) {
                 next = group_load(rb, u + TPR);
             }
-            var xv: XIn;
+            var xv = XIn();
             for (var i = 0u; i < XN; i++) {
                 let c = x_vec(u, i);
                 if (4u * c < p.k) {

@@ -63,6 +63,17 @@ fn parse_json(text: &str) -> Result<serde_json::Value, Error> {
     serde_json::from_str(text).map_err(|e| Error::Request(format!("not JSON: {e}")))
 }
 
+/// Sets the `WGEMMA_*` tuning and debugging switches (a JSON object of strings, as the
+/// environment variables of the README) that models loaded after this read: the page's
+/// stand-in for a process environment.
+#[wasm_bindgen(js_name = setKnobs)]
+pub fn set_knobs(json: &str) -> Result<(), JsValue> {
+    let knobs: std::collections::HashMap<String, String> = serde_json::from_str(json)
+        .map_err(|e| reject(&bad(format!("knobs must be an object of strings: {e}"))))?;
+    wgemma_kernels::knobs::set(knobs);
+    Ok(())
+}
+
 /// A model that writes a token at a time, or a DiffusionGemma model (a block at a time).
 #[derive(Clone)]
 enum Engine {
@@ -131,7 +142,7 @@ impl WasmModel {
             }),
             gpu: ContextOptions {
                 cpu_adapter,
-                ..ContextOptions::default()
+                ..ContextOptions::default().with_env()
             },
             ..LoadOptions::default()
         };
@@ -294,22 +305,21 @@ impl WasmSession {
         // An abort that came after the previous generation had finished is stale.
         self.cancel.withdraw();
         if let Some(defaults) = self.diffusion_defaults {
-            let req = match parse_json(request)
+            // Gemma 4 26B-A4B, which DiffusionGemma is made from, reads pictures, not sound.
+            if js_sys::Array::is_array(&audio) && js_sys::Array::from(&audio).length() > 0 {
+                return Promise::reject(&reject(&bad(
+                    "audio with a text diffusion (DiffusionGemma) model: it has no audio tower",
+                )));
+            }
+            let mut req = match parse_json(request)
                 .and_then(|v| DiffusionGenerate::from_json(&v, defaults))
             {
                 Ok(r) => r,
                 Err(e) => return Promise::reject(&reject(&e)),
             };
-            // Images in a DiffusionGemma prompt run natively (against transformers); in the
-            // browser test, Chromium's engine gave other canvas logits than the native run, so
-            // the browser refuses them until that is explained.
-            let media = [&images, &audio]
-                .iter()
-                .any(|m| js_sys::Array::is_array(m) && js_sys::Array::from(m).length() > 0);
-            if media {
-                return Promise::reject(&reject(&bad(
-                    "images and audio with a text diffusion (DiffusionGemma) model: not yet in the browser (images work natively)",
-                )));
+            match image_inputs(&images) {
+                Ok(i) => req.images = i,
+                Err(e) => return Promise::reject(&reject(&e)),
             }
             return self.lend(async move |chat| {
                 let Chat::Diffusion(d) = chat else {

@@ -223,10 +223,7 @@ impl RowsTogether {
     fn new(ctx: &GpuContext, max_rows: usize, vocab: u32) -> Self {
         let rows = max_rows as u64;
         let buf = |name: &str, words: u64| View::of(&ctx.storage(name, words * 4));
-        #[cfg(not(target_arch = "wasm32"))]
-        let on = !std::env::var("WGEMMA_ROWS_APART").is_ok_and(|v| !v.is_empty() && v != "0");
-        #[cfg(target_arch = "wasm32")]
-        let on = true;
+        let on = !wgemma_kernels::knobs::on("WGEMMA_ROWS_APART");
         Self {
             on,
             draws: buf("batch draws", 4 * rows),
