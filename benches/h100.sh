@@ -79,6 +79,9 @@
 #   few_sweep  the few-token kernel's lanes a row and rows a group (WGEMMA_FEW_TUNING), one
 #              binary, bench-batch on E2B at 3, 4 and 8 sequences; $OUT/few/sweep.md.
 #              FEW_TUNINGS: the shapes ("-": the default; "noresid": rule residual_prologue off)
+#   batch_ab   batched decode of this build against .dev/xtask-base, interleaved twice
+#              (bench-batch, E2B, AB_SEQS, default 3,4,8,16); $OUT/abb/sweep.md. Carry
+#              [".gl", ".dev/xtask.xz", ".dev/xtask-base.xz"].
 #   split_sweep  batched decode at 9-64 rows under the split over k's target (WGEMMA_SPLIT)
 #              and 16-token tiles (WGEMMA_COOP_TILE=16), one binary; $OUT/split/sweep.md.
 #              Carry [".gl", ".dev/xtask.xz", ".dev/parity.xz"].
@@ -524,6 +527,25 @@ split_sweep() {
       > "$OUT/split/sweep-$t.jsonl" 2> "$OUT/split/sweep-$t.err" || tail -3 "$OUT/split/sweep-$t.err"
   done
   sweep_table "$OUT/split" run | tee "$OUT/split/sweep.md"
+}
+
+# Batched decode of this build against .dev/xtask-base (`BASE=REV bash
+# benches/prepare-h100.sh`), base first, twice over: bench-batch on E2B at AB_SEQS, 64
+# generated, 2 reps; $OUT/abb/sweep.md.
+batch_ab() {
+  synth e2b
+  mkdir -p "$OUT/abb"
+  local i x bin
+  for i in 1 2; do
+    for x in base ours; do
+      bin=.dev/xtask
+      [ $x = base ] && bin=.dev/xtask-base
+      $bin bench-batch --model "$W/models/e2b.gguf" --sequences "${AB_SEQS:-3,4,8,16}" \
+        --reps 2 --decode 64 --json > "$OUT/abb/sweep-$x$i.jsonl" 2> "$OUT/abb/sweep-$x$i.err" \
+        || tail -3 "$OUT/abb/sweep-$x$i.err"
+    done
+  done
+  sweep_table "$OUT/abb" run | tee "$OUT/abb/sweep.md"
 }
 
 # The E2B file and the llama-server build ready, for a `serve` call after this one.
