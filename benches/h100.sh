@@ -106,6 +106,9 @@
 #   dawn_only  wasm + Dawn alone on MODELS, one timed run each, $OUT/dawn_only.txt.
 #   dawntoggles Dawn's per-kernel GPU times of E2B under each of DAWN_TOGGLES (default: none,
 #              disable_robustness, disable_workgroup_init), $OUT/dawntoggles.txt.
+#   env_ab     one binary without and with the switches AB_ENV, under BASE_ENV, interleaved
+#              twice (bench-e2e on AB_MODEL, default e2b, 512-token prompt), then the prefill
+#              profiles; $OUT/env_ab.txt.
 #   prefill_ab the browser's f32 prefill product of this build against .dev/xtask-base's
 #              (natively under the browser's constraints), then wasm + Dawn; E2B.
 #   browserlike native bench-e2e under the browser's constraints (WGEMMA_NO_F16, NO_COOP,
@@ -897,7 +900,13 @@ dawntoggles() {
 # constraints (prefill tok/s and the matmul's kernel time), then this build's web/pkg on Dawn;
 # $OUT/prefill_ab.txt. Carry .dev/xtask-base.xz beside the dawn step's files.
 prefill_ab() {
-  node_dawn
+  prefill_native_ab
+  prefill_dawn
+}
+
+# prefill_ab's first half: the two builds natively under the browser's constraints (carry
+# [".gl", ".dev/xtask.xz", ".dev/xtask-base.xz"]).
+prefill_native_ab() {
   synth e2b
   mkdir -p "$OUT/dawn"
   local env="WGEMMA_NO_F16=1 WGEMMA_NO_COOP=1 WGEMMA_WEBGPU_LIMITS=1"
@@ -917,6 +926,39 @@ prefill_ab() {
     env $env $x bench-e2e --model "$W/models/e2b.gguf" --prompt 512 --decode 16 --reps 1 --profile \
       2>&1 > /dev/null | grep -E "^prefill|  matmul " | sed "s/^/$b: /" | tee -a "$OUT/prefill_ab.txt"
   done
+}
+
+# One binary under BASE_ENV, without and with AB_ENV (switches), interleaved twice: bench-e2e
+# on AB_MODEL (default e2b), 512-token prompt, 16 decoded, 3 reps; then each side's prefill
+# profile (its matmul line); $OUT/env_ab.txt.
+env_ab() {
+  local m=${AB_MODEL:-e2b} rep side env
+  synth "$m"
+  for rep in 1 2; do
+    for side in off on; do
+      env="${BASE_ENV:-}"
+      [ $side = on ] && env+=" $AB_ENV"
+      env $env .dev/xtask bench-e2e --model "$W/models/$m.gguf" --prompt 512 --decode 16 --reps 3 \
+        --json > "$OUT/ab-$side-$rep.json" 2> /dev/null
+      echo "$side $rep $(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().splitlines()[-1]); print("prefill", round(d["prefill_tok_s"]), "decode", round(d["decode_tok_s"]))' "$OUT/ab-$side-$rep.json")" \
+        | tee -a "$OUT/env_ab.txt"
+    done
+  done
+  for side in off on; do
+    env="${BASE_ENV:-}"
+    [ $side = on ] && env+=" $AB_ENV"
+    env $env .dev/xtask bench-e2e --model "$W/models/$m.gguf" --prompt 512 --decode 16 --reps 1 \
+      --profile 2>&1 > /dev/null | grep -E "^prefill|  matmul " | sed "s/^/$side: /" \
+      | tee -a "$OUT/env_ab.txt"
+  done
+}
+
+# prefill_ab's second half: this build's web/pkg on Dawn next to native (carry [".gl",
+# ".dev/xtask.xz", ".dev/node.xz", ".dev/dawn.tar.xz", "web/pkg"]).
+prefill_dawn() {
+  node_dawn
+  synth e2b
+  mkdir -p "$OUT/dawn"
   .dev/xtask dawn-bench --no-build --node "$W/node" --model "$W/models/e2b.gguf" --prompt 512 \
     --decode 128 --reps 3 > "$OUT/dawn/dawn-e2b.json" 2> "$OUT/dawn/dawn-e2b.err"
   .dev/xtask bench-e2e --model "$W/models/e2b.gguf" --prompt 512 --decode 128 --reps 3 --json \
