@@ -109,6 +109,8 @@
 #   env_ab     one binary without and with the switches AB_ENV, under BASE_ENV, interleaved
 #              twice (bench-e2e on AB_MODEL, default e2b, 512-token prompt), then the prefill
 #              profiles; $OUT/env_ab.txt.
+#   pkg_ab     the page's engine on Dawn from two wasm packages (.dev/pkg-old.tar.xz,
+#              .dev/pkg-new.tar.xz), interleaved twice, PKG_MODELS; $OUT/pkg_ab.txt.
 #   prefill_ab the browser's f32 prefill product of this build against .dev/xtask-base's
 #              (natively under the browser's constraints), then wasm + Dawn; E2B.
 #   browserlike native bench-e2e under the browser's constraints (WGEMMA_NO_F16, NO_COOP,
@@ -950,6 +952,29 @@ env_ab() {
     env $env .dev/xtask bench-e2e --model "$W/models/$m.gguf" --prompt 512 --decode 16 --reps 1 \
       --profile 2>&1 > /dev/null | grep -E "^prefill|  matmul " | sed "s/^/$side: /" \
       | tee -a "$OUT/env_ab.txt"
+  done
+}
+
+# The page's engine on Dawn from two packages, .dev/pkg-old.tar.xz and .dev/pkg-new.tar.xz
+# (`tar cJf .dev/pkg-X.tar.xz -C web pkg` after `cargo xtask wasm` at each revision),
+# interleaved twice: dawn-bench on PKG_MODELS (default gemma3-270m e2b), 512-token prompt,
+# 128 generated, 3 reps; $OUT/pkg_ab.txt. Carry [".gl", ".dev/xtask.xz", ".dev/node.xz",
+# ".dev/dawn.tar.xz", ".dev/pkg-old.tar.xz", ".dev/pkg-new.tar.xz"].
+pkg_ab() {
+  node_dawn
+  mkdir -p "$OUT/dawn"
+  local m rep side
+  for m in ${PKG_MODELS:-gemma3-270m e2b}; do
+    synth "$m"
+    for rep in 1 2; do
+      for side in old new; do
+        rm -rf web/pkg && tar xJf ".dev/pkg-$side.tar.xz" -C web
+        .dev/xtask dawn-bench --no-build --node "$W/node" --model "$W/models/$m.gguf" --prompt 512 \
+          --decode 128 --reps 3 > "$OUT/dawn/pkg-$side-$m-$rep.json" 2> "$OUT/dawn/pkg-$side-$m-$rep.err"
+        echo "$m $side $rep $(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().splitlines()[-1]); print("prefill", round(d["prefill_tok_s"]), "decode", round(d["decode_tok_s"]))' "$OUT/dawn/pkg-$side-$m-$rep.json")" \
+          | tee -a "$OUT/pkg_ab.txt"
+      done
+    done
   done
 }
 
