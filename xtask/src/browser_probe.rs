@@ -11,7 +11,7 @@ use std::process::Command;
 use futures::StreamExt;
 use wgemma::{Event, GenerateRequest, LoadOptions, Model};
 
-use crate::browser_test::{ensure_playwright, native_gpu};
+use crate::browser_test::{ensure_playwright, native_gpu, require_chromium};
 use crate::serve::Server;
 use crate::wasm::build;
 use crate::{TaskError, workspace_root};
@@ -131,6 +131,7 @@ fn top_difference(native: &[(u32, f32)], browser: &serde_json::Value) -> (f32, u
 
 pub fn run(a: Args) -> Result<(), TaskError> {
     let root = workspace_root();
+    require_chromium(&a.chromium)?;
     if !a.no_build {
         build(&root)?;
     }

@@ -312,6 +312,14 @@ fn write_native(out: &Path, what: &str, v: &serde_json::Value) -> Result<PathBuf
     Ok(path)
 }
 
+/// The browser binary, or an error that says how to get it.
+pub(crate) fn require_chromium(path: &Path) -> Result<(), TaskError> {
+    if path.exists() {
+        return Ok(());
+    }
+    Err(format!("{} not found: apt-get install chromium", path.display()).into())
+}
+
 /// Installs playwright-core (the driver only; it never downloads a browser).
 pub(crate) fn ensure_playwright(tests: &Path) -> Result<(), TaskError> {
     if tests.join("node_modules/playwright-core").is_dir() {
@@ -331,13 +339,7 @@ pub(crate) fn ensure_playwright(tests: &Path) -> Result<(), TaskError> {
 
 pub fn run(a: Args) -> Result<(), TaskError> {
     let root = workspace_root();
-    if !a.chromium.exists() {
-        return Err(format!(
-            "{} not found: apt-get install chromium",
-            a.chromium.display()
-        )
-        .into());
-    }
+    require_chromium(&a.chromium)?;
     let out = root.join(&a.out);
     std::fs::create_dir_all(&out)?;
     let t = std::time::Instant::now();

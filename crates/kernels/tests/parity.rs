@@ -713,6 +713,8 @@ fn attention_matches_cpu_for_prefill_decode_window_and_gqa() {
     // (n_head, n_kv_head, head_dim, capacity, positions, window, softcap)
     type Case = (u32, u32, u32, u32, Vec<u32>, u32, f32);
     let cases: Vec<Case> = vec![
+        // The tiny vision model's shape, within and past the first 64-key chunk (Chromium
+        // once carried a chunk's scores into the next).
         (4, 1, 32, 80, (0..60).collect(), 0, 0.0),
         (4, 1, 32, 80, (0..76).collect(), 8, 0.0),
         (4, 1, 32, 80, (0..76).collect(), 0, 0.0),

@@ -55,6 +55,13 @@ pub struct Gumbel {
     pub temperature: f32,
 }
 
+impl Gumbel {
+    /// The factor the logits are scaled by (a temperature of 0 as a tiny one).
+    fn inv_temp(&self) -> f32 {
+        1.0 / self.temperature.max(1e-6)
+    }
+}
+
 /// The two dispatches of an argmax over `n` values; `result` receives (index, value bits).
 pub struct Argmax {
     pub partial: Dispatch,
@@ -85,7 +92,7 @@ fn argmax_params(n: u32, g: Option<Gumbel>) -> Params {
         parts: n.div_ceil(ARGMAX_CHUNK),
         seed: g.seed,
         step: g.step,
-        inv_temp: 1.0 / g.temperature.max(1e-6),
+        inv_temp: g.inv_temp(),
     })
 }
 
@@ -117,7 +124,7 @@ impl RowDraw {
         Self {
             seed: g.seed,
             step: g.step,
-            inv_temp: 1.0 / g.temperature.max(1e-6),
+            inv_temp: g.inv_temp(),
             gumbel: 1,
         }
     }
