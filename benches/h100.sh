@@ -78,7 +78,10 @@
 #              the kernel profile at 8; $OUT/few/ and $OUT/few.md. Starts build_srv first.
 #   few_sweep  the few-token kernel's lanes a row and rows a group (WGEMMA_FEW_TUNING), one
 #              binary, bench-batch on E2B at 3, 4 and 8 sequences; $OUT/few/sweep.md.
-#              FEW_TUNINGS: the shapes ("-": the default; "noresid": rule residual_prologue off)
+#              FEW_TUNINGS: the shapes ("-": the default, "-b" again; "noresid": rule
+#              residual_prologue off; "NAME:VAR=V": a run named NAME with that environment)
+#   e2e_ab     bench-e2e of this build against .dev/xtask-base on MODELS, interleaved;
+#              $OUT/e2e_ab.txt. Carry [".gl", ".dev/xtask.xz", ".dev/xtask-base.xz"].
 #   batch_ab   batched decode of this build against .dev/xtask-base, interleaved twice
 #              (bench-batch, E2B, AB_SEQS, default 3,4,8,16); $OUT/abb/sweep.md. Carry
 #              [".gl", ".dev/xtask.xz", ".dev/xtask-base.xz"].
@@ -481,8 +484,9 @@ few_sweep() {
   for t in ${FEW_TUNINGS:-- 16,1 8,2 8,1 32,1 4,2}; do
     f="$OUT/few/sweep-${t/,/x}.jsonl"
     case $t in
-      -) envs="" ;;
+      -*) envs="" ;;
       noresid) envs="WGEMMA_FUSIONS_OFF=residual_prologue" ;;
+      *:*) envs="${t#*:}" f="$OUT/few/sweep-${t%%:*}.jsonl" ;;
       *) envs="WGEMMA_FEW_TUNING=$t" ;;
     esac
     env $envs .dev/xtask bench-batch \
@@ -490,6 +494,23 @@ few_sweep() {
       > "$f" 2> "${f%.jsonl}.err" || tail -3 "${f%.jsonl}.err"
   done
   sweep_table "$OUT/few" tuning | tee "$OUT/few/sweep.md"
+}
+
+# bench-e2e of this build against .dev/xtask-base on MODELS, interleaved E2E_AB_ROUNDS times
+# (default 2; E2E_ARGS adds arguments); $OUT/e2e_ab.txt.
+e2e_ab() {
+  synth $MODELS
+  local m r side x
+  for m in $MODELS; do
+    for r in $(seq "${E2E_AB_ROUNDS:-2}"); do
+      for side in base ours; do
+        x=.dev/xtask && [ $side = base ] && x=.dev/xtask-base
+        $x bench-e2e --model "$W/models/$m.gguf" --json ${E2E_ARGS:-} 2> /dev/null | tail -n 1 \
+          | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print(sys.argv[1], "prefill", round(d["prefill_tok_s"]), "decode", round(d["decode_tok_s"], 1))' "$m $side $r" \
+          | tee -a "$OUT/e2e_ab.txt"
+      done
+    done
+  done
 }
 
 # The aggregate decode tok/s of each run's sweep-RUN.jsonl (bench-batch lines) in directory $1,

@@ -49,13 +49,15 @@ pub(super) fn takes_few_tokens(ctx: &GpuContext, w: &GpuWeight, a: &MatmulArgs<'
 /// no workgroup barrier per token; 64 lanes with a barrier per token measured far slower),
 /// 2 rows a group, or 4 for rows by the ten thousand (an output head: fewer workgroups, each
 /// rounding its tokens' inputs once; not tuned apart); a CPU adapter's lanes as its
-/// one-token products take them.
+/// one-token products take them. Each step's weights are fetched while the step before is
+/// dotted with every token (E2B on the H200, 4 / 8 sequences: 579 / 929 tok/s against 498
+/// / 829 fetched where used; benches/RESULTS.md, "thirty-fourth session").
 fn few_token_tuning(ctx: &GpuContext, rows: u64, gated: bool) -> MatvecTuning {
     if let Some((tpr, rpt)) = ctx.few_tuning {
         return MatvecTuning {
             tpr,
             rpt: if gated { rpt.max(2) } else { rpt },
-            prefetch: false,
+            prefetch: true,
             int8_input: true,
         };
     }
@@ -66,7 +68,7 @@ fn few_token_tuning(ctx: &GpuContext, rows: u64, gated: bool) -> MatvecTuning {
     MatvecTuning {
         tpr,
         rpt: if rows >= 8192 { 4 } else { 2 },
-        prefetch: false,
+        prefetch: true,
         int8_input: true,
     }
 }

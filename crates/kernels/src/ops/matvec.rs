@@ -766,6 +766,9 @@ fn matvec_source(
         source = source
             .constant("XQ", f64::from(tokens * k / 4))
             .constant("XC", f64::from(tokens * k / 16));
+        if tokens > 1 {
+            source = source.constant("XQ4", f64::from(tokens * k / 16));
+        }
     }
     if subgroups {
         source = source.constant("SG", f64::from(ctx.features.subgroup_min_size.clamp(4, 64)));
