@@ -9,8 +9,8 @@ use common::{ctx, gpu_model_table_on_gpu, load, rel_err};
 use wgemma_gguf::GgmlType;
 use wgemma_text::synth::{DtypeMix, SynthMoe, SynthSpec, synthetic_bytes};
 use wgemma_text::{
-    BatchDecoder, BatchRow, CpuModel, ForwardError, GpuModel, GpuSession, KvPool, SamplingParams,
-    SessionOptions,
+    BatchDecoder, BatchRow, CpuModel, ForwardError, Fusions, GpuModel, GpuSession, KvPool,
+    SamplingParams, SessionOptions,
 };
 
 /// A sequence of the batch: its session on the GPU and its state in the CPU reference.
@@ -113,11 +113,21 @@ fn specs() -> Vec<SynthSpec> {
     ]
 }
 
+/// Batched steps against each sequence's CPU reference, their head work inside the split
+/// attention (rule `batched_heads_in_attention`) and in a dispatch of its own.
 #[test]
 fn batched_steps_match_each_sequence_alone() {
     let Some(ctx) = ctx() else { return };
-    for spec in specs() {
-        let what = format!("{} {:?}", spec.arch, spec.mix);
+    let apart = Fusions {
+        batched_heads_in_attention: false,
+        ..Fusions::ALL
+    };
+    for (spec, fusions) in specs()
+        .into_iter()
+        .flat_map(|s| [(s.clone(), Fusions::ALL), (s, apart)])
+    {
+        let heads_fused = fusions.batched_heads_in_attention;
+        let what = format!("{} {:?} heads fused {heads_fused}", spec.arch, spec.mix);
         let m = load(synthetic_bytes(&spec).unwrap(), ctx.clone());
         let vocab = spec.n_vocab as u32;
         let pool = KvPool::new(m.gpu.clone(), 4, 64).unwrap();
@@ -132,6 +142,7 @@ fn batched_steps_match_each_sequence_alone() {
         );
         assert!(short >= 4 * long && long >= 4, "{short} {long}");
         let mut batch = BatchDecoder::new(pool.clone(), 4).unwrap();
+        batch.set_fusions(fusions).unwrap();
         // Prompts shorter and longer than the sliding window (6), in slots 0, 1 and 2.
         let mut a = start(&m.gpu, &m.cpu, &pool, &prompt(11, 1, vocab));
         let mut b = start(&m.gpu, &m.cpu, &pool, &prompt(3, 2, vocab));

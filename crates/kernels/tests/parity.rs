@@ -2323,6 +2323,130 @@ fn split_decode_attention_matches_cpu() {
     }
 }
 
+/// Several sequences' decode steps with their head work inside the split attention (rule
+/// `batched_heads_in_attention`): each token's Q and K normed and roped at its position in
+/// its slot, its K and V into the cache at its row, its attention over its own slot.
+#[test]
+fn batched_decode_attention_with_head_work_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(59);
+    let (slot_rows, slots) = (40u32, 3u32);
+    // (slot, position in the slot) of each token: the slot's first row, its last, between.
+    let rows = [(0u32, 21u32), (1, 39), (2, 0)];
+    let positions: Vec<u32> = rows.iter().map(|(s, p)| s * slot_rows + p).collect();
+    let t = positions.len() as u32;
+    // (heads, kv heads, head_dim, n_rot, window, k_is_v, v_norm)
+    for (nh, nkv, hd, n_rot, window, k_is_v, v_norm) in [
+        (4u32, 2u32, 64u32, 64u32, 0u32, false, true),
+        (8, 1, 128, 64, 8, true, true),
+        (3, 3, 64, 32, 0, false, false),
+    ] {
+        let what = format!("h={nh}/{nkv} hd={hd} w={window} k_is_v={k_is_v}");
+        let width = (nh + nkv * if k_is_v { 1 } else { 2 }) * hd;
+        let qkv = rng.vec((t * width) as usize, 2.0);
+        let (qn, kn) = (rng.vec(hd as usize, 1.0), rng.vec(hd as usize, 1.0));
+        let cap = slot_rows * slots;
+        let kv_len = (cap * nkv * hd) as usize;
+        let (kc, vc) = (rng.vec(kv_len, 1.0), rng.vec(kv_len, 1.0));
+        let shape = HeadShape {
+            nh,
+            nkv,
+            hd,
+            n_rot,
+            k_is_v,
+            v_norm,
+            freq_scale: 0.5,
+        };
+        let (mut want_k, mut want_v) = (kc.clone(), vc.clone());
+        let mut qs = Vec::new();
+        for (ti, &pos) in positions.iter().enumerate() {
+            let row = &qkv[ti * width as usize..(ti + 1) * width as usize];
+            let (q, k, v) = heads_on_cpu(row, &shape, pos % slot_rows, &qn, &kn, None);
+            let at = pos as usize * k.len();
+            want_k[at..at + k.len()].copy_from_slice(&k);
+            want_v[at..at + v.len()].copy_from_slice(&v);
+            qs.push(q);
+        }
+        let mut want = Vec::new();
+        for (q, &pos) in qs.iter().zip(&positions) {
+            let reference = cpu::AttendRef {
+                q,
+                k: &want_k,
+                v: &want_v,
+                heads: nh as usize,
+                kv_heads: nkv as usize,
+                d: hd as usize,
+                q_pos0: pos as usize,
+                scale: 0.1,
+                softcap: 0.0,
+                relative: None,
+            };
+            let slot = |p: usize| p / slot_rows as usize;
+            want.extend(cpu::attend(&reference, |qp, kp| {
+                let near = |d: usize| window == 0 || d < window as usize;
+                slot(qp) == slot(kp) && kp <= qp && near(qp - kp)
+            }));
+        }
+        let (qnv, knv) = (upload(ctx, &qn), upload(ctx, &kn));
+        let (kcv, vcv) = (upload(ctx, &kc), upload(ctx, &vc));
+        let (qkv_v, pos_v) = (upload(ctx, &qkv), upload_u32(ctx, &positions));
+        let out = poisoned(ctx, want.len());
+        let floats = ops::DecodeAttention::scratch_floats_for(nh, hd, slot_rows, t);
+        let scratch = poisoned(ctx, floats as usize);
+        let post = ops::HeadPostArgs {
+            qkv: &qkv_v,
+            q_norm: &qnv,
+            kv: Some(ops::HeadPostKv {
+                k_norm: &knv,
+                k_cache: &kcv,
+                v_cache: &vcv,
+                n_kv: nkv,
+                k_is_v,
+                v_norm,
+            }),
+            positions: &pos_v,
+            tokens: t,
+            n_head: nh,
+            head_dim: hd,
+            stride: width,
+            n_rot,
+            base: 10000.0,
+            freq_scale: 0.5,
+            freq_factors: None,
+            eps: 1e-6,
+            slot_rows,
+        };
+        let args = AttentionArgs {
+            q: &qkv_v,
+            k_cache: &kcv,
+            v_cache: &vcv,
+            positions: &pos_v,
+            out: &out,
+            tokens: t,
+            n_head: nh,
+            n_kv_head: nkv,
+            head_dim: hd,
+            window,
+            scale: 0.1,
+            softcap: 0.0,
+            q_stride: width,
+            last_key: None,
+            first_key: None,
+            slot_rows,
+        };
+        let a = ops::attention_decode(ctx, &args, 0, &scratch, Some(&post)).unwrap();
+        run(ctx, &[&a.split, &a.combine]);
+        assert_close(&format!("{what} output"), &read(ctx, &out), &want, 1e-4);
+        assert_close(&format!("{what} k cache"), &read(ctx, &kcv), &want_k, 1e-4);
+        assert_close(&format!("{what} v cache"), &read(ctx, &vcv), &want_v, 1e-5);
+        assert_eq!(
+            read(ctx, &qkv_v),
+            qkv,
+            "{what}: the fused kernel leaves the projection as it is"
+        );
+    }
+}
+
 /// The head work fused into the split kernel against the CPU (head norms and RoPE, then
 /// attention over the cache with the token's K/V in its slot): the attention output and the
 /// stored K/V, for layers that own their cache (K as V, V norm, frequency factors, the token

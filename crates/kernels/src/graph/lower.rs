@@ -16,6 +16,12 @@ use crate::{DType, Dispatch, GpuContext, GpuError, GpuWeight, Tensor, View};
 /// (benches/RESULTS.md, "Matrix-vector tuning rules").
 pub const MERGE_IN_FRONT_HEADS: u32 = 8;
 
+/// Most sequences of a batched decode step whose per-head norms, rope and K/V store run
+/// inside their split attention (rule `batched_heads_in_attention`): each of its workgroups
+/// redoes its head's work, which costs more than the dispatch it saves from 16 rows on
+/// (benches/RESULTS.md, "Matrix-vector tuning rules").
+pub const BATCHED_HEADS_IN_ATTENTION_ROWS: u32 = 8;
+
 /// Slots per expert on average from which the experts' products run tiled, grouped by
 /// expert: a tiled product costs about the same for 1 to 64 slots of an expert, one product
 /// per slot grows with the slots (benches/RESULTS.md, "Matrix-vector tuning rules").
@@ -138,8 +144,13 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
             Node::Gated { gate, up, out } => self.gated(*gate, *up, *out),
             Node::Residual { .. } => self.residual(i),
             Node::HeadNormRope { args, out, .. } => {
-                if self.g.tokens == 1
-                    && matches!(self.at(i + 1), Some(Node::Attention { qkv, .. }) if qkv == out)
+                // One token's head work always goes into its split attention; several
+                // sequences' decode steps' (each its own slot of the cache) by rule
+                // `batched_heads_in_attention`.
+                let batched = self.l.fusions.batched_heads_in_attention
+                    && self.g.tokens <= BATCHED_HEADS_IN_ATTENTION_ROWS;
+                if matches!(self.at(i + 1), Some(Node::Attention { qkv, args: a, .. })
+                        if qkv == out && (self.g.tokens == 1 || (batched && a.slot_rows > 0)))
                 {
                     return Ok(1 + self.attention(i + 1, Some(args))?);
                 }
@@ -860,7 +871,7 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         if self.g.tokens != 1 && args.slot_rows > 0 {
             // Each token a sequence of its own (a batch of decode steps): split over the keys
             // as one token's attention is, the tokens side by side.
-            let (split, merge) = ops::attention_split(self.ctx, args, 0, part, None)?;
+            let (split, merge) = ops::attention_split(self.ctx, args, 0, part, heads)?;
             let combine = ops::attention_combine(self.ctx, &merge)?;
             self.run(vec![split, combine]);
             self.wrote(&[*out])?;

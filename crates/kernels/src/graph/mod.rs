@@ -372,6 +372,10 @@ pub struct Fusions {
     /// rows are several sequences' tokens (batched decode); a prompt's steps leave it off, so
     /// that its logits do not depend on how it was cut into steps.
     pub few_token_products: bool,
+    /// Several sequences' decode steps' per-head norms, rope and K/V store inside their split
+    /// attention, up to `lower::BATCHED_HEADS_IN_ATTENTION_ROWS` sequences (one token's always
+    /// are: no other kernel takes that pattern).
+    pub batched_heads_in_attention: bool,
 }
 
 /// A rule's field of [`Fusions`].
@@ -390,6 +394,7 @@ impl Fusions {
         per_layer_gate: true,
         lora_in_product: true,
         few_token_products: true,
+        batched_heads_in_attention: true,
     };
 
     /// No fusion rule: one dispatch per node, but where a kernel is the only one for a
@@ -406,10 +411,11 @@ impl Fusions {
         per_layer_gate: false,
         lora_in_product: false,
         few_token_products: false,
+        batched_heads_in_attention: false,
     };
 
     /// Each rule's name and a switch for it.
-    fn rules() -> [(&'static str, Switch); 10] {
+    fn rules() -> [(&'static str, Switch); 11] {
         [
             ("residual_prologue", |f| &mut f.residual_prologue),
             ("experts_mix_in_product", |f| &mut f.experts_mix_in_product),
@@ -421,6 +427,9 @@ impl Fusions {
             ("per_layer_gate", |f| &mut f.per_layer_gate),
             ("lora_in_product", |f| &mut f.lora_in_product),
             ("few_token_products", |f| &mut f.few_token_products),
+            ("batched_heads_in_attention", |f| {
+                &mut f.batched_heads_in_attention
+            }),
         ]
     }
 

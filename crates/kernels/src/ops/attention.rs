@@ -238,20 +238,21 @@ impl DecodeAttention {
     /// `keys` keys.
     pub fn scratch_floats_for(n_head: u32, head_dim: u32, keys: u32, tokens: u32) -> u64 {
         // Per token, head and chunk, the chunk's output, then its max and sum in a vec4; then
-        // room for one token's K and V on their way to the cache (at most one pair per query
+        // room for each token's K and V on their way to the cache (at most one pair per query
         // head).
         let chunks = u64::from(tokens) * u64::from(n_head) * u64::from(keys.div_ceil(ATTN_CHUNK));
-        chunks * u64::from(head_dim + 4) + 2 * u64::from(n_head) * u64::from(head_dim)
+        chunks * u64::from(head_dim + 4)
+            + 2 * u64::from(tokens) * u64::from(n_head) * u64::from(head_dim)
     }
 }
 
 /// Attention of one token's queries (at `positions[0]`) over the cache, split over chunks of
-/// keys. `q` starts `q_offset` floats into `a.q`; `a.tokens` must be 1, or without `post`,
-/// the tokens of several sequences' decode steps (`a.slot_rows` > 0).
+/// keys. `q` starts `q_offset` floats into `a.q`; `a.tokens` must be 1, or the tokens of
+/// several sequences' decode steps (`a.slot_rows` > 0).
 ///
-/// With `post`, the split kernel also does [`head_post`]'s work for the token, one dispatch
+/// With `post`, the split kernel also does [`head_post`]'s work for the tokens, one dispatch
 /// fewer: `a.q` is then the raw projection `post.qkv` (left as it is), and where `post.kv` is
-/// given its caches must be `a`'s (the merge stores the token's K and V there for later
+/// given its caches must be `a`'s (the merge stores the tokens' K and V there for later
 /// steps).
 pub fn attention_decode(
     ctx: &GpuContext,
@@ -298,10 +299,10 @@ pub fn attention_split<'a>(
     scratch: &'a View,
     post: Option<&HeadPostArgs<'_>>,
 ) -> Result<(Dispatch, AttentionMerge<'a>), GpuError> {
-    let rows_ok = a.tokens == 1 || (post.is_none() && a.slot_rows > 0);
+    let rows_ok = a.tokens == 1 || a.slot_rows > 0;
     if !rows_ok
         || a.first_key.is_some()
-        || post.is_some_and(|h| h.slot_rows != 0 || a.slot_rows != 0)
+        || post.is_some_and(|h| h.slot_rows != a.slot_rows)
         || a.head_dim > MAX_HEAD_DIM
         || !a.head_dim.is_multiple_of(4)
         || a.n_kv_head == 0
@@ -479,8 +480,8 @@ pub fn matvec_after_attention<'a>(
     matvec_dispatches(ctx, w, &job)
 }
 
-/// That the head work fused into [`attention_decode`] is [`head_post`]'s for its one token
-/// and heads, on the projection `a` reads.
+/// That the head work fused into [`attention_decode`] is [`head_post`]'s for its tokens and
+/// heads, on the projection `a` reads (token rows as far apart).
 fn check_fused_heads(
     a: &AttentionArgs<'_>,
     q_offset: u32,
@@ -488,15 +489,21 @@ fn check_fused_heads(
 ) -> Result<(), GpuError> {
     check_head_post(h)?;
     let kv_heads = h.kv.as_ref().map_or(a.n_kv_head, |kv| kv.n_kv);
-    if h.tokens != 1 || h.n_head != a.n_head || h.head_dim != a.head_dim || kv_heads != a.n_kv_head
+    if h.tokens != a.tokens
+        || (a.tokens > 1 && h.stride != a.q_stride)
+        || h.n_head != a.n_head
+        || h.head_dim != a.head_dim
+        || kv_heads != a.n_kv_head
     {
         return Err(shape(format!(
-            "attention_decode: head work for {} tokens, {} heads ({kv_heads} KV) of dim {}",
-            h.tokens, h.n_head, h.head_dim
+            "attention_decode: head work for {} tokens {} apart, {} heads ({kv_heads} KV) of dim {}",
+            h.tokens, h.stride, h.n_head, h.head_dim
         )));
     }
     a.q.expect_len32(
         "attention qkv",
-        u64::from(q_offset) + u64::from(head_post_width(h)),
+        u64::from(q_offset)
+            + u64::from(a.tokens.max(1) - 1) * u64::from(a.q_stride)
+            + u64::from(head_post_width(h)),
     )
 }

@@ -1,9 +1,9 @@
 // Merges the per-chunk results of attn_split.wgsl: one workgroup per query head rescales each
 // chunk by exp(m_c - max) and divides by the total weight.
-// KV_STORE: the split left the token's K and V after the partial results; the workgroup of
-// each KV group's first query head stores them in the cache slot of the token's position.
-// Several tokens (workgroup y; without KV_STORE): token r's heads are the split's heads
-// r * n_head ..., and its output row r.
+// KV_STORE: the split left each token's K and V after the partial results; the workgroup of
+// each KV group's first query head stores them in the cache row of the token's position.
+// Several tokens (workgroup y): token r's heads are the split's heads r * n_head ..., and its
+// output row r.
 
 struct Params {
     n_head: u32,
@@ -30,7 +30,11 @@ fn split_of_p() -> Split {
 #endif
 
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
     let h = wg.x;
     let r = wg.y;
     let hh = r * p.n_head + h;
@@ -49,7 +53,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #if KV_STORE
     let group = p.n_head / p.n_kv_head;
     if (h % group == 0u && pos < p.capacity) {
-        store_kv(pos, (h / group) * hd, hd, li, split_of_p());
+        store_kv(pos, (h / group) * hd, hd, li, split_of_p(), kv_at(nwg.y, r, split_of_p()));
     }
 #endif
 }

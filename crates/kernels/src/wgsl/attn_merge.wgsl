@@ -80,11 +80,17 @@ fn merged4(h: u32, d4: u32, chunks: u32, m: f32, sp: Split) -> vec4<f32> {
 }
 
 #if KV_STORE
-// Values first..first + n (whole vec4s) of the token's K and V rows (all KV heads), which the
-// split left after the partial results, into the caches at its position.
-fn store_kv(pos: u32, first: u32, n: u32, li: u32, sp: Split) {
+// Where token r (of `tokens`) has its K row (all KV heads) in `part`, its V row after it:
+// after every token's heads' chunks.
+fn kv_at(tokens: u32, r: u32, sp: Split) -> u32 {
+    let row4 = sp.n_kv_head * sp.head_dim / 4u;
+    return tokens * sp.n_head * sp.max_chunks * (sp.head_dim / 4u + 1u) + 2u * r * row4;
+}
+
+// Values first..first + n (whole vec4s) of a token's K and V rows (all KV heads), which the
+// split left at kv_in, into the caches at its position.
+fn store_kv(pos: u32, first: u32, n: u32, li: u32, sp: Split, kv_in: u32) {
     let row = sp.n_kv_head * sp.head_dim;
-    let kv_in = sp.n_head * sp.max_chunks * (sp.head_dim / 4u + 1u);
     for (var e4 = first / 4u + li; e4 < (first + n) / 4u; e4 += 256u) {
         let k = part[kv_in + e4];
         let v = part[kv_in + row / 4u + e4];

@@ -4,18 +4,19 @@
 // (attn_merge.wgsl's chunk_at). attn_combine.wgsl then merges the chunks. The grid covers the
 // largest context; chunks past the visible keys exit.
 //
-// Several tokens (workgroup z: the token), without HEAD_POST: the tokens of a batch of
-// sequences' decode steps, whose cache holds slot_rows rows per sequence; a token sees only
-// its own slot's keys, and its chunks follow the previous token's heads' (token r's head h is
-// head r * n_head + h of the scratch).
+// Several tokens (workgroup z: the token): the tokens of a batch of sequences' decode steps,
+// whose cache holds slot_rows rows per sequence; a token sees only its own slot's keys, and
+// its chunks follow the previous token's heads' (token r's head h is head r * n_head + h of
+// the scratch). Token r's projection starts q_stride floats after token r - 1's.
 //
-// HEAD_POST: head_post.wgsl's work for the one token, here rather than in a dispatch of its
+// HEAD_POST: head_post.wgsl's work for the tokens, here rather than in a dispatch of its
 // own. Each workgroup norms and ropes its query head from the raw projection; with KV_NEW (a
 // layer that owns its cache) the workgroups whose chunk holds the token's position (its last
 // key) also norm and rope its K (and norm its V) in workgroup memory and use them for that
-// key; those of the first query head of each KV group leave them after the partial results,
-// where attn_combine.wgsl (KV_STORE) copies them into the cache for later steps. The caches
-// stay read-only here: no workgroup of this dispatch reads that slot.
+// key; those of the first query head of each KV group leave them after the partial results
+// (attn_merge.wgsl's kv_at), where attn_combine.wgsl (KV_STORE) copies them into the cache
+// for later steps. The caches stay read-only here: no workgroup of this dispatch reads those
+// rows (each token's is the last of its own slot).
 
 struct Params {
     n_head: u32,
@@ -155,10 +156,15 @@ fn visible(pos: u32) -> vec2<u32> {
 }
 
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
     let h = wg.x;
     let c = wg.y;
     let r = wg.z;
+    let qr = p.q_offset + r * p.q_stride;
     let hd = HD;
     let span = visible(positions[r]);
     let first = span.x + c * CHUNK;
@@ -172,7 +178,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #if KV_NEW
     // The token's key is the last visible one: in this chunk or not at all.
     let has_new = pos < p.capacity && pos < first + count;
-    let ko = p.q_offset + (p.n_head + kvh) * hd;
+    let ko = qr + (p.n_head + kvh) * hd;
 #if K_IS_V
     let vo = ko;
 #else
@@ -184,7 +190,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #if HEAD_POST
     // Every load first (Q, and the token's K and V where this chunk holds it), then the norms.
     for (var d = li; d < hd; d += 256u) {
-        heads[HQ][d] = q[p.q_offset + h * hd + d];
+        heads[HQ][d] = q[qr + h * hd + d];
 #if KV_NEW
         if (has_new) {
             heads[HK][d] = q[ko + d];
@@ -194,7 +200,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     workgroupBarrier();
     norm_row(HQ, li, 1u, head_of_p());
-    rope_row(HQ, li, f32(pos), head_of_p());
+    // A token at cache row pos of a slot has RoPE position pos % slot_rows.
+    let rope_pos = f32(select(pos, pos % p.slot_rows, p.slot_rows > 0u));
+    rope_row(HQ, li, rope_pos, head_of_p());
     for (var d = li; d < hd / 4u; d += 256u) {
         qs[d] = head4(HQ, d) * p.scale;
     }
@@ -204,10 +212,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         norm_row(HV, li, 0u, head_of_p());
 #endif
         norm_row(HK, li, 2u, head_of_p());
-        rope_row(HK, li, f32(pos), head_of_p());
+        rope_row(HK, li, rope_pos, head_of_p());
         if (h % (p.n_head / p.n_kv_head) == 0u) {
-            // After every head's chunks: [k: n_kv * hd | v: n_kv * hd].
-            let kv_out = p.n_head * p.max_chunks * (hd / 4u + 1u) + kvh * hd / 4u;
+            // After every token's heads' chunks, per token [k: n_kv * hd | v: n_kv * hd]
+            // (attn_merge.wgsl's kv_at).
+            let chunks_end = nwg.z * p.n_head * p.max_chunks * (hd / 4u + 1u);
+            let kv_out = chunks_end + r * 2u * (kv_row / 4u) + kvh * hd / 4u;
             for (var d4 = li; d4 < hd / 4u; d4 += 256u) {
                 part[kv_out + d4] = head4(HK, d4);
                 part[kv_out + kv_row / 4u + d4] = head4(HV, d4);
@@ -217,7 +227,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #endif
 #else
     for (var d = li; d < hd / 4u; d += 256u) {
-        let qb = p.q_offset + r * p.q_stride + h * hd + 4u * d;
+        let qb = qr + h * hd + 4u * d;
         qs[d] = vec4<f32>(q[qb], q[qb + 1u], q[qb + 2u], q[qb + 3u]) * p.scale;
     }
 #endif

@@ -699,7 +699,7 @@ fn merge_prologue(li: u32, writer: bool) {
     }
 #if KV_STORE
     if (writer && pos < p.capacity) {
-        store_kv(pos, 0u, p.n_kv_head * hd, li, split_of_p());
+        store_kv(pos, 0u, p.n_kv_head * hd, li, split_of_p(), kv_at(1u, 0u, split_of_p()));
     }
 #endif
 }

@@ -14,7 +14,7 @@ use wgemma_kernels::{GpuContext, GpuError, Profiler, Recorder, View, wgpu};
 
 use super::kv::KvCache;
 use super::queue::Sampled;
-use super::{ForwardError, GpuSession, LogitsFor, Op, StepInput};
+use super::{ForwardError, Fusions, GpuSession, LogitsFor, Op, StepInput};
 use crate::forward::model::GpuModel;
 use crate::sampling::SamplingParams;
 
@@ -302,6 +302,14 @@ impl BatchDecoder {
             together: RowsTogether::new(ctx, max_rows, vocab as u32),
             max_rows,
         })
+    }
+
+    /// Chooses the fusions the batched steps use (all by default; fewer for testing the fused
+    /// kernels against the ops they replace). A one-row step keeps its session's.
+    pub fn set_fusions(&mut self, fusions: Fusions) -> Result<(), ForwardError> {
+        self.host.set_fusions(fusions)?;
+        self.plans.clear();
+        Ok(())
     }
 
     /// Rows a step takes at most.
