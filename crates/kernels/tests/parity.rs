@@ -2323,6 +2323,74 @@ fn split_decode_attention_matches_cpu() {
     }
 }
 
+/// The GPU side of a head-work attention case: the raw projection, norms, caches (a layer
+/// that owns its cache, `own`), positions and output.
+struct HeadWorkViews<'v> {
+    qkv: &'v View,
+    qn: &'v View,
+    kn: &'v View,
+    kc: &'v View,
+    vc: &'v View,
+    positions: &'v View,
+    out: &'v View,
+    factors: Option<&'v View>,
+    own: bool,
+}
+
+/// `v`'s head work ([`ops::HeadPostArgs`]) and its attention over `tokens` tokens of shape
+/// `s` (scale 0.1, RoPE base 10000, rows of Q, K and V one after another per token).
+fn head_work_args<'v>(
+    v: &HeadWorkViews<'v>,
+    s: &HeadShape,
+    tokens: u32,
+    window: u32,
+    slot_rows: u32,
+) -> (ops::HeadPostArgs<'v>, AttentionArgs<'v>) {
+    let width = (s.nh + s.nkv * if s.k_is_v { 1 } else { 2 }) * s.hd;
+    let post = ops::HeadPostArgs {
+        qkv: v.qkv,
+        q_norm: v.qn,
+        kv: v.own.then_some(ops::HeadPostKv {
+            k_norm: v.kn,
+            k_cache: v.kc,
+            v_cache: v.vc,
+            n_kv: s.nkv,
+            k_is_v: s.k_is_v,
+            v_norm: s.v_norm,
+        }),
+        positions: v.positions,
+        tokens,
+        n_head: s.nh,
+        head_dim: s.hd,
+        stride: width,
+        n_rot: s.n_rot,
+        base: 10000.0,
+        freq_scale: s.freq_scale,
+        freq_factors: v.factors,
+        eps: 1e-6,
+        slot_rows,
+    };
+    let args = AttentionArgs {
+        q: v.qkv,
+        k_cache: v.kc,
+        v_cache: v.vc,
+        positions: v.positions,
+        out: v.out,
+        tokens,
+        n_head: s.nh,
+        n_kv_head: s.nkv,
+        head_dim: s.hd,
+        window,
+        scale: 0.1,
+        softcap: 0.0,
+        q_stride: width,
+        last_key: None,
+        first_key: None,
+        slot_rows,
+    };
+    (post, args)
+}
+
 /// Several sequences' decode steps with their head work inside the split attention (rule
 /// `batched_heads_in_attention`): each token's Q and K normed and roped at its position in
 /// its slot, its K and V into the cache at its row, its attention over its own slot.
@@ -2393,47 +2461,18 @@ fn batched_decode_attention_with_head_work_matches_cpu() {
         let out = poisoned(ctx, want.len());
         let floats = ops::DecodeAttention::scratch_floats_for(nh, hd, slot_rows, t);
         let scratch = poisoned(ctx, floats as usize);
-        let post = ops::HeadPostArgs {
+        let views = HeadWorkViews {
             qkv: &qkv_v,
-            q_norm: &qnv,
-            kv: Some(ops::HeadPostKv {
-                k_norm: &knv,
-                k_cache: &kcv,
-                v_cache: &vcv,
-                n_kv: nkv,
-                k_is_v,
-                v_norm,
-            }),
-            positions: &pos_v,
-            tokens: t,
-            n_head: nh,
-            head_dim: hd,
-            stride: width,
-            n_rot,
-            base: 10000.0,
-            freq_scale: 0.5,
-            freq_factors: None,
-            eps: 1e-6,
-            slot_rows,
-        };
-        let args = AttentionArgs {
-            q: &qkv_v,
-            k_cache: &kcv,
-            v_cache: &vcv,
+            qn: &qnv,
+            kn: &knv,
+            kc: &kcv,
+            vc: &vcv,
             positions: &pos_v,
             out: &out,
-            tokens: t,
-            n_head: nh,
-            n_kv_head: nkv,
-            head_dim: hd,
-            window,
-            scale: 0.1,
-            softcap: 0.0,
-            q_stride: width,
-            last_key: None,
-            first_key: None,
-            slot_rows,
+            factors: None,
+            own: true,
         };
+        let (post, args) = head_work_args(&views, &shape, t, window, slot_rows);
         let a = ops::attention_decode(ctx, &args, 0, &scratch, Some(&post)).unwrap();
         run(ctx, &[&a.split, &a.combine]);
         assert_close(&format!("{what} output"), &read(ctx, &out), &want, 1e-4);
@@ -2524,47 +2563,18 @@ fn decode_attention_with_head_work_matches_cpu() {
                 ctx,
                 &vec![0.0; ops::DecodeAttention::scratch_floats(nh, hd, cap) as usize],
             );
-            let post = ops::HeadPostArgs {
+            let views = HeadWorkViews {
                 qkv: &qkv_v,
-                q_norm: &qnv,
-                kv: own.then_some(ops::HeadPostKv {
-                    k_norm: &knv,
-                    k_cache: &kcv,
-                    v_cache: &vcv,
-                    n_kv: nkv,
-                    k_is_v,
-                    v_norm,
-                }),
-                positions: &pos_v,
-                tokens: 1,
-                n_head: nh,
-                head_dim: hd,
-                stride: width,
-                n_rot,
-                base: 10000.0,
-                freq_scale: 0.5,
-                freq_factors: ff.then_some(&ffv),
-                eps: 1e-6,
-                slot_rows: 0,
-            };
-            let args = AttentionArgs {
-                q: &qkv_v,
-                k_cache: &kcv,
-                v_cache: &vcv,
+                qn: &qnv,
+                kn: &knv,
+                kc: &kcv,
+                vc: &vcv,
                 positions: &pos_v,
                 out: &out,
-                tokens: 1,
-                n_head: nh,
-                n_kv_head: nkv,
-                head_dim: hd,
-                window,
-                scale: 0.1,
-                softcap: 0.0,
-                q_stride: width,
-                last_key: None,
-                first_key: None,
-                slot_rows: 0,
+                factors: ff.then_some(&ffv),
+                own,
             };
+            let (post, args) = head_work_args(&views, &shape, 1, window, 0);
             if fused {
                 let (split, merge) =
                     ops::attention_split(ctx, &args, 0, &scratch, Some(&post)).unwrap();
