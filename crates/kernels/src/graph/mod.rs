@@ -475,7 +475,7 @@ mod tests {
         let offs = Fusions::each_off();
         let mut names: Vec<&str> = offs.iter().map(|(n, _)| *n).collect();
         names.dedup();
-        assert_eq!(names.len(), 10);
+        assert_eq!(names.len(), 11);
         for (i, (name, f)) in offs.iter().enumerate() {
             assert_ne!(*f, Fusions::ALL, "{name}");
             assert!(offs.iter().skip(i + 1).all(|(_, g)| g != f), "{name}");
