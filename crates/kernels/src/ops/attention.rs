@@ -369,10 +369,16 @@ pub fn attention_split<'a>(
             REDUCE_WGSL,
             ROPE_MATH_WGSL,
             HEAD_MATH_WGSL,
+            ATTN_MERGE_WGSL,
             ATTN_SPLIT_WGSL,
         ]
     } else {
-        &[ACTIVATIONS_WGSL, REDUCE_WGSL, ATTN_SPLIT_WGSL]
+        &[
+            ACTIVATIONS_WGSL,
+            REDUCE_WGSL,
+            ATTN_MERGE_WGSL,
+            ATTN_SPLIT_WGSL,
+        ]
     };
     let mut source = ShaderSource::new("attn_split", parts).constant("HD", f64::from(a.head_dim));
     let mut binds = AttnSplitBindings {

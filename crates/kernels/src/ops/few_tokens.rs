@@ -50,8 +50,9 @@ pub(super) fn takes_few_tokens(ctx: &GpuContext, w: &GpuWeight, a: &MatmulArgs<'
 /// 2 rows a group, or 4 for rows by the ten thousand (an output head: fewer workgroups, each
 /// rounding its tokens' inputs once; not tuned apart); a CPU adapter's lanes as its
 /// one-token products take them. Each step's weights are fetched while the step before is
-/// dotted with every token (E2B on the H200, 4 / 8 sequences: 579 / 929 tok/s against 498
-/// / 829 fetched where used; benches/RESULTS.md, "thirty-fourth session").
+/// dotted with every token (E2B on the H200, two runs a side: 579, 554 tok/s at 4
+/// sequences and 929, 932 at 8, against 498, 552 and 829, 847 fetched where used;
+/// benches/RESULTS.md, "thirty-fourth session").
 fn few_token_tuning(ctx: &GpuContext, rows: u64, gated: bool) -> MatvecTuning {
     if let Some((tpr, rpt)) = ctx.few_tuning {
         return MatvecTuning {

@@ -1,5 +1,6 @@
 // The merge of attn_split.wgsl's per-chunk results, shared by attn_combine.wgsl and the
-// product that merges in its prologue (matvec.wgsl, MERGE). The split's shape comes as a
+// product that merges in its prologue (matvec.wgsl, MERGE); attn_split.wgsl writes its
+// results where chunk_at and kv_at say. The split's shape comes as a
 // `Split`; the including shader declares the storage buffers (WGSL passes none to a
 // function): `part` (the split's scratch, as vec4s) and, with KV_STORE, the caches `kc` and
 // `vc`.
@@ -79,7 +80,6 @@ fn merged4(h: u32, d4: u32, chunks: u32, m: f32, sp: Split) -> vec4<f32> {
     return acc;
 }
 
-#if KV_STORE
 // Where token r (of `tokens`) has its K row (all KV heads) in `part`, its V row after it:
 // after every token's heads' chunks.
 fn kv_at(tokens: u32, r: u32, sp: Split) -> u32 {
@@ -87,6 +87,7 @@ fn kv_at(tokens: u32, r: u32, sp: Split) -> u32 {
     return tokens * sp.n_head * sp.max_chunks * (sp.head_dim / 4u + 1u) + 2u * r * row4;
 }
 
+#if KV_STORE
 // Values first..first + n (whole vec4s) of a token's K and V rows (all KV heads), which the
 // split left at kv_in, into the caches at its position.
 fn store_kv(pos: u32, first: u32, n: u32, li: u32, sp: Split, kv_in: u32) {

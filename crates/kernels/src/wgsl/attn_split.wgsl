@@ -1,7 +1,6 @@
 // Decode attention split over the keys (flash-decoding): workgroup (h, c) takes query head
-// h and the c-th chunk of 64 visible keys, and writes the chunk's unnormalised output, then its
-// running max and sum, to the vec4s from part[(h * max_chunks + c) * (hd / 4 + 1)]
-// (attn_merge.wgsl's chunk_at). attn_combine.wgsl then merges the chunks. The grid covers the
+// h and the c-th chunk of CHUNK (64) visible keys, and writes the chunk's unnormalised
+// output, then its running max and sum, where attn_merge.wgsl's chunk_at says. attn_combine.wgsl then merges the chunks. The grid covers the
 // largest context; chunks past the visible keys exit.
 //
 // Several tokens (workgroup z: the token): the tokens of a batch of sequences' decode steps,
@@ -57,7 +56,12 @@ fn head_of_p() -> Head {
 #endif
 #endif
 
-const CHUNK: u32 = 64u;
+// The split's shape for attn_merge.wgsl (its CHUNK keys a chunk, and where chunk_at and
+// kv_at put the results).
+fn split_of_p() -> Split {
+    return Split(p.n_head, p.n_kv_head, p.head_dim, p.window, p.max_chunks, p.capacity, p.slot_rows);
+}
+
 const MAX_HD: u32 = 512u;
 // The head dimension as a pipeline constant (p.head_dim holds the same): the key and value
 // loops get fixed trip counts, so every load of a thread can be in flight at once.
@@ -214,10 +218,7 @@ fn main(
         norm_row(HK, li, 2u, head_of_p());
         rope_row(HK, li, rope_pos, head_of_p());
         if (h % (p.n_head / p.n_kv_head) == 0u) {
-            // After every token's heads' chunks, per token [k: n_kv * hd | v: n_kv * hd]
-            // (attn_merge.wgsl's kv_at).
-            let chunks_end = nwg.z * p.n_head * p.max_chunks * (hd / 4u + 1u);
-            let kv_out = chunks_end + r * 2u * (kv_row / 4u) + kvh * hd / 4u;
+            let kv_out = kv_at(nwg.z, r, split_of_p()) + kvh * hd / 4u;
             for (var d4 = li; d4 < hd / 4u; d4 += 256u) {
                 part[kv_out + d4] = head4(HK, d4);
                 part[kv_out + kv_row / 4u + d4] = head4(HV, d4);
@@ -270,7 +271,7 @@ fn main(
         probs[li] = e;
     }
     let l = wg_sum(e, li);
-    let out = ((r * p.n_head + h) * p.max_chunks + c) * (hd / 4u + 1u);
+    let out = chunk_at(r * p.n_head + h, c, split_of_p());
     // Values: each thread takes one vec4 of the head over every `groups`-th key, so its loads
     // are 16 bytes and few (a thread per value over all 64 keys waited on 64 loads); the key
     // groups then meet in workgroup memory.

@@ -718,7 +718,8 @@ override XC: u32 = 1u;
 // 32 values' scale and the sum of its 16 values as rounded; with TOKENS, MT tokens' of them
 // one after another.
 #if TOKENS
-// In vec4s (XQ4 = XQ / 4 of them), so that a token's step reads its inputs 16 bytes at a time.
+// In vec4s, so that a token's step reads its inputs 16 bytes at a time: XQ4 = XQ / 4 of
+// them, a constant of its own (naga 30 panics on an override expression as an array size).
 override XQ4: u32 = 1u;
 var<workgroup> xq: array<vec4<u32>, XQ4>;
 
