@@ -98,6 +98,8 @@
 #              (default 48 and 8; the stop rule off), over their difference. Carry
 #              [".gl", ".dev/xtask", ".dev/llama-dg.tar.xz"]. If one call cannot hold it all:
 #              `diffusion_start` (build, model, ours), then `diffusion_finish`.
+#   dg_prof    our DiffusionGemma step alone with every dispatch timed, under DG_ENVS
+#              (environment variants); $OUT/dgprof/. Carry [".gl", ".dev/xtask.xz"].
 #   ab         the prefill attention's tokens a workgroup, one and as many as fit, one binary.
 #   dawn       the browser's engine on this GPU: web/pkg through web/wgemma.js in Node on Dawn
 #              (cargo xtask dawn-bench) next to native bench-e2e, on MODELS, 512-token prompts,
@@ -805,6 +807,20 @@ diffusion_finish() {
 diffusion() {
   diffusion_start
   diffusion_finish
+}
+
+# Our DiffusionGemma step alone, every dispatch of one step timed (GPU timestamps), under
+# each of DG_ENVS ("NAME:VAR=V,VAR2=V2"; default: "default:"); $OUT/dgprof/.
+dg_prof() {
+  mkdir -p "$OUT/dgprof"
+  synth dg-26b-a4b
+  local v name env
+  for v in ${DG_ENVS:-default:}; do
+    name=${v%%:*} env=${v#*:}
+    env ${env//,/ } .dev/xtask bench-diffusion --model "$W/models/dg-26b-a4b.gguf" --prompt 512 \
+      --steps 8 --reps 1 --json --profile --profile-each > "$OUT/dgprof/$name.json" 2> "$OUT/dgprof/$name.err"
+    tail -n 1 "$OUT/dgprof/$name.json"
+  done
 }
 
 # One binary, the prefill attention's tokens a workgroup switched by environment

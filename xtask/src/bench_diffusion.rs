@@ -34,6 +34,9 @@ pub struct Args {
     /// Also time every kernel of one step (GPU timestamps), to stderr.
     #[arg(long)]
     profile: bool,
+    /// With `--profile`, also every dispatch of that step (label, workgroups, GPU time).
+    #[arg(long)]
+    profile_each: bool,
 }
 
 pub fn run(a: Args) -> Result<(), TaskError> {
@@ -79,7 +82,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         }
     }
     if a.profile {
-        profile_step(&ctx, &mut s, &rule, &mut rng)?;
+        profile_step(&ctx, &mut s, (&rule, &mut rng), a.profile_each)?;
     }
     let step = median(step_ms);
     let in_step = canvas as f64 / (step / 1e3);
@@ -117,8 +120,8 @@ pub fn run(a: Args) -> Result<(), TaskError> {
 fn profile_step(
     ctx: &GpuContext,
     s: &mut DiffusionSession,
-    rule: &wgemma_diffusion::EntropyBound,
-    rng: &mut SeededRng,
+    (rule, rng): (&wgemma_diffusion::EntropyBound, &mut SeededRng),
+    each_dispatch: bool,
 ) -> Result<(), TaskError> {
     let Some(mut profiler) = wgemma_kernels::Profiler::new(ctx, 4096) else {
         eprintln!("no timestamp queries on this GPU: no profile");
@@ -126,6 +129,11 @@ fn profile_step(
     };
     pollster::block_on(s.step_profiled(1, rule, rng, Some(&mut profiler)))?;
     let each = pollster::block_on(profiler.read_each(ctx))?;
+    if each_dispatch {
+        for (i, (label, workgroups, us)) in each.iter().enumerate() {
+            eprintln!("  {i:4} {label:20} {workgroups:8} workgroups {us:9.1} us");
+        }
+    }
     let totals = wgemma_kernels::Profiler::totals(&each);
     let all: f64 = totals.iter().map(|t| t.2).sum();
     eprintln!(

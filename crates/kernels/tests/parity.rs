@@ -2774,7 +2774,7 @@ fn check_grouped_experts(ctx: &GpuContext, tokens: u32) {
     let mut rng = Rng(67);
     // Every token picks expert 0 (three tiles' worth at the tile size each count is for) and
     // one of experts 1-4 in turn; expert 5 gets none.
-    let (n_expert, k, d, ff) = (6u32, 2u32, 96u64, 96u64);
+    let (n_expert, k) = (6u32, 2u32);
     let (n, slots) = (n_expert as usize, tokens * k);
     let sel: Vec<u32> = (0..tokens).flat_map(|t| [1 + t % 4, 0]).collect();
     let selv = upload_u32(ctx, &sel);
@@ -2792,7 +2792,8 @@ fn check_grouped_experts(ctx: &GpuContext, tokens: u32) {
     };
     run(
         ctx,
-        &[&ops::moe_group(ctx, &expert_slots(2 * ff as u32, k), &eg).unwrap()],
+        // Grouping reads only the expert ids: the rows per expert do not matter here.
+        &[&ops::moe_group(ctx, &expert_slots(192, k), &eg).unwrap()],
     );
     let mut got = pollster::block_on(ctx.read_u32(&groups)).unwrap();
     for e in 0..n {
@@ -2832,10 +2833,15 @@ fn check_grouped_experts(ctx: &GpuContext, tokens: u32) {
             run(ctx, &ds.iter().collect::<Vec<_>>());
             read(ctx, y)
         };
-    let x = rng.vec((u64::from(tokens) * d) as usize, 1.0);
-    let act = rng.vec((u64::from(slots) * ff) as usize, 1.0);
-    let (xv, actv) = (upload(ctx, &x), upload(ctx, &act));
-    for dtype in [GgmlType::Q8_0, GgmlType::F32] {
+    // Q4_K's rows are whole blocks of 256.
+    for (dtype, d, ff) in [
+        (GgmlType::Q8_0, 96u64, 96u64),
+        (GgmlType::F32, 96, 96),
+        (GgmlType::Q4K, 256, 256),
+    ] {
+        let x = rng.vec((u64::from(tokens) * d) as usize, 1.0);
+        let act = rng.vec((u64::from(slots) * ff) as usize, 1.0);
+        let (xv, actv) = (upload(ctx, &x), upload(ctx, &act));
         let (gate_up, gate_up_d) =
             stacked_experts(ctx, &mut rng, dtype, n_expert.into(), 2 * ff, d);
         let out = poisoned(ctx, (u64::from(slots) * ff) as usize);

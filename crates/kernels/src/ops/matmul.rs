@@ -399,7 +399,8 @@ fn tiled_products(
         64
     };
     let clamped = t.clamp != ProductClamp::default();
-    let pipeline = tiled_pipeline(ctx, w.dtype, geglu, Tiles::Plain(tile), clamped)?;
+    let kernel = TiledKernel::of(w, geglu, Tiles::Plain(tile), clamped);
+    let pipeline = tiled_pipeline(ctx, kernel)?;
     let open = [f32::NEG_INFINITY, f32::INFINITY];
     let [in_min, in_max] = t.clamp.input.unwrap_or(open);
     let [out_min, out_max] = t.clamp.output.unwrap_or(open);
@@ -515,28 +516,47 @@ impl Tiles {
     }
 }
 
-/// The tiled product's pipeline for weights of `dtype`: tensor cores where the device has them,
-/// otherwise f32 FMAs ([`matmul_tile_rows`]).
-pub(super) fn tiled_pipeline(
-    ctx: &GpuContext,
-    dtype: GgmlType,
-    geglu: bool,
-    tiles: Tiles,
-    clamped: bool,
-) -> Result<Pipeline, GpuError> {
-    let source = tiled_source(ctx.features.coop_matmul, dtype, geglu, tiles, clamped)?;
+/// What a tiled product's pipeline is built for.
+#[derive(Clone, Copy)]
+pub(super) struct TiledKernel {
+    pub dtype: GgmlType,
+    /// Rows of whole 32-value units: F16 weights are then read 16 bytes at a time.
+    pub whole_units: bool,
+    pub geglu: bool,
+    pub tiles: Tiles,
+    pub clamped: bool,
+}
+
+impl TiledKernel {
+    /// The kernel for `w`'s rows.
+    pub(super) fn of(w: &GpuWeight, geglu: bool, tiles: Tiles, clamped: bool) -> Self {
+        Self {
+            dtype: w.dtype,
+            whole_units: w.cols.is_multiple_of(32),
+            geglu,
+            tiles,
+            clamped,
+        }
+    }
+}
+
+/// The tiled product's pipeline: tensor cores where the device has them, otherwise f32 FMAs
+/// ([`matmul_tile_rows`]).
+pub(super) fn tiled_pipeline(ctx: &GpuContext, kernel: TiledKernel) -> Result<Pipeline, GpuError> {
+    let source = tiled_source(ctx.features.coop_matmul, kernel)?;
     Ok(ctx.pipeline(&source))
 }
 
 /// The tiled product's source: on cooperative matrices when `coop`.
-fn tiled_source(
-    coop: bool,
-    dtype: GgmlType,
-    geglu: bool,
-    tiles: Tiles,
-    clamped: bool,
-) -> Result<ShaderSource, GpuError> {
-    let (name, kernel) = if coop {
+fn tiled_source(coop: bool, kernel: TiledKernel) -> Result<ShaderSource, GpuError> {
+    let TiledKernel {
+        dtype,
+        whole_units,
+        geglu,
+        tiles,
+        clamped,
+    } = kernel;
+    let (name, wgsl) = if coop {
         ("matmul_coop", MATMUL_COOP_WGSL)
     } else {
         ("matmul", MATMUL_WGSL)
@@ -546,7 +566,7 @@ fn tiled_source(
         BYTES_WGSL,
         DTYPES_WGSL,
         MATMUL_IO_WGSL,
-        kernel,
+        wgsl,
     ];
     Ok(ShaderSource::new(name, &wgsl)
         .flag_if(coop, "COOP")
@@ -555,6 +575,7 @@ fn tiled_source(
             "TOKENS_128",
         )
         .flag(dtype_flag(dtype)?)
+        .flag_if(coop && whole_units && dtype == GgmlType::F16, "F16_QUADS")
         .flag_if(geglu, "GEGLU_OUT")
         .flag_if(!matches!(tiles, Tiles::Plain(_)), "EXPERTS")
         .flag_if(
@@ -613,8 +634,16 @@ mod tests {
             ),
             (GgmlType::Q4K, true, Tiles::Plain(CoopTile::Tokens16), false),
         ] {
-            let source = tiled_source(true, dtype, geglu, tiles, clamped).unwrap();
-            crate::shader::validate_coop(&source);
+            for whole_units in [true, false] {
+                let kernel = TiledKernel {
+                    dtype,
+                    whole_units,
+                    geglu,
+                    tiles,
+                    clamped,
+                };
+                crate::shader::validate_coop(&tiled_source(true, kernel).unwrap());
+            }
         }
     }
 }

@@ -337,7 +337,7 @@ pub fn expert_matmul(
     let k = w.cols as u32;
     let tile_rows = matmul_tile_rows(ctx) as u32;
     let tiles = Tiles::for_experts(ctx, slots.slots, n);
-    let pipeline = tiled_pipeline(ctx, w.dtype, geglu, tiles, false)?;
+    let pipeline = tiled_pipeline(ctx, TiledKernel::of(w, geglu, tiles, false))?;
     w.tiles
         .iter()
         .map(|tile| {
