@@ -8,10 +8,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use wgemma_kernels::ops::{
-    self, Affine, CanvasAcceptArgs, CanvasDraw, Elementwise, EmbedOut, MatmulArgs, MatvecOut,
-    NormOut, RmsNorm, RowOp,
-};
+use std::borrow::Cow;
+
+use wgemma_kernels::graph::{Fusions, Graph, Lowering, Name, Node, PlanOp, Scratch, Val};
+use wgemma_kernels::ops::{self, CanvasAcceptArgs, CanvasDraw};
 use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Profiler, Tensor, View, wgpu};
 use wgemma_text::{CanvasBuffers, CanvasWork, GpuSession, SessionOptions, SoftTokens};
 
@@ -262,116 +262,108 @@ impl DiffusionSession {
 
     /// The dispatches that write the canvas rows' input from the canvas in the sampler's
     /// `next`: the scaled embeddings, plus (at temperature `t`) the self-conditioning signal of
-    /// the logits in the canvas buffer, then the norm.
+    /// the logits in the canvas buffer, then the norm; a graph lowered without fusions.
     fn input_dispatches(&self, t: Option<f32>) -> Result<Vec<Dispatch>, GpuError> {
         let (m, ctx) = (&self.model, &*self.model.text.ctx);
         let c = &m.cfg.text;
-        let (rows, d) = (self.canvas.rows as u32, c.n_embd as u32);
+        let d = c.n_embd as u32;
+        let mut g: Graph<'_, ()> = Graph::new(self.canvas.rows as u32);
         let input = &self.canvas.input;
-        let mut out = ops::embed(
-            ctx,
-            m.text.token_embd(),
-            &self.sampling.next,
-            input,
-            rows,
-            c.embed_scale,
-            EmbedOut::Write,
-        )?;
-        if let Some(t) = t {
-            out.extend(self.self_conditioning(t)?);
-        }
-        out.push(ops::rms_norm(
-            ctx,
-            RmsNorm {
-                x: input,
-                out: NormOut::InPlace,
-                weight: None,
-                rows,
-                dim: d,
-                x_stride: d,
-                eps: c.eps,
-            },
-        )?);
-        Ok(out)
+        let embedded = g.rows_in(name("canvas_embed"), input, d, d, 0);
+        g.push(Node::Embed {
+            table: Cow::Borrowed(m.text.token_embd()),
+            ids: &self.sampling.next,
+            scale: c.embed_scale,
+            onto: None,
+            out: embedded,
+        });
+        let x = match t {
+            Some(t) => self.self_conditioning(&mut g, embedded, t),
+            None => embedded,
+        };
+        let normed = g.rows_in(name("canvas_input"), input, d, d, 0);
+        g.push(Node::Norm {
+            x,
+            weight: None,
+            eps: c.eps,
+            dim: d,
+            out: normed,
+        });
+        let lowering = Lowering {
+            fusions: Fusions::NONE,
+            scratch: Scratch::for_products(&self.scratch.partials),
+            taps: Vec::new(),
+        };
+        lowering
+            .lower(ctx, &g)?
+            .ops
+            .into_iter()
+            .map(|op| match op {
+                PlanOp::Run(d) => Ok(d),
+                _ => Err(GpuError::Shape(
+                    "the canvas input's plan holds more than dispatches".into(),
+                )),
+            })
+            .collect()
     }
 
-    /// The self-conditioning signal of the logits in the canvas buffer at temperature `t`,
-    /// added to the canvas rows' input: `down(gelu(gate(n)) * up(n))`, `n` the pre-norm of
-    /// `softmax(z / t) E sqrt(d)`.
-    fn self_conditioning(&self, t: f32) -> Result<Vec<Dispatch>, GpuError> {
-        let (m, ctx, s) = (&self.model, &*self.model.text.ctx, &self.scratch);
+    /// The self-conditioning block on `g`: `x` plus `down(gelu(gate(n)) * up(n))`, `n` the
+    /// pre-norm of `softmax(z / t) E sqrt(d)` for the logits z in the canvas buffer. Returns
+    /// the sum (where `x` is).
+    fn self_conditioning<'a>(&'a self, g: &mut Graph<'a, ()>, x: Val, t: f32) -> Val {
+        let (m, s) = (&self.model, &self.scratch);
         let c = &m.cfg.text;
-        let (rows, d) = (self.canvas.rows as u32, c.n_embd as u32);
-        let logits = Tensor::new(&self.canvas.logits, &[rows, c.n_vocab as u32])?;
-        let mut out = vec![ops::rows(
-            ctx,
-            RowOp::Softmax { scale: 1.0 / t },
-            Affine::default(),
-            &logits,
-            &logits,
-        )?];
-        let product = |w: &GpuWeight, x: &View, y: &View, how: MatvecOut<'_>, y_stride| {
-            let args = MatmulArgs {
-                x,
-                y,
-                m: rows,
-                x_stride: w.cols as u32,
-                y_stride,
-                out: how,
-                y_offset: 0,
-                partials: Some(&s.partials),
-            };
-            ops::matmul(ctx, w, &args)
-        };
-        let rows_out = MatvecOut::Rows { softcap: 0.0 };
-        out.extend(product(
-            &m.sc.embd_t,
-            &self.canvas.logits,
-            &s.soft,
-            rows_out,
-            d,
-        )?);
+        let (d, vocab) = (c.n_embd as u32, c.n_vocab as u32);
+        let logits = &self.canvas.logits;
+        let z = g.rows_in(name("sc_logits"), logits, vocab, vocab, 0);
+        let probs = g.rows_in(name("sc_probs"), logits, vocab, vocab, 0);
+        g.push(Node::Softmax {
+            x: z,
+            scale: 1.0 / t,
+            out: probs,
+        });
+        let soft = g.rows_in(name("sc_soft"), &s.soft, d, d, 0);
+        g.push(linear(&m.sc.embd_t, probs, soft));
         // RMSNorm of `x sqrt(d)` is that of x with eps / d: the soft embeddings' scale is free.
-        out.push(ops::rms_norm(
-            ctx,
-            RmsNorm {
-                x: &s.soft,
-                out: NormOut::To(&s.normed),
-                weight: Some(&m.sc.pre_norm),
-                rows,
-                dim: d,
-                x_stride: d,
-                eps: c.eps / d as f32,
-            },
-        )?);
+        let normed = g.rows_in(name("sc_normed"), &s.normed, d, d, 0);
+        g.push(Node::Norm {
+            x: soft,
+            weight: Some(&m.sc.pre_norm),
+            eps: c.eps / d as f32,
+            dim: d,
+            out: normed,
+        });
         let ff = m.sc.down.cols as u32;
+        let act = g.rows_in(name("sc_act"), &s.act, ff, ff, 0);
         match &m.sc.gate_up {
-            GateUp::Interleaved(w) => {
-                out.extend(product(w, &s.normed, &s.act, MatvecOut::Geglu, ff)?);
-            }
+            GateUp::Interleaved(w) => g.push(Node::Linear {
+                w,
+                x: normed,
+                gated: true,
+                lora: None,
+                out: act,
+            }),
             GateUp::Separate { gate, up } => {
-                out.extend(product(gate, &s.normed, &s.gate, rows_out, ff)?);
-                out.extend(product(up, &s.normed, &s.up, rows_out, ff)?);
-                let geglu = Elementwise::Geglu {
-                    gate: &s.gate,
-                    up: &s.up,
-                    cols: ff,
-                    gate_stride: ff,
-                    up_stride: ff,
-                    up_offset: 0,
-                };
-                out.push(ops::elementwise(ctx, geglu, &s.act, rows * ff)?);
+                let gv = g.rows_in(name("sc_gate"), &s.gate, ff, ff, 0);
+                let uv = g.rows_in(name("sc_up"), &s.up, ff, ff, 0);
+                g.push(linear(gate, normed, gv));
+                g.push(linear(up, normed, uv));
+                g.push(Node::Gated {
+                    gate: gv,
+                    up: uv,
+                    out: act,
+                });
             }
         }
-        out.extend(product(&m.sc.down, &s.act, &s.sc, rows_out, d)?);
-        let input = &self.canvas.input;
-        out.push(ops::elementwise(
-            ctx,
-            Elementwise::Add(&s.sc),
-            input,
-            rows * d,
-        )?);
-        Ok(out)
+        let sc = g.rows_in(name("sc_out"), &s.sc, d, d, 0);
+        g.push(linear(&m.sc.down, act, sc));
+        let sum = g.rows_in(name("canvas_conditioned"), &self.canvas.input, d, d, 0);
+        g.push(Node::Add {
+            a: x,
+            b: sc,
+            out: sum,
+        });
+        sum
     }
 
     /// The sampler's dispatches after a step at temperature `t` under `rule`.
@@ -601,5 +593,21 @@ impl DiffusionSession {
     /// The last step's logits, `[canvas, vocab]` row-major.
     pub async fn logits(&self) -> Result<Vec<f32>, DiffusionError> {
         Ok(self.model.text.ctx.read_f32(&self.canvas.logits).await?)
+    }
+}
+
+/// A step-level value name of the canvas input's graph.
+fn name(name: &'static str) -> Name {
+    Name { name, layer: None }
+}
+
+/// `out = x W^T`, no adapter.
+fn linear<'a>(w: &'a GpuWeight, x: Val, out: Val) -> Node<'a, ()> {
+    Node::Linear {
+        w,
+        x,
+        gated: false,
+        lora: None,
+        out,
     }
 }

@@ -44,6 +44,23 @@ pub struct Scratch<'a> {
     pub lora: Option<LoraScratch<'a>>,
 }
 
+impl<'a> Scratch<'a> {
+    /// The scratch of a graph of embeddings, norms, products, rows and sums lowered without
+    /// fusions ([`super::Fusions::NONE`]; no residual stream, attention or logits, whose
+    /// buffers it lacks): the partial sums of products split over k in `partials`. The
+    /// lowering reads the other buffers only for those, so they all name `partials` here.
+    pub fn for_products(partials: &'a View) -> Self {
+        Self {
+            streams: [partials, partials],
+            partials,
+            int8_act: partials,
+            attn_part: partials,
+            last_row: partials,
+            lora: None,
+        }
+    }
+}
+
 /// The buffers LoRA deltas use: `t` (`x A^T`: the step's rows of the largest rank) and `raw`
 /// (a gated product's gate and up rows before the activation: twice the widest gated output).
 #[derive(Clone, Copy)]
@@ -172,6 +189,8 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
                 Ok(1)
             }
             Node::Logits { .. } => self.logits(i),
+            Node::Softmax { x, scale, out } => self.softmax(*x, *scale, *out),
+            Node::Add { a, b, out } => self.add(*a, *b, *out),
             Node::Host(h) => {
                 self.ops.push(PlanOp::Host(h.clone()));
                 Ok(1)
@@ -323,6 +342,41 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
             self.stream = Some(out);
         }
         self.view(out)
+    }
+
+    // --- rows and sums ---
+
+    fn softmax(&mut self, x: Val, scale: f32, out: Val) -> Result<usize, GpuError> {
+        let (xt, yt) = (self.tensor(x)?, self.tensor(out)?);
+        let op = ops::RowOp::Softmax { scale };
+        let d = ops::rows(self.ctx, op, ops::Affine::default(), &xt, &yt)?;
+        self.run(vec![d]);
+        self.wrote(&[out])?;
+        Ok(1)
+    }
+
+    fn add(&mut self, a: Val, b: Val, out: Val) -> Result<usize, GpuError> {
+        let whole = |v: &super::Value<'_>| v.col() == 0 && v.stride() == v.cols;
+        let (av, bv) = (self.g.get(a), self.g.get(b));
+        if !self.same_place(a, out)
+            || !whole(av)
+            || !whole(bv)
+            || (av.rows, av.cols) != (bv.rows, bv.cols)
+        {
+            return Err(GpuError::Shape(format!(
+                "{}: a sum of two terms of one shape, each whole rows of its buffer, written \
+                 where its first term is",
+                self.g.get(out).name
+            )));
+        }
+        let n = count_of(u64::from(av.rows) * u64::from(av.cols))?;
+        let d = ops::elementwise(self.ctx, Elementwise::Add(self.view(b)?), self.view(a)?, n)?;
+        self.run(vec![d]);
+        if self.is_stream(out) {
+            self.stream = Some(out);
+        }
+        self.wrote(&[out])?;
+        Ok(1)
     }
 
     // --- norms and products ---
@@ -1268,4 +1322,9 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
         self.wrote(&[*out])?;
         Ok(1)
     }
+}
+
+/// A count of floats that a dispatch's parameters hold.
+fn count_of(n: u64) -> Result<u32, GpuError> {
+    u32::try_from(n).map_err(|_| GpuError::Shape(format!("{n} values in one dispatch")))
 }

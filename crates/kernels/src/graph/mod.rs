@@ -208,6 +208,10 @@ pub enum Node<'a, H> {
         eps: f32,
         out: Val,
     },
+    /// `out = softmax(x * scale)` of every row (`out` where `x` is, or elsewhere).
+    Softmax { x: Val, scale: f32, out: Val },
+    /// `out = a + b` (`out` where `a` is).
+    Add { a: Val, b: Val, out: Val },
     /// The logits: `out = softcap(x W^T)` of the last row (`all` false) or of every row.
     Logits {
         w: &'a GpuWeight,
@@ -226,8 +230,12 @@ impl<H> Node<'_, H> {
         match self {
             Node::Embed { onto, .. } => onto.iter().copied().for_each(f),
             Node::CopyRows { x, .. } => f(*x),
-            Node::Norm { x, .. } | Node::Linear { x, .. } | Node::Logits { x, .. } => f(*x),
+            Node::Norm { x, .. }
+            | Node::Linear { x, .. }
+            | Node::Logits { x, .. }
+            | Node::Softmax { x, .. } => f(*x),
             Node::Gated { gate, up, .. } => [*gate, *up].into_iter().for_each(f),
+            Node::Add { a, b, .. } => [*a, *b].into_iter().for_each(f),
             Node::Residual { stream, delta, .. } => [*stream, *delta].into_iter().for_each(f),
             Node::HeadNormRope { qkv, .. } | Node::Attention { qkv, .. } => f(*qkv),
             Node::Route { logits, .. } => f(*logits),
@@ -250,7 +258,9 @@ impl<H> Node<'_, H> {
             | Node::Attention { out, .. }
             | Node::Experts { out, .. }
             | Node::MixExperts { out, .. }
-            | Node::Logits { out, .. } => f(*out),
+            | Node::Logits { out, .. }
+            | Node::Softmax { out, .. }
+            | Node::Add { out, .. } => f(*out),
             Node::Route { sel, weight, .. } => {
                 f(*sel);
                 f(*weight);

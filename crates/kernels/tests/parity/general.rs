@@ -269,6 +269,89 @@ fn row_stats_match_cpu() {
     assert!(ops::row_stats(ctx, &x, 0.0, &nan_tensor(ctx, &[8])).is_err());
 }
 
+/// A graph's row softmax (into another buffer, then in place) and sum, lowered, against
+/// the CPU; a sum written anywhere but its first term is an error.
+#[test]
+fn graph_softmax_and_sum_lower_to_their_ops() {
+    use wgemma_kernels::graph::{Fusions, Graph, Lowering, Name, Node, PlanOp, Scratch};
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5eed_0f9a_4f00);
+    let (rows, n) = (5u32, 37u32);
+    let (xd, yd) = (
+        rng.vec((rows * n) as usize, 2.0),
+        rng.vec((rows * n) as usize, 1.0),
+    );
+    let (x, y, p) = (
+        upload(ctx, &xd),
+        upload(ctx, &yd),
+        poisoned(ctx, (rows * n) as usize),
+    );
+    let partials = poisoned(ctx, 4);
+    let name = |name| Name { name, layer: None };
+    let lower = |g: &Graph<'_, ()>| {
+        let l = Lowering {
+            fusions: Fusions::NONE,
+            scratch: Scratch::for_products(&partials),
+            taps: Vec::new(),
+        };
+        l.lower(ctx, g).map(|plan| {
+            let ds: Vec<Dispatch> = plan
+                .ops
+                .into_iter()
+                .map(|op| match op {
+                    PlanOp::Run(d) => d,
+                    _ => panic!("only dispatches"),
+                })
+                .collect();
+            ds
+        })
+    };
+    let mut g: Graph<'_, ()> = Graph::new(rows);
+    let xv = g.rows_in(name("x"), &x, n, n, 0);
+    let probs = g.rows_in(name("probs"), &p, n, n, 0);
+    let again = g.rows_in(name("again"), &p, n, n, 0);
+    let yv = g.rows_in(name("y"), &y, n, n, 0);
+    let sum = g.rows_in(name("sum"), &y, n, n, 0);
+    g.push(Node::Softmax {
+        x: xv,
+        scale: 0.7,
+        out: probs,
+    });
+    g.push(Node::Softmax {
+        x: probs,
+        scale: 3.0,
+        out: again,
+    });
+    g.push(Node::Add {
+        a: yv,
+        b: again,
+        out: sum,
+    });
+    let ds = lower(&g).unwrap();
+    run(ctx, &ds.iter().collect::<Vec<_>>());
+    let twice = cpu::softmax(&cpu::softmax(&xd, n as usize, 0.7), n as usize, 3.0);
+    let want: Vec<f32> = yd.iter().zip(&twice).map(|(a, b)| a + b).collect();
+    assert_close(
+        "graph softmax twice, then the sum",
+        &read(ctx, &y),
+        &want,
+        1e-5,
+    );
+
+    let mut g: Graph<'_, ()> = Graph::new(rows);
+    let (a, b) = (
+        g.rows_in(name("a"), &x, n, n, 0),
+        g.rows_in(name("b"), &y, n, n, 0),
+    );
+    let elsewhere = g.rows_in(name("sum"), &p, n, n, 0);
+    g.push(Node::Add {
+        a,
+        b,
+        out: elsewhere,
+    });
+    assert!(lower(&g).is_err(), "a sum written elsewhere");
+}
+
 #[test]
 fn products_of_activations_match_cpu_with_transposes_batches_and_bias() {
     let Some(ctx) = ctx() else { return };
