@@ -820,6 +820,21 @@ dg_prof() {
     env ${env//,/ } .dev/xtask bench-diffusion --model "$W/models/dg-26b-a4b.gguf" --prompt 512 \
       --steps 8 --reps 1 --json --profile --profile-each > "$OUT/dgprof/$name.json" 2> "$OUT/dgprof/$name.err"
     tail -n 1 "$OUT/dgprof/$name.json"
+    # The step's dispatches grouped by kernel and workgroups (one product's shape each).
+    python3 - "$OUT/dgprof/$name.err" <<'PY' | tee "$OUT/dgprof/$name.md"
+import collections, re, sys
+g = collections.defaultdict(lambda: [0, 0.0])
+for line in open(sys.argv[1]):
+    m = re.match(r"\s+\d+ (\S+)\s+(\d+) workgroups\s+([\d.]+) us", line)
+    if m:
+        k = (m[1], int(m[2]))
+        g[k][0] += 1
+        g[k][1] += float(m[3])
+print("| kernel | workgroups | dispatches | ms |")
+print("| --- | ---: | ---: | ---: |")
+for (label, wg), (n, us) in sorted(g.items(), key=lambda kv: -kv[1][1])[:20]:
+    print(f"| {label} | {wg} | {n} | {us / 1e3:.2f} |")
+PY
   done
 }
 
