@@ -82,7 +82,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         }
     }
     if a.profile {
-        profile_step(&ctx, &mut s, (&rule, &mut rng), a.profile_each)?;
+        profile_step(&ctx, &mut s, &rule, &mut rng, a.profile_each)?;
     }
     let step = median(step_ms);
     let in_step = canvas as f64 / (step / 1e3);
@@ -120,7 +120,8 @@ pub fn run(a: Args) -> Result<(), TaskError> {
 fn profile_step(
     ctx: &GpuContext,
     s: &mut DiffusionSession,
-    (rule, rng): (&wgemma_diffusion::EntropyBound, &mut SeededRng),
+    rule: &wgemma_diffusion::EntropyBound,
+    rng: &mut SeededRng,
     each_dispatch: bool,
 ) -> Result<(), TaskError> {
     let Some(mut profiler) = wgemma_kernels::Profiler::new(ctx, 4096) else {

@@ -329,12 +329,26 @@ struct RawUnit {
     w: array<u32, 16>,
 }
 
+// F16_QUADS (rows of whole units, so every unit starts 16-byte aligned): the unit's 64 bytes
+// as four 16-byte loads rather than sixteen of 4, a quarter of the requests (the towers'
+// products on tensor cores, benches/RESULTS.md).
 fn fetch_unit(rb: u32, u: u32) -> RawUnit {
-    let b = (rb >> 2u) + u * 16u;
     var r: RawUnit;
+#if F16_QUADS
+    let b = (rb >> 4u) + u * 4u;
+    for (var i = 0u; i < 4u; i++) {
+        let q = wquad(b + i);
+        r.w[4u * i] = q.x;
+        r.w[4u * i + 1u] = q.y;
+        r.w[4u * i + 2u] = q.z;
+        r.w[4u * i + 3u] = q.w;
+    }
+#else
+    let b = (rb >> 2u) + u * 16u;
     for (var i = 0u; i < 16u; i++) {
         r.w[i] = wword(b + i);
     }
+#endif
     return r;
 }
 

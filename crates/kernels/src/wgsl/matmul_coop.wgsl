@@ -61,9 +61,7 @@ var<workgroup> stage: array<f32, THREADS * 8u>; // one 16 x 16 accumulator per s
 // The weights this thread converts at step `s`: unit 2s + h of row `row` of the tile's
 // weights from row `w_row`, fetched (dtypes.wgsl's fetch_unit) a step before they are
 // decoded (for the dtypes with a raw form; the others decode as they fetch); zero past the
-// end. F16_QUADS (F16 rows of whole units, so every unit starts 16-byte aligned): the unit's
-// 64 bytes in four 16-byte loads rather than sixteen of 4, a quarter of the requests.
-// (Measured on the H200: the vision tower's F16 products 18% faster, benches/RESULTS.md.)
+// end.
 fn w_valid(row: u32, s: u32, h: u32) -> bool {
     return row < p.n && (2u * s + h) * 32u < p.k;
 }
@@ -71,18 +69,7 @@ fn w_valid(row: u32, s: u32, h: u32) -> bool {
 fn fetch_w(w_row: u32, row: u32, s: u32, h: u32) -> RawUnit {
     var r: RawUnit;
     if (w_valid(row, s, h)) {
-#if F16_QUADS
-        let b = ((w_row + row) * p.row_bytes >> 4u) + (2u * s + h) * 4u;
-        for (var i = 0u; i < 4u; i++) {
-            let q = wquad(b + i);
-            r.w[4u * i] = q.x;
-            r.w[4u * i + 1u] = q.y;
-            r.w[4u * i + 2u] = q.z;
-            r.w[4u * i + 3u] = q.w;
-        }
-#else
         r = fetch_unit((w_row + row) * p.row_bytes, 2u * s + h);
-#endif
     }
     return r;
 }
