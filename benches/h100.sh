@@ -100,7 +100,8 @@
 #              `diffusion_start` (build, model, ours), then `diffusion_finish`.
 #   dg_prof    our DiffusionGemma step alone with every dispatch timed, under DG_ENVS
 #              (environment variants); $OUT/dgprof/. Carry [".gl", ".dev/xtask.xz"].
-#   ab         the prefill attention's tokens a workgroup, one and as many as fit, one binary.
+#   ab         one binary under AB_ENVS (default: the prefill attention on cooperative matrices
+#              off and on): the DiffusionGemma step and bench-e2e of AB_MODELS; $OUT/ab/.
 #   dawn       the browser's engine on this GPU: web/pkg through web/wgemma.js in Node on Dawn
 #              (cargo xtask dawn-bench) next to native bench-e2e, on MODELS, 512-token prompts,
 #              128 generated (E2B and E4B also with the per-layer table fetched by rows);
@@ -838,24 +839,27 @@ PY
   done
 }
 
-# One binary, the prefill attention's tokens a workgroup switched by environment
-# (WGEMMA_ATTENTION_ROWS=1: one, as before; unset: as many as fill its eight heads), on the
-# DiffusionGemma step and on text prefill/decode.
+# One binary, variants switched by environment (AB_ENVS: "NAME:VAR=V,VAR2=V2 ..."; default:
+# the prefill attention on cooperative matrices off and on), on the DiffusionGemma step and on
+# text prefill/decode of AB_MODELS; $OUT/ab/.
 ab() {
   mkdir -p "$OUT/ab"
   synth dg-26b-a4b
-  local name env
-  for v in "before:WGEMMA_ATTENTION_ROWS=1" "rows:"; do
+  local name env v m
+  local envs=${AB_ENVS:-"fma:WGEMMA_NO_COOP_ATTENTION=1 coop:"}
+  for v in $envs; do
     name=${v%%:*} env=${v#*:}
-    env $env .dev/xtask bench-diffusion --model "$W/models/dg-26b-a4b.gguf" --prompt 512 --steps 8 \
+    env ${env//,/ } .dev/xtask bench-diffusion --model "$W/models/dg-26b-a4b.gguf" --prompt 512 --steps 8 \
       --reps 2 --json --profile > "$OUT/ab/dg-$name.json" 2> "$OUT/ab/dg-$name.err"
+    echo "dg $name $(tail -n 1 "$OUT/ab/dg-$name.json")"
   done
   for m in ${AB_MODELS:-26b-a4b e4b}; do
     synth "$m"
-    for v in "before:WGEMMA_ATTENTION_ROWS=1" "rows:"; do
+    for v in $envs; do
       name=${v%%:*} env=${v#*:}
-      env $env .dev/xtask bench-e2e --model "$W/models/$m.gguf" --prompt 512 --decode 64 --reps 3 \
+      env ${env//,/ } .dev/xtask bench-e2e --model "$W/models/$m.gguf" --prompt 512 --decode 64 --reps 3 \
         --json > "$OUT/ab/e2e-$m-$name.json" 2> "$OUT/ab/e2e-$m-$name.err"
+      echo "$m $name $(tail -n 1 "$OUT/ab/e2e-$m-$name.json")"
     done
   done
 }

@@ -84,6 +84,10 @@ pub struct ContextOptions {
     /// Tokens a workgroup of the prefill attention takes (`WGEMMA_ATTENTION_ROWS`: 1, 2, 4
     /// or 8); `None`: as many as fill its eight heads.
     pub attention_rows: Option<u32>,
+    /// The prefill attention of many query rows on cooperative matrices where the device has
+    /// them (`ops::attention`); `WGEMMA_NO_COOP_ATTENTION=1` keeps it on f32 FMAs, to measure
+    /// what it brings.
+    pub coop_attention: bool,
     /// The most tokens a K-quant product takes through the few-token kernel (inputs rounded to
     /// 8-bit integers, several tokens a workgroup: batched decode); more go to the tiled
     /// kernel. Below `ops::FEW_TOKENS_MIN`: never (`WGEMMA_FEW_TOKENS`). Needs
@@ -118,6 +122,7 @@ impl Default for ContextOptions {
             allow_split_k: true,
             coop_tile: None,
             attention_rows: None,
+            coop_attention: true,
             few_tokens: 8,
             few_tuning: None,
             split_routing: None,
@@ -171,6 +176,9 @@ impl ContextOptions {
         }
         if let Some(t) = var("WGEMMA_SPLIT") {
             self.split_routing = pair(&t);
+        }
+        if on("WGEMMA_NO_COOP_ATTENTION") {
+            self.coop_attention = false;
         }
         if let Some(r) = var("WGEMMA_ATTENTION_ROWS") {
             self.attention_rows = r.parse().ok().filter(|r: &u32| r.is_power_of_two());
@@ -259,6 +267,8 @@ pub struct GpuContext {
     pub(crate) coop_tile: Option<crate::ops::CoopTile>,
     /// [`ContextOptions::attention_rows`].
     pub(crate) attention_rows: Option<u32>,
+    /// [`ContextOptions::coop_attention`].
+    pub(crate) coop_attention: bool,
     /// [`ContextOptions::few_tokens`].
     pub(crate) few_tokens: u32,
     /// [`ContextOptions::few_tuning`].
@@ -405,6 +415,7 @@ impl GpuContext {
             split_k: options.allow_split_k,
             coop_tile: options.coop_tile,
             attention_rows: options.attention_rows,
+            coop_attention: options.coop_attention,
             few_tokens: options.few_tokens,
             few_tuning: options.few_tuning,
             split_routing: options.split_routing,

@@ -3,7 +3,9 @@
 //! poisoned with NaN first, so an element the kernel fails to write fails the test.
 
 use wgemma_gguf::{GgmlType, dequantize_to_vec, quantize};
-use wgemma_kernels::ops::{self, AttentionArgs, Elementwise, MatmulArgs, NormOut, RopeArgs};
+use wgemma_kernels::ops::{
+    self, AttentionArgs, AttentionKernel, Elementwise, MatmulArgs, NormOut, RopeArgs,
+};
 use wgemma_kernels::params::ElementwiseParams;
 use wgemma_kernels::{
     ContextOptions, Dispatch, GPU_DTYPES, GpuContext, GpuWeight, Params, Recorder, View, WaitMode,
@@ -765,7 +767,10 @@ fn attention_matches_cpu_for_prefill_decode_window_and_gqa() {
             first_key: None,
             slot_rows: 0,
         };
-        run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
+        run(
+            ctx,
+            &[&ops::attention_with(ctx, &args, AttentionKernel::Fma).unwrap()],
+        );
         assert_close(
             &format!("attention h={nh}/{nkv} hd={hd} t={t} w={window}"),
             &read(ctx, &out),
@@ -785,9 +790,30 @@ struct BoundedAttention {
     window: u32,
     last: Option<Vec<u32>>,
     first: Option<Vec<u32>>,
+    /// Cache rows per sequence (0: one sequence).
+    slot_rows: u32,
+    softcap: f32,
+    /// On cooperative matrices (`ops::attention_coop`), which round to f16.
+    coop: bool,
 }
 
 impl BoundedAttention {
+    /// `heads` over a cache of `cap` rows for the tokens at `p0..p0 + t`, no other bounds.
+    fn plain(heads: (u32, u32, u32), cap: u32, p0: u32, t: u32) -> Self {
+        Self {
+            heads,
+            cap,
+            p0,
+            t,
+            window: 0,
+            last: None,
+            first: None,
+            slot_rows: 0,
+            softcap: 0.0,
+            coop: false,
+        }
+    }
+
     /// The GPU's output against the CPU's attention over the keys `sees(query, key)` allows.
     fn check(
         &self,
@@ -811,7 +837,7 @@ impl BoundedAttention {
             d: hd as usize,
             q_pos0: p0 as usize,
             scale,
-            softcap: 0.0,
+            softcap: self.softcap,
             relative: None,
         };
         let want = cpu::attend(&reference, sees);
@@ -830,14 +856,20 @@ impl BoundedAttention {
             head_dim: hd,
             window: self.window,
             scale,
-            softcap: 0.0,
+            softcap: self.softcap,
             q_stride: nh * hd,
             last_key: last.as_ref(),
             first_key: first.as_ref(),
-            slot_rows: 0,
+            slot_rows: self.slot_rows,
         };
-        run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
-        assert_close(what, &read(ctx, &out), &want, 1e-4);
+        // The cooperative-matrix kernel rounds queries, keys, values and weights to f16.
+        let (d, tol) = if self.coop {
+            (ops::attention_with(ctx, &args, AttentionKernel::Coop), 5e-3)
+        } else {
+            (ops::attention_with(ctx, &args, AttentionKernel::Fma), 1e-4)
+        };
+        run(ctx, &[&d.unwrap()]);
+        assert_close(what, &read(ctx, &out), &want, tol);
     }
 }
 
@@ -862,7 +894,7 @@ fn attention_sees_the_rest_of_its_span() {
         t,
         window,
         last: Some(last.clone()),
-        first: None,
+        ..BoundedAttention::plain((4, 2, 64), 80, p0, t)
     };
     let sees = |qp: usize, kp: usize| {
         let causal = kp <= qp && qp - kp < window as usize;
@@ -887,9 +919,94 @@ fn attention_of_a_canvas_sees_a_fixed_stretch() {
         window,
         last: Some(vec![prompt + canvas - 1; canvas as usize]),
         first: Some(vec![first; canvas as usize]),
+        ..BoundedAttention::plain((8, 2, 64), 100, prompt, canvas)
     };
     let sees = |_: usize, kp: usize| (first as usize..(prompt + canvas) as usize).contains(&kp);
     case.check(ctx, &mut Rng(31), sees, "attention of a canvas");
+}
+
+/// The prefill attention on cooperative matrices against the CPU, at Gemma's head
+/// dimensions and past a block of rows: causal within a window, a DiffusionGemma canvas's
+/// fixed stretch, spans, a cache of several sequences, a soft cap, and a block of rows cut
+/// short. A device without them refuses the kernel.
+#[test]
+fn attention_on_tensor_cores_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(37);
+    let plain = BoundedAttention::plain((16, 8, 256), 400, 170, 130);
+    if !ctx.features.coop_matmul {
+        let args = AttentionArgs {
+            q: &upload(ctx, &[0.5; 256]),
+            k_cache: &upload(ctx, &[0.5; 256]),
+            v_cache: &upload(ctx, &[0.5; 256]),
+            positions: &upload_u32(ctx, &[0]),
+            out: &poisoned(ctx, 256),
+            tokens: 1,
+            n_head: 1,
+            n_kv_head: 1,
+            head_dim: 256,
+            window: 0,
+            scale: 1.0,
+            softcap: 0.0,
+            q_stride: 256,
+            last_key: None,
+            first_key: None,
+            slot_rows: 0,
+        };
+        assert!(ops::attention_with(ctx, &args, AttentionKernel::Coop).is_err());
+        return;
+    }
+    let window = 100u32;
+    let causal = BoundedAttention {
+        window,
+        coop: true,
+        ..plain
+    };
+    causal.check(
+        ctx,
+        &mut rng,
+        |q, k| k <= q && q - k < window as usize,
+        "coop causal, window 100, hd 256",
+    );
+    let wide = BoundedAttention {
+        coop: true,
+        softcap: 4.0,
+        ..BoundedAttention::plain((16, 2, 512), 300, 200, 41)
+    };
+    wide.check(
+        ctx,
+        &mut rng,
+        |q, k| k <= q,
+        "coop causal, hd 512, soft cap",
+    );
+    let (prompt, canvas) = (150u32, 70u32);
+    let first = prompt + 1 - window;
+    let fixed = BoundedAttention {
+        window,
+        last: Some(vec![prompt + canvas - 1; canvas as usize]),
+        first: Some(vec![first; canvas as usize]),
+        coop: true,
+        ..BoundedAttention::plain((8, 4, 256), 260, prompt, canvas)
+    };
+    let sees = |_: usize, kp: usize| (first as usize..(prompt + canvas) as usize).contains(&kp);
+    fixed.check(ctx, &mut rng, sees, "coop canvas");
+    let last: Vec<u32> = (0..90u32)
+        .map(|p| if (20..=60).contains(&p) { 60 } else { p })
+        .collect();
+    let spans = BoundedAttention {
+        last: Some(last.clone()),
+        coop: true,
+        ..BoundedAttention::plain((4, 1, 128), 90, 0, 90)
+    };
+    let sees = |q: usize, k: usize| k <= q || k <= last[q] as usize;
+    spans.check(ctx, &mut rng, sees, "coop spans, hd 128");
+    let slots = BoundedAttention {
+        slot_rows: 50,
+        coop: true,
+        ..BoundedAttention::plain((6, 2, 192), 100, 25, 50)
+    };
+    let sees = |q: usize, k: usize| k <= q && k / 50 == q / 50;
+    slots.check(ctx, &mut rng, sees, "coop across two slots, hd 192");
 }
 
 /// A cache of several sequences (a batch of decode steps): each token sees only its own
@@ -949,7 +1066,10 @@ fn attention_keeps_to_each_tokens_slot() {
             first_key: None,
             slot_rows,
         };
-        run(ctx, &[&ops::attention(ctx, &args).unwrap()]);
+        run(
+            ctx,
+            &[&ops::attention_with(ctx, &args, AttentionKernel::Fma).unwrap()],
+        );
         assert_close(
             &format!("attention in slots, window {window}"),
             &read(ctx, &out),

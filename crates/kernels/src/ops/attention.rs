@@ -126,8 +126,156 @@ pub struct AttentionArgs<'a> {
     pub slot_rows: u32,
 }
 
-/// Causal attention over the KV cache (with `last_key`, also ahead within spans).
+/// Which kernel [`attention_with`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// Tensor cores where [`coop_attention_takes`] the shape, else f32 FMAs.
+    Auto,
+    /// `attention.wgsl`: f32 FMAs, a workgroup's rows up to eight (query head, token) pairs
+    /// of one KV head.
+    Fma,
+    /// `attention_coop.wgsl`: f16 products on cooperative matrices, blocks of 64 rows (32 for
+    /// head dimensions past 256); an error where the device lacks them or the head dimension
+    /// is not a whole number of 64s up to 512.
+    Coop,
+}
+
+/// Causal attention over the KV cache (with `last_key`, also ahead within spans), the kernel
+/// chosen by shape ([`AttentionKernel::Auto`]).
 pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, GpuError> {
+    attention_with(ctx, a, AttentionKernel::Auto)
+}
+
+/// [`attention`] on the given kernel.
+pub fn attention_with(
+    ctx: &GpuContext,
+    a: &AttentionArgs<'_>,
+    kernel: AttentionKernel,
+) -> Result<Dispatch, GpuError> {
+    let params = attention_params(a)?;
+    match kernel {
+        AttentionKernel::Auto if ctx.coop_attention && coop_attention_takes(ctx, a) => {
+            coop_dispatch(ctx, a, params)
+        }
+        AttentionKernel::Coop if coop_attention_fits(ctx, a.head_dim) => {
+            coop_dispatch(ctx, a, params)
+        }
+        AttentionKernel::Coop => Err(shape(format!(
+            "attention on cooperative matrices: head dim {} on a device {} them",
+            a.head_dim,
+            if ctx.features.coop_matmul {
+                "with"
+            } else {
+                "without"
+            }
+        ))),
+        AttentionKernel::Auto | AttentionKernel::Fma => fma_dispatch(ctx, a, params),
+    }
+}
+
+fn fma_dispatch(
+    ctx: &GpuContext,
+    a: &AttentionArgs<'_>,
+    params: Params,
+) -> Result<Dispatch, GpuError> {
+    let g = a.n_head / a.n_kv_head;
+    let rows = attention_rows(ctx, g, a.tokens);
+    let source = ShaderSource::new(
+        "attention",
+        &[ACTIVATIONS_WGSL, ATTENTION_KEYS_WGSL, ATTENTION_WGSL],
+    )
+    .constant("G", f64::from(g))
+    .constant("R", f64::from(rows))
+    .flag_if(a.last_key.is_some(), "SPANS")
+    .flag_if(a.first_key.is_some(), "FIRST_KEYS");
+    ctx.dispatch(
+        "attention",
+        ctx.pipeline(&source),
+        attention_bindings(a, params),
+        [a.n_kv_head, a.tokens.div_ceil(rows), 1],
+    )
+}
+
+/// Rows (token, query head) a workgroup of `attention_coop.wgsl` takes for `head_dim`.
+fn coop_block_rows(head_dim: u32) -> u32 {
+    if head_dim > 256 { 32 } else { 64 }
+}
+
+/// Whether the device and head dimension suit `attention_coop.wgsl`.
+fn coop_attention_fits(ctx: &GpuContext, head_dim: u32) -> bool {
+    ctx.features.coop_matmul && head_dim.is_multiple_of(64) && head_dim <= 512
+}
+
+/// Whether [`attention`] takes the cooperative-matrix kernel for `a`: head dimensions of 128
+/// and more (Gemma's 256 and 512, where the f32 kernel's few rows per workgroup read each
+/// key and value many times over) with at least one full block of rows.
+pub fn coop_attention_takes(ctx: &GpuContext, a: &AttentionArgs<'_>) -> bool {
+    coop_attention_fits(ctx, a.head_dim)
+        && a.head_dim >= 128
+        && a.tokens * (a.n_head / a.n_kv_head.max(1)) >= coop_block_rows(a.head_dim)
+}
+
+fn coop_dispatch(
+    ctx: &GpuContext,
+    a: &AttentionArgs<'_>,
+    params: Params,
+) -> Result<Dispatch, GpuError> {
+    let g = a.n_head / a.n_kv_head;
+    let source = coop_source(CoopVariant {
+        head_dim: a.head_dim,
+        group: g,
+        spans: a.last_key.is_some(),
+        first_keys: a.first_key.is_some(),
+    });
+    ctx.dispatch(
+        "attention_coop",
+        ctx.pipeline(&source),
+        attention_bindings(a, params),
+        [
+            a.n_kv_head,
+            (a.tokens * g).div_ceil(coop_block_rows(a.head_dim)),
+            1,
+        ],
+    )
+}
+
+/// What an `attention_coop.wgsl` pipeline is built for.
+struct CoopVariant {
+    head_dim: u32,
+    /// Query heads per KV head.
+    group: u32,
+    spans: bool,
+    first_keys: bool,
+}
+
+fn coop_source(v: CoopVariant) -> ShaderSource {
+    ShaderSource::new(
+        "attention_coop",
+        &[ACTIVATIONS_WGSL, ATTENTION_KEYS_WGSL, ATTENTION_COOP_WGSL],
+    )
+    .flag("COOP")
+    .flag_if(coop_block_rows(v.head_dim) == 32, "HEAD_DIM_512")
+    .constant("G", f64::from(v.group))
+    .constant("DCH", f64::from(v.head_dim / 64))
+    .flag_if(v.spans, "SPANS")
+    .flag_if(v.first_keys, "FIRST_KEYS")
+}
+
+fn attention_bindings<'a>(a: &AttentionArgs<'a>, params: Params) -> AttentionBindings<'a> {
+    AttentionBindings {
+        q: Bind::Storage(a.q),
+        kc: Bind::Storage(a.k_cache),
+        vc: Bind::Storage(a.v_cache),
+        positions: Bind::Storage(a.positions),
+        out: Bind::Storage(a.out),
+        p: Bind::Params(params),
+        last_key: Bind::opt(a.last_key),
+        first_key: Bind::opt(a.first_key),
+    }
+}
+
+/// `a` checked against its buffers, as the kernels' parameters.
+fn attention_params(a: &AttentionArgs<'_>) -> Result<Params, GpuError> {
     if a.head_dim > MAX_HEAD_DIM
         || !a.head_dim.is_multiple_of(4)
         || a.n_kv_head == 0
@@ -167,7 +315,7 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
             "attention: K and V caches differ or are empty".into(),
         ));
     }
-    let params = Params::of(&AttentionParams {
+    Ok(Params::of(&AttentionParams {
         n_head: a.n_head,
         n_kv_head: a.n_kv_head,
         head_dim: a.head_dim,
@@ -178,29 +326,7 @@ pub fn attention(ctx: &GpuContext, a: &AttentionArgs<'_>) -> Result<Dispatch, Gp
         capacity: capacity as u32,
         q_stride: a.q_stride,
         slot_rows: a.slot_rows,
-    });
-    let g = a.n_head / a.n_kv_head;
-    let rows = attention_rows(ctx, g, a.tokens);
-    let source = ShaderSource::new("attention", &[ACTIVATIONS_WGSL, ATTENTION_WGSL])
-        .constant("G", f64::from(g))
-        .constant("R", f64::from(rows))
-        .flag_if(a.last_key.is_some(), "SPANS")
-        .flag_if(a.first_key.is_some(), "FIRST_KEYS");
-    ctx.dispatch(
-        "attention",
-        ctx.pipeline(&source),
-        AttentionBindings {
-            q: Bind::Storage(a.q),
-            kc: Bind::Storage(a.k_cache),
-            vc: Bind::Storage(a.v_cache),
-            positions: Bind::Storage(a.positions),
-            out: Bind::Storage(a.out),
-            p: Bind::Params(params),
-            last_key: Bind::opt(a.last_key),
-            first_key: Bind::opt(a.first_key),
-        },
-        [a.n_kv_head, a.tokens.div_ceil(rows), 1],
-    )
+    }))
 }
 
 /// Tokens a workgroup of [`attention`] takes with `g` query heads per KV head: as many as
@@ -512,4 +638,27 @@ fn check_fused_heads(
             + u64::from(a.tokens.max(1) - 1) * u64::from(a.q_stride)
             + u64::from(head_post_width(h)),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cooperative-matrix attention's variants as a device with them compiles them.
+    #[test]
+    fn coop_attention_variants_validate() {
+        for (head_dim, group, spans, first_keys) in [
+            (256, 2, false, false),
+            (512, 8, false, true),
+            (128, 4, true, false),
+            (64, 1, true, true),
+        ] {
+            crate::shader::validate_coop(&coop_source(CoopVariant {
+                head_dim,
+                group,
+                spans,
+                first_keys,
+            }));
+        }
+    }
 }
