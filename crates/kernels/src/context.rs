@@ -88,6 +88,10 @@ pub struct ContextOptions {
     /// them (`ops::attention`); `WGEMMA_NO_COOP_ATTENTION=1` keeps it on f32 FMAs, to measure
     /// what it brings.
     pub coop_attention: bool,
+    /// Parts over the keys the cooperative-matrix attention splits into where its blocks
+    /// alone leave the GPU idle (`WGEMMA_ATTENTION_PARTS`; 1: never); `None`: chosen by
+    /// shape (`ops::attention_in_parts`).
+    pub attention_parts: Option<u32>,
     /// The most tokens a K-quant product takes through the few-token kernel (inputs rounded to
     /// 8-bit integers, several tokens a workgroup: batched decode); more go to the tiled
     /// kernel. Below `ops::FEW_TOKENS_MIN`: never (`WGEMMA_FEW_TOKENS`). Needs
@@ -123,6 +127,7 @@ impl Default for ContextOptions {
             coop_tile: None,
             attention_rows: None,
             coop_attention: true,
+            attention_parts: None,
             few_tokens: 8,
             few_tuning: None,
             split_routing: None,
@@ -176,6 +181,9 @@ impl ContextOptions {
         }
         if let Some(t) = var("WGEMMA_SPLIT") {
             self.split_routing = pair(&t);
+        }
+        if let Some(n) = var("WGEMMA_ATTENTION_PARTS") {
+            self.attention_parts = n.parse().ok().filter(|n: &u32| *n >= 1);
         }
         if on("WGEMMA_NO_COOP_ATTENTION") {
             self.coop_attention = false;
@@ -269,6 +277,8 @@ pub struct GpuContext {
     pub(crate) attention_rows: Option<u32>,
     /// [`ContextOptions::coop_attention`].
     pub(crate) coop_attention: bool,
+    /// [`ContextOptions::attention_parts`].
+    pub(crate) attention_parts: Option<u32>,
     /// [`ContextOptions::few_tokens`].
     pub(crate) few_tokens: u32,
     /// [`ContextOptions::few_tuning`].
@@ -416,6 +426,7 @@ impl GpuContext {
             coop_tile: options.coop_tile,
             attention_rows: options.attention_rows,
             coop_attention: options.coop_attention,
+            attention_parts: options.attention_parts,
             few_tokens: options.few_tokens,
             few_tuning: options.few_tuning,
             split_routing: options.split_routing,

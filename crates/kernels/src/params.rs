@@ -95,6 +95,15 @@ kernel_params!(
 );
 
 kernel_params!(
+    /// `attention_parts.wgsl`.
+    AttentionPartsParams {
+        rows: u32,
+        head_dim: u32,
+        parts: u32,
+    }
+);
+
+kernel_params!(
     /// `attn_combine.wgsl`.
     AttnCombineParams {
         n_head: u32,

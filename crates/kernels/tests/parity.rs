@@ -870,6 +870,17 @@ impl BoundedAttention {
         };
         run(ctx, &[&d.unwrap()]);
         assert_close(what, &read(ctx, &out), &want, tol);
+        if self.coop {
+            // Split over the keys (a few blocks here: the most parts, some of them empty).
+            let scratch = poisoned(ctx, ops::attention_parts_floats(t, nh, hd) as usize);
+            let out2 = poisoned(ctx, want.len());
+            let parts =
+                ops::attention_in_parts(ctx, &AttentionArgs { out: &out2, ..args }, &scratch)
+                    .unwrap();
+            assert_eq!(parts.len(), 2, "{what}: split over the keys");
+            run(ctx, &parts.iter().collect::<Vec<_>>());
+            assert_close(&format!("{what}, in parts"), &read(ctx, &out2), &want, tol);
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tracing::Instrument;
 
 use wgemma_kernels::ops::{self, AttentionArgs, HeadPostArgs, HeadPostKv, SampleKernel};
-use wgemma_kernels::{Dispatch, GpuError, Profiler, Recorder, View, wgpu};
+use wgemma_kernels::{Dispatch, GpuContext, GpuError, Profiler, Recorder, View, wgpu};
 
 use super::lora::{JoinedLora, PreparedLora};
 use super::model::{GpuModel, HostExperts, PleRows, PleTable};
@@ -332,6 +332,27 @@ fn attn_part_floats(cfg: &TextConfig, capacity: usize, slot_rows: usize, batch: 
     }
 }
 
+/// [`attn_part_floats`], and on a device with cooperative matrices room for a step of
+/// `batch` tokens' attention split over its keys (`ops::attention_in_parts`).
+fn attn_scratch_floats(
+    ctx: &GpuContext,
+    cfg: &TextConfig,
+    capacity: usize,
+    slot_rows: usize,
+    batch: usize,
+) -> u64 {
+    let decode = attn_part_floats(cfg, capacity, slot_rows, batch);
+    if !ctx.features.coop_matmul || slot_rows > 0 {
+        return decode;
+    }
+    let max_hd = cfg.layers.iter().map(|l| l.head_dim).max().unwrap_or(0) as u32;
+    decode.max(ops::attention_parts_floats(
+        batch as u32,
+        cfg.n_head as u32,
+        max_hd,
+    ))
+}
+
 /// Fetched rows kept for later steps; past this, a new fetch starts from an empty store.
 const FETCHED_ROWS_KEPT: usize = 1024;
 
@@ -386,7 +407,10 @@ impl GpuSession {
         let s = Scratch {
             own: Activations::new(&model, 1),
             x_alt: buf("x_alt", d),
-            attn_part: buf("attn_part", attn_part_floats(cfg, capacity, slot_rows, b)),
+            attn_part: buf(
+                "attn_part",
+                attn_scratch_floats(ctx, cfg, capacity, slot_rows, b),
+            ),
             act_q: buf("act_q", ops::int8_vector_words(max_ff)),
             last_n: buf("last_n", d),
             logits: buf("logits", vocab),

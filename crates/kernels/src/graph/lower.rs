@@ -36,7 +36,8 @@ pub struct Scratch<'a> {
     pub partials: &'a View,
     /// One token's gated activations as 8-bit integers (`ops::int8_vector_words`).
     pub int8_act: &'a View,
-    /// One token's split attention's partial results.
+    /// One token's split attention's partial results; with room enough, a many-token
+    /// attention's parts over its keys (`ops::attention_parts_floats`).
     pub attn_part: &'a View,
     /// The last row of a many-row step's input to its logits.
     pub last_row: &'a View,
@@ -932,8 +933,8 @@ impl<'g, 'a, H: Clone> Walk<'g, 'a, H> {
             return Ok(1);
         }
         if self.g.tokens != 1 {
-            let d = ops::attention(self.ctx, args)?;
-            self.run(vec![d]);
+            let d = ops::attention_in_parts(self.ctx, args, part)?;
+            self.run(d);
             self.wrote(&[*out])?;
             return Ok(1);
         }

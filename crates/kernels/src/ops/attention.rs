@@ -27,6 +27,15 @@ kernel_bindings!(
 );
 
 kernel_bindings!(
+    /// `attention_parts.wgsl`.
+    AttentionPartsBindings {
+        part: 0,
+        out: 1,
+        p: 2,
+    }
+);
+
+kernel_bindings!(
     /// `attn_split.wgsl` (`q_norm`, `k_norm`, `ff` with HEAD_POST).
     AttnSplitBindings {
         q: 0,
@@ -220,23 +229,89 @@ fn coop_dispatch(
     a: &AttentionArgs<'_>,
     params: Params,
 ) -> Result<Dispatch, GpuError> {
-    let g = a.n_head / a.n_kv_head;
-    let source = coop_source(CoopVariant {
-        head_dim: a.head_dim,
-        group: g,
-        spans: a.last_key.is_some(),
-        first_keys: a.first_key.is_some(),
-    });
     ctx.dispatch(
         "attention_coop",
-        ctx.pipeline(&source),
+        ctx.pipeline(&coop_source(CoopVariant::of(a, false))),
         attention_bindings(a, params),
-        [
-            a.n_kv_head,
-            (a.tokens * g).div_ceil(coop_block_rows(a.head_dim)),
-            1,
-        ],
+        coop_grid(a, 1),
     )
+}
+
+/// Workgroups of `attention_coop.wgsl` for `a` in `parts` parts over the keys.
+fn coop_grid(a: &AttentionArgs<'_>, parts: u32) -> [u32; 3] {
+    let g = a.n_head / a.n_kv_head;
+    [
+        a.n_kv_head,
+        (a.tokens * g).div_ceil(coop_block_rows(a.head_dim)),
+        parts,
+    ]
+}
+
+/// Workgroups the cooperative-matrix attention wants before it splits over the keys: two
+/// for each of the H200's 132 multiprocessors.
+const ATTENTION_PARTS_FILL: u32 = 264;
+
+/// The most parts [`attention_in_parts`] splits the keys into.
+pub const MAX_ATTENTION_PARTS: u32 = 4;
+
+/// Floats of scratch [`attention_in_parts`] needs for `tokens` tokens: each part's output and
+/// its rows' largest scores and sums.
+pub fn attention_parts_floats(tokens: u32, n_head: u32, head_dim: u32) -> u64 {
+    u64::from(MAX_ATTENTION_PARTS) * u64::from(tokens) * u64::from(n_head) * u64::from(head_dim + 2)
+}
+
+/// Parts over the keys for `a` on cooperative matrices: enough for [`ATTENTION_PARTS_FILL`]
+/// workgroups, at most [`MAX_ATTENTION_PARTS`] (the context's where it names them).
+fn attention_parts(ctx: &GpuContext, a: &AttentionArgs<'_>) -> u32 {
+    let [heads, blocks, _] = coop_grid(a, 1);
+    let want = ATTENTION_PARTS_FILL.div_ceil((heads * blocks).max(1));
+    ctx.attention_parts
+        .unwrap_or(want)
+        .clamp(1, MAX_ATTENTION_PARTS)
+}
+
+/// [`attention`], split over the keys into parts whose outputs a second dispatch combines
+/// where the cooperative-matrix kernel's blocks alone would leave most of the GPU idle (a
+/// DiffusionGemma canvas) and `scratch` holds [`attention_parts_floats`].
+pub fn attention_in_parts(
+    ctx: &GpuContext,
+    a: &AttentionArgs<'_>,
+    scratch: &View,
+) -> Result<Vec<Dispatch>, GpuError> {
+    let parts = attention_parts(ctx, a);
+    let fits = scratch.len32() >= attention_parts_floats(a.tokens, a.n_head, a.head_dim);
+    if !(ctx.coop_attention && coop_attention_takes(ctx, a)) || parts == 1 || !fits {
+        return Ok(vec![attention(ctx, a)?]);
+    }
+    let params = attention_params(a)?;
+    let split = ctx.dispatch(
+        "attention_coop",
+        ctx.pipeline(&coop_source(CoopVariant::of(a, true))),
+        AttentionBindings {
+            out: Bind::Storage(scratch),
+            ..attention_bindings(a, params)
+        },
+        coop_grid(a, parts),
+    )?;
+    let rows = a.tokens * a.n_head;
+    let combine = ctx.dispatch(
+        "attention_parts",
+        ctx.pipeline(&ShaderSource::new(
+            "attention_parts",
+            &[ATTENTION_PARTS_WGSL],
+        )),
+        AttentionPartsBindings {
+            part: Bind::Storage(scratch),
+            out: Bind::Storage(a.out),
+            p: Bind::Params(Params::of(&AttentionPartsParams {
+                rows,
+                head_dim: a.head_dim,
+                parts,
+            })),
+        },
+        grid(ctx, (rows * a.head_dim).div_ceil(256), 1),
+    )?;
+    Ok(vec![split, combine])
 }
 
 /// What an `attention_coop.wgsl` pipeline is built for.
@@ -246,6 +321,20 @@ struct CoopVariant {
     group: u32,
     spans: bool,
     first_keys: bool,
+    /// Split over the keys (`PARTS`).
+    parts: bool,
+}
+
+impl CoopVariant {
+    fn of(a: &AttentionArgs<'_>, parts: bool) -> Self {
+        Self {
+            head_dim: a.head_dim,
+            group: a.n_head / a.n_kv_head,
+            spans: a.last_key.is_some(),
+            first_keys: a.first_key.is_some(),
+            parts,
+        }
+    }
 }
 
 fn coop_source(v: CoopVariant) -> ShaderSource {
@@ -259,6 +348,7 @@ fn coop_source(v: CoopVariant) -> ShaderSource {
     .constant("DCH", f64::from(v.head_dim / 64))
     .flag_if(v.spans, "SPANS")
     .flag_if(v.first_keys, "FIRST_KEYS")
+    .flag_if(v.parts, "PARTS")
 }
 
 fn attention_bindings<'a>(a: &AttentionArgs<'a>, params: Params) -> AttentionBindings<'a> {
@@ -647,17 +737,18 @@ mod tests {
     /// The cooperative-matrix attention's variants as a device with them compiles them.
     #[test]
     fn coop_attention_variants_validate() {
-        for (head_dim, group, spans, first_keys) in [
-            (256, 2, false, false),
-            (512, 8, false, true),
-            (128, 4, true, false),
-            (64, 1, true, true),
+        for (head_dim, group, spans, first_keys, parts) in [
+            (256, 2, false, false, true),
+            (512, 8, false, true, true),
+            (128, 4, true, false, false),
+            (64, 1, true, true, false),
         ] {
             crate::shader::validate_coop(&coop_source(CoopVariant {
                 head_dim,
                 group,
                 spans,
                 first_keys,
+                parts,
             }));
         }
     }

@@ -25,6 +25,7 @@ const KV_STORE_WGSL: &str = include_str!("../wgsl/kv_store.wgsl");
 const ATTENTION_WGSL: &str = include_str!("../wgsl/attention.wgsl");
 const ATTENTION_KEYS_WGSL: &str = include_str!("../wgsl/attention_keys.wgsl");
 const ATTENTION_COOP_WGSL: &str = include_str!("../wgsl/attention_coop.wgsl");
+const ATTENTION_PARTS_WGSL: &str = include_str!("../wgsl/attention_parts.wgsl");
 const ELEMENTWISE_WGSL: &str = include_str!("../wgsl/elementwise.wgsl");
 const EMBED_WGSL: &str = include_str!("../wgsl/embed.wgsl");
 const ARGMAX_WGSL: &str = include_str!("../wgsl/argmax.wgsl");

@@ -22,6 +22,11 @@
 // all D dimensions. Subgroup s owns the output blocks of rows 16 (s / SPR), columns
 // 16 (s % SPR + SPR j) for j < NJ: eight accumulators for D = 256 (BQ 64) and 512 (BQ 32,
 // HEAD_DIM_512), each the same accumulator from the first tile to the last.
+//
+// PARTS: workgroup z takes part z of the block's tiles of keys (the GPU's multiprocessors
+// outnumber a short canvas's blocks), and `out` is scratch: each part's output over its own
+// keys (normalised by its own sum) at rows z R.., R = m n_head, then per part and row the
+// largest score and the sum, for attention_parts.wgsl to combine.
 
 @group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> kc: array<vec4<f32>>;
@@ -252,13 +257,36 @@ fn row_stats(v0: u32, kvh: u32, keys: vec2<u32>, mine: vec2<u32>, li: u32) -> ve
     return vec2<f32>(top, total);
 }
 
+// Part z of `parts` of the tiles of `keys` (none: first > last).
+fn part_keys(keys: vec2<u32>, z: u32, parts: u32) -> vec2<u32> {
+    if (keys.x > keys.y) {
+        return keys;
+    }
+    let tiles = (keys.y - keys.x) / BK + 1u;
+    let per = (tiles + parts - 1u) / parts;
+    if (z * per >= tiles) {
+        return vec2<u32>(1u, 0u);
+    }
+    let lo = keys.x + z * per * BK;
+    return vec2<u32>(lo, min(keys.y, lo + per * BK - 1u));
+}
+
+// Output row v's row in `out`: its own, or with PARTS that of part z in the scratch.
+fn out_row(kvh: u32, v: u32, z: u32) -> u32 {
+    return z * p.m * p.n_head + row_token(v) * p.n_head + row_head(kvh, v);
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let kvh = wg.x;
     // The last block (the tokens with the most keys) first.
     let v0 = (nwg.y - 1u - wg.y) * BQ;
     block_span(v0, li);
+#if PARTS
+    let keys = part_keys(workgroupUniformLoad(&span).xy, wg.z, nwg.z);
+#else
     let keys = workgroupUniformLoad(&span).xy;
+#endif
     let sg = li / 32u;
     let lane = li % 32u;
     // The softmax: this thread's row and part of it.
@@ -267,6 +295,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let mine = row_keys[r];
     let stats = row_stats(v0, kvh, keys, mine, li);
     let inv_total = select(0.0, 1.0 / stats.y, stats.y > 0.0);
+#if PARTS
+    if (part == 0u && v0 + r < p.m * G) {
+        let at = nwg.z * p.m * p.n_head * p.head_dim + 2u * out_row(kvh, v0 + r, wg.z);
+        out[at] = stats.x;
+        out[at + 1u] = stats.y;
+    }
+#endif
 
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
@@ -334,7 +369,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
         for (var e = lane; e < 256u; e += 32u) {
             let v = v0 + (sg / SPR) * 16u + e / 16u;
             if (v < p.m * G) {
-                out[(row_token(v) * p.n_head + row_head(kvh, v)) * p.head_dim + col0 + e % 16u] = ss[sg * 256u + e];
+                out[out_row(kvh, v, wg.z) * p.head_dim + col0 + e % 16u] = ss[sg * 256u + e];
             }
         }
     }
