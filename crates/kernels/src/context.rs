@@ -92,6 +92,10 @@ pub struct ContextOptions {
     /// alone leave the GPU idle (`WGEMMA_ATTENTION_PARTS`; 1: never); `None`: chosen by
     /// shape (`ops::attention_in_parts`).
     pub attention_parts: Option<u32>,
+    /// Slots a tile of the grouped experts' products takes on cooperative matrices
+    /// (`WGEMMA_EXPERT_TILE`: 16, 32 or 64); `None`: chosen by the slots an expert
+    /// (`ops::FEW_SLOTS_PER_EXPERT`, `ops::SOME_SLOTS_PER_EXPERT`).
+    pub expert_tile: Option<u32>,
     /// The most tokens a K-quant product takes through the few-token kernel (inputs rounded to
     /// 8-bit integers, several tokens a workgroup: batched decode); more go to the tiled
     /// kernel. Below `ops::FEW_TOKENS_MIN`: never (`WGEMMA_FEW_TOKENS`). Needs
@@ -128,6 +132,7 @@ impl Default for ContextOptions {
             attention_rows: None,
             coop_attention: true,
             attention_parts: None,
+            expert_tile: None,
             few_tokens: 8,
             few_tuning: None,
             split_routing: None,
@@ -184,6 +189,9 @@ impl ContextOptions {
         }
         if let Some(n) = var("WGEMMA_ATTENTION_PARTS") {
             self.attention_parts = n.parse().ok().filter(|n: &u32| *n >= 1);
+        }
+        if let Some(t) = var("WGEMMA_EXPERT_TILE") {
+            self.expert_tile = t.parse().ok().filter(|t| [16, 32, 64].contains(t));
         }
         if on("WGEMMA_NO_COOP_ATTENTION") {
             self.coop_attention = false;
@@ -279,6 +287,8 @@ pub struct GpuContext {
     pub(crate) coop_attention: bool,
     /// [`ContextOptions::attention_parts`].
     pub(crate) attention_parts: Option<u32>,
+    /// [`ContextOptions::expert_tile`].
+    pub(crate) expert_tile: Option<u32>,
     /// [`ContextOptions::few_tokens`].
     pub(crate) few_tokens: u32,
     /// [`ContextOptions::few_tuning`].
@@ -427,6 +437,7 @@ impl GpuContext {
             attention_rows: options.attention_rows,
             coop_attention: options.coop_attention,
             attention_parts: options.attention_parts,
+            expert_tile: options.expert_tile,
             few_tokens: options.few_tokens,
             few_tuning: options.few_tuning,
             split_routing: options.split_routing,

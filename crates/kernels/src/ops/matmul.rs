@@ -172,6 +172,11 @@ const TOKENS_128_MIN_WORKGROUPS: u64 = 112;
 /// tiles), both measured (benches/RESULTS.md, eleventh and twenty-seventh sessions).
 pub const FEW_SLOTS_PER_EXPERT: u32 = 12;
 
+/// Slots per expert on average up to which (past [`FEW_SLOTS_PER_EXPERT`]) the grouped
+/// experts' products take 32-slot tiles: a DiffusionGemma canvas's 16 were faster in them
+/// than in 64-slot tiles (benches/RESULTS.md, thirty-sixth session); 32 is not measured.
+pub const SOME_SLOTS_PER_EXPERT: u32 = 24;
+
 impl CoopTile {
     /// The tile named by its tokens, `16`, `64` or `128` (`WGEMMA_COOP_TILE`).
     pub fn from_name(name: &str) -> Option<Self> {
@@ -487,22 +492,36 @@ pub(super) enum Tiles {
     Experts,
     /// The same, 16 slots a tile (`SMALL_TILES`, tensor cores only).
     FewSlotExperts,
+    /// The same, 32 slots a tile (`TOKENS_32`, tensor cores only).
+    SomeSlotExperts,
 }
 
 impl Tiles {
-    /// The grouped experts' tiles for `slots` slots over `n_expert` experts: 16-slot tiles on
-    /// tensor cores when the experts average at most [`FEW_SLOTS_PER_EXPERT`] slots (a short
-    /// prompt: 128 tokens give 26B-A4B's 128 experts 8 each). A tile's step costs about the
-    /// same however many of its tokens are real, and most of its cost is the expert's
-    /// weights; with few slots a small tile wastes less, with more an expert's slots spill
-    /// over several small tiles, each converting the weights again.
+    /// The grouped experts' tiles for `slots` slots over `n_expert` experts on tensor cores:
+    /// 16-slot tiles when the experts average at most [`FEW_SLOTS_PER_EXPERT`] slots (a
+    /// short prompt: 128 tokens give 26B-A4B's 128 experts 8 each), 32-slot ones up to
+    /// [`SOME_SLOTS_PER_EXPERT`] (a DiffusionGemma canvas: 16), else 64; the context's where
+    /// it names them. A tile's step costs less the fewer its slots, and most of its cost is the
+    /// expert's weights; an expert's slots past a tile's spill over into another, which
+    /// converts the weights again.
     pub(super) fn for_experts(ctx: &GpuContext, slots: u32, n_expert: u32) -> Self {
-        if ctx.features.coop_matmul
-            && u64::from(slots) <= u64::from(FEW_SLOTS_PER_EXPERT) * u64::from(n_expert)
-        {
-            Tiles::FewSlotExperts
-        } else {
-            Tiles::Experts
+        if !ctx.features.coop_matmul {
+            return Tiles::Experts;
+        }
+        let per = u64::from(slots).div_ceil(u64::from(n_expert.max(1)));
+        let size = ctx
+            .expert_tile
+            .unwrap_or(if per <= u64::from(FEW_SLOTS_PER_EXPERT) {
+                16
+            } else if per <= u64::from(SOME_SLOTS_PER_EXPERT) {
+                32
+            } else {
+                64
+            });
+        match size {
+            16 => Tiles::FewSlotExperts,
+            32 => Tiles::SomeSlotExperts,
+            _ => Tiles::Experts,
         }
     }
 
@@ -510,6 +529,7 @@ impl Tiles {
     pub(super) fn tokens(self) -> u32 {
         match self {
             Tiles::FewSlotExperts => 16,
+            Tiles::SomeSlotExperts => 32,
             Tiles::Plain(t) => t.tokens(),
             Tiles::Experts => 64,
         }
@@ -585,6 +605,7 @@ fn tiled_source(coop: bool, kernel: TiledKernel) -> Result<ShaderSource, GpuErro
             ),
             "SMALL_TILES",
         )
+        .flag_if(coop && tiles == Tiles::SomeSlotExperts, "TOKENS_32")
         .flag_if(clamped, "CLAMPED"))
 }
 
@@ -626,6 +647,8 @@ mod tests {
                 false,
             ),
             (GgmlType::Q8_0, false, Tiles::FewSlotExperts, false),
+            (GgmlType::Q4K, true, Tiles::SomeSlotExperts, false),
+            (GgmlType::Q4K, false, Tiles::SomeSlotExperts, false),
             (
                 GgmlType::Q4K,
                 false,

@@ -17,6 +17,9 @@
 // SMALL_TILES (with EXPERTS, for experts routed few tokens each): 16-token x 128-row tiles,
 // subgroup s owning rows 16 s as one accumulator, so that a tile's step does a quarter of
 // the input loads and products for the same weights.
+// TOKENS_32 (with EXPERTS, for experts routed a few more): 32-token x 128-row tiles,
+// subgroup s owning tokens 0-31 of rows 16 s as two accumulators: half the input loads and
+// products of a 64-token tile's step.
 
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 
@@ -28,6 +31,13 @@ const SN: u32 = 8u;
 const BR: u32 = 16u;
 const FB: u32 = 1u;
 const ACCS: u32 = 1u;
+#else
+#if TOKENS_32
+const TM: u32 = 32u;
+const SN: u32 = 8u;
+const BR: u32 = 16u;
+const FB: u32 = 1u;
+const ACCS: u32 = 2u;
 #else
 #if TOKENS_128
 const TM: u32 = 128u;
@@ -41,6 +51,7 @@ const SN: u32 = 4u;
 const BR: u32 = 32u;
 const FB: u32 = 2u;
 const ACCS: u32 = 4u;
+#endif
 #endif
 #endif
 const TN: u32 = 128u;
@@ -172,11 +183,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let a_0 = coopLoadT<coop_mat16x16<f16, A>>(&xs[(a0 + kk) / 4u], PITCH / 4u);
             let a_1 = coopLoadT<coop_mat16x16<f16, A>>(&xs[(a0 + 16u * PITCH + kk) / 4u], PITCH / 4u);
             let b_0 = coopLoad<coop_mat16x16<f16, B>>(&ws[(b0 + kk) / 4u], PITCH / 4u);
-            let b_1 = coopLoad<coop_mat16x16<f16, B>>(&ws[(b0 + 16u * PITCH + kk) / 4u], PITCH / 4u);
             c00 = coopMultiplyAdd(a_0, b_0, c00);
-            c01 = coopMultiplyAdd(a_0, b_1, c01);
             c10 = coopMultiplyAdd(a_1, b_0, c10);
+#if !TOKENS_32
+            let b_1 = coopLoad<coop_mat16x16<f16, B>>(&ws[(b0 + 16u * PITCH + kk) / 4u], PITCH / 4u);
+            c01 = coopMultiplyAdd(a_0, b_1, c01);
             c11 = coopMultiplyAdd(a_1, b_1, c11);
+#endif
 #if TOKENS_128
             let b_2 = coopLoad<coop_mat16x16<f16, B>>(&ws[(b0 + 32u * PITCH + kk) / 4u], PITCH / 4u);
             let b_3 = coopLoad<coop_mat16x16<f16, B>>(&ws[(b0 + 48u * PITCH + kk) / 4u], PITCH / 4u);
@@ -197,7 +210,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var f = 0u; f < ACCS; f++) {
         switch f {
             case 0u: { coopStoreT(c00, &stage[sg * 256u], 16u); }
+#if !TOKENS_32
             case 1u: { coopStoreT(c01, &stage[sg * 256u], 16u); }
+#endif
 #if TOKENS_128
             case 2u: { coopStoreT(c02, &stage[sg * 256u], 16u); }
             case 3u: { coopStoreT(c03, &stage[sg * 256u], 16u); }
@@ -206,8 +221,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             case 6u: { coopStoreT(c12, &stage[sg * 256u], 16u); }
             default: { coopStoreT(c13, &stage[sg * 256u], 16u); }
 #else
+#if TOKENS_32
+            default: { coopStoreT(c10, &stage[sg * 256u], 16u); }
+#else
             case 2u: { coopStoreT(c10, &stage[sg * 256u], 16u); }
             default: { coopStoreT(c11, &stage[sg * 256u], 16u); }
+#endif
 #endif
         }
         workgroupBarrier();
