@@ -125,6 +125,43 @@ pub struct CausalAttention<'a> {
     pub softcap: f32,
 }
 
+/// `attention_parts.wgsl`: each of `rows` output rows from `parts` parts, `scratch` holding
+/// each part's `rows x head_dim` outputs (normalised by its own sum) and then per part and row
+/// its largest score and sum; a part with a zero sum saw no key and weighs nothing.
+pub fn attention_parts_combine(
+    scratch: &[f32],
+    rows: usize,
+    head_dim: usize,
+    parts: usize,
+) -> Vec<f32> {
+    let stats = |z: usize, r: usize| {
+        let at = parts * rows * head_dim + 2 * (z * rows + r);
+        (f64::from(scratch[at]), f64::from(scratch[at + 1]))
+    };
+    let mut out = vec![0.0; rows * head_dim];
+    for r in 0..rows {
+        let seen = (0..parts).map(|z| stats(z, r)).filter(|s| s.1 > 0.0);
+        let top = seen.map(|s| s.0).fold(f64::NEG_INFINITY, f64::max);
+        let weights: Vec<f64> = (0..parts)
+            .map(|z| {
+                let (m, l) = stats(z, r);
+                if l > 0.0 { l * (m - top).exp() } else { 0.0 }
+            })
+            .collect();
+        let total: f64 = weights.iter().sum();
+        if total <= 0.0 {
+            continue;
+        }
+        for c in 0..head_dim {
+            let sum: f64 = (0..parts)
+                .map(|z| weights[z] * f64::from(scratch[(z * rows + r) * head_dim + c]))
+                .sum();
+            out[r * head_dim + c] = (sum / total) as f32;
+        }
+    }
+    out
+}
+
 /// Causal attention of `[tokens, n_head, head_dim]` queries (at `positions`) over a cache of
 /// `[capacity, n_kv_head, head_dim]` keys and values.
 pub fn attention(a: &CausalAttention<'_>) -> Vec<f32> {

@@ -884,6 +884,62 @@ impl BoundedAttention {
     }
 }
 
+/// `attention_parts.wgsl` against the CPU: each row's keys split into parts of random sizes
+/// (some empty), each part's output normalised by its own sum; combined, they are the
+/// softmax over all the keys.
+#[test]
+fn attention_parts_combine_to_the_whole_softmax() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(43);
+    let (rows, hd, parts) = (7usize, 12usize, 3usize);
+    let mut scratch = vec![0.0f32; parts * rows * (hd + 2)];
+    let mut whole = vec![0.0f32; rows * hd];
+    for r in 0..rows {
+        // Row r: part z takes (r + z) % 4 keys (row 0's first part none, row 1's every part
+        // some), scores up to 8 apart and values in [-1, 1].
+        let mut all: Vec<(f64, Vec<f64>)> = Vec::new();
+        for z in 0..parts {
+            let n = (r + z) % 4;
+            let keys: Vec<(f64, Vec<f64>)> = (0..n)
+                .map(|_| {
+                    let s = f64::from(rng.vec(1, 8.0)[0]);
+                    (s, rng.vec(hd, 1.0).into_iter().map(f64::from).collect())
+                })
+                .collect();
+            let at = parts * rows * hd + 2 * (z * rows + r);
+            if keys.is_empty() {
+                scratch[at] = -3.0e38;
+                continue;
+            }
+            let top = keys.iter().map(|k| k.0).fold(f64::NEG_INFINITY, f64::max);
+            let l: f64 = keys.iter().map(|k| (k.0 - top).exp()).sum();
+            for c in 0..hd {
+                let o: f64 = keys.iter().map(|k| (k.0 - top).exp() * k.1[c]).sum();
+                scratch[(z * rows + r) * hd + c] = (o / l) as f32;
+            }
+            (scratch[at], scratch[at + 1]) = (top as f32, l as f32);
+            all.extend(keys);
+        }
+        let top = all.iter().map(|k| k.0).fold(f64::NEG_INFINITY, f64::max);
+        let l: f64 = all.iter().map(|k| (k.0 - top).exp()).sum();
+        for c in 0..hd {
+            let o: f64 = all.iter().map(|k| (k.0 - top).exp() * k.1[c]).sum();
+            whole[r * hd + c] = if l > 0.0 { (o / l) as f32 } else { 0.0 };
+        }
+    }
+    let want = cpu::attention_parts_combine(&scratch, rows, hd, parts);
+    assert_close("attention parts, CPU reference", &want, &whole, 1e-5);
+    let out = poisoned(ctx, rows * hd);
+    let shape = wgemma_kernels::params::AttentionPartsParams {
+        rows: rows as u32,
+        head_dim: hd as u32,
+        parts: parts as u32,
+    };
+    let d = ops::attention_parts_combine(ctx, &upload(ctx, &scratch), &out, shape).unwrap();
+    run(ctx, &[&d]);
+    assert_close("attention parts", &read(ctx, &out), &want, 1e-5);
+}
+
 /// Prefill attention with `last_key`: the tokens of a span (an image) also see the span's later
 /// tokens, within the sliding window's reach back.
 #[test]

@@ -293,8 +293,34 @@ pub fn attention_in_parts(
         },
         coop_grid(a, parts),
     )?;
-    let rows = a.tokens * a.n_head;
-    let combine = ctx.dispatch(
+    let combine = attention_parts_combine(
+        ctx,
+        scratch,
+        a.out,
+        AttentionPartsParams {
+            rows: a.tokens * a.n_head,
+            head_dim: a.head_dim,
+            parts,
+        },
+    )?;
+    Ok(vec![split, combine])
+}
+
+/// `attention_parts.wgsl`: the rows of `out` from the parts in `scratch` (each part's `rows`
+/// x `head_dim` outputs, then per part and row its largest score and sum).
+pub fn attention_parts_combine(
+    ctx: &GpuContext,
+    scratch: &View,
+    out: &View,
+    shape: AttentionPartsParams,
+) -> Result<Dispatch, GpuError> {
+    let outputs = u64::from(shape.rows) * u64::from(shape.head_dim);
+    scratch.expect_len32(
+        "attention parts",
+        u64::from(shape.parts) * (outputs + 2 * u64::from(shape.rows)),
+    )?;
+    out.expect_len32("attention out", outputs)?;
+    ctx.dispatch(
         "attention_parts",
         ctx.pipeline(&ShaderSource::new(
             "attention_parts",
@@ -302,16 +328,11 @@ pub fn attention_in_parts(
         )),
         AttentionPartsBindings {
             part: Bind::Storage(scratch),
-            out: Bind::Storage(a.out),
-            p: Bind::Params(Params::of(&AttentionPartsParams {
-                rows,
-                head_dim: a.head_dim,
-                parts,
-            })),
+            out: Bind::Storage(out),
+            p: Bind::Params(Params::of(&shape)),
         },
-        grid(ctx, (rows * a.head_dim).div_ceil(256), 1),
-    )?;
-    Ok(vec![split, combine])
+        grid(ctx, (outputs as u32).div_ceil(256), 1),
+    )
 }
 
 /// What an `attention_coop.wgsl` pipeline is built for.
