@@ -2138,9 +2138,15 @@ fn residual_matvec_matches_cpu() {
     }
     // A thread holds at most 8 of the row's vec4s.
     assert!(!ops::matvec_input_fits(ctx, 8196));
+}
 
-    // A mixture-of-experts FFN's output as the delta, computed inside the product: the dense
-    // branch and the experts' weighted rows, each normalised, added (what `moe_mix` writes).
+/// [`residual_matvec_matches_cpu`]'s step with a mixture-of-experts FFN's output as the
+/// delta, computed inside the product: the dense branch and the experts' weighted rows, each
+/// normalised, added (what `moe_mix` writes).
+#[test]
+fn residual_matvec_with_an_experts_delta_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(72);
     // SwiftShader (the browser's Vulkan without a GPU, which CI runs these tests on too) binds
     // fewer.
     assert!(
@@ -3070,23 +3076,122 @@ fn check_grouped_experts(ctx: &GpuContext, tokens: u32) {
     }
 }
 
+/// The MoE tests' shape (3 tokens, 2 of 6 experts, width 64, experts 96 wide) and inputs.
+struct MoeCase {
+    tokens: u32,
+    n_expert: u32,
+    k: u32,
+    d: u64,
+    ff: u64,
+    x: Vec<f32>,
+    pre: Vec<f32>,
+}
+
+impl MoeCase {
+    fn new(rng: &mut Rng) -> Self {
+        let (tokens, d) = (3u32, 64u64);
+        Self {
+            tokens,
+            n_expert: 6,
+            k: 2,
+            d,
+            ff: 96,
+            x: rng.vec((u64::from(tokens) * d) as usize, 1.0),
+            pre: rng.vec(d as usize, 1.0),
+        }
+    }
+}
+
+/// A routing's outputs on the GPU (checked against the CPU): the experts and weights of each
+/// slot, as buffers and as read back.
+struct Routed {
+    sel: View,
+    weight: View,
+    got_sel: Vec<u32>,
+    got_w: Vec<f32>,
+}
+
+/// Routes `tokens` tokens' `logits` to `k` of `n_expert` experts on the GPU (weights times
+/// `scale`), checked against the CPU.
+fn route_like_cpu(
+    ctx: &GpuContext,
+    (tokens, n_expert, k): (u32, u32, u32),
+    logits: &[f32],
+    scale: &[f32],
+) -> Routed {
+    let (sel, weight) = (
+        upload_u32(ctx, &vec![u32::MAX; (tokens * k) as usize]),
+        poisoned(ctx, (tokens * k) as usize),
+    );
+    let (lv, sv) = (upload(ctx, logits), upload(ctx, scale));
+    let route = ops::ExpertRoute {
+        logits: &lv,
+        weight: &weight,
+        expert_scale: Some(&sv),
+        n_expert,
+    };
+    run(
+        ctx,
+        &[&ops::moe_route(ctx, &route, &sel, tokens, k).unwrap()],
+    );
+    let got_sel = pollster::block_on(ctx.read_u32(&sel)).unwrap();
+    let got_w = read(ctx, &weight);
+    let mut want_w = Vec::new();
+    for t in 0..tokens as usize {
+        let routed = cpu::route(
+            &logits[t * n_expert as usize..][..n_expert as usize],
+            k as usize,
+        );
+        for (j, (e, w)) in routed.iter().enumerate() {
+            assert_eq!(
+                got_sel[t * k as usize + j],
+                *e,
+                "{n_expert}: token {t} slot {j}"
+            );
+            want_w.push(w * scale[*e as usize]);
+        }
+    }
+    assert_close("route weights", &got_w, &want_w, 1e-5);
+    Routed {
+        sel,
+        weight,
+        got_sel,
+        got_w,
+    }
+}
+
+/// The 26B-A4B's routing shape, 8 of 128 experts for 2 tokens, with tied logits: the lower
+/// index goes first, and a tie across the k-th place picks the lower. Logits and scales.
+fn tied_big_logits(rng: &mut Rng) -> (Vec<f32>, Vec<f32>) {
+    let mut big = rng.vec(2 * 128, 3.0);
+    big[5] = big[9];
+    big[40] = 10.0;
+    big[41] = 10.0;
+    big[128 + 7] = 9.0;
+    big[128 + 100] = 9.0;
+    for i in 0..7 {
+        big[128 + 20 + i] = 12.0;
+    }
+    (big, rng.vec(128, 1.0))
+}
+
+/// The small case's routing: its logits and scales, and the GPU's result.
+fn small_routing(ctx: &GpuContext, rng: &mut Rng, c: &MoeCase) -> (Vec<f32>, Vec<f32>, Routed) {
+    let logits = rng.vec((c.tokens * c.n_expert) as usize, 3.0);
+    let scale = rng.vec(c.n_expert as usize, 1.0);
+    let routed = route_like_cpu(ctx, (c.tokens, c.n_expert, c.k), &logits, &scale);
+    (logits, scale, routed)
+}
+
 #[test]
-fn experts_route_multiply_and_mix_like_the_cpu() {
+fn moe_router_product_matches_cpu() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(61);
-    let (tokens, n_expert, k, d, ff) = (3u32, 6u32, 2u32, 64u64, 96u64);
+    let c = MoeCase::new(&mut rng);
+    let (x, d, n_expert) = (&c.x, c.d, c.n_expert);
     let du = d as usize;
-    let x = rng.vec((u64::from(tokens) * d) as usize, 1.0);
-    let (pre, router_scale) = (rng.vec(du, 1.0), rng.vec(du, 1.0));
-    let (xv, prev, rsv) = (
-        upload(ctx, &x),
-        upload(ctx, &pre),
-        upload(ctx, &router_scale),
-    );
-    let pre_norm = ops::InputNorm {
-        weight: &prev,
-        eps: 1e-6,
-    };
+    let router_scale = rng.vec(du, 1.0);
+    let (xv, rsv) = (upload(ctx, x), upload(ctx, &router_scale));
     let router_norm = ops::InputNorm {
         weight: &rsv,
         eps: 1e-6,
@@ -3107,72 +3212,38 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
         let want = cpu::matmul(&wd, rows as usize, du, &xn, 1);
         assert_close(&format!("normed router {dtype}"), &got[1..], &want, 3e-5);
     }
+}
 
-    // Routing, at a small shape and at the 26B-A4B's (8 of 128, with tied logits).
-    let route = |tokens: u32, n_expert: u32, k: u32, logits: &[f32], scale: &[f32]| {
-        let (sel, weight) = (
-            upload_u32(ctx, &vec![u32::MAX; (tokens * k) as usize]),
-            poisoned(ctx, (tokens * k) as usize),
-        );
-        let (lv, sv) = (upload(ctx, logits), upload(ctx, scale));
-        run(
-            ctx,
-            &[&ops::moe_route(
-                ctx,
-                &ops::ExpertRoute {
-                    logits: &lv,
-                    weight: &weight,
-                    expert_scale: Some(&sv),
-                    n_expert,
-                },
-                &sel,
-                tokens,
-                k,
-            )
-            .unwrap()],
-        );
-        let got_sel = pollster::block_on(ctx.read_u32(&sel)).unwrap();
-        let got_w = read(ctx, &weight);
-        let mut want_w = Vec::new();
-        for t in 0..tokens as usize {
-            let routed = cpu::route(
-                &logits[t * n_expert as usize..][..n_expert as usize],
-                k as usize,
-            );
-            for (j, (e, w)) in routed.iter().enumerate() {
-                assert_eq!(
-                    got_sel[t * k as usize + j],
-                    *e,
-                    "{n_expert}: token {t} slot {j}"
-                );
-                want_w.push(w * scale[*e as usize]);
-            }
-        }
-        assert_close("route weights", &got_w, &want_w, 1e-5);
-        (sel, weight, got_sel, got_w)
+#[test]
+fn moe_route_matches_cpu_with_ties() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(62);
+    let (big, big_scale) = tied_big_logits(&mut rng);
+    route_like_cpu(ctx, (2, 128, 8), &big, &big_scale);
+    let c = MoeCase::new(&mut rng);
+    small_routing(ctx, &mut rng, &c);
+}
+
+#[test]
+fn expert_gate_up_products_match_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(63);
+    let c = MoeCase::new(&mut rng);
+    let (tokens, n_expert, k, d, ff) = (c.tokens, c.n_expert, c.k, c.d, c.ff);
+    let (du, x, pre) = (d as usize, &c.x, &c.pre);
+    let (xv, prev) = (upload(ctx, x), upload(ctx, pre));
+    let pre_norm = ops::InputNorm {
+        weight: &prev,
+        eps: 1e-6,
     };
-    let mut big = rng.vec(2 * 128, 3.0);
-    // Ties: the lower index goes first, and a tie across the k-th place picks the lower.
-    big[5] = big[9];
-    big[40] = 10.0;
-    big[41] = 10.0;
-    big[128 + 7] = 9.0;
-    big[128 + 100] = 9.0;
-    for i in 0..7 {
-        big[128 + 20 + i] = 12.0;
-    }
-    let big_scale = rng.vec(128, 1.0);
-    let (big_sel, big_w, big_got_sel, big_got_w) = route(2, 128, 8, &big, &big_scale);
-    let logits = rng.vec((tokens * n_expert) as usize, 3.0);
-    let scale = rng.vec(n_expert as usize, 1.0);
-    let (sel, weight, got_sel, got_w) = route(tokens, n_expert, k, &logits, &scale);
-
+    let (_, _, small) = small_routing(ctx, &mut rng, &c);
+    let (sel, got_sel) = (&small.sel, &small.got_sel);
     // Gate/up experts (interleaved pairs), tiles holding two experts each, on the input as
     // it is and normalised in front of the product.
     for dtype in [GgmlType::Q8_0, GgmlType::F32] {
         let (w, wd) = stacked_experts(ctx, &mut rng, dtype, n_expert.into(), 2 * ff, d);
         let slots = ops::ExpertSlots {
-            sel: &sel,
+            sel,
             slots: tokens * k,
             rows_per_expert: 2 * ff as u32,
             x_group: k,
@@ -3195,7 +3266,7 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
             .unwrap();
             run(ctx, &ds.iter().collect::<Vec<_>>());
             let input = if norm.is_some() {
-                cpu::rms_norm(&x, du, Some(&pre), 1e-6)
+                cpu::rms_norm(x, du, Some(pre), 1e-6)
             } else {
                 x.clone()
             };
@@ -3211,22 +3282,35 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
             assert_close(&what, &read(ctx, &out), &want, 3e-5);
         }
     }
+}
+
+#[test]
+fn expert_gate_up_routing_itself_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(64);
+    let c = MoeCase::new(&mut rng);
+    let (d, ff, du) = (c.d, c.ff, c.d as usize);
+    let prev = upload(ctx, &c.pre);
+    let (pre, pre_norm) = (
+        &c.pre,
+        ops::InputNorm {
+            weight: &prev,
+            eps: 1e-6,
+        },
+    );
+    let (logits, scale, small) = small_routing(ctx, &mut rng, &c);
+    let (big, big_scale) = tied_big_logits(&mut rng);
+    let big_routed = route_like_cpu(ctx, (2, 128, 8), &big, &big_scale);
+    let (x, (n_expert, k, tokens)) = (&c.x, (c.n_expert, c.k, c.tokens));
+    let (got_sel, got_w) = (&small.got_sel, &small.got_w);
+    let (big_got_sel, big_got_w) = (&big_routed.got_sel, &big_routed.got_w);
     // Routed inside the gate/up product (a decode step's experts): the experts and weights
     // the route kernel gives, and the same products; at the small shape and at the
     // 26B-A4B's 8 of 128, with ties.
     let big_x = rng.vec(2 * du, 1.0);
     for (n_expert, k, tokens, xs, logits, scale, want_sel, want_w) in [
-        (n_expert, k, tokens, &x, &logits, &scale, &got_sel, &got_w),
-        (
-            128,
-            8,
-            2,
-            &big_x,
-            &big,
-            &big_scale,
-            &big_got_sel,
-            &big_got_w,
-        ),
+        (n_expert, k, tokens, x, &logits, &scale, got_sel, got_w),
+        (128, 8, 2, &big_x, &big, &big_scale, big_got_sel, big_got_w),
     ] {
         let (w, wd) = stacked_experts(ctx, &mut rng, GgmlType::Q8_0, n_expert.into(), 2 * ff, d);
         let n_slots = (tokens * k) as usize;
@@ -3275,7 +3359,7 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
             want_w,
             1e-6,
         );
-        let input = cpu::rms_norm(xs, du, Some(&pre), 1e-6);
+        let input = cpu::rms_norm(xs, du, Some(pre), 1e-6);
         let mut want = Vec::new();
         for (s, &e) in want_sel.iter().enumerate() {
             let rows = &wd[e as usize * 2 * ff as usize * du..][..2 * ff as usize * du];
@@ -3290,20 +3374,34 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
         };
         assert!(product(&too_many).is_err(), "{what}: 257 experts");
     }
+}
+
+#[test]
+fn expert_down_products_mix_their_slots_like_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(65);
+    let c = MoeCase::new(&mut rng);
+    let (n_expert, k, d, ff, du) = (c.n_expert, c.k, c.d, c.ff, c.d as usize);
+    let (_, _, small) = small_routing(ctx, &mut rng, &c);
+    let (big, big_scale) = tied_big_logits(&mut rng);
+    let big_r = route_like_cpu(ctx, (2, 128, 8), &big, &big_scale);
+    let (sel, got_sel, got_w, weight) = (&small.sel, &small.got_sel, &small.got_w, &small.weight);
+    let (big_sel, big_got_sel, big_got_w, big_w) =
+        (&big_r.sel, &big_r.got_sel, &big_r.got_w, &big_r.weight);
     // Down experts, each token's slots weighted and summed in the product: tiles of two
     // experts (the tiles after the first add to what the first wrote), 6 experts 2 a token
     // and the 26B-A4B's 8 of 128.
     for (dtype, n_expert, k, sel, got_sel, got_w, weight) in [
-        (GgmlType::Q8_0, n_expert, k, &sel, &got_sel, &got_w, &weight),
-        (GgmlType::F32, n_expert, k, &sel, &got_sel, &got_w, &weight),
+        (GgmlType::Q8_0, n_expert, k, sel, got_sel, got_w, weight),
+        (GgmlType::F32, n_expert, k, sel, got_sel, got_w, weight),
         (
             GgmlType::Q5_0,
             128,
             8,
-            &big_sel,
-            &big_got_sel,
-            &big_got_w,
-            &big_w,
+            big_sel,
+            big_got_sel,
+            big_got_w,
+            big_w,
         ),
     ] {
         let slots = got_sel.len();
@@ -3365,6 +3463,16 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
             assert!(mixed.is_err(), "{what}: {bad_k} slots a token");
         }
     }
+}
+
+#[test]
+fn moe_mix_matches_cpu() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(66);
+    let c = MoeCase::new(&mut rng);
+    let (tokens, k, d, du) = (c.tokens, c.k, c.d, c.d as usize);
+    let (_, _, small) = small_routing(ctx, &mut rng, &c);
+    let (weight, got_w) = (&small.weight, &small.got_w);
     // The mix: the dense branch and the experts' weighted sum, each normalised; unweighted,
     // one row a token that a mixed product summed.
     for weighted in [true, false] {
@@ -3376,7 +3484,7 @@ fn experts_route_multiply_and_mix_like_the_cpu() {
         let (dpv, epv) = (upload(ctx, &dense_post), upload(ctx, &experts_post));
         let mix = ops::MoeMix {
             experts: &yv,
-            weight: weighted.then_some(&weight),
+            weight: weighted.then_some(weight),
             experts_post: &epv,
             dense: &dv,
             dense_post: &dpv,
