@@ -15,10 +15,10 @@
 //
 // A tile's scores: Q [BQ x D] times K^T [D x 64] over D in chunks of 64 values, each chunk
 // of queries and keys converted to f16 in workgroup memory (as matmul_coop.wgsl's steps), the
-// next chunk's loads issued before this one's products. Subgroup s holds NS score
-// accumulators: rows 16 (f / 4), keys 16 (f % 4) for f = s, s + 8. Then the scores go
-// through workgroup memory, where TPR threads a row read them (pass 1: maximum and sum;
-// pass 2: the weights, written back as f16). In pass 2 the values follow 16 keys at a time,
+// next chunk's loads issued before this one's products. Subgroup s holds the score
+// accumulators of rows 16 (f / 4), keys 16 (f % 4) for f = s and (BQ 64) s + 8. Then the
+// scores go through workgroup memory, where TPR threads a row read them (pass 1: maximum and
+// sum; pass 2: the weights, written back as f16). In pass 2 the values follow 16 keys at a time,
 // all D dimensions. Subgroup s owns the output blocks of rows 16 (s / SPR), columns
 // 16 (s % SPR + SPR j) for j < NJ: eight accumulators for D = 256 (BQ 64) and 512 (BQ 32,
 // HEAD_DIM_512), each the same accumulator from the first tile to the last.
@@ -53,11 +53,10 @@ const SP: u32 = 68u;
 // Threads a row of the softmax, and its keys each takes.
 const TPR: u32 = 256u / BQ;
 const KPT: u32 = BK / TPR;
-// Subgroups a block of 16 rows, score accumulators a subgroup, output blocks a subgroup.
+// Subgroups a block of 16 rows, output blocks a subgroup.
 const SPR: u32 = 8u / (BQ / 16u);
-const NS: u32 = BQ / 32u;
 override NJ: u32 = DCH * 4u / SPR;
-// vec4s of a chunk each thread loads: of the queries, of the keys (or values).
+// vec4s of a chunk each thread loads: of the queries, of the keys.
 const QV: u32 = BQ * 16u / 256u;
 const KV: u32 = BK * 16u / 256u;
 const MASKED: f32 = -3.0e38;
