@@ -884,6 +884,47 @@ impl BoundedAttention {
     }
 }
 
+/// A prefill attention with no KV heads, or more query heads than a KV group takes, is a
+/// typed error from every entry point (none divides by the KV heads first).
+#[test]
+fn attention_refuses_impossible_head_counts() {
+    let Some(ctx) = ctx() else { return };
+    let v = upload(ctx, &[0.5; 4096]);
+    let positions = upload_u32(ctx, &[0, 1]);
+    for (n_head, n_kv_head) in [(4, 0), (64, 1)] {
+        let args = AttentionArgs {
+            q: &v,
+            k_cache: &v,
+            v_cache: &v,
+            positions: &positions,
+            out: &v,
+            tokens: 2,
+            n_head,
+            n_kv_head,
+            head_dim: 256,
+            window: 0,
+            scale: 1.0,
+            softcap: 0.0,
+            q_stride: n_head * 256,
+            last_key: None,
+            first_key: None,
+            slot_rows: 0,
+        };
+        let what = format!("{n_head} heads over {n_kv_head}");
+        assert!(ops::attention(ctx, &args).is_err(), "{what}");
+        assert!(
+            ops::attention_in_parts(ctx, &args, &v).is_err(),
+            "{what}, in parts"
+        );
+        for kernel in [AttentionKernel::Fma, AttentionKernel::Coop] {
+            assert!(
+                ops::attention_with(ctx, &args, kernel).is_err(),
+                "{what}, {kernel:?}"
+            );
+        }
+    }
+}
+
 /// `attention_parts.wgsl` against the CPU: each row's keys split into parts of random sizes
 /// (some empty), each part's output normalised by its own sum; combined, they are the
 /// softmax over all the keys.

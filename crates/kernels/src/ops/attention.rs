@@ -278,12 +278,13 @@ pub fn attention_in_parts(
     a: &AttentionArgs<'_>,
     scratch: &View,
 ) -> Result<Vec<Dispatch>, GpuError> {
+    // Checked first: the parts divide by the KV heads.
+    let params = attention_params(a)?;
     let parts = attention_parts(ctx, a);
     let fits = scratch.len32() >= attention_parts_floats(a.tokens, a.n_head, a.head_dim);
     if !(ctx.coop_attention && coop_attention_takes(ctx, a)) || parts == 1 || !fits {
         return Ok(vec![attention(ctx, a)?]);
     }
-    let params = attention_params(a)?;
     let split = ctx.dispatch(
         "attention_coop",
         ctx.pipeline(&coop_source(CoopVariant::of(a, true))),
