@@ -14,12 +14,10 @@ pub(crate) const BYTES_WGSL: &str = include_str!("wgsl/bytes.wgsl");
 /// Per-dtype `load_unit` functions (one is selected by a `DT_*` flag).
 pub(crate) const DTYPES_WGSL: &str = include_str!("wgsl/dtypes.wgsl");
 
-/// Flags that `render` turns into WGSL directives (besides any `#if` reading them), with
-/// the directive each adds.
-pub(crate) const DIRECTIVE_FLAGS: [(&str, &str); 2] = [
-    ("F16", "enable f16;"),
-    ("COOP", "enable wgpu_cooperative_matrix;"),
-];
+/// Flags that `render` turns into WGSL `enable` directives (besides any `#if` reading them),
+/// with the extension each enables.
+pub(crate) const DIRECTIVE_FLAGS: [(&str, &str); 2] =
+    [("F16", "f16"), ("COOP", "wgpu_cooperative_matrix")];
 
 /// The source of one pipeline variant.
 #[derive(Clone, Debug)]
@@ -89,10 +87,9 @@ impl ShaderSource {
             }
         }
         let mut out = String::new();
-        for (flag, directive) in DIRECTIVE_FLAGS {
+        for (flag, extension) in DIRECTIVE_FLAGS {
             if flags.contains(flag) {
-                out.push_str(directive);
-                out.push('\n');
+                out.push_str(&format!("enable {extension};\n"));
             }
         }
         // Naga exposes subgroup built-ins when the device has the feature and rejects the
