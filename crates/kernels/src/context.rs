@@ -96,6 +96,10 @@ pub struct ContextOptions {
     /// (`WGEMMA_EXPERT_TILE`: 16, 32 or 64); `None`: chosen by the slots an expert
     /// (`ops::FEW_SLOTS_PER_EXPERT`, `ops::SOME_SLOTS_PER_EXPERT`).
     pub expert_tile: Option<u32>,
+    /// Values of k a step of the experts' 16- and 32-slot tiles on cooperative matrices takes
+    /// (`WGEMMA_COOP_STEP`: 64 or 128): the more, the fewer workgroup barriers, each of which
+    /// waits for the loads in flight.
+    pub coop_step: u32,
     /// The most tokens a K-quant product takes through the few-token kernel (inputs rounded to
     /// 8-bit integers, several tokens a workgroup: batched decode); more go to the tiled
     /// kernel. Below `ops::FEW_TOKENS_MIN`: never (`WGEMMA_FEW_TOKENS`). Needs
@@ -133,6 +137,7 @@ impl Default for ContextOptions {
             coop_attention: true,
             attention_parts: None,
             expert_tile: None,
+            coop_step: 128,
             few_tokens: 8,
             few_tuning: None,
             split_routing: None,
@@ -192,6 +197,9 @@ impl ContextOptions {
         }
         if let Some(t) = var("WGEMMA_EXPERT_TILE") {
             self.expert_tile = t.parse().ok().filter(|t| [16, 32, 64].contains(t));
+        }
+        if let Some(s) = var("WGEMMA_COOP_STEP") {
+            self.coop_step = s.parse().ok().filter(|s| [64, 128].contains(s)).unwrap_or(128);
         }
         if on("WGEMMA_NO_COOP_ATTENTION") {
             self.coop_attention = false;
@@ -289,6 +297,8 @@ pub struct GpuContext {
     pub(crate) attention_parts: Option<u32>,
     /// [`ContextOptions::expert_tile`].
     pub(crate) expert_tile: Option<u32>,
+    /// [`ContextOptions::coop_step`].
+    pub(crate) coop_step: u32,
     /// [`ContextOptions::few_tokens`].
     pub(crate) few_tokens: u32,
     /// [`ContextOptions::few_tuning`].
@@ -438,6 +448,7 @@ impl GpuContext {
             coop_attention: options.coop_attention,
             attention_parts: options.attention_parts,
             expert_tile: options.expert_tile,
+            coop_step: options.coop_step,
             few_tokens: options.few_tokens,
             few_tuning: options.few_tuning,
             split_routing: options.split_routing,

@@ -161,6 +161,25 @@ pub(crate) fn validate_coop(source: &ShaderSource) {
     )
     .validate(&module)
     .unwrap_or_else(|e| panic!("{}: {e:?}", source.key()));
+    // Past the device's limit the driver does not refuse the pipeline: the kernel faults.
+    let mut layouter = naga::proc::Layouter::default();
+    layouter
+        .update(module.to_ctx())
+        .unwrap_or_else(|e| panic!("{}: {e:?}", source.key()));
+    let bytes: u32 = module
+        .global_variables
+        .iter()
+        .filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup)
+        .map(|(_, v)| layouter[v.ty].size)
+        .sum();
+    let limit = crate::device_class::DeviceClass::NvidiaVulkan
+        .limits()
+        .max_compute_workgroup_storage_size;
+    assert!(
+        bytes <= limit,
+        "{}: {bytes} bytes of workgroup memory, past the {limit} NVIDIA's Vulkan driver allows",
+        source.key()
+    );
 }
 
 #[cfg(test)]

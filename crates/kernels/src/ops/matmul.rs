@@ -404,7 +404,7 @@ fn tiled_products(
         64
     };
     let clamped = t.clamp != ProductClamp::default();
-    let kernel = TiledKernel::of(w, geglu, Tiles::Plain(tile), clamped);
+    let kernel = TiledKernel::of(ctx, w, geglu, Tiles::Plain(tile), clamped);
     let pipeline = tiled_pipeline(ctx, kernel)?;
     let open = [f32::NEG_INFINITY, f32::INFINITY];
     let [in_min, in_max] = t.clamp.input.unwrap_or(open);
@@ -545,17 +545,27 @@ pub(super) struct TiledKernel {
     pub geglu: bool,
     pub tiles: Tiles,
     pub clamped: bool,
+    /// Steps of 128 values of k for the experts' 16- and 32-slot tiles (`STEP_128`;
+    /// [`crate::ContextOptions::coop_step`]).
+    pub step_128: bool,
 }
 
 impl TiledKernel {
-    /// The kernel for `w`'s rows.
-    pub(super) fn of(w: &GpuWeight, geglu: bool, tiles: Tiles, clamped: bool) -> Self {
+    /// The kernel for `w`'s rows on `ctx`.
+    pub(super) fn of(
+        ctx: &GpuContext,
+        w: &GpuWeight,
+        geglu: bool,
+        tiles: Tiles,
+        clamped: bool,
+    ) -> Self {
         Self {
             dtype: w.dtype,
             whole_units: w.cols.is_multiple_of(32),
             geglu,
             tiles,
             clamped,
+            step_128: ctx.coop_step == 128,
         }
     }
 }
@@ -575,7 +585,10 @@ fn tiled_source(coop: bool, kernel: TiledKernel) -> Result<ShaderSource, GpuErro
         geglu,
         tiles,
         clamped,
+        step_128,
     } = kernel;
+    // The experts' products are never split over k, whose parts are counted in 64s.
+    let few_slots = matches!(tiles, Tiles::FewSlotExperts | Tiles::SomeSlotExperts);
     let (name, wgsl) = if coop {
         ("matmul_coop", MATMUL_COOP_WGSL)
     } else {
@@ -606,6 +619,7 @@ fn tiled_source(coop: bool, kernel: TiledKernel) -> Result<ShaderSource, GpuErro
             "SMALL_TILES",
         )
         .flag_if(coop && tiles == Tiles::SomeSlotExperts, "TOKENS_32")
+        .flag_if(coop && few_slots && step_128, "STEP_128")
         .flag_if(clamped, "CLAMPED"))
 }
 
@@ -657,13 +671,14 @@ mod tests {
             ),
             (GgmlType::Q4K, true, Tiles::Plain(CoopTile::Tokens16), false),
         ] {
-            for whole_units in [true, false] {
+            for (whole_units, step_128) in [(true, true), (false, true), (true, false)] {
                 let kernel = TiledKernel {
                     dtype,
                     whole_units,
                     geglu,
                     tiles,
                     clamped,
+                    step_128,
                 };
                 crate::shader::validate_coop(&tiled_source(true, kernel).unwrap());
             }

@@ -337,7 +337,7 @@ pub fn expert_matmul(
     let k = w.cols as u32;
     let tile_rows = matmul_tile_rows(ctx) as u32;
     let tiles = Tiles::for_experts(ctx, slots.slots, n);
-    let pipeline = tiled_pipeline(ctx, TiledKernel::of(w, geglu, tiles, false))?;
+    let pipeline = tiled_pipeline(ctx, TiledKernel::of(ctx, w, geglu, tiles, false))?;
     w.tiles
         .iter()
         .map(|tile| {
@@ -350,7 +350,9 @@ pub fn expert_matmul(
                 x_stride: k,
                 y_stride,
                 softcap: 0.0,
-                k_part: k.div_ceil(64) * 64,
+                // The whole row, in whole steps of every tile (the 32-slot tile's are 128
+                // values).
+                k_part: k.div_ceil(128) * 128,
                 part_stride: 0,
                 first_expert: (tile.first_row / u64::from(per)) as u32,
                 n_expert: n,

@@ -20,6 +20,11 @@
 // TOKENS_32 (with EXPERTS, for experts routed a few more): 32-token x 128-row tiles,
 // subgroup s owning tokens 0-31 of rows 16 s as two accumulators: half the input loads and
 // products of a 64-token tile's step.
+// STEP_128 (with EXPERTS and SMALL_TILES or TOKENS_32, never split over k): steps of 128 values of k (two units a thread),
+// the 32-slot tile's subgroups staging their accumulators four at a time to stay within
+// 48 KiB of workgroup memory. Every workgroup barrier waits for the loads in flight
+// (benches/RESULTS.md, thirty-fifth session): the more a step loads, the more of their
+// latency hides behind the tensor work.
 
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 
@@ -55,42 +60,68 @@ const ACCS: u32 = 4u;
 #endif
 #endif
 const TN: u32 = 128u;
+#if STEP_128
+const KS: u32 = 128u;
+#else
 const KS: u32 = 64u;
-// Eight subgroups: each thread converts one 32-value unit of the tile's weights a step.
+#endif
+// Subgroups whose accumulators the stage holds at a time.
+#if STEP_128
+#if TOKENS_32
+const STAGED: u32 = 4u;
+#else
+const STAGED: u32 = 8u;
+#endif
+#else
+const STAGED: u32 = 8u;
+#endif
+// Eight subgroups: each thread converts UPT 32-value units of the tile's weights a step,
+// two lanes a row.
 const THREADS: u32 = 256u;
+const UPT: u32 = KS / 64u;
 // Lanes loading each token's inputs, and the inputs each converts per step.
 const LPT: u32 = THREADS / TM;
 const XV: u32 = KS / LPT;
 // Row pitch of the tiles in workgroup memory: 8 halves of padding spread the rows of a
 // fragment load over the banks, and keep every fragment 16-byte aligned.
-const PITCH: u32 = 72u;
+const PITCH: u32 = KS + 8u;
 
 var<workgroup> xs: array<vec4<f16>, TM * PITCH / 4u>; // token-major: the A operand, row-major
 var<workgroup> ws: array<vec4<f16>, TN * PITCH / 4u>; // row-major W: the B operand, column-major
-var<workgroup> stage: array<f32, THREADS * 8u>; // one 16 x 16 accumulator per subgroup
+var<workgroup> stage: array<f32, STAGED * 256u>; // a 16 x 16 accumulator per staged subgroup
 
-// The weights this thread converts at step `s`: unit 2s + h of row `row` of the tile's
-// weights from row `w_row`, fetched (dtypes.wgsl's fetch_unit) a step before they are
-// decoded (for the dtypes with a raw form; the others decode as they fetch); zero past the
-// end.
-fn w_valid(row: u32, s: u32, h: u32) -> bool {
-    return row < p.n && (2u * s + h) * 32u < p.k;
+// The weights this thread converts at step `s`: units 2 (UPT s + i) + h of row `row` of
+// the tile's weights from row `w_row` (i < UPT: the two lanes of a row alternate), fetched
+// (dtypes.wgsl's fetch_unit) a step before they are decoded (for the dtypes with a raw
+// form; the others decode as they fetch); zero past the end.
+fn w_unit(s: u32, h: u32, i: u32) -> u32 {
+    return 2u * (UPT * s + i) + h;
 }
 
-fn fetch_w(w_row: u32, row: u32, s: u32, h: u32) -> RawUnit {
-    var r: RawUnit;
-    if (w_valid(row, s, h)) {
-        r = fetch_unit((w_row + row) * p.row_bytes, 2u * s + h);
+fn w_valid(row: u32, u: u32) -> bool {
+    return row < p.n && u * 32u < p.k;
+}
+
+fn fetch_w(w_row: u32, row: u32, s: u32, h: u32) -> array<RawUnit, UPT> {
+    var r: array<RawUnit, UPT>;
+    for (var i = 0u; i < UPT; i++) {
+        let u = w_unit(s, h, i);
+        if (w_valid(row, u)) {
+            r[i] = fetch_unit((w_row + row) * p.row_bytes, u);
+        }
     }
     return r;
 }
 
-fn decode_w(raw: RawUnit, row: u32, s: u32, h: u32) -> array<vec4<f16>, 8> {
-    var r: array<vec4<f16>, 8>;
-    if (w_valid(row, s, h)) {
-        let v = decode_unit(raw, 2u * s + h);
-        for (var i = 0u; i < 8u; i++) {
-            r[i] = vec4<f16>(v[i]);
+fn decode_w(raw: array<RawUnit, UPT>, row: u32, s: u32, h: u32) -> array<vec4<f16>, 8u * UPT> {
+    var r: array<vec4<f16>, 8u * UPT>;
+    for (var i = 0u; i < UPT; i++) {
+        let u = w_unit(s, h, i);
+        if (w_valid(row, u)) {
+            let v = decode_unit(raw[i], u);
+            for (var j = 0u; j < 8u; j++) {
+                r[8u * i + j] = vec4<f16>(v[j]);
+            }
         }
     }
     return r;
@@ -113,6 +144,28 @@ fn load_x(valid: bool, row: u32, s: u32, q: u32) -> array<vec4<f32>, XV / 4u> {
         }
     }
     return r;
+}
+
+// A staged accumulator's 16 tokens from `tok_f` x 16 rows from `row_f` (at `st`) to y.
+fn store_staged(tt: Tokens, st: u32, tok_f: u32, row_f: u32, yb: u32, lane: u32) {
+#if GEGLU_OUT
+    // Rows 2c and 2c + 1 (adjacent in the stage) are gate and up of activation c.
+    for (var e = 2u * lane; e < 256u; e += 64u) {
+        let tok = tok_f + e / 16u;
+        let row = row_f + e % 16u;
+        if (tok < tt.count && row < p.n) {
+            y[y_row(tt, tok) * p.y_stride + yb + row / 2u] = gelu_tanh(stage[st + e]) * stage[st + e + 1u];
+        }
+    }
+#else
+    for (var e = lane; e < 256u; e += 32u) {
+        let tok = tok_f + e / 16u;
+        let row = row_f + e % 16u;
+        if (tok < tt.count && row < p.n) {
+            y[y_row(tt, tok) * p.y_stride + yb + row] = output_value(stage[st + e]);
+        }
+    }
+#endif
 }
 
 @compute @workgroup_size(THREADS)
@@ -161,9 +214,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let wv = decode_w(wraw, n0 + wr, s, wh);
         // Everyone is done with the previous step's tiles.
         workgroupBarrier();
-        let wo = (wr * PITCH + 32u * wh) / 4u;
-        for (var i = 0u; i < 8u; i++) {
-            ws[wo + i] = wv[i];
+        for (var i = 0u; i < UPT; i++) {
+            let wo = (wr * PITCH + 32u * (2u * i + wh)) / 4u;
+            for (var j = 0u; j < 8u; j++) {
+                ws[wo + j] = wv[8u * i + j];
+            }
         }
         let xo = xt * (PITCH / 4u) + xq;
         for (var i = 0u; i < XV / 4u; i++) {
@@ -203,53 +258,42 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     // Each accumulator goes through the subgroup's stage to bounds-checked, capped stores:
     // accumulator f holds tokens 16 (f / FB), rows 16 (f % FB) of the subgroup's block.
+    // STAGED subgroups at a time, round r being subgroups STAGED r onwards.
     let lane = li % 32u;
     let yb = part * p.part_stride + p.out_offset;
     let tok0 = m0 + (sg / SN) * 32u;
     let row0 = n0 + (sg % SN) * BR;
+    let st = (sg % STAGED) * 256u;
     for (var f = 0u; f < ACCS; f++) {
-        switch f {
-            case 0u: { coopStoreT(c00, &stage[sg * 256u], 16u); }
+        for (var r = 0u; r < 8u / STAGED; r++) {
+            if (sg / STAGED == r) {
+                switch f {
+                    case 0u: { coopStoreT(c00, &stage[st], 16u); }
 #if !TOKENS_32
-            case 1u: { coopStoreT(c01, &stage[sg * 256u], 16u); }
+                    case 1u: { coopStoreT(c01, &stage[st], 16u); }
 #endif
 #if TOKENS_128
-            case 2u: { coopStoreT(c02, &stage[sg * 256u], 16u); }
-            case 3u: { coopStoreT(c03, &stage[sg * 256u], 16u); }
-            case 4u: { coopStoreT(c10, &stage[sg * 256u], 16u); }
-            case 5u: { coopStoreT(c11, &stage[sg * 256u], 16u); }
-            case 6u: { coopStoreT(c12, &stage[sg * 256u], 16u); }
-            default: { coopStoreT(c13, &stage[sg * 256u], 16u); }
+                    case 2u: { coopStoreT(c02, &stage[st], 16u); }
+                    case 3u: { coopStoreT(c03, &stage[st], 16u); }
+                    case 4u: { coopStoreT(c10, &stage[st], 16u); }
+                    case 5u: { coopStoreT(c11, &stage[st], 16u); }
+                    case 6u: { coopStoreT(c12, &stage[st], 16u); }
+                    default: { coopStoreT(c13, &stage[st], 16u); }
 #else
 #if TOKENS_32
-            default: { coopStoreT(c10, &stage[sg * 256u], 16u); }
+                    default: { coopStoreT(c10, &stage[st], 16u); }
 #else
-            case 2u: { coopStoreT(c10, &stage[sg * 256u], 16u); }
-            default: { coopStoreT(c11, &stage[sg * 256u], 16u); }
+                    case 2u: { coopStoreT(c10, &stage[st], 16u); }
+                    default: { coopStoreT(c11, &stage[st], 16u); }
 #endif
 #endif
-        }
-        workgroupBarrier();
-        let tok_f = tok0 + 16u * (f / FB);
-        let row_f = row0 + 16u * (f % FB);
-#if GEGLU_OUT
-        // Rows 2c and 2c + 1 (adjacent in the stage) are gate and up of activation c.
-        for (var e = 2u * lane; e < 256u; e += 64u) {
-            let tok = tok_f + e / 16u;
-            let row = row_f + e % 16u;
-            if (tok < tt.count && row < p.n) {
-                y[y_row(tt, tok) * p.y_stride + yb + row / 2u] = gelu_tanh(stage[sg * 256u + e]) * stage[sg * 256u + e + 1u];
+                }
             }
-        }
-#else
-        for (var e = lane; e < 256u; e += 32u) {
-            let tok = tok_f + e / 16u;
-            let row = row_f + e % 16u;
-            if (tok < tt.count && row < p.n) {
-                y[y_row(tt, tok) * p.y_stride + yb + row] = output_value(stage[sg * 256u + e]);
+            workgroupBarrier();
+            if (sg / STAGED == r) {
+                store_staged(tt, st, tok0 + 16u * (f / FB), row0 + 16u * (f % FB), yb, lane);
             }
+            workgroupBarrier();
         }
-#endif
-        workgroupBarrier();
     }
 }
