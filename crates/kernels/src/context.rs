@@ -199,7 +199,11 @@ impl ContextOptions {
             self.expert_tile = t.parse().ok().filter(|t| [16, 32, 64].contains(t));
         }
         if let Some(s) = var("WGEMMA_COOP_STEP") {
-            self.coop_step = s.parse().ok().filter(|s| [64, 128].contains(s)).unwrap_or(128);
+            self.coop_step = s
+                .parse()
+                .ok()
+                .filter(|s| [64, 128].contains(s))
+                .unwrap_or(128);
         }
         if on("WGEMMA_NO_COOP_ATTENTION") {
             self.coop_attention = false;
