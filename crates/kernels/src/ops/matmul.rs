@@ -540,7 +540,7 @@ impl Tiles {
 #[derive(Clone, Copy)]
 pub(super) struct TiledKernel {
     pub dtype: GgmlType,
-    /// Rows of whole 32-value units: F16 weights are then read 16 bytes at a time.
+    /// Rows of whole 32-value units: F16 and F32 weights are then read 16 bytes at a time.
     pub whole_units: bool,
     pub geglu: bool,
     pub tiles: Tiles,
@@ -609,6 +609,7 @@ fn tiled_source(coop: bool, kernel: TiledKernel) -> Result<ShaderSource, GpuErro
         )
         .flag(dtype_flag(dtype)?)
         .flag_if(coop && whole_units && dtype == GgmlType::F16, "F16_QUADS")
+        .flag_if(coop && whole_units && dtype == GgmlType::F32, "F32_QUADS")
         .flag_if(geglu, "GEGLU_OUT")
         .flag_if(!matches!(tiles, Tiles::Plain(_)), "EXPERTS")
         .flag_if(
@@ -661,6 +662,8 @@ mod tests {
                 false,
             ),
             (GgmlType::Q8_0, false, Tiles::FewSlotExperts, false),
+            (GgmlType::F32, false, Tiles::Plain(CoopTile::Tokens64), false),
+            (GgmlType::F32, false, Tiles::SomeSlotExperts, false),
             (GgmlType::Q4K, true, Tiles::SomeSlotExperts, false),
             (GgmlType::Q4K, false, Tiles::SomeSlotExperts, false),
             (

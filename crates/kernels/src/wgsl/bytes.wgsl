@@ -2,10 +2,10 @@
 // i-th 32-bit word of the bytes exactly as the file stores them. Blocks of Q8_0, Q5_0,
 // Q6_K... start at 2-byte boundaries, so reads of a word may straddle two words. Weight
 // buffers are padded so the word after the last one exists. Q4_K rows are whole 144-byte
-// blocks, read 16 bytes at a time through `wquad(i)`, as are F16 rows of whole 32-value units
-// in the tiled products (F16_QUADS).
+// blocks, read 16 bytes at a time through `wquad(i)`, as are F16 and F32 rows of whole
+// 32-value units in the tiled products (F16_QUADS, F32_QUADS).
 
-#if DT_Q4_K|F16_QUADS
+#if DT_Q4_K|F16_QUADS|F32_QUADS
 @group(0) @binding(0) var<storage, read> w4: array<vec4<u32>>;
 
 fn wword(i: u32) -> u32 {

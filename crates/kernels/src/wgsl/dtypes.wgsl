@@ -49,10 +49,19 @@ fn q5_high(qh: u32, b: u32) -> vec4<u32> {
 fn load_unit(rb: u32, u: u32) -> array<vec4<f32>, 8> {
     var r: array<vec4<f32>, 8>;
 #if DT_F32
+#if F32_QUADS
+    // Rows of whole units: every unit starts 16-byte aligned, and its 128 bytes are eight
+    // 16-byte loads rather than thirty-two of 4.
+    let b = (rb >> 4u) + u * 8u;
+    for (var i = 0u; i < 8u; i++) {
+        r[i] = bitcast<vec4<f32>>(wquad(b + i));
+    }
+#else
     let b = (rb >> 2u) + u * 32u;
     for (var i = 0u; i < 8u; i++) {
         r[i] = bitcast<vec4<f32>>(vec4<u32>(wword(b + 4u * i), wword(b + 4u * i + 1u), wword(b + 4u * i + 2u), wword(b + 4u * i + 3u)));
     }
+#endif
 #endif
 #if DT_F16
     let b = (rb >> 2u) + u * 16u;
