@@ -81,6 +81,14 @@ pub fn run(a: Args) -> Result<(), TaskError> {
             }
         }
     }
+    if step_ms.is_empty() {
+        return Err(format!(
+            "no step was timed: the first run's first two steps build pipelines, so ask for \
+             more than 2 steps or more than 1 run (--steps {}, --reps {})",
+            a.steps, a.reps
+        )
+        .into());
+    }
     if a.profile {
         profile_step(&ctx, &mut s, &rule, &mut rng, a.profile_each)?;
     }

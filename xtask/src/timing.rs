@@ -8,9 +8,11 @@ use wgemma::{Event, GenerateRequest, Session};
 
 use crate::TaskError;
 
+/// The median of `v`; NaN for none (a benchmark that timed nothing prints that rather than
+/// panicking).
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Runs `f` `reps + 1` times: the first run's milliseconds (the warm-up), and each later one's.

@@ -97,8 +97,8 @@ pub struct ContextOptions {
     /// (`ops::FEW_SLOTS_PER_EXPERT`, `ops::SOME_SLOTS_PER_EXPERT`).
     pub expert_tile: Option<u32>,
     /// Values of k a step of the experts' 16- and 32-slot tiles on cooperative matrices takes
-    /// (`WGEMMA_COOP_STEP`: 64 or 128): the more, the fewer workgroup barriers, each of which
-    /// waits for the loads in flight.
+    /// (`WGEMMA_COOP_STEP`: 64 or 128): the more, the fewer workgroup barriers, which are
+    /// most of those tiles' time.
     pub coop_step: u32,
     /// The most tokens a K-quant product takes through the few-token kernel (inputs rounded to
     /// 8-bit integers, several tokens a workgroup: batched decode); more go to the tiled

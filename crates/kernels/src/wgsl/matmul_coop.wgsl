@@ -20,11 +20,11 @@
 // TOKENS_32 (with EXPERTS, for experts routed a few more): 32-token x 128-row tiles,
 // subgroup s owning tokens 0-31 of rows 16 s as two accumulators: half the input loads and
 // products of a 64-token tile's step.
-// STEP_128 (with EXPERTS and SMALL_TILES or TOKENS_32, never split over k): steps of 128 values of k (two units a thread),
-// the 32-slot tile's subgroups staging their accumulators four at a time to stay within
-// 48 KiB of workgroup memory. Every workgroup barrier waits for the loads in flight
-// (benches/RESULTS.md, thirty-fifth session): the more a step loads, the more of their
-// latency hides behind the tensor work.
+// STEP_128 (with EXPERTS and SMALL_TILES or TOKENS_32, never split over k): steps of 128
+// values of k (two units a thread), the 32-slot tile's subgroups staging their accumulators
+// four at a time to stay within 48 KiB of workgroup memory. The barriers are most of these
+// tiles' time and appear to wait for the loads in flight (benches/RESULTS.md, thirty-fifth
+// and thirty-seventh sessions): the more a step loads, the more of their latency hides.
 
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 
