@@ -662,7 +662,12 @@ mod tests {
                 false,
             ),
             (GgmlType::Q8_0, false, Tiles::FewSlotExperts, false),
-            (GgmlType::F32, false, Tiles::Plain(CoopTile::Tokens64), false),
+            (
+                GgmlType::F32,
+                false,
+                Tiles::Plain(CoopTile::Tokens64),
+                false,
+            ),
             (GgmlType::F32, false, Tiles::SomeSlotExperts, false),
             (GgmlType::Q4K, true, Tiles::SomeSlotExperts, false),
             (GgmlType::Q4K, false, Tiles::SomeSlotExperts, false),
