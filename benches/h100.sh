@@ -45,6 +45,8 @@
 #              files; $OUT/vision-bench/ and a table in $OUT/vision-bench.md
 #   vision_ours   vision_bench's side of ours alone (no llama.cpp build); vision_base the
 #              same with .dev/xtask-base, after it in the same call
+#   vision_ab  the image attention's kernel benchmarks, then vision_runs of one binary under
+#              each of AB_ENVS ("name:VAR=V,VAR2=V2 name2:"; default: one run as it is)
 #   vision_tests  the vision tower against transformers' goldens, and image prompts'
 #              teacher-forced argmax, with this GPU's kernels (.dev/vision-tower, -runtime)
 #   audio_tests   the audio tower against transformers' goldens and the CPU reference, and
@@ -656,6 +658,24 @@ vision_runs() {
 vision_base() {
   vision_runs .dev/xtask-base base
   tar czf "$OUT/vision-ours.tgz" -C "$OUT" vision-bench
+}
+
+# vision_runs of .dev/xtask under each of AB_ENVS ("name:VAR=V,VAR2=V2 name2:"), one binary,
+# into $OUT/vision-bench/NAME-SIZE.*; the image attention's kernel benchmarks first.
+vision_ab() {
+  synth e2b e2b-mmproj
+  bench_images
+  .dev/kernels --bench --warm-up-time 0.2 --measurement-time 0.5 'attend_image' > "$OUT/attend-kernels.txt" 2>&1
+  python3 benches/summarize.py "$OUT/attend-kernels.txt" | tee "$OUT/attend-kernels-summary.txt"
+  local v name env
+  for v in ${AB_ENVS:-ours:}; do
+    name=${v%%:*} env=${v#*:}
+    (
+      [ -n "$env" ] && export ${env//,/ }
+      vision_runs .dev/xtask "$name"
+    )
+  done
+  tar czf "$OUT/vision-ab.tgz" -C "$OUT" vision-bench
 }
 
 # The vision tower's tests against transformers' goldens (tests/fixtures, found where the

@@ -233,7 +233,9 @@ pub struct GpuFeatures {
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
     /// 16x16x16 cooperative matrix products of f16 into f32, run by subgroups of exactly 32
-    /// lanes (the tiling of `matmul_coop.wgsl` assumes eight of them per workgroup).
+    /// lanes (the tiling of `matmul_coop.wgsl` assumes eight of them per workgroup), and
+    /// subgroup barriers (`attend_rows.wgsl`'s subgroups exchange values through workgroup
+    /// memory).
     pub coop_matmul: bool,
     /// [`ContextOptions::allow_int8_activations`].
     pub int8_activations: bool,
@@ -265,6 +267,7 @@ impl GpuFeatures {
                 self.coop_matmul,
                 wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
             ),
+            (self.coop_matmul, wgpu::Features::SUBGROUP_BARRIER),
         ];
         wanted
             .into_iter()
@@ -358,6 +361,7 @@ impl GpuContext {
             && info.subgroup_min_size == 32
             && info.subgroup_max_size == 32
             && available.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+            && available.contains(wgpu::Features::SUBGROUP_BARRIER)
             && adapter.cooperative_matrix_properties().iter().any(|c| {
                 (c.m_size, c.n_size, c.k_size) == (16, 16, 16)
                     && c.ab_type == wgpu::CooperativeScalarType::F16

@@ -19,12 +19,15 @@ const TILED_BLOCK: u32 = 64;
 /// The largest head dimension the cooperative-matrix kernel takes.
 pub const COOP_MAX_HEAD_DIM: u32 = 80;
 
+/// Query rows a workgroup of `attend_coop.wgsl` takes: eight subgroups of 16.
+const COOP_BLOCK: u32 = 128;
+
 /// Workgroup memory of `attend_coop.wgsl` for heads of dimension `d` (at most
-/// [`COOP_MAX_HEAD_DIM`]): f16 key and value tiles, the f16 query block (then the weights)
-/// and the f32 scores (then the products), with their padded pitches.
+/// [`COOP_MAX_HEAD_DIM`]): two buffers of f16 key and value tiles (32 keys), each subgroup's
+/// f32 scores and f16 weights, with their padded pitches.
 fn coop_bytes(d: u32) -> u32 {
-    let (dp, bk) = if d > 64 { (80, 32) } else { (64, 64) };
-    2 * bk * (dp + 8) * 2 + 64 * (dp + 8) * 2 + 64 * (dp + 4) * 4
+    let (dp, sp) = if d > 64 { (80, 32) } else { (64, 36) };
+    4 * 32 * (dp + 8) * 2 + 8 * 16 * sp * 4 + 8 * 16 * 40 * 2
 }
 
 /// `attend_coop.wgsl` for heads of dimension `d` (the mask's flag still to add).
@@ -32,6 +35,14 @@ fn coop_source(d: u32) -> ShaderSource {
     ShaderSource::new("attend_coop", &[ATTEND_MASK_WGSL, ATTEND_COOP_WGSL])
         .flag("COOP")
         .flag_if(d > 64, "HEAD_DIM_80")
+}
+
+/// Whether rows of a head of `l` are contiguous and start on whole vec4s: 16-byte reads.
+fn whole_vec4s(l: &Layout4) -> bool {
+    l.strides[3] == 1
+        && [l.offset, l.strides[1], l.strides[2]]
+            .iter()
+            .all(|x| x % 4 == 0)
 }
 
 /// Which kernel [`attend_with`] runs.
@@ -45,8 +56,9 @@ pub enum AttendKernel {
     /// One workgroup per (64 queries, head), keys through workgroup memory in tiles (many
     /// queries; head dimension up to [`TILED_MAX_HEAD_DIM`], no relative-position term).
     Tiled,
-    /// The tiled scheme on cooperative matrices: f16 products on tensor cores, f32 softmax
-    /// and sums (devices with `coop_matmul`; head dimension up to [`COOP_MAX_HEAD_DIM`], no
+    /// On cooperative matrices: f16 products on tensor cores, f32 softmax and sums, each
+    /// subgroup owning 16 query rows over every key, outputs kept in cooperative matrices
+    /// (devices with `coop_matmul`; head dimension up to [`COOP_MAX_HEAD_DIM`], no
     /// relative-position term).
     Coop,
 }
@@ -242,8 +254,10 @@ pub fn attend_with(
     };
     let (label, source, items) = match chosen {
         AttendKernel::Coop => {
-            let blocks = params.tq.div_ceil(TILED_BLOCK);
-            ("attend_coop", coop_source(params.d), blocks * params.heads)
+            let blocks = params.tq.div_ceil(COOP_BLOCK);
+            let vec4 = params.d.is_multiple_of(4) && [kl, vl].iter().all(whole_vec4s);
+            let source = coop_source(params.d).flag_if(vec4, "KV_VEC4");
+            ("attend_coop", source, blocks * params.heads)
         }
         AttendKernel::Tiled => {
             let d4 = params.d.div_ceil(4);
@@ -291,6 +305,7 @@ mod tests {
         for mask in ["CAUSAL", "FULL", "CANVAS", "SPANS", "LOCAL"] {
             for d in [64, COOP_MAX_HEAD_DIM] {
                 crate::shader::validate_coop(&coop_source(d).flag(mask));
+                crate::shader::validate_coop(&coop_source(d).flag(mask).flag("KV_VEC4"));
                 assert!(coop_bytes(d) <= 48 * 1024);
             }
         }

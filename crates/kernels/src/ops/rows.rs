@@ -47,8 +47,13 @@ pub struct Affine<'a> {
     pub bias: Option<&'a Tensor>,
 }
 
-/// `op` along the last dimension of `x` into `y` (same shape; `x` may be `y` itself). Every
-/// row takes one workgroup.
+/// Rows up to this long take a subgroup each where the device's subgroups have one size;
+/// longer ones a workgroup.
+pub const LANE_ROWS_MAX: u32 = 1024;
+
+/// `op` along the last dimension of `x` into `y` (same shape; `x` may be `y` itself). A row
+/// takes a subgroup (up to [`LANE_ROWS_MAX`] values, on devices whose subgroups have one
+/// size) or a workgroup.
 pub fn rows(
     ctx: &GpuContext,
     op: RowOp,
@@ -73,7 +78,12 @@ pub fn rows(
         RowOp::LayerNorm { eps } | RowOp::RmsNorm { eps } => (eps, 0.0),
         RowOp::Softmax { scale } => (0.0, scale),
     };
+    let f = ctx.features;
+    let lanes = (f.subgroups && f.subgroup_min_size == f.subgroup_max_size && n <= LANE_ROWS_MAX)
+        .then_some(f.subgroup_min_size)
+        .filter(|l| l.is_power_of_two() && *l <= 256);
     let mut source = ShaderSource::new("rows", &[REDUCE_WGSL, ROWS_WGSL])
+        .flag_if(lanes.is_some(), "LANE_ROWS")
         .flag_if(xi.in_output(), "X_IN_Y")
         .flag_if(affine.weight.is_some(), "WEIGHT")
         .flag_if(affine.bias.is_some(), "BIAS");
@@ -108,7 +118,8 @@ pub fn rows(
         w: Bind::opt(affine.weight.map(Tensor::view)),
         bias: Bind::opt(affine.bias.map(Tensor::view)),
     };
-    ctx.dispatch("rows", ctx.pipeline(&source), binds, grid(ctx, rows, 1))
+    let groups = lanes.map_or(rows, |l| rows.div_ceil(256 / l));
+    ctx.dispatch("rows", ctx.pipeline(&source), binds, grid(ctx, groups, 1))
 }
 
 /// Per row of `logits` (`[rows, n]`, any layout): `out[r] = (argmax as u32 bits, max,

@@ -1,47 +1,59 @@
 // attend_tiled.wgsl's attention on cooperative matrices (tensor cores): f16 queries, keys,
 // values and weights, f32 scores, sums and outputs. One workgroup of eight 32-lane subgroups
-// per (block of 64 queries, head); keys come in tiles of BK, each tile's keys and values
-// fetched into registers while the tile before is being used (as f32: converting them as
-// they arrive would wait for the loads there). Per tile:
-//   1. subgroup s scores query rows 16 (s / 2) against the tile's key blocks s % 2, s % 2 + 2,
-//      ..., its four (or five) query fragments held since the start; scores go to `ss` (f32);
-//   2. four threads per query row mask and softcap the row's scores, update the row's running
-//      maximum (online softmax, reduced across the four by subgroup shuffles), rescale their
-//      sums and output accumulators, and write the weights to `ps` as f16;
-//   3. the subgroups multiply the weights by V into `ss`, and each thread adds its part of its
-//      row to its accumulators.
-// Cooperative matrices cannot be scaled per row, so the outputs live in registers and each
-// tile's product passes through workgroup memory. Head dimensions up to DP (64, or 80 with
-// HEAD_DIM_80, whose longer rows take tiles of 32 keys to stay within 48 KiB), padded with
-// zeros.
+// per (block of 128 queries, head); subgroup s owns query rows 16 s .. 16 s + 15 from the
+// first key to the last, so that only the key and value tiles are shared: one workgroup
+// barrier a tile of 32 keys, double-buffered, the next tile fetched into registers while
+// this one is used. Per tile, each subgroup on its own:
+//   1. scores its 16 rows against the tile's 32 keys (its query fragments held since the
+//      start) into its own part of `sc` (f32);
+//   2. two lanes a row read the row's scores (subgroup barrier), mask and softcap them, and
+//      write the weights exp(score - m) as f16 to its part of `pw`;
+//   3. multiplies the weights by the tile's values into its output fragments (subgroup
+//      barrier before), which stay in cooperative matrices from the first tile to the last.
+// The outputs cannot be rescaled per row inside a cooperative matrix, so a row's reference m
+// moves only when a tile's largest score passes it by more than TAU: weights stay at most
+// e^TAU (well inside f16), and a subgroup with such a row passes its outputs through `sc`
+// once to rescale them — a few times a row at most, where the online softmax would rescale
+// every tile. Head dimensions up to DP (64, or 80 with HEAD_DIM_80), padded with zeros.
+//
+// The subgroup barriers must order workgroup memory: naga's SPIR-V backend is patched so
+// that they do (vendor/naga/PATCHED.md).
+//
+// KV_VEC4: keys and values read 16 bytes at a time (contiguous heads on whole vec4s).
 
 #if HEAD_DIM_80
 const DP: u32 = 80u;
-const BK: u32 = 32u;
+// Unpadded score rows keep the kernel within 48 KiB of workgroup memory.
+const SP: u32 = 32u;
 #else
 const DP: u32 = 64u;
-const BK: u32 = 64u;
+const SP: u32 = 36u;
 #endif
-const BQ: u32 = 64u;
-// Pitches (in elements) of the f16 key/value/query rows, the f16 weight rows and the f32
-// score/product rows: padded so that a fragment's rows fall on different banks while every
-// fragment stays 16-byte aligned.
+const WG: u32 = 256u;
+// Subgroups a workgroup, each 16 query rows.
+const NSG: u32 = WG / 32u;
+const BQ: u32 = 16u * NSG;
+const BK: u32 = 32u;
+// Pitches (in elements) of the f16 query/key/value rows and of the f16 weight rows: padded
+// so that a fragment's rows fall on different banks while every fragment stays 16-byte
+// aligned.
 const QP: u32 = DP + 8u;
 const PP: u32 = BK + 8u;
-const SP: u32 = DP + 4u;
-// Each thread's share of a row: BK / 4 scores, DP / 4 outputs; and of the tile's key and
-// value vec4s.
-const KT: u32 = BK / 4u;
-const DT: u32 = DP / 4u;
-const TILE4: u32 = BK * QP / 4u;
-const LOADS: u32 = (TILE4 + 255u) / 256u;
+// vec4s of one buffer of keys (or values) in `kv`; of a tile's real elements; loads a thread.
+const TS: u32 = BK * QP / 4u;
+const TILE4: u32 = BK * DP / 4u;
+const LOADS: u32 = (TILE4 + WG - 1u) / WG;
+// How far a tile's largest score may pass a row's reference before the row is rescaled
+// (natural log: weights up to e^8, about 2981).
+const TAU: f32 = 8.0;
 
-var<workgroup> ks: array<vec4<f16>, TILE4>;
-var<workgroup> vs: array<vec4<f16>, TILE4>;
-// The query block (at the start), then each tile's weights.
-var<workgroup> ps: array<vec4<f16>, BQ * QP / 4u>;
-// Each tile's scores, then its weighted values.
-var<workgroup> ss: array<f32, BQ * SP>;
+// Two buffers of a tile's keys then values (buffer b: keys at 2 b TS, values at (2 b + 1) TS);
+// before the first tile, the block's queries (BQ rows of QP: the same size).
+var<workgroup> kv: array<vec4<f16>, 4u * TS>;
+// Each subgroup's 16 rows of scores (then, when rescaling or at the end, of outputs).
+var<workgroup> sc: array<f32, NSG * 16u * SP>;
+// Each subgroup's 16 rows of weights.
+var<workgroup> pw: array<vec4<f16>, NSG * 16u * PP / 4u>;
 
 // Which tensor `at` reads.
 const OF_Q: u32 = 0u;
@@ -55,12 +67,28 @@ fn at(which: u32, row: u32, head: u32, c: u32) -> f32 {
     }
     switch which {
         case OF_Q: { return q[p.q_at + row * p.q0 + head * p.q1 + c * p.q2]; }
+#if !KV_VEC4
         case OF_K: { return k[p.k_at + row * p.k0 + head * p.k1 + c * p.k2]; }
         default: { return v[p.v_at + row * p.v0 + head * p.v1 + c * p.v2]; }
+#else
+        default: { return 0.0; }
+#endif
     }
 }
 
+// Elements 4 c4 .. 4 c4 + 3 of row `row` of q, k or v.
 fn row4(which: u32, row: u32, head: u32, c4: u32) -> vec4<f32> {
+#if KV_VEC4
+    if (which != OF_Q) {
+        if (4u * c4 >= p.d) {
+            return vec4<f32>(0.0);
+        }
+        if (which == OF_K) {
+            return k[(p.k_at + row * p.k0 + head * p.k1) / 4u + c4];
+        }
+        return v[(p.v_at + row * p.v0 + head * p.v1) / 4u + c4];
+    }
+#endif
     let c = 4u * c4;
     return vec4<f32>(
         at(which, row, head, c),
@@ -80,38 +108,65 @@ struct TileLoad {
 fn fetch_tile(kb: u32, n: u32, kvh: u32, li: u32) -> TileLoad {
     var t: TileLoad;
     for (var i = 0u; i < LOADS; i++) {
-        let e = li + 256u * i;
-        let j = e / (QP / 4u);
+        let e = li + WG * i;
+        let j = e / (DP / 4u);
         if (e < TILE4 && j < n) {
-            t.k[i] = row4(OF_K, kb + j, kvh, e % (QP / 4u));
-            t.v[i] = row4(OF_V, kb + j, kvh, e % (QP / 4u));
+            t.k[i] = row4(OF_K, kb + j, kvh, e % (DP / 4u));
+            t.v[i] = row4(OF_V, kb + j, kvh, e % (DP / 4u));
         }
     }
     return t;
 }
 
-fn store_tile(t: TileLoad, li: u32) {
+// Into buffer `b` (the values of keys past the tile's end zero: their weights are zero, and
+// zero times whatever was there could be NaN).
+fn store_tile(t: TileLoad, b: u32, li: u32) {
     for (var i = 0u; i < LOADS; i++) {
-        let e = li + 256u * i;
+        let e = li + WG * i;
         if (e < TILE4) {
-            ks[e] = vec4<f16>(t.k[i]);
-            vs[e] = vec4<f16>(t.v[i]);
+            let at = (e / (DP / 4u)) * (QP / 4u) + e % (DP / 4u);
+            kv[2u * b * TS + at] = vec4<f16>(t.k[i]);
+            kv[(2u * b + 1u) * TS + at] = vec4<f16>(t.v[i]);
         }
     }
 }
 
-// The maximum and the sum of `x` over the four lanes of a row.
-fn row_max(x: f32) -> f32 {
-    let y = max(x, subgroupShuffleXor(x, 1u));
-    return max(y, subgroupShuffleXor(y, 2u));
+// Output fragment `c` of subgroup `sg` with each row scaled by its lane pair's `scale`,
+// through the subgroup's part of `sc`.
+fn rescaled(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, scale: f32) -> coop_mat16x16<f32, C> {
+    let base = sg * 16u * SP;
+    subgroupBarrier();
+    coopStoreT(c, &sc[base], SP);
+    subgroupBarrier();
+    let at = base + (lane / 2u) * SP + (lane % 2u) * 8u;
+    for (var i = 0u; i < 8u; i++) {
+        sc[at + i] *= scale;
+    }
+    subgroupBarrier();
+    return coopLoadT<coop_mat16x16<f32, C>>(&sc[base], SP);
 }
 
-fn row_sum(x: f32) -> f32 {
-    let y = x + subgroupShuffleXor(x, 1u);
-    return y + subgroupShuffleXor(y, 2u);
+// Columns col0.. of the rows of output fragment `c` of subgroup `sg`, times `scale`, to `o`.
+fn emit(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, col0: u32, scale: f32, ob: u32, live: bool) {
+    let base = sg * 16u * SP;
+    subgroupBarrier();
+    coopStoreT(c, &sc[base], SP);
+    subgroupBarrier();
+    let at = base + (lane / 2u) * SP + (lane % 2u) * 8u;
+    for (var i = 0u; i < 8u; i++) {
+        let col = col0 + (lane % 2u) * 8u + i;
+        if (live && col < p.d) {
+            o[ob + col * p.o2] = sc[at + i] * scale;
+        }
+    }
 }
 
-@compute @workgroup_size(256)
+// The maximum of `x` over the two lanes of a row.
+fn pair_max(x: f32) -> f32 {
+    return max(x, subgroupShuffleXor(x, 1u));
+}
+
+@compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -122,74 +177,89 @@ fn main(
     if (item >= blocks * p.heads) {
         return;
     }
-    let h = item % p.heads;
-    let first = (item / p.heads) * BQ;
+    // Head-major: the workgroups that run at once share a few heads' keys and values in L2.
+    let h = item / blocks;
+    let first = (item % blocks) * BQ;
     let kvh = h / (p.heads / p.kv_heads);
     let sg = li / 32u;
-    let rb = sg / 2u;
-    // This thread's row and quarter of it (the softmax and the outputs).
-    let r = li / 4u;
-    let part = li % 4u;
+    let lane = li % 32u;
+    // This lane's row (of the block) and half of the tile's keys.
+    let r = sg * 16u + lane / 2u;
+    let half = lane % 2u;
     let row = first + r;
     let live = row < p.tq;
     let qp = p.q_pos0 + min(row, p.tq - 1u);
     let mine = key_range(qp);
 
-    for (var e = li; e < BQ * QP / 4u; e += 256u) {
-        let qr = e / (QP / 4u);
-        var x = vec4<f16>(0.0);
+    for (var e = li; e < BQ * DP / 4u; e += WG) {
+        let qr = e / (DP / 4u);
+        var x = vec4<f32>(0.0);
         if (first + qr < p.tq) {
-            x = vec4<f16>(row4(OF_Q, first + qr, h, e % (QP / 4u)));
+            x = row4(OF_Q, first + qr, h, e % (DP / 4u));
         }
-        ps[e] = x;
+        kv[qr * (QP / 4u) + e % (DP / 4u)] = vec4<f16>(x);
     }
     workgroupBarrier();
-    let qb = rb * 16u * QP / 4u;
-    let qa0 = coopLoadT<coop_mat16x16<f16, A>>(&ps[qb], QP / 4u);
-    let qa1 = coopLoadT<coop_mat16x16<f16, A>>(&ps[qb + 4u], QP / 4u);
-    let qa2 = coopLoadT<coop_mat16x16<f16, A>>(&ps[qb + 8u], QP / 4u);
-    let qa3 = coopLoadT<coop_mat16x16<f16, A>>(&ps[qb + 12u], QP / 4u);
+    let qb = sg * 16u * QP / 4u;
+    let qa0 = coopLoadT<coop_mat16x16<f16, A>>(&kv[qb], QP / 4u);
+    let qa1 = coopLoadT<coop_mat16x16<f16, A>>(&kv[qb + 4u], QP / 4u);
+    let qa2 = coopLoadT<coop_mat16x16<f16, A>>(&kv[qb + 8u], QP / 4u);
+    let qa3 = coopLoadT<coop_mat16x16<f16, A>>(&kv[qb + 12u], QP / 4u);
 #if HEAD_DIM_80
-    let qa4 = coopLoadT<coop_mat16x16<f16, A>>(&ps[qb + 16u], QP / 4u);
+    let qa4 = coopLoadT<coop_mat16x16<f16, A>>(&kv[qb + 16u], QP / 4u);
 #endif
 
-    var acc: array<f32, DT>;
-    var run_max = MASKED;
+    var o0 = coop_mat16x16<f32, C>();
+    var o1 = coop_mat16x16<f32, C>();
+    var o2 = coop_mat16x16<f32, C>();
+    var o3 = coop_mat16x16<f32, C>();
+#if HEAD_DIM_80
+    var o4 = coop_mat16x16<f32, C>();
+#endif
+    // The row's reference (MASKED until it has seen a key) and this lane's part of its sum.
+    var m = MASKED;
     var run_sum = 0.0;
     let last = p.q_pos0 + min(first + BQ, p.tq) - 1u;
     let range = block_keys(p.q_pos0 + first, last);
+    let sbase = sg * 16u * SP;
+    let pbase = sg * 16u * PP / 4u;
     var pre = fetch_tile(range.x, min(BK, range.y - range.x), kvh, li);
+    // Every subgroup has its query fragments: the first buffer is free.
+    workgroupBarrier();
+    store_tile(pre, 0u, li);
+    var b = 0u;
     for (var kb = range.x; kb < range.y; kb += BK) {
         let n = min(BK, range.y - kb);
-        // Everyone is done with the previous tile (and the query block).
+        // Tile kb is in buffer b; everyone is done with the other buffer (the tile before).
         workgroupBarrier();
-        store_tile(pre, li);
-        workgroupBarrier();
-        if (kb + BK < range.y) {
+        let more = kb + BK < range.y;
+        if (more) {
             pre = fetch_tile(kb + BK, min(BK, range.y - kb - BK), kvh, li);
         }
-        for (var cb = sg % 2u; cb < BK / 16u; cb += 2u) {
-            let kb4 = cb * 16u * QP / 4u;
+        let kbase = 2u * b * TS;
+        let vbase = kbase + TS;
+        for (var kf = 0u; kf < BK / 16u; kf++) {
+            let k4 = kbase + kf * 16u * QP / 4u;
             var c = coop_mat16x16<f32, C>();
-            c = coopMultiplyAdd(qa0, coopLoad<coop_mat16x16<f16, B>>(&ks[kb4], QP / 4u), c);
-            c = coopMultiplyAdd(qa1, coopLoad<coop_mat16x16<f16, B>>(&ks[kb4 + 4u], QP / 4u), c);
-            c = coopMultiplyAdd(qa2, coopLoad<coop_mat16x16<f16, B>>(&ks[kb4 + 8u], QP / 4u), c);
-            c = coopMultiplyAdd(qa3, coopLoad<coop_mat16x16<f16, B>>(&ks[kb4 + 12u], QP / 4u), c);
+            c = coopMultiplyAdd(qa0, coopLoad<coop_mat16x16<f16, B>>(&kv[k4], QP / 4u), c);
+            c = coopMultiplyAdd(qa1, coopLoad<coop_mat16x16<f16, B>>(&kv[k4 + 4u], QP / 4u), c);
+            c = coopMultiplyAdd(qa2, coopLoad<coop_mat16x16<f16, B>>(&kv[k4 + 8u], QP / 4u), c);
+            c = coopMultiplyAdd(qa3, coopLoad<coop_mat16x16<f16, B>>(&kv[k4 + 12u], QP / 4u), c);
 #if HEAD_DIM_80
-            c = coopMultiplyAdd(qa4, coopLoad<coop_mat16x16<f16, B>>(&ks[kb4 + 16u], QP / 4u), c);
+            c = coopMultiplyAdd(qa4, coopLoad<coop_mat16x16<f16, B>>(&kv[k4 + 16u], QP / 4u), c);
 #endif
-            coopStoreT(c, &ss[rb * 16u * SP + cb * 16u], SP);
+            coopStoreT(c, &sc[sbase + kf * 16u], SP);
         }
-        workgroupBarrier();
+        subgroupBarrier();
 
-        var s = array<f32, KT>();
+        var s = array<f32, 16>();
         var tile_max = MASKED;
-        for (var i = 0u; i < KT; i++) {
-            let j = part * KT + i;
+        for (var i = 0u; i < 16u; i++) {
+            let j = half * 16u + i;
             let kp = kb + j;
             var sj = MASKED;
             if (live && j < n && kp >= mine.x && kp < mine.y && visible(qp, kp)) {
-                sj = ss[r * SP + j] * p.scale;
+                sj = sc[sbase + (lane / 2u) * SP + j] * p.scale;
                 if (p.softcap > 0.0) {
                     sj = p.softcap * tanh(clamp(sj / p.softcap, -9.0, 9.0));
                 }
@@ -197,50 +267,66 @@ fn main(
             s[i] = sj;
             tile_max = max(tile_max, sj);
         }
-        let new_max = max(run_max, row_max(tile_max));
-        let corr = exp(run_max - new_max);
-        run_sum *= corr;
-        for (var i = 0u; i < DT; i++) {
-            acc[i] *= corr;
+        tile_max = pair_max(tile_max);
+        // A row that has seen no key takes the tile's maximum (its outputs are still zero);
+        // one whose reference the tile passes by more than TAU is rescaled.
+        let grow = m > MASKED && tile_max > m + TAU;
+        if (subgroupAny(grow)) {
+            let corr = select(1.0, exp(m - tile_max), grow);
+            run_sum *= corr;
+            o0 = rescaled(o0, sg, lane, corr);
+            o1 = rescaled(o1, sg, lane, corr);
+            o2 = rescaled(o2, sg, lane, corr);
+            o3 = rescaled(o3, sg, lane, corr);
+#if HEAD_DIM_80
+            o4 = rescaled(o4, sg, lane, corr);
+#endif
         }
-        let pb = r * PP / 4u + part * KT / 4u;
-        for (var i = 0u; i < KT; i += 4u) {
+        if (grow || m == MASKED) {
+            m = tile_max;
+        }
+        let pb = pbase + (lane / 2u) * PP / 4u + half * 4u;
+        for (var i = 0u; i < 16u; i += 4u) {
             var w = vec4<f32>(0.0);
             for (var t = 0u; t < 4u; t++) {
                 if (s[i + t] > MASKED) {
-                    w[t] = exp(s[i + t] - new_max);
+                    w[t] = exp(s[i + t] - m);
                 }
             }
             run_sum += w.x + w.y + w.z + w.w;
-            ps[pb + i / 4u] = vec4<f16>(w);
+            pw[pb + i / 4u] = vec4<f16>(w);
         }
-        run_max = new_max;
-        // The weights are complete, and every score has been read.
-        workgroupBarrier();
-        for (var cb = sg % 2u; cb < DP / 16u; cb += 2u) {
-            var c = coop_mat16x16<f32, C>();
-            for (var kk = 0u; kk < BK / 16u; kk++) {
-                let a = coopLoadT<coop_mat16x16<f16, A>>(&ps[(rb * 16u * PP + kk * 16u) / 4u], PP / 4u);
-                let b = coopLoadT<coop_mat16x16<f16, B>>(&vs[(kk * 16u * QP + cb * 16u) / 4u], QP / 4u);
-                c = coopMultiplyAdd(a, b, c);
-            }
-            coopStoreT(c, &ss[rb * 16u * SP + cb * 16u], SP);
+        // The weights are complete.
+        subgroupBarrier();
+        let a0 = coopLoadT<coop_mat16x16<f16, A>>(&pw[pbase], PP / 4u);
+        let a1 = coopLoadT<coop_mat16x16<f16, A>>(&pw[pbase + 4u], PP / 4u);
+        let v1 = vbase + 16u * QP / 4u;
+        o0 = coopMultiplyAdd(a0, coopLoadT<coop_mat16x16<f16, B>>(&kv[vbase], QP / 4u), o0);
+        o0 = coopMultiplyAdd(a1, coopLoadT<coop_mat16x16<f16, B>>(&kv[v1], QP / 4u), o0);
+        o1 = coopMultiplyAdd(a0, coopLoadT<coop_mat16x16<f16, B>>(&kv[vbase + 4u], QP / 4u), o1);
+        o1 = coopMultiplyAdd(a1, coopLoadT<coop_mat16x16<f16, B>>(&kv[v1 + 4u], QP / 4u), o1);
+        o2 = coopMultiplyAdd(a0, coopLoadT<coop_mat16x16<f16, B>>(&kv[vbase + 8u], QP / 4u), o2);
+        o2 = coopMultiplyAdd(a1, coopLoadT<coop_mat16x16<f16, B>>(&kv[v1 + 8u], QP / 4u), o2);
+        o3 = coopMultiplyAdd(a0, coopLoadT<coop_mat16x16<f16, B>>(&kv[vbase + 12u], QP / 4u), o3);
+        o3 = coopMultiplyAdd(a1, coopLoadT<coop_mat16x16<f16, B>>(&kv[v1 + 12u], QP / 4u), o3);
+#if HEAD_DIM_80
+        o4 = coopMultiplyAdd(a0, coopLoadT<coop_mat16x16<f16, B>>(&kv[vbase + 16u], QP / 4u), o4);
+        o4 = coopMultiplyAdd(a1, coopLoadT<coop_mat16x16<f16, B>>(&kv[v1 + 16u], QP / 4u), o4);
+#endif
+        // The next tile, loaded while this one was used.
+        if (more) {
+            store_tile(pre, 1u - b, li);
         }
-        workgroupBarrier();
-        for (var i = 0u; i < DT; i++) {
-            acc[i] += ss[r * SP + part * DT + i];
-        }
+        b = 1u - b;
     }
-    let total = row_sum(run_sum);
-    if (!live) {
-        return;
-    }
+    let total = run_sum + subgroupShuffleXor(run_sum, 1u);
     let inv = select(0.0, 1.0 / total, total > 0.0);
     let ob = p.o_at + row * p.o0 + h * p.o1;
-    for (var i = 0u; i < DT; i++) {
-        let c = part * DT + i;
-        if (c < p.d) {
-            o[ob + c * p.o2] = acc[i] * inv;
-        }
-    }
+    emit(o0, sg, lane, 0u, inv, ob, live);
+    emit(o1, sg, lane, 16u, inv, ob, live);
+    emit(o2, sg, lane, 32u, inv, ob, live);
+    emit(o3, sg, lane, 48u, inv, ob, live);
+#if HEAD_DIM_80
+    emit(o4, sg, lane, 64u, inv, ob, live);
+#endif
 }

@@ -1,5 +1,5 @@
-// Shared by attend.wgsl and attend_tiled.wgsl: the parameters, the bindings and the mask
-// modes (see attend.wgsl).
+// Shared by attend.wgsl, attend_tiled.wgsl and attend_coop.wgsl: the parameters, the
+// bindings and the mask modes (see attend.wgsl).
 
 struct Params {
     tq: u32,
@@ -38,8 +38,15 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
+#if KV_VEC4
+// Keys and values read 16 bytes at a time: contiguous heads whose offsets and strides are
+// whole vec4s (KV_VEC4's reader divides them by 4).
+@group(0) @binding(1) var<storage, read> k: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> v: array<vec4<f32>>;
+#else
 @group(0) @binding(1) var<storage, read> k: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<f32>;
+#endif
 @group(0) @binding(3) var<storage, read_write> o: array<f32>;
 @group(0) @binding(4) var<uniform> p: Params;
 #if SPANS

@@ -1,4 +1,6 @@
-// Per-row operations over the last dimension of a tensor of any layout, one workgroup a row:
+// Per-row operations over the last dimension of a tensor of any layout, one workgroup a row
+// (or, with LANE_ROWS, one subgroup a row: many short rows, such as per-head norms, where a
+// workgroup a row would leave most of its threads idle and wait at its barriers):
 // LAYER_NORM ((x - mean) / sqrt(var + eps)), else RMSNorm (x / sqrt(mean(x^2) + eps)), each then
 // times `w` (WEIGHT) and plus `bias` (BIAS); or SOFTMAX of x * scale. Rows are numbered
 // row-major over the first three of the four sizes. X_IN_Y: x lives in y's buffer.
@@ -44,13 +46,42 @@ fn read_x(o: u32) -> f32 {
 #endif
 }
 
+// The sum and the maximum over the threads of a row.
+fn row_sum(v: f32, li: u32) -> f32 {
+#if LANE_ROWS
+    return subgroupAdd(v);
+#else
+    return wg_sum(v, li);
+#endif
+}
+
+fn row_max(v: f32, li: u32) -> f32 {
+#if LANE_ROWS
+    return subgroupMax(v);
+#else
+    return wg_max(v, li);
+#endif
+}
+
 @compute @workgroup_size(256)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
+#if LANE_ROWS
+    @builtin(subgroup_size) lanes: u32,
+#endif
 ) {
+#if LANE_ROWS
+    // Subgroup li / lanes of the workgroup takes a row: lane `t` of `step` threads.
+    let row = (wid.x + wid.y * nwg.x) * (256u / lanes) + li / lanes;
+    let t = li % lanes;
+    let step = lanes;
+#else
     let row = wid.x + wid.y * nwg.x;
+    let t = li;
+    let step = 256u;
+#endif
     if (row >= p.rows) {
         return;
     }
@@ -61,34 +92,34 @@ fn main(
     let yb = p.y_at + i0 * p.y0 + i1 * p.y1 + i2 * p.y2;
 #if SOFTMAX
     var m = -3.0e38;
-    for (var c = li; c < p.n; c += 256u) {
+    for (var c = t; c < p.n; c += step) {
         m = max(m, read_x(xb + c * p.x3) * p.scale);
     }
-    m = wg_max(m, li);
+    m = row_max(m, li);
     var s = 0.0;
-    for (var c = li; c < p.n; c += 256u) {
+    for (var c = t; c < p.n; c += step) {
         s += exp(read_x(xb + c * p.x3) * p.scale - m);
     }
-    let inv = 1.0 / wg_sum(s, li);
-    for (var c = li; c < p.n; c += 256u) {
+    let inv = 1.0 / row_sum(s, li);
+    for (var c = t; c < p.n; c += step) {
         y[yb + c * p.y3] = exp(read_x(xb + c * p.x3) * p.scale - m) * inv;
     }
 #else
     var mean = 0.0;
 #if LAYER_NORM
     var s = 0.0;
-    for (var c = li; c < p.n; c += 256u) {
+    for (var c = t; c < p.n; c += step) {
         s += read_x(xb + c * p.x3);
     }
-    mean = wg_sum(s, li) / f32(p.n);
+    mean = row_sum(s, li) / f32(p.n);
 #endif
     var ss = 0.0;
-    for (var c = li; c < p.n; c += 256u) {
+    for (var c = t; c < p.n; c += step) {
         let d = read_x(xb + c * p.x3) - mean;
         ss += d * d;
     }
-    let inv = inverseSqrt(wg_sum(ss, li) / f32(p.n) + p.eps);
-    for (var c = li; c < p.n; c += 256u) {
+    let inv = inverseSqrt(row_sum(ss, li) / f32(p.n) + p.eps);
+    for (var c = t; c < p.n; c += step) {
         var v = (read_x(xb + c * p.x3) - mean) * inv;
 #if WEIGHT
         v *= w[p.w_at + c];

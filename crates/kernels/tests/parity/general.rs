@@ -206,7 +206,16 @@ impl ParityCase for RowsCase {
 fn norms_and_softmax_match_cpu_along_rows_of_any_layout() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(0x0dd5_eed5_1234_5678);
-    for n in [1u32, 37, 300, 1000] {
+    // Rows of up to ops::LANE_ROWS_MAX values take a subgroup each (where subgroups have one
+    // size), longer ones a workgroup; 70 rows fill several workgroups of subgroup rows.
+    for (rows, n) in [
+        (5u32, 1u32),
+        (5, 37),
+        (70, 37),
+        (5, 300),
+        (5, 1000),
+        (3, 3000),
+    ] {
         let ops = [
             (RowOp::LayerNorm { eps: 1e-6 }, (true, true)),
             (RowOp::LayerNorm { eps: 1e-5 }, (false, false)),
@@ -215,7 +224,7 @@ fn norms_and_softmax_match_cpu_along_rows_of_any_layout() {
             (RowOp::Softmax { scale: 1.7 }, (false, false)),
         ];
         for (op, affine) in ops {
-            check(ctx, &RowsCase::new(&mut rng, op, (5, n), affine));
+            check(ctx, &RowsCase::new(&mut rng, op, (rows, n), affine));
         }
     }
     // In place over a 3-D tensor (per-head norms are rows of the last dimension).
@@ -515,19 +524,34 @@ struct AttendCase<'a> {
     d: u32,
     softcap: f32,
     relative: bool,
+    /// The scale's multiple of 1/sqrt(d): large ones spread the scores far apart, so that a
+    /// row's largest score grows by much from tile to tile.
+    sharpen: f32,
+}
+
+/// Random values that f16 holds exactly, so that the cooperative-matrix kernels' scores
+/// match the CPU's to f32 rounding even where they are large.
+fn random_halves(ctx: &GpuContext, rng: &mut Rng, dims: &[u32]) -> (Tensor, Vec<f32>) {
+    let n: u32 = dims.iter().product();
+    let data: Vec<f32> = rng
+        .vec(n as usize, 1.0)
+        .into_iter()
+        .map(|x| half::f16::from_f32(x).to_f32())
+        .collect();
+    (Tensor::new(&upload(ctx, &data), dims).unwrap(), data)
 }
 
 fn check_attend_case(ctx: &GpuContext, rng: &mut Rng, c: AttendCase<'_>) {
     let (heads, kv_heads) = (4u32, 2u32);
     // q stored [heads, tq, d] and read as [tq, heads, d]: a strided query.
-    let (q_stored, q_d) = random(ctx, rng, &[heads, c.tq, c.d]);
+    let (q_stored, q_d) = random_halves(ctx, rng, &[heads, c.tq, c.d]);
     let q = q_stored.permute(&[1, 0, 2]).unwrap();
     let qd = cpu::gather(&q_d, q.dims(), q.strides(), 0);
-    let (k, kd) = random(ctx, rng, &[c.tk, kv_heads, c.d]);
-    let (v, vd) = random(ctx, rng, &[c.tk, kv_heads, c.d]);
+    let (k, kd) = random_halves(ctx, rng, &[c.tk, kv_heads, c.d]);
+    let (v, vd) = random_halves(ctx, rng, &[c.tk, kv_heads, c.d]);
     let (r, rd) = random(ctx, rng, &[13, heads, c.d]);
     let out = nan_tensor(ctx, &[c.tq, heads, c.d]);
-    let scale = 1.0 / (c.d as f32).sqrt();
+    let scale = c.sharpen / (c.d as f32).sqrt();
     let a = Attend {
         q: &q,
         k: &k,
@@ -615,6 +639,7 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 40,
             softcap: 0.0,
             relative: false,
+            sharpen: 1.0,
         },
         AttendCase {
             name: "causal window 7",
@@ -626,6 +651,7 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 40,
             softcap: 0.0,
             relative: false,
+            sharpen: 1.0,
         },
         AttendCase {
             name: "full, 300 keys, head 300",
@@ -637,6 +663,7 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 300,
             softcap: 0.0,
             relative: false,
+            sharpen: 1.0,
         },
         AttendCase {
             name: "full, 150 queries over 2 blocks, head 72",
@@ -648,6 +675,43 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 72,
             softcap: 0.0,
             relative: false,
+            sharpen: 1.0,
+        },
+        AttendCase {
+            name: "full, sharp scores, 300 queries over 3 blocks, head 64",
+            mask: Mask::Full,
+            visible: Box::new(|_, _| true),
+            tq: 300,
+            tk: 257,
+            q_pos0: 0,
+            d: 64,
+            softcap: 0.0,
+            relative: false,
+            sharpen: 48.0,
+        },
+        AttendCase {
+            name: "full, sharp scores, 150 queries, head 72",
+            mask: Mask::Full,
+            visible: Box::new(|_, _| true),
+            tq: 150,
+            tk: 133,
+            q_pos0: 0,
+            d: 72,
+            softcap: 0.0,
+            relative: false,
+            sharpen: 48.0,
+        },
+        AttendCase {
+            name: "full, 70 queries, head 30 (rows of no whole vec4s)",
+            mask: Mask::Full,
+            visible: Box::new(|_, _| true),
+            tq: 70,
+            tk: 45,
+            q_pos0: 0,
+            d: 30,
+            softcap: 0.0,
+            relative: false,
+            sharpen: 1.0,
         },
         AttendCase {
             name: "causal window 20, cached prefix, 70 queries, head 64",
@@ -659,6 +723,7 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 64,
             softcap: 3.0,
             relative: false,
+            sharpen: 1.0,
         },
         AttendCase {
             name: "canvas",
@@ -673,6 +738,7 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 24,
             softcap: 0.0,
             relative: false,
+            sharpen: 1.0,
         },
         AttendCase {
             name: "canvas, window 5",
@@ -687,6 +753,7 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 24,
             softcap: 0.0,
             relative: false,
+            sharpen: 1.0,
         },
         AttendCase {
             name: "spans, window 4",
@@ -701,6 +768,7 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 16,
             softcap: 0.0,
             relative: false,
+            sharpen: 1.0,
         },
         AttendCase {
             name: "local with relative term and softcap",
@@ -712,6 +780,7 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 32,
             softcap: 5.0,
             relative: true,
+            sharpen: 1.0,
         },
         AttendCase {
             name: "local, lookahead 2",
@@ -723,6 +792,7 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 8,
             softcap: 0.0,
             relative: false,
+            sharpen: 1.0,
         },
     ];
     for c in cases {
