@@ -131,28 +131,29 @@ fn store_tile(t: TileLoad, b: u32, li: u32) {
     }
 }
 
-// Output fragment `c` of subgroup `sg` with each row scaled by its lane pair's `scale`,
-// through the subgroup's part of `sc`.
-fn rescaled(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, scale: f32) -> coop_mat16x16<f32, C> {
+// Output fragment `c` of subgroup `sg` into the subgroup's part of `sc` (once every lane is
+// done with what was there); where this lane's eight values of its row start.
+fn spill(c: coop_mat16x16<f32, C>, sg: u32, lane: u32) -> u32 {
     let base = sg * 16u * SP;
     subgroupBarrier();
     coopStoreT(c, &sc[base], SP);
     subgroupBarrier();
-    let at = base + (lane / 2u) * SP + (lane % 2u) * 8u;
+    return base + (lane / 2u) * SP + (lane % 2u) * 8u;
+}
+
+// Output fragment `c` of subgroup `sg` with each row scaled by its lane pair's `scale`.
+fn rescaled(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, scale: f32) -> coop_mat16x16<f32, C> {
+    let at = spill(c, sg, lane);
     for (var i = 0u; i < 8u; i++) {
         sc[at + i] *= scale;
     }
     subgroupBarrier();
-    return coopLoadT<coop_mat16x16<f32, C>>(&sc[base], SP);
+    return coopLoadT<coop_mat16x16<f32, C>>(&sc[sg * 16u * SP], SP);
 }
 
 // Columns col0.. of the rows of output fragment `c` of subgroup `sg`, times `scale`, to `o`.
 fn emit(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, col0: u32, scale: f32, ob: u32, live: bool) {
-    let base = sg * 16u * SP;
-    subgroupBarrier();
-    coopStoreT(c, &sc[base], SP);
-    subgroupBarrier();
-    let at = base + (lane / 2u) * SP + (lane % 2u) * 8u;
+    let at = spill(c, sg, lane);
     for (var i = 0u; i < 8u; i++) {
         let col = col0 + (lane % 2u) * 8u + i;
         if (live && col < p.d) {

@@ -524,9 +524,6 @@ struct AttendCase<'a> {
     d: u32,
     softcap: f32,
     relative: bool,
-    /// The scale's multiple of 1/sqrt(d): large ones spread the scores far apart, so that a
-    /// row's largest score grows by much from tile to tile.
-    sharpen: f32,
 }
 
 /// Random values that f16 holds exactly, so that the cooperative-matrix kernels' scores
@@ -541,7 +538,10 @@ fn random_halves(ctx: &GpuContext, rng: &mut Rng, dims: &[u32]) -> (Tensor, Vec<
     (Tensor::new(&upload(ctx, &data), dims).unwrap(), data)
 }
 
-fn check_attend_case(ctx: &GpuContext, rng: &mut Rng, c: AttendCase<'_>) {
+/// Case `c` on every kernel that takes it, against the CPU; the scale is `sharpen / sqrt(d)`
+/// (large multiples spread the scores far apart, so that a row's largest score grows by much
+/// from tile to tile).
+fn check_attend_case(ctx: &GpuContext, rng: &mut Rng, c: AttendCase<'_>, sharpen: f32) {
     let (heads, kv_heads) = (4u32, 2u32);
     // q stored [heads, tq, d] and read as [tq, heads, d]: a strided query.
     let (q_stored, q_d) = random_halves(ctx, rng, &[heads, c.tq, c.d]);
@@ -551,7 +551,7 @@ fn check_attend_case(ctx: &GpuContext, rng: &mut Rng, c: AttendCase<'_>) {
     let (v, vd) = random_halves(ctx, rng, &[c.tk, kv_heads, c.d]);
     let (r, rd) = random(ctx, rng, &[13, heads, c.d]);
     let out = nan_tensor(ctx, &[c.tq, heads, c.d]);
-    let scale = c.sharpen / (c.d as f32).sqrt();
+    let scale = sharpen / (c.d as f32).sqrt();
     let a = Attend {
         q: &q,
         k: &k,
@@ -639,7 +639,6 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 40,
             softcap: 0.0,
             relative: false,
-            sharpen: 1.0,
         },
         AttendCase {
             name: "causal window 7",
@@ -651,7 +650,6 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 40,
             softcap: 0.0,
             relative: false,
-            sharpen: 1.0,
         },
         AttendCase {
             name: "full, 300 keys, head 300",
@@ -663,7 +661,6 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 300,
             softcap: 0.0,
             relative: false,
-            sharpen: 1.0,
         },
         AttendCase {
             name: "full, 150 queries over 2 blocks, head 72",
@@ -675,43 +672,6 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 72,
             softcap: 0.0,
             relative: false,
-            sharpen: 1.0,
-        },
-        AttendCase {
-            name: "full, sharp scores, 300 queries over 3 blocks, head 64",
-            mask: Mask::Full,
-            visible: Box::new(|_, _| true),
-            tq: 300,
-            tk: 257,
-            q_pos0: 0,
-            d: 64,
-            softcap: 0.0,
-            relative: false,
-            sharpen: 48.0,
-        },
-        AttendCase {
-            name: "full, sharp scores, 150 queries, head 72",
-            mask: Mask::Full,
-            visible: Box::new(|_, _| true),
-            tq: 150,
-            tk: 133,
-            q_pos0: 0,
-            d: 72,
-            softcap: 0.0,
-            relative: false,
-            sharpen: 48.0,
-        },
-        AttendCase {
-            name: "full, 70 queries, head 30 (rows of no whole vec4s)",
-            mask: Mask::Full,
-            visible: Box::new(|_, _| true),
-            tq: 70,
-            tk: 45,
-            q_pos0: 0,
-            d: 30,
-            softcap: 0.0,
-            relative: false,
-            sharpen: 1.0,
         },
         AttendCase {
             name: "causal window 20, cached prefix, 70 queries, head 64",
@@ -723,7 +683,6 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 64,
             softcap: 3.0,
             relative: false,
-            sharpen: 1.0,
         },
         AttendCase {
             name: "canvas",
@@ -738,7 +697,6 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 24,
             softcap: 0.0,
             relative: false,
-            sharpen: 1.0,
         },
         AttendCase {
             name: "canvas, window 5",
@@ -753,7 +711,6 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 24,
             softcap: 0.0,
             relative: false,
-            sharpen: 1.0,
         },
         AttendCase {
             name: "spans, window 4",
@@ -768,7 +725,6 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 16,
             softcap: 0.0,
             relative: false,
-            sharpen: 1.0,
         },
         AttendCase {
             name: "local with relative term and softcap",
@@ -780,7 +736,6 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 32,
             softcap: 5.0,
             relative: true,
-            sharpen: 1.0,
         },
         AttendCase {
             name: "local, lookahead 2",
@@ -792,11 +747,44 @@ fn attention_matches_cpu_in_every_mask_mode() {
             d: 8,
             softcap: 0.0,
             relative: false,
-            sharpen: 1.0,
         },
     ];
     for c in cases {
-        check_attend_case(ctx, &mut rng, c);
+        check_attend_case(ctx, &mut rng, c, 1.0);
+    }
+}
+
+/// Scores spread far apart (scale 48 / sqrt(d)), so that a row's largest score grows by much
+/// from tile to tile (the cooperative-matrix kernel rescales its outputs then), at the image
+/// attention's head sizes; and a head of no whole vec4s.
+#[test]
+fn attention_matches_cpu_with_sharp_scores_and_odd_heads() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x5a4f_0e5c_0e55_0001);
+    let full = |name, (tq, tk, d): (u32, u32, u32)| AttendCase {
+        name,
+        mask: Mask::Full,
+        visible: Box::new(|_, _| true),
+        tq,
+        tk,
+        q_pos0: 0,
+        d,
+        softcap: 0.0,
+        relative: false,
+    };
+    let cases = [
+        (
+            full("sharp, 300 queries, 3 blocks, head 64", (300, 257, 64)),
+            48.0,
+        ),
+        (full("sharp, 150 queries, head 72", (150, 133, 72)), 48.0),
+        (
+            full("70 queries, head 30 (no whole vec4s)", (70, 45, 30)),
+            1.0,
+        ),
+    ];
+    for (c, sharpen) in cases {
+        check_attend_case(ctx, &mut rng, c, sharpen);
     }
 }
 
