@@ -234,7 +234,7 @@ pub struct GpuFeatures {
     pub subgroup_max_size: u32,
     /// 16x16x16 cooperative matrix products of f16 into f32, run by subgroups of exactly 32
     /// lanes (the tiling of `matmul_coop.wgsl` assumes eight of them per workgroup), and
-    /// subgroup barriers (`attend_rows.wgsl`'s subgroups exchange values through workgroup
+    /// subgroup barriers (`attend_coop.wgsl`'s subgroups exchange values through workgroup
     /// memory).
     pub coop_matmul: bool,
     /// [`ContextOptions::allow_int8_activations`].

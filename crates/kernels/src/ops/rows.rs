@@ -82,7 +82,12 @@ pub fn rows(
     let lanes = (f.subgroups && f.subgroup_min_size == f.subgroup_max_size && n <= LANE_ROWS_MAX)
         .then_some(f.subgroup_min_size)
         .filter(|l| l.is_power_of_two() && *l <= 256);
-    let mut source = ShaderSource::new("rows", &[REDUCE_WGSL, ROWS_WGSL])
+    // A subgroup a row reduces with subgroup operations: no workgroup reductions to include.
+    let parts: &[&str] = match lanes {
+        Some(_) => &[ROWS_WGSL],
+        None => &[REDUCE_WGSL, ROWS_WGSL],
+    };
+    let mut source = ShaderSource::new("rows", parts)
         .flag_if(lanes.is_some(), "LANE_ROWS")
         .flag_if(xi.in_output(), "X_IN_Y")
         .flag_if(affine.weight.is_some(), "WEIGHT")

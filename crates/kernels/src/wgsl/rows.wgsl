@@ -46,7 +46,8 @@ fn read_x(o: u32) -> f32 {
 #endif
 }
 
-// The sum and the maximum over the threads of a row.
+// The sum and the maximum over the threads of a row (wg_sum and wg_max: reduce.wgsl, which
+// LANE_ROWS leaves out).
 fn row_sum(v: f32, li: u32) -> f32 {
 #if LANE_ROWS
     return subgroupAdd(v);
