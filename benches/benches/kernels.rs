@@ -277,6 +277,29 @@ fn attend_image(c: &mut Criterion) {
                 b.iter_custom(|iters| time_in_one_pass(&ctx, &ds, iters))
             });
         }
+        // The tower's form where the device has tensor cores: q, k and v as f16.
+        let bits: Vec<u16> = random((n * width) as usize, 12)
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_bits())
+            .collect();
+        let halves = View::of(&ctx.storage_init("qkv f16", bytemuck::cast_slice(&bits)));
+        let half_head = |i: u32| {
+            let dims = [n, heads, d];
+            Tensor::strided(&halves, DType::F16, &dims, &[width, d, 1], i * heads * d).unwrap()
+        };
+        let (hq, hk, hv) = (half_head(0), half_head(1), half_head(2));
+        let h = ops::Attend {
+            q: &hq,
+            k: &hk,
+            v: &hv,
+            ..a
+        };
+        if let Ok(d) = ops::attend(&ctx, &h, &o) {
+            let ds = [d];
+            group.bench_function(BenchmarkId::new("CoopF16", n), |b| {
+                b.iter_custom(|iters| time_in_one_pass(&ctx, &ds, iters))
+            });
+        }
     }
     group.finish();
 }

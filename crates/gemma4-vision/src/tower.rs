@@ -10,7 +10,7 @@ use tracing::info_span;
 use wgemma_gguf::{Gguf, RangeSource};
 use wgemma_kernels::ops::{
     self, Activation, Affine, Attend, Binary, Mask, MatmulArgs, MatvecOut, NormOut, ProductClamp,
-    RmsNorm, RopeAxes, RopePairs, RowOp, Window2d,
+    RmsNorm, RopePairs, RowOp, RowRope, Window2d,
 };
 use wgemma_kernels::store::{WeightStore, read_f32};
 use wgemma_kernels::{
@@ -193,10 +193,15 @@ struct Buffers {
     positions: View,
     /// The residual stream `[patches, D]`.
     x: View,
-    /// Its normed rows, then the attention's and the MLP's outputs.
+    /// The attention's and the MLP's outputs (their projections').
     h: View,
+    /// The residual stream's normed rows: each block's input.
+    normed: View,
     /// q, k and v side by side: `[patches, 3 D]`.
     qkv: View,
+    /// The same normed and roped, in the element type the attention reads best: `[patches,
+    /// 3, heads, head_dim]`.
+    heads: Tensor,
     attn: View,
     gate: View,
     up: View,
@@ -205,23 +210,29 @@ struct Buffers {
 }
 
 impl Buffers {
-    fn new(ctx: &GpuContext, cfg: &VisionConfig, p: &Patches) -> Self {
+    fn new(ctx: &GpuContext, cfg: &VisionConfig, p: &Patches) -> Result<Self, GpuError> {
         let n = u64::from(p.rows * p.cols);
         let (d, ff) = (cfg.n_embd as u64, cfg.n_ff as u64);
         let tokens = u64::from(p.soft_tokens());
         let f32s = |label: &str, count: u64| View::of(&ctx.storage(label, count * 4));
-        Self {
+        let head_dim = cfg.head_dim as u32;
+        let dtype = ops::attend_input_dtype(ctx, p.rows * p.cols, head_dim);
+        let heads = View::of(&ctx.storage("vision heads", n * 3 * d * dtype.bytes()));
+        let dims = [p.rows * p.cols, 3, cfg.n_head as u32, head_dim];
+        Ok(Self {
+            heads: Tensor::of(&heads, dtype, &dims)?,
             input: f32s("vision input", n * Patches::PATCH_VALUES as u64),
             positions: f32s("vision positions", n * POSITION_AXES as u64),
             x: f32s("vision x", n * d),
             h: f32s("vision h", n * d),
+            normed: f32s("vision normed", n * d),
             qkv: f32s("vision qkv", n * 3 * d),
             attn: f32s("vision attn", n * d),
             gate: f32s("vision gate", n * ff),
             up: f32s("vision up", n * ff),
             pooled: f32s("vision pooled", tokens * d),
             soft: f32s("vision soft tokens", tokens * cfg.projection_dim as u64),
-        }
+        })
     }
 }
 
@@ -251,7 +262,7 @@ impl Plan {
     fn build(tower: &VisionTower, p: &Patches, traced: bool) -> Result<Self, VisionError> {
         let (ctx, cfg) = (&*tower.ctx, &tower.cfg);
         check_positions(cfg, p)?;
-        let buffers = Buffers::new(ctx, cfg, p);
+        let buffers = Buffers::new(ctx, cfg, p)?;
         let positions: Vec<u32> = (0..p.rows * p.cols)
             .flat_map(|i| {
                 let (c, r) = p.position(i);
@@ -271,8 +282,12 @@ impl Plan {
             steps: Steps::new(traced),
         };
         b.embed(&tower.w, p)?;
-        for l in &tower.w.layers {
-            b.layer(l)?;
+        let layers = &tower.w.layers;
+        if let Some(first) = layers.first() {
+            b.first_norm(&first.ln1)?;
+        }
+        for (i, l) in layers.iter().enumerate() {
+            b.layer(l, layers.get(i + 1).map(|next| &next.ln1))?;
             b.tap(&buffers.x);
         }
         b.pool_and_project(&tower.w, p)?;
@@ -383,50 +398,92 @@ impl Builder<'_> {
         self.push(ops::rms_norm(self.ctx, norm))
     }
 
-    fn layer(&mut self, l: &Layer<GpuWeight, View>) -> Result<(), VisionError> {
+    /// `x = (x + norm(delta) * post) * scale`, then `normed = norm(x) * weight` (the next
+    /// block's input), in one pass.
+    fn residual_then_norm(
+        &mut self,
+        post: &View,
+        weight: &View,
+        scale: f32,
+    ) -> Result<(), VisionError> {
+        let b = self.b;
+        let step = ops::ResidualNorm {
+            res: &b.x,
+            delta: &b.h,
+            post,
+            weight,
+            out: &b.normed,
+            rows: self.n,
+            dim: self.cfg.n_embd as u32,
+            scale,
+            eps: self.cfg.eps,
+        };
+        self.push(ops::residual_norm(self.ctx, &step))
+    }
+
+    /// The first layer's input norm (each later one's comes with the residual before it).
+    fn first_norm(&mut self, ln1: &View) -> Result<(), VisionError> {
+        let (d, b) = (self.cfg.n_embd as u32, self.b);
+        let affine = Affine {
+            weight: Some(&Tensor::new(ln1, &[d])?),
+            bias: None,
+        };
+        let (x, normed) = (self.rows(&b.x, d, d, 0)?, self.rows(&b.normed, d, d, 0)?);
+        let op = RowOp::RmsNorm { eps: self.cfg.eps };
+        self.push(ops::rows(self.ctx, op, affine, &x, &normed))
+    }
+
+    /// One encoder layer on `normed` (its input norm already applied); `next_ln1` is the next
+    /// layer's input norm, applied with this layer's last residual.
+    fn layer(
+        &mut self,
+        l: &Layer<GpuWeight, View>,
+        next_ln1: Option<&View>,
+    ) -> Result<(), VisionError> {
         let cfg = self.cfg;
         let (d, ff) = (cfg.n_embd as u32, cfg.n_ff as u32);
-        let (heads, dh) = (cfg.n_head as u32, cfg.head_dim as u32);
+        let (heads_n, dh) = (cfg.n_head as u32, cfg.head_dim as u32);
         let b = self.b;
-        self.push(ops::rows(
-            self.ctx,
-            RowOp::RmsNorm { eps: cfg.eps },
-            Affine {
-                weight: Some(&Tensor::new(&l.ln1, &[d])?),
-                bias: None,
-            },
-            &self.rows(&b.x, d, d, 0)?,
-            &self.rows(&b.h, d, d, 0)?,
-        ))?;
         for (i, lin) in [&l.q, &l.k, &l.v].into_iter().enumerate() {
-            self.linear(lin, (&b.h, d), (&b.qkv, 3 * d, i as u32 * d))?;
+            self.linear(lin, (&b.normed, d), (&b.qkv, 3 * d, i as u32 * d))?;
         }
-        let head = |i: u32| {
-            let dims = [self.n, heads, dh];
-            Tensor::strided(&b.qkv, DType::F32, &dims, &[3 * d, dh, 1], i * d)
-        };
-        let (q, k, v) = (head(0)?, head(1)?, head(2)?);
-        self.norm(&q, Some(&l.q_norm))?;
-        self.norm(&k, Some(&l.k_norm))?;
-        self.norm(&v, None)?;
+        // Per-head norms (v's without weight) and the 2-D rope of q and k, into the heads the
+        // attention reads.
         let positions = Tensor::of(&b.positions, DType::U32, &[self.n, POSITION_AXES as u32])?;
-        for x in [&q, &k] {
-            let rope = RopeAxes {
-                x,
-                positions: &positions,
-                n_rot: dh / POSITION_AXES as u32,
-                pairs: RopePairs::Neox,
-                base: ROPE_THETA,
-                freq_scale: 1.0,
-                freq_factors: None,
+        let rope = RowRope {
+            positions: &positions,
+            n_rot: dh / POSITION_AXES as u32,
+            pairs: RopePairs::Neox,
+            base: ROPE_THETA,
+            freq_scale: 1.0,
+        };
+        let mut heads = Vec::with_capacity(3);
+        for (i, weight) in [Some(&l.q_norm), Some(&l.k_norm), None]
+            .into_iter()
+            .enumerate()
+        {
+            let (dims, strides) = ([self.n, heads_n, dh], [3 * d, dh, 1]);
+            let x = Tensor::strided(&b.qkv, DType::F32, &dims, &strides, i as u32 * d)?;
+            let (view, dtype) = (b.heads.view(), b.heads.dtype());
+            let y = Tensor::strided(view, dtype, &dims, &strides, i as u32 * d)?;
+            let w = weight.map(|w| Tensor::new(w, &[dh])).transpose()?;
+            let affine = Affine {
+                weight: w.as_ref(),
+                bias: None,
             };
-            self.push(ops::rope_axes(self.ctx, &rope))?;
+            let op = RowOp::RmsNorm { eps: cfg.eps };
+            self.push(match weight {
+                Some(_) => ops::rows_roped(self.ctx, op, affine, &rope, &x, &y),
+                None => ops::rows(self.ctx, op, affine, &x, &y),
+            })?;
+            heads.push(y);
         }
-        let attn = Tensor::new(&b.attn, &[self.n, heads, dh])?;
+        let (q, k, v) = (&heads[0], &heads[1], &heads[2]);
+        let attn = Tensor::new(&b.attn, &[self.n, heads_n, dh])?;
         let attend = Attend {
-            q: &q,
-            k: &k,
-            v: &v,
+            q,
+            k,
+            v,
             mask: Mask::Full,
             q_pos0: 0,
             scale: 1.0,
@@ -435,30 +492,23 @@ impl Builder<'_> {
         };
         self.push(ops::attend(self.ctx, &attend, &attn))?;
         self.linear(&l.o, (&b.attn, d), (&b.h, d, 0))?;
-        self.residual(&b.h, &l.attn_post_norm)?;
-        let (x, h) = (self.rows(&b.x, d, d, 0)?, self.rows(&b.h, d, d, 0)?);
-        let ln2 = Tensor::new(&l.ln2, &[d])?;
-        let affine = Affine {
-            weight: Some(&ln2),
-            bias: None,
-        };
-        self.push(ops::rows(
-            self.ctx,
-            RowOp::RmsNorm { eps: cfg.eps },
-            affine,
-            &x,
-            &h,
-        ))?;
-        self.linear(&l.gate, (&b.h, d), (&b.gate, ff, 0))?;
-        self.linear(&l.up, (&b.h, d), (&b.up, ff, 0))?;
+        self.residual_then_norm(&l.attn_post_norm, &l.ln2, 1.0)?;
+        self.linear(&l.gate, (&b.normed, d), (&b.gate, ff, 0))?;
+        self.linear(&l.up, (&b.normed, d), (&b.up, ff, 0))?;
         let (gate, up) = (self.rows(&b.gate, ff, ff, 0)?, self.rows(&b.up, ff, ff, 0)?);
         let gelu = Binary::Gated(Activation::GeluTanh);
         self.push(ops::binary(self.ctx, gelu, &gate, &up, &gate))?;
         self.linear(&l.down, (&b.gate, ff), (&b.h, d, 0))?;
-        self.residual(&b.h, &l.ffn_post_norm)?;
-        if l.out_scale != 1.0 {
-            let scale = Activation::Scale(l.out_scale);
-            self.push(ops::unary(self.ctx, scale, &x, &x))?;
+        match next_ln1 {
+            Some(ln1) => self.residual_then_norm(&l.ffn_post_norm, ln1, l.out_scale)?,
+            None => {
+                self.residual(&b.h, &l.ffn_post_norm)?;
+                if l.out_scale != 1.0 {
+                    let x = self.rows(&b.x, d, d, 0)?;
+                    let scale = Activation::Scale(l.out_scale);
+                    self.push(ops::unary(self.ctx, scale, &x, &x))?;
+                }
+            }
         }
         Ok(())
     }

@@ -407,6 +407,11 @@ kernel_params!(
         bias_at: u32,
         eps: f32,
         scale: f32,
+        n_rot: u32,
+        section: u32,
+        axes: u32,
+        base: f32,
+        freq_scale: f32,
     }
 );
 

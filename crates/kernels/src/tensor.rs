@@ -17,6 +17,18 @@ pub const MAX_RANK: usize = 4;
 pub enum DType {
     F32,
     U32,
+    /// Half floats (devices with `shader-f16`): what the tensor-core attention reads.
+    F16,
+}
+
+impl DType {
+    /// Bytes an element takes.
+    pub fn bytes(self) -> u64 {
+        match self {
+            Self::F32 | Self::U32 => 4,
+            Self::F16 => 2,
+        }
+    }
 }
 
 /// A tensor over a region of a storage buffer.
@@ -107,13 +119,13 @@ impl Tensor {
                 .zip(self.strides())
                 .map(|(&d, &s)| u64::from(d - 1) * u64::from(s))
                 .sum::<u64>();
-        if last >= self.view.len32() || last > u64::from(u32::MAX) {
+        let held = self.view.size / self.dtype.bytes();
+        if last >= held || last > u64::from(u32::MAX) {
             return Err(shape_error(format!(
-                "tensor {:?} (strides {:?}, offset {}) reaches element {last}; the buffer holds {}",
+                "tensor {:?} (strides {:?}, offset {}) reaches element {last}; the buffer holds {held}",
                 self.dims(),
                 self.strides(),
                 self.offset,
-                self.view.len32()
             )));
         }
         Ok(())

@@ -123,8 +123,16 @@ pub struct Attend<'a> {
 }
 
 fn check_attend(a: &Attend<'_>, out: &Tensor) -> Result<(), GpuError> {
+    out.expect_dtype("attend out", DType::F32)?;
+    let inputs = if a.q.dtype() == DType::F16 {
+        DType::F16
+    } else {
+        DType::F32
+    };
     for (what, t) in [("q", a.q), ("k", a.k), ("v", a.v), ("out", out)] {
-        t.expect_dtype(what, DType::F32)?;
+        if what != "out" {
+            t.expect_dtype(what, inputs)?;
+        }
         if t.rank() != 3 {
             return Err(shape(format!("attend {what}: {:?} is not 3-D", t.dims())));
         }
@@ -180,10 +188,18 @@ fn choose_kernel(
 ) -> Result<AttendKernel, GpuError> {
     let d = a.q.dim(2);
     let tiles = a.relative.is_none() && d <= TILED_MAX_HEAD_DIM;
-    let coop = a.relative.is_none()
-        && ctx.features.coop_matmul
-        && d <= COOP_MAX_HEAD_DIM
-        && ctx.limits.max_compute_workgroup_storage_size >= coop_bytes(d);
+    let coop = coop_fits(ctx, d) && a.relative.is_none();
+    if a.q.dtype() == DType::F16 {
+        // Only the tensor-core kernel reads half floats.
+        let wanted = matches!(kernel, AttendKernel::Auto | AttendKernel::Coop);
+        if !(coop && wanted && a.q.dim(0) >= TILED_MIN_QUERIES) {
+            return Err(shape(format!(
+                "attend: f16 inputs need the cooperative-matrix kernel ({kernel:?} asked, {} queries, head dimension {d})",
+                a.q.dim(0)
+            )));
+        }
+        return Ok(AttendKernel::Coop);
+    }
     match kernel {
         AttendKernel::Auto if a.q.dim(0) < TILED_MIN_QUERIES => Ok(AttendKernel::PerQuery),
         AttendKernel::Auto if coop => Ok(AttendKernel::Coop),
@@ -197,6 +213,24 @@ fn choose_kernel(
         AttendKernel::Coop => Err(shape(format!(
             "attend: the cooperative-matrix kernel needs a device with them, head dimensions up to {COOP_MAX_HEAD_DIM} and no relative term"
         ))),
+    }
+}
+
+/// Whether the cooperative-matrix kernel takes heads of dimension `d` on this device.
+fn coop_fits(ctx: &GpuContext, d: u32) -> bool {
+    ctx.features.coop_matmul
+        && d <= COOP_MAX_HEAD_DIM
+        && ctx.limits.max_compute_workgroup_storage_size >= coop_bytes(d)
+}
+
+/// The element type [`attend`] reads its inputs in best for `queries` queries over heads of
+/// dimension `d` (without a relative term): f16 where the tensor-core kernel takes them (it
+/// computes in f16: half the bytes, the same result), else f32.
+pub fn attend_input_dtype(ctx: &GpuContext, queries: u32, d: u32) -> DType {
+    if coop_fits(ctx, d) && queries >= TILED_MIN_QUERIES {
+        DType::F16
+    } else {
+        DType::F32
     }
 }
 
@@ -256,7 +290,9 @@ pub fn attend_with(
         AttendKernel::Coop => {
             let blocks = params.tq.div_ceil(COOP_BLOCK);
             let vec4 = params.d.is_multiple_of(4) && [kl, vl].iter().all(whole_vec4s);
-            let source = coop_source(params.d).flag_if(vec4, "KV_VEC4");
+            let source = coop_source(params.d)
+                .flag_if(vec4, "KV_VEC4")
+                .flag_if(a.q.dtype() == DType::F16, "QKV_F16");
             ("attend_coop", source, blocks * params.heads)
         }
         AttendKernel::Tiled => {
@@ -306,6 +342,10 @@ mod tests {
             for d in [64, COOP_MAX_HEAD_DIM] {
                 crate::shader::validate_coop(&coop_source(d).flag(mask));
                 crate::shader::validate_coop(&coop_source(d).flag(mask).flag("KV_VEC4"));
+                for vec4 in [false, true] {
+                    let half = coop_source(d).flag(mask).flag("QKV_F16");
+                    crate::shader::validate_coop(&half.flag_if(vec4, "KV_VEC4"));
+                }
                 assert!(coop_bytes(d) <= 48 * 1024);
             }
         }

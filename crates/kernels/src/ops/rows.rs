@@ -9,7 +9,7 @@ const ROW_STATS_WGSL: &str = include_str!("../wgsl/row_stats.wgsl");
 
 kernel_bindings!(
     /// `rows.wgsl`.
-    RowsBindings { x: 0, y: 1, p: 2, w: 3, bias: 4 }
+    RowsBindings { x: 0, y: 1, p: 2, w: 3, bias: 4, positions: 5 }
 );
 
 kernel_bindings!(
@@ -61,8 +61,85 @@ pub fn rows(
     x: &Tensor,
     y: &Tensor,
 ) -> Result<Dispatch, GpuError> {
-    y.expect_dtype("rows y", DType::F32)?;
+    rows_with(ctx, op, affine, None, x, y)
+}
+
+/// Rotary embedding after a norm along rows (the rows being heads): the last dimension
+/// splits into `axes` equal sections (the positions' second size), section `a` rotated by
+/// the row's position on axis `a`, its first `n_rot` dimensions in pairs, by `position *
+/// freq_scale * base^(-2i / n_rot)`. The row's position is that of its index over all but
+/// the last two dimensions (`[tokens, heads, head_dim]`: the token).
+pub struct RowRope<'a> {
+    /// `[tokens, axes]` u32, contiguous.
+    pub positions: &'a Tensor,
+    pub n_rot: u32,
+    pub pairs: RopePairs,
+    pub base: f32,
+    pub freq_scale: f32,
+}
+
+/// A norm along rows then [`RowRope`]'s rotation, into `y` of f32 or (devices with
+/// `shader-f16`) f16: the per-head step between the q/k/v products and an attention. `x`
+/// and `y` must not share a buffer (a rotation reads its partner's input).
+pub fn rows_roped(
+    ctx: &GpuContext,
+    op: RowOp,
+    affine: Affine<'_>,
+    rope: &RowRope<'_>,
+    x: &Tensor,
+    y: &Tensor,
+) -> Result<Dispatch, GpuError> {
+    rows_with(ctx, op, affine, Some(rope), x, y)
+}
+
+/// The rope's parameters (n_rot, section, axes, interleaved) after checking it against
+/// `y`, whose leading dimensions hold the positions' tokens.
+fn rope_params(rope: &RowRope<'_>, op: RowOp, y: &Tensor) -> Result<[u32; 4], GpuError> {
+    rope.positions
+        .expect_dtype("rows rope positions", DType::U32)?;
+    let n = y.dim(-1);
+    let axes = rope.positions.dim(1);
+    let tokens = y.numel() / u64::from(n.max(1)) / u64::from(y.dim(-2).max(1));
+    let section = n.checked_div(axes).unwrap_or(0);
+    let fits = rope.positions.rank() == 2
+        && rope.positions.is_contiguous()
+        && u64::from(rope.positions.dim(0)) == tokens
+        && y.rank() >= 2
+        && axes > 0
+        && n.is_multiple_of(axes)
+        && rope.n_rot > 0
+        && rope.n_rot <= section
+        && rope.n_rot.is_multiple_of(2);
+    if !fits || matches!(op, RowOp::Softmax { .. }) {
+        return Err(shape(format!(
+            "rows rope: rows {:?}, positions {:?}, n_rot {}: a norm, [tokens, axes] positions, n_rot even and within each section",
+            y.dims(),
+            rope.positions.dims(),
+            rope.n_rot
+        )));
+    }
+    let interleaved = u32::from(rope.pairs == RopePairs::Interleaved);
+    Ok([rope.n_rot, section, axes, interleaved])
+}
+
+fn rows_with(
+    ctx: &GpuContext,
+    op: RowOp,
+    affine: Affine<'_>,
+    rope: Option<&RowRope<'_>>,
+    x: &Tensor,
+    y: &Tensor,
+) -> Result<Dispatch, GpuError> {
+    let half = y.dtype() == DType::F16;
+    if !half || !ctx.features.shader_f16 {
+        y.expect_dtype("rows y", DType::F32)?;
+    }
     x.expect_dims("rows x", y.dims())?;
+    if (half || rope.is_some()) && x.shares_buffer(y) {
+        return Err(shape(
+            "rows: a rotated or f16 output needs a buffer of its own".into(),
+        ));
+    }
     let xi = Input::of("rows x", x, y)?;
     let n = y.dim(-1);
     let rows = count("rows", y.numel() / u64::from(n.max(1)))?;
@@ -74,6 +151,10 @@ pub fn rows(
             expect_vector(what, t, n)?;
         }
     }
+    let [n_rot, section, axes, interleaved] = match rope {
+        Some(r) => rope_params(r, op, y)?,
+        None => [0; 4],
+    };
     let (eps, scale) = match op {
         RowOp::LayerNorm { eps } | RowOp::RmsNorm { eps } => (eps, 0.0),
         RowOp::Softmax { scale } => (0.0, scale),
@@ -83,15 +164,21 @@ pub fn rows(
         .then_some(f.subgroup_min_size)
         .filter(|l| l.is_power_of_two() && *l <= 256);
     // A subgroup a row reduces with subgroup operations: no workgroup reductions to include.
-    let parts: &[&str] = match lanes {
-        Some(_) => &[ROWS_WGSL],
-        None => &[REDUCE_WGSL, ROWS_WGSL],
+    let mut parts = match lanes {
+        Some(_) => vec![ROWS_WGSL],
+        None => vec![REDUCE_WGSL, ROWS_WGSL],
     };
-    let mut source = ShaderSource::new("rows", parts)
+    if rope.is_some() {
+        parts.insert(0, ROPE_MATH_WGSL);
+    }
+    let mut source = ShaderSource::new("rows", &parts)
         .flag_if(lanes.is_some(), "LANE_ROWS")
         .flag_if(xi.in_output(), "X_IN_Y")
         .flag_if(affine.weight.is_some(), "WEIGHT")
-        .flag_if(affine.bias.is_some(), "BIAS");
+        .flag_if(affine.bias.is_some(), "BIAS")
+        .flag_if(rope.is_some(), "ROPE")
+        .flag_if(interleaved == 1, "INTERLEAVED")
+        .flag_if(half, "Y_F16");
     if let Some(flag) = op.flag() {
         source = source.flag(flag);
     }
@@ -115,6 +202,11 @@ pub fn rows(
         bias_at: affine.bias.map_or(0, Tensor::offset),
         eps,
         scale,
+        n_rot,
+        section,
+        axes,
+        base: rope.map_or(0.0, |r| r.base),
+        freq_scale: rope.map_or(0.0, |r| r.freq_scale),
     };
     let binds = RowsBindings {
         x: xi.bind(),
@@ -122,6 +214,7 @@ pub fn rows(
         p: Bind::Params(Params::of(&params)),
         w: Bind::opt(affine.weight.map(Tensor::view)),
         bias: Bind::opt(affine.bias.map(Tensor::view)),
+        positions: Bind::opt(rope.map(|r| r.positions.view())),
     };
     let groups = lanes.map_or(rows, |l| rows.div_ceil(256 / l));
     ctx.dispatch("rows", ctx.pipeline(&source), binds, grid(ctx, groups, 1))

@@ -19,7 +19,8 @@
 // The subgroup barriers must order workgroup memory: naga's SPIR-V backend is patched so
 // that they do (vendor/naga/PATCHED.md).
 //
-// KV_VEC4: keys and values read 16 bytes at a time (contiguous heads on whole vec4s).
+// KV_VEC4: keys and values read four at a time (contiguous heads on whole vec4s). QKV_F16:
+// queries, keys and values are half floats already (half the bytes to read).
 
 #if HEAD_DIM_80
 const DP: u32 = 80u;
@@ -66,10 +67,10 @@ fn at(which: u32, row: u32, head: u32, c: u32) -> f32 {
         return 0.0;
     }
     switch which {
-        case OF_Q: { return q[p.q_at + row * p.q0 + head * p.q1 + c * p.q2]; }
+        case OF_Q: { return f32(q[p.q_at + row * p.q0 + head * p.q1 + c * p.q2]); }
 #if !KV_VEC4
-        case OF_K: { return k[p.k_at + row * p.k0 + head * p.k1 + c * p.k2]; }
-        default: { return v[p.v_at + row * p.v0 + head * p.v1 + c * p.v2]; }
+        case OF_K: { return f32(k[p.k_at + row * p.k0 + head * p.k1 + c * p.k2]); }
+        default: { return f32(v[p.v_at + row * p.v0 + head * p.v1 + c * p.v2]); }
 #else
         default: { return 0.0; }
 #endif
@@ -78,17 +79,6 @@ fn at(which: u32, row: u32, head: u32, c: u32) -> f32 {
 
 // Elements 4 c4 .. 4 c4 + 3 of row `row` of q, k or v.
 fn row4(which: u32, row: u32, head: u32, c4: u32) -> vec4<f32> {
-#if KV_VEC4
-    if (which != OF_Q) {
-        if (4u * c4 >= p.d) {
-            return vec4<f32>(0.0);
-        }
-        if (which == OF_K) {
-            return k[(p.k_at + row * p.k0 + head * p.k1) / 4u + c4];
-        }
-        return v[(p.v_at + row * p.v0 + head * p.v1) / 4u + c4];
-    }
-#endif
     let c = 4u * c4;
     return vec4<f32>(
         at(which, row, head, c),
@@ -98,11 +88,26 @@ fn row4(which: u32, row: u32, head: u32, c4: u32) -> vec4<f32> {
     );
 }
 
+// The same of k or v, in their own element type.
+fn kv4(which: u32, row: u32, head: u32, c4: u32) -> vec4<Elem> {
+#if KV_VEC4
+    if (4u * c4 >= p.d) {
+        return vec4<Elem>();
+    }
+    if (which == OF_K) {
+        return k[(p.k_at + row * p.k0 + head * p.k1) / 4u + c4];
+    }
+    return v[(p.v_at + row * p.v0 + head * p.v1) / 4u + c4];
+#else
+    return vec4<Elem>(row4(which, row, head, c4));
+#endif
+}
+
 // A thread's share of a tile's keys and values (zero past the `n` keys of the tile), kept as
 // loaded (converted to f16 when stored) so that nothing waits on the loads until then.
 struct TileLoad {
-    k: array<vec4<f32>, LOADS>,
-    v: array<vec4<f32>, LOADS>,
+    k: array<vec4<Elem>, LOADS>,
+    v: array<vec4<Elem>, LOADS>,
 }
 
 fn fetch_tile(kb: u32, n: u32, kvh: u32, li: u32) -> TileLoad {
@@ -111,8 +116,8 @@ fn fetch_tile(kb: u32, n: u32, kvh: u32, li: u32) -> TileLoad {
         let e = li + WG * i;
         let j = e / (DP / 4u);
         if (e < TILE4 && j < n) {
-            t.k[i] = row4(OF_K, kb + j, kvh, e % (DP / 4u));
-            t.v[i] = row4(OF_V, kb + j, kvh, e % (DP / 4u));
+            t.k[i] = kv4(OF_K, kb + j, kvh, e % (DP / 4u));
+            t.v[i] = kv4(OF_V, kb + j, kvh, e % (DP / 4u));
         }
     }
     return t;

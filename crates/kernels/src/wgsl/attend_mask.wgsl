@@ -37,15 +37,21 @@ struct Params {
     r2: u32,
 }
 
-@group(0) @binding(0) var<storage, read> q: array<f32>;
-#if KV_VEC4
-// Keys and values read 16 bytes at a time: contiguous heads whose offsets and strides are
-// whole vec4s (KV_VEC4's reader divides them by 4).
-@group(0) @binding(1) var<storage, read> k: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> v: array<vec4<f32>>;
+// QKV_F16 (the tensor-core kernel only): q, k and v are half floats.
+#if QKV_F16
+alias Elem = f16;
 #else
-@group(0) @binding(1) var<storage, read> k: array<f32>;
-@group(0) @binding(2) var<storage, read> v: array<f32>;
+alias Elem = f32;
+#endif
+@group(0) @binding(0) var<storage, read> q: array<Elem>;
+#if KV_VEC4
+// Keys and values read four at a time: contiguous heads whose offsets and strides are
+// whole vec4s (KV_VEC4's reader divides them by 4).
+@group(0) @binding(1) var<storage, read> k: array<vec4<Elem>>;
+@group(0) @binding(2) var<storage, read> v: array<vec4<Elem>>;
+#else
+@group(0) @binding(1) var<storage, read> k: array<Elem>;
+@group(0) @binding(2) var<storage, read> v: array<Elem>;
 #endif
 @group(0) @binding(3) var<storage, read_write> o: array<f32>;
 @group(0) @binding(4) var<uniform> p: Params;

@@ -4,6 +4,11 @@
 // LAYER_NORM ((x - mean) / sqrt(var + eps)), else RMSNorm (x / sqrt(mean(x^2) + eps)), each then
 // times `w` (WEIGHT) and plus `bias` (BIAS); or SOFTMAX of x * scale. Rows are numbered
 // row-major over the first three of the four sizes. X_IN_Y: x lives in y's buffer.
+// ROPE: a norm's rows (heads) then rotated, rope_math.wgsl's angles: the row splits into
+// `axes` sections of `section` values, each section's first n_rot in pairs (i, i + n_rot / 2)
+// or, INTERLEAVED, (2i, 2i + 1), turned by the position on its axis of the row's token (its
+// index over all but the last two sizes). Each thread norms its value and its partner's, so
+// nothing passes between threads. Y_F16: y holds half floats.
 
 struct Params {
     rows: u32,
@@ -24,12 +29,21 @@ struct Params {
     bias_at: u32,
     eps: f32,
     scale: f32,
+    n_rot: u32,
+    section: u32,
+    axes: u32,
+    base: f32,
+    freq_scale: f32,
 }
 
 #if !X_IN_Y
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 #endif
+#if Y_F16
+@group(0) @binding(1) var<storage, read_write> y: array<f16>;
+#else
 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
+#endif
 @group(0) @binding(2) var<uniform> p: Params;
 #if WEIGHT
 @group(0) @binding(3) var<storage, read> w: array<f32>;
@@ -37,6 +51,17 @@ struct Params {
 #if BIAS
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 #endif
+#if ROPE
+@group(0) @binding(5) var<storage, read> positions: array<u32>;
+#endif
+
+fn write_y(o: u32, v: f32) {
+#if Y_F16
+    y[o] = f16(v);
+#else
+    y[o] = v;
+#endif
+}
 
 fn read_x(o: u32) -> f32 {
 #if X_IN_Y
@@ -45,6 +70,43 @@ fn read_x(o: u32) -> f32 {
     return x[o];
 #endif
 }
+
+// Column c of the row at xb, normed: (x - mean) * inv, times w and plus bias.
+fn normed(xb: u32, c: u32, mean: f32, inv: f32) -> f32 {
+    var v = (read_x(xb + c * p.x3) - mean) * inv;
+#if WEIGHT
+    v *= w[p.w_at + c];
+#endif
+#if BIAS
+    v += bias[p.bias_at + c];
+#endif
+    return v;
+}
+
+#if ROPE
+// Column c of the normed row after the rotation by the token's positions.
+fn roped(xb: u32, c: u32, token: u32, v: f32, mean: f32, inv: f32) -> f32 {
+    let a = c / p.section;
+    let within = c % p.section;
+    if (within >= p.n_rot) {
+        return v;
+    }
+    let half = p.n_rot / 2u;
+#if INTERLEAVED
+    let i = within / 2u;
+    let first = within % 2u == 0u;
+    let partner = select(c - 1u, c + 1u, first);
+#else
+    let i = within % half;
+    let first = within < half;
+    let partner = select(c - half, c + half, first);
+#endif
+    let pos = f32(positions[token * p.axes + a]);
+    let cs = cos_sin(pos * p.freq_scale * pow(p.base, -2.0 * f32(i) / f32(p.n_rot)));
+    let other = normed(xb, partner, mean, inv);
+    return select(other * cs.y + v * cs.x, v * cs.x - other * cs.y, first);
+}
+#endif
 
 // The sum and the maximum over the threads of a row (wg_sum and wg_max: reduce.wgsl, which
 // LANE_ROWS leaves out).
@@ -103,7 +165,7 @@ fn main(
     }
     let inv = 1.0 / row_sum(s, li);
     for (var c = t; c < p.n; c += step) {
-        y[yb + c * p.y3] = exp(read_x(xb + c * p.x3) * p.scale - m) * inv;
+        write_y(yb + c * p.y3, exp(read_x(xb + c * p.x3) * p.scale - m) * inv);
     }
 #else
     var mean = 0.0;
@@ -121,14 +183,11 @@ fn main(
     }
     let inv = inverseSqrt(row_sum(ss, li) / f32(p.n) + p.eps);
     for (var c = t; c < p.n; c += step) {
-        var v = (read_x(xb + c * p.x3) - mean) * inv;
-#if WEIGHT
-        v *= w[p.w_at + c];
+        var v = normed(xb, c, mean, inv);
+#if ROPE
+        v = roped(xb, c, row / p.r2, v, mean, inv);
 #endif
-#if BIAS
-        v += bias[p.bias_at + c];
-#endif
-        y[yb + c * p.y3] = v;
+        write_y(yb + c * p.y3, v);
     }
 #endif
 }

@@ -3,7 +3,7 @@
 use super::*;
 use wgemma_kernels::ops::{
     Activation, Affine, Attend, AttendKernel, Binary, Mask, Product, RopeAxes, RopePairs, RowOp,
-    Window2d,
+    RowRope, Window2d,
 };
 use wgemma_kernels::{DType, Tensor};
 use wgemma_test_support::{Built, ParityCase, check, logical};
@@ -245,6 +245,123 @@ fn norms_and_softmax_match_cpu_along_rows_of_any_layout() {
         bias: None,
     };
     assert!(ops::rows(ctx, RowOp::LayerNorm { eps: 1e-6 }, bad, &y, &y).is_err());
+}
+
+/// A buffer of `data` as f16 (padded to whole words).
+fn upload_halves(ctx: &GpuContext, data: &[f32]) -> wgemma_kernels::View {
+    let mut bits: Vec<u16> = data
+        .iter()
+        .map(|&x| half::f16::from_f32(x).to_bits())
+        .collect();
+    if bits.len() % 2 == 1 {
+        bits.push(0);
+    }
+    wgemma_kernels::View::of(&ctx.storage_init("test", bytemuck::cast_slice(&bits)))
+}
+
+/// The f16 values of `view`, as f32.
+fn read_halves(ctx: &GpuContext, view: &wgemma_kernels::View) -> Vec<f32> {
+    read(ctx, view)
+        .iter()
+        .flat_map(|w| {
+            let b = w.to_bits();
+            [b as u16, (b >> 16) as u16].map(|h| half::f16::from_bits(h).to_f32())
+        })
+        .collect()
+}
+
+#[test]
+fn norms_then_rope_match_cpu_into_f32_and_f16() {
+    let Some(ctx) = ctx() else { return };
+    let mut rng = Rng(0x4e0a_77e5_0b1d_2a11);
+    let (tokens, heads) = (7u32, 3u32);
+    let cases = [
+        // (head_dim, axes, n_rot, pairs, weight): the vision tower's heads; a partial
+        // interleaved rope; rows too long for a subgroup each.
+        (64u32, 2u32, 32u32, RopePairs::Neox, true),
+        (40, 1, 24, RopePairs::Interleaved, false),
+        (1100, 1, 1000, RopePairs::Neox, true),
+    ];
+    for (hd, axes, n_rot, pairs, weighted) in cases {
+        // The heads of q inside a token's [q | k | v] row.
+        let (qkv, qkv_d) = random(ctx, &mut rng, &[tokens, 3 * heads * hd]);
+        let x = qkv.reshape(&[tokens, 3 * heads, hd]).unwrap();
+        let x = x.narrow(1, heads, heads).unwrap();
+        let xd = cpu::gather(&qkv_d, x.dims(), x.strides(), x.offset());
+        let positions: Vec<u32> = (0..tokens * axes).map(|i| (i * 5 + 2) % 19).collect();
+        let pos = Tensor::of(&upload_u32(ctx, &positions), DType::U32, &[tokens, axes]).unwrap();
+        let (w, wd) = random(ctx, &mut rng, &[hd]);
+        let affine = Affine {
+            weight: weighted.then_some(&w),
+            bias: None,
+        };
+        let rope = RowRope {
+            positions: &pos,
+            n_rot,
+            pairs,
+            base: 100.0,
+            freq_scale: 0.8,
+        };
+        let mut want = cpu::rms_norm(&xd, hd as usize, weighted.then_some(wd.as_slice()), 1e-6);
+        let r = cpu::RopeRef {
+            heads: heads as usize,
+            head_dim: hd as usize,
+            positions: &positions,
+            axes: axes as usize,
+            n_rot: n_rot as usize,
+            pairs,
+            base: 100.0,
+            freq_scale: 0.8,
+            freq_factors: None,
+        };
+        cpu::rope_axes(&mut want, &r);
+        let op = RowOp::RmsNorm { eps: 1e-6 };
+        let name = format!("norm + rope {hd}/{axes}/{n_rot} {pairs:?}");
+        let y = nan_tensor(ctx, &[tokens, heads, hd]);
+        run(
+            ctx,
+            &[&ops::rows_roped(ctx, op, affine, &rope, &x, &y).unwrap()],
+        );
+        assert_close(&name, &read(ctx, y.view()), &want, 2e-5);
+        let n = (tokens * heads * hd) as usize;
+        let halves = Tensor::of(
+            &upload_halves(ctx, &vec![f32::NAN; n]),
+            DType::F16,
+            &[tokens, heads, hd],
+        )
+        .unwrap();
+        let d = ops::rows_roped(ctx, op, affine, &rope, &x, &halves);
+        if !ctx.features.shader_f16 {
+            assert!(d.is_err(), "{name}: f16 output without shader-f16");
+            continue;
+        }
+        run(ctx, &[&d.unwrap()]);
+        let rounded: Vec<f32> = want
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_f32())
+            .collect();
+        assert_close(
+            &format!("{name} into f16"),
+            &read_halves(ctx, halves.view())[..n],
+            &rounded,
+            1e-3,
+        );
+    }
+    // In place, or sharing the input's buffer, a rotation would read rotated partners.
+    let (y, _) = random(ctx, &mut rng, &[2, 2, 8]);
+    let pos = Tensor::of(&upload_u32(ctx, &[1, 2]), DType::U32, &[2, 1]).unwrap();
+    let rope = RowRope {
+        positions: &pos,
+        n_rot: 8,
+        pairs: RopePairs::Neox,
+        base: 100.0,
+        freq_scale: 1.0,
+    };
+    let op = RowOp::RmsNorm { eps: 1e-6 };
+    assert!(ops::rows_roped(ctx, op, Affine::default(), &rope, &y, &y).is_err());
+    let odd = RowRope { n_rot: 7, ..rope };
+    let out = nan_tensor(ctx, &[2, 2, 8]);
+    assert!(ops::rows_roped(ctx, op, Affine::default(), &odd, &y, &out).is_err());
 }
 
 #[test]
@@ -538,6 +655,55 @@ fn random_halves(ctx: &GpuContext, rng: &mut Rng, dims: &[u32]) -> (Tensor, Vec<
     (Tensor::new(&upload(ctx, &data), dims).unwrap(), data)
 }
 
+/// `a` again with its queries, keys and values as f16 (values f16 holds exactly, `(q stored,
+/// k, v)`): the tensor-core kernel takes them where it takes `a`, every other refuses them.
+fn check_attend_halves(
+    ctx: &GpuContext,
+    a: &Attend<'_>,
+    (q_stored, kd, vd): (&[f32], &[f32], &[f32]),
+    want: &[f32],
+    name: &str,
+) {
+    let q_view = upload_halves(ctx, q_stored);
+    let stored = [a.q.dim(1), a.q.dim(0), a.q.dim(2)];
+    let q = Tensor::of(&q_view, DType::F16, &stored)
+        .unwrap()
+        .permute(&[1, 0, 2])
+        .unwrap();
+    let k = Tensor::of(&upload_halves(ctx, kd), DType::F16, a.k.dims()).unwrap();
+    let v = Tensor::of(&upload_halves(ctx, vd), DType::F16, a.v.dims()).unwrap();
+    let halves = Attend {
+        q: &q,
+        k: &k,
+        v: &v,
+        ..*a
+    };
+    let out = nan_tensor(ctx, a.q.dims());
+    let takes = a.relative.is_none()
+        && ctx.features.coop_matmul
+        && a.q.dim(2) <= ops::COOP_MAX_HEAD_DIM
+        && a.q.dim(0) >= ops::TILED_MIN_QUERIES;
+    let d = ops::attend(ctx, &halves, &out);
+    assert!(
+        ops::attend_with(ctx, &halves, &out, AttendKernel::Tiled).is_err(),
+        "{name}: the tiled kernel refuses f16"
+    );
+    if !takes {
+        assert!(
+            d.is_err(),
+            "{name}: f16 inputs without the tensor-core kernel"
+        );
+        return;
+    }
+    run(ctx, &[&d.unwrap()]);
+    assert_close(
+        &format!("{name} (Coop, f16 inputs)"),
+        &read(ctx, out.view()),
+        want,
+        3e-3,
+    );
+}
+
 /// Case `c` on every kernel that takes it, against the CPU; the scale is `sharpen / sqrt(d)`
 /// (large multiples spread the scores far apart, so that a row's largest score grows by much
 /// from tile to tile).
@@ -602,6 +768,7 @@ fn check_attend_case(ctx: &GpuContext, rng: &mut Rng, c: AttendCase<'_>, sharpen
         };
         assert_close(&what, &read(ctx, out.view()), &want, tol);
     }
+    check_attend_halves(ctx, &a, (&q_d, &kd, &vd), &want, c.name);
 }
 
 #[test]
