@@ -18,9 +18,9 @@ use wgemma_kernels::{
 };
 
 use crate::config::{POSITION_AXES, ROPE_THETA, VisionConfig};
-use crate::preprocess::{POOL, Patches};
+use crate::preprocess::{PATCH, POOL, Patches};
 use crate::reference::Trace;
-use crate::tensors::{Clamp, Layer, Linear, Tower, TowerTensors};
+use crate::tensors::{Clamp, Layer, Linear, PatchOrder, Tower, TowerTensors};
 use crate::{VisionError, check_positions};
 
 /// The tower's weights on the GPU.
@@ -138,7 +138,7 @@ impl VisionTower {
     pub async fn encode(&self, p: &Patches) -> Result<Encoded, VisionError> {
         let _span = info_span!("encode_image", rows = p.rows, cols = p.cols).entered();
         let plan = self.plan(p)?;
-        plan.write_input(&self.ctx, &self.w, p);
+        plan.write_input(&self.ctx, p);
         // Each image's soft tokens in a buffer of their own: the plan's are the next image's.
         let rows = View::of(&self.ctx.storage("soft tokens", plan.buffers.soft.size));
         let mut rec = Recorder::new(&self.ctx, "vision tower");
@@ -165,7 +165,7 @@ impl VisionTower {
         p: &Patches,
     ) -> Result<Option<Vec<(&'static str, usize, f64)>>, VisionError> {
         let plan = self.plan(p)?;
-        plan.write_input(&self.ctx, &self.w, p);
+        plan.write_input(&self.ctx, p);
         Ok(plan.steps.profile(&self.ctx, "vision tower").await?)
     }
 
@@ -173,7 +173,7 @@ impl VisionTower {
     /// [`crate::CpuTower::trace`] gives them).
     pub async fn trace(&self, p: &Patches) -> Result<Trace, VisionError> {
         let plan = Plan::build(self, p, true)?;
-        plan.write_input(&self.ctx, &self.w, p);
+        plan.write_input(&self.ctx, p);
         let mut taps = plan.steps.run_traced(&self.ctx, "vision tower").await?;
         let soft_tokens = self.ctx.read_f32(&plan.buffers.soft).await?;
         let pooled = taps.pop().unwrap_or_default();
@@ -189,6 +189,9 @@ impl VisionTower {
 
 /// The activations of one image.
 struct Buffers {
+    /// The patches as preprocessing gives them (`[patches, PATCH², 3]` in [0, 1]).
+    pixels: View,
+    /// The same as the patch embedding reads them: `2 x - 1`, in its column order.
     input: View,
     positions: View,
     /// The residual stream `[patches, D]`.
@@ -221,6 +224,7 @@ impl Buffers {
         let dims = [p.rows * p.cols, 3, cfg.n_head as u32, head_dim];
         Ok(Self {
             heads: Tensor::of(&heads, dtype, &dims)?,
+            pixels: f32s("vision pixels", n * Patches::PATCH_VALUES as u64),
             input: f32s("vision input", n * Patches::PATCH_VALUES as u64),
             positions: f32s("vision positions", n * POSITION_AXES as u64),
             x: f32s("vision x", n * d),
@@ -302,10 +306,13 @@ impl Plan {
         })
     }
 
-    /// Writes the image's patches (in the weight's order) for the next run.
-    fn write_input(&self, ctx: &GpuContext, w: &Tower<GpuWeight, View>, p: &Patches) {
-        let input = w.patch_order.input(p);
-        ctx.write(&self.buffers.input.buffer, 0, bytemuck::cast_slice(&input));
+    /// Writes the image's patches for the next run (as they are: the GPU orders them).
+    fn write_input(&self, ctx: &GpuContext, p: &Patches) {
+        ctx.write(
+            &self.buffers.pixels.buffer,
+            0,
+            bytemuck::cast_slice(&p.pixels),
+        );
     }
 }
 
@@ -324,10 +331,31 @@ impl Builder<'_> {
         self.steps.tap(self.ctx, view);
     }
 
+    /// `input = 2 pixels - 1` in the patch embedding's column order
+    /// ([`crate::tensors::PatchOrder::input`] on the GPU).
+    fn order_input(&mut self, order: PatchOrder) -> Result<(), VisionError> {
+        let (n, b) = (self.n, self.b);
+        let area = PATCH * PATCH;
+        let pixels = Tensor::new(&b.pixels, &[n, area, 3])?;
+        let (from, to) = match order {
+            PatchOrder::ChannelLast => (pixels, Tensor::new(&b.input, &[n, area, 3])?),
+            PatchOrder::ChannelFirst => (
+                pixels.permute(&[0, 2, 1])?,
+                Tensor::new(&b.input, &[n, 3, area])?,
+            ),
+        };
+        let affine = Activation::Affine {
+            scale: 2.0,
+            shift: -1.0,
+        };
+        self.push(ops::unary(self.ctx, affine, &from, &to))
+    }
+
     /// `x = W input + posX[col] + posY[row]`.
     fn embed(&mut self, w: &Tower<GpuWeight, View>, p: &Patches) -> Result<(), VisionError> {
         let (d, b) = (self.cfg.n_embd as u32, self.b);
         let values = Patches::PATCH_VALUES as u32;
+        self.order_input(w.patch_order)?;
         let plain = Linear {
             w: w.patch_embd.clone(),
             clamp: Clamp::NONE,
@@ -350,8 +378,19 @@ impl Builder<'_> {
     fn linear(
         &mut self,
         l: &Linear<GpuWeight>,
+        x: (&View, u32),
+        out: (&View, u32, u32),
+    ) -> Result<(), VisionError> {
+        self.linear_as(l, x, out, MatvecOut::Rows { softcap: 0.0 })
+    }
+
+    /// [`Builder::linear`] whose output becomes `kind` (a gate times its other factor).
+    fn linear_as(
+        &mut self,
+        l: &Linear<GpuWeight>,
         (x, x_stride): (&View, u32),
         (out, y_stride, y_offset): (&View, u32, u32),
+        kind: MatvecOut<'_>,
     ) -> Result<(), VisionError> {
         let args = MatmulArgs {
             x,
@@ -359,7 +398,7 @@ impl Builder<'_> {
             m: self.n,
             x_stride,
             y_stride,
-            out: MatvecOut::Rows { softcap: 0.0 },
+            out: kind,
             y_offset,
             partials: None,
         };
@@ -493,11 +532,13 @@ impl Builder<'_> {
         self.push(ops::attend(self.ctx, &attend, &attn))?;
         self.linear(&l.o, (&b.attn, d), (&b.h, d, 0))?;
         self.residual_then_norm(&l.attn_post_norm, &l.ln2, 1.0)?;
-        self.linear(&l.gate, (&b.normed, d), (&b.gate, ff, 0))?;
+        // gelu_tanh(gate) * up, the gate's product multiplying as it stores.
         self.linear(&l.up, (&b.normed, d), (&b.up, ff, 0))?;
-        let (gate, up) = (self.rows(&b.gate, ff, ff, 0)?, self.rows(&b.up, ff, ff, 0)?);
-        let gelu = Binary::Gated(Activation::GeluTanh);
-        self.push(ops::binary(self.ctx, gelu, &gate, &up, &gate))?;
+        let gated = MatvecOut::GeluTimes {
+            by: &b.up,
+            offset: 0,
+        };
+        self.linear_as(&l.gate, (&b.normed, d), (&b.gate, ff, 0), gated)?;
         self.linear(&l.down, (&b.gate, ff), (&b.h, d, 0))?;
         match next_ln1 {
             Some(ln1) => self.residual_then_norm(&l.ffn_post_norm, ln1, l.out_scale)?,

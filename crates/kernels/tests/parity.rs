@@ -200,6 +200,43 @@ fn clamped_products_match_cpu() {
             ..args
         };
         assert!(ops::matmul_clamped(ctx, &w, &gated, clamp).is_err());
+        // A gate times another factor read in y's layout: columns 3.. of rows 75 apart.
+        let stride = n as u32 + 5;
+        let by = rng.vec((m * stride) as usize, 1.0);
+        let (byv, yv) = (upload(ctx, &by), poisoned(ctx, (m * stride) as usize));
+        let gate = MatmulArgs {
+            y: &yv,
+            y_stride: stride,
+            y_offset: 3,
+            out: ops::MatvecOut::GeluTimes {
+                by: &byv,
+                offset: 3,
+            },
+            ..args
+        };
+        let ds = ops::matmul_clamped(ctx, &w, &gate, clamp).unwrap();
+        run(ctx, &ds.iter().collect::<Vec<_>>());
+        let got = read(ctx, &yv);
+        let got: Vec<f32> = (0..(m * n as u32) as usize)
+            .map(|i| got[(i / n as usize) * stride as usize + 3 + i % n as usize])
+            .collect();
+        let gated_want: Vec<f32> = want
+            .iter()
+            .enumerate()
+            .map(|(i, &g)| {
+                let at = (i / n as usize) * stride as usize + 3 + i % n as usize;
+                cpu::activation(ops::Activation::GeluTanh, g) * by[at]
+            })
+            .collect();
+        assert_close(&format!("clamped gate m={m}"), &got, &gated_want, tol);
+        let elsewhere = MatmulArgs {
+            out: ops::MatvecOut::GeluTimes {
+                by: &byv,
+                offset: 0,
+            },
+            ..gate
+        };
+        assert!(ops::matmul_clamped(ctx, &w, &elsewhere, clamp).is_err());
     }
 }
 

@@ -49,6 +49,7 @@ pub fn activation(act: Activation, v: f32) -> f32 {
         Activation::Sigmoid => sigmoid(x),
         Activation::Clamp { min, max } => x.clamp(f64::from(min), f64::from(max)),
         Activation::Scale(s) => x * f64::from(s),
+        Activation::Affine { scale, shift } => x * f64::from(scale) + f64::from(shift),
     };
     y as f32
 }

@@ -5,7 +5,7 @@ use super::*;
 kernel_bindings!(
     /// `matmul.wgsl` and `matmul_coop.wgsl` (with `matmul_io.wgsl`); `groups` for the
     /// experts' products.
-    MatmulBindings { w: 0 = ["w", "w4"], x: 1, y: 2, p: 3, groups: 4 }
+    MatmulBindings { w: 0 = ["w", "w4"], x: 1, y: 2, p: 3, groups: 4, by: 5 }
 );
 
 kernel_bindings!(
@@ -80,19 +80,22 @@ pub struct ProductClamp {
 /// [`matmul`] with its input and output clamped, inside the product's loads and stores: the
 /// tiled kernel whatever the token count, split over k where its tiles alone would leave most
 /// of the GPU idle and `a.partials` is given (the output clamp then applies to the parts'
-/// sum). Plain rows only.
+/// sum). Plain rows, or a gate times another factor ([`MatvecOut::GeluTimes`], whose `by`
+/// is read in y's layout: `by[t * y_stride + offset + r]`, `offset` the output's; never
+/// split).
 pub fn matmul_clamped(
     ctx: &GpuContext,
     w: &GpuWeight,
     a: &MatmulArgs<'_>,
     clamp: ProductClamp,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    if clamp == ProductClamp::default() {
+    let gelu_times = matches!(a.out, MatvecOut::GeluTimes { .. });
+    if clamp == ProductClamp::default() && !gelu_times {
         return matmul(ctx, w, a);
     }
     let parts = match a.partials {
-        Some(_) => matmul_parts(ctx, w.cols as u32, w.rows, a.m, false),
-        None => 1,
+        Some(_) if !gelu_times => matmul_parts(ctx, w.cols as u32, w.rows, a.m, false),
+        _ => 1,
     };
     matmul_clamped_in_parts(ctx, w, a, clamp, parts)
 }
@@ -106,11 +109,15 @@ pub fn matmul_clamped_in_parts(
     clamp: ProductClamp,
     parts: u32,
 ) -> Result<Vec<Dispatch>, GpuError> {
-    let MatvecOut::Rows { softcap } = a.out else {
-        return Err(shape(format!(
-            "{}: a clamped product writes plain rows, not {:?}",
-            w.name, a.out
-        )));
+    let softcap = match a.out {
+        MatvecOut::Rows { softcap } => softcap,
+        MatvecOut::GeluTimes { .. } => 0.0,
+        _ => {
+            return Err(shape(format!(
+                "{}: a clamped product writes plain rows or a gate, not {:?}",
+                w.name, a.out
+            )));
+        }
     };
     let bad = |r: Option<[f32; 2]>| r.is_some_and(|[lo, hi]| lo.is_nan() || hi.is_nan() || lo > hi);
     if bad(clamp.input) || bad(clamp.output) {
@@ -404,7 +411,24 @@ fn tiled_products(
         64
     };
     let clamped = t.clamp != ProductClamp::default();
-    let kernel = TiledKernel::of(ctx, w, geglu, Tiles::Plain(tile), clamped);
+    let by = match a.out {
+        MatvecOut::GeluTimes { by, offset } if !split && offset == a.y_offset => Some(by),
+        MatvecOut::GeluTimes { .. } => {
+            return Err(shape(format!(
+                "{}: a gate's other factor is read in the output's layout, unsplit",
+                w.name
+            )));
+        }
+        _ => None,
+    };
+    if let Some(by) = by {
+        let last = u64::from(a.m - 1) * u64::from(a.y_stride) + u64::from(a.y_offset + n);
+        by.expect_len32(&w.name, last)?;
+    }
+    let kernel = TiledKernel {
+        gelu_times: by.is_some(),
+        ..TiledKernel::of(ctx, w, geglu, Tiles::Plain(tile), clamped)
+    };
     let pipeline = tiled_pipeline(ctx, kernel)?;
     let open = [f32::NEG_INFINITY, f32::INFINITY];
     let [in_min, in_max] = t.clamp.input.unwrap_or(open);
@@ -450,6 +474,7 @@ fn tiled_products(
                     y: Bind::Storage(y),
                     p: Bind::Params(params),
                     groups: Bind::Skip,
+                    by: Bind::opt(by),
                 },
                 [rows.div_ceil(tile_rows), a.m.div_ceil(tile_tokens), parts],
             )
@@ -548,6 +573,8 @@ pub(super) struct TiledKernel {
     /// Steps of 128 values of k for the experts' 16- and 32-slot tiles (`STEP_128`;
     /// [`crate::ContextOptions::coop_step`]).
     pub step_128: bool,
+    /// The output is a gate times another buffer ([`MatvecOut::GeluTimes`]).
+    pub gelu_times: bool,
 }
 
 impl TiledKernel {
@@ -566,6 +593,7 @@ impl TiledKernel {
             tiles,
             clamped,
             step_128: ctx.coop_step == 128,
+            gelu_times: false,
         }
     }
 }
@@ -586,6 +614,7 @@ fn tiled_source(coop: bool, kernel: TiledKernel) -> Result<ShaderSource, GpuErro
         tiles,
         clamped,
         step_128,
+        gelu_times,
     } = kernel;
     // The experts' products are never split over k, whose parts are counted in 64s.
     let few_slots = matches!(tiles, Tiles::FewSlotExperts | Tiles::SomeSlotExperts);
@@ -621,7 +650,8 @@ fn tiled_source(coop: bool, kernel: TiledKernel) -> Result<ShaderSource, GpuErro
         )
         .flag_if(coop && tiles == Tiles::SomeSlotExperts, "TOKENS_32")
         .flag_if(coop && few_slots && step_128, "STEP_128")
-        .flag_if(clamped, "CLAMPED"))
+        .flag_if(clamped, "CLAMPED")
+        .flag_if(gelu_times, "GELU_TIMES"))
 }
 
 /// Whether every tile of `w` holds whole gate/up row pairs.
@@ -687,6 +717,7 @@ mod tests {
                     tiles,
                     clamped,
                     step_128,
+                    gelu_times: clamped,
                 };
                 crate::shader::validate_coop(&tiled_source(true, kernel).unwrap());
             }

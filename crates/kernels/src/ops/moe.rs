@@ -370,6 +370,7 @@ pub fn expert_matmul(
                     y: Bind::Storage(y),
                     p: Bind::Params(params),
                     groups: Bind::Storage(groups.groups),
+                    by: Bind::Skip,
                 },
                 [
                     per.div_ceil(tile_rows),

@@ -35,6 +35,11 @@ pub enum Activation {
     },
     /// `x * s`.
     Scale(f32),
+    /// `x * scale + shift`.
+    Affine {
+        scale: f32,
+        shift: f32,
+    },
 }
 
 impl Activation {
@@ -50,6 +55,7 @@ impl Activation {
             Self::Sigmoid => (Some("SIGMOID"), 0.0, 0.0),
             Self::Clamp { min, max } => (Some("CLAMP"), min, max),
             Self::Scale(s) => (Some("SCALE"), s, 0.0),
+            Self::Affine { scale, shift } => (Some("AFFINE"), scale, shift),
         }
     }
 }

@@ -1,5 +1,5 @@
 // The activation a general op applies, chosen by one flag (none: identity). `lo` and `hi`
-// are CLAMP's bounds; SCALE multiplies by `lo`.
+// are CLAMP's bounds; SCALE multiplies by `lo`; AFFINE multiplies by `lo` and adds `hi`.
 
 // erf by Abramowitz and Stegun 7.1.26 (absolute error under 1.5e-7): WGSL has no erf.
 fn erf_approx(x: f32) -> f32 {
@@ -34,6 +34,9 @@ fn activation(v: f32, lo: f32, hi: f32) -> f32 {
 #endif
 #if SCALE
     r = v * lo;
+#endif
+#if AFFINE
+    r = v * lo + hi;
 #endif
     return r;
 }

@@ -95,7 +95,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var j = 0u; j < 4u; j++) {
             let row = n0 + tx * 4u + j;
             if (tok < tt.count && row < p.n) {
-                y[y_row(tt, tok) * p.y_stride + yb + row] = output_value(acc[i][j]);
+                let at = y_row(tt, tok) * p.y_stride + yb + row;
+                y[at] = stored_value(acc[i][j], at);
             }
         }
 #endif

@@ -162,7 +162,8 @@ fn store_staged(tt: Tokens, st: u32, tok_f: u32, row_f: u32, yb: u32, lane: u32)
         let tok = tok_f + e / 16u;
         let row = row_f + e % 16u;
         if (tok < tt.count && row < p.n) {
-            y[y_row(tt, tok) * p.y_stride + yb + row] = output_value(stage[st + e]);
+            let at = y_row(tt, tok) * p.y_stride + yb + row;
+            y[at] = stored_value(stage[st + e], at);
         }
     }
 #endif

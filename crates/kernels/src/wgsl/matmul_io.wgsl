@@ -35,6 +35,11 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> p: Params;
 
+#if GELU_TIMES
+// The other factor of a gate whose product this is (y's layout): y = gelu_tanh(out) * by.
+@group(0) @binding(5) var<storage, read> by: array<f32>;
+#endif
+
 #if EXPERTS
 // [slots, expert by expert | count of each expert | first entry of each]
 @group(0) @binding(4) var<storage, read> groups: array<u32>;
@@ -114,5 +119,14 @@ fn output_value(v: f32) -> f32 {
     return clamp(softcapped(v, p.softcap), p.out_min, p.out_max);
 #else
     return softcapped(v, p.softcap);
+#endif
+}
+
+// The output stored at y[at]: output_value's, or (GELU_TIMES) the gate it is, times by[at].
+fn stored_value(v: f32, at: u32) -> f32 {
+#if GELU_TIMES
+    return gelu_tanh(output_value(v)) * by[at];
+#else
+    return output_value(v);
 #endif
 }

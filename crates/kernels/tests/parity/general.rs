@@ -21,7 +21,7 @@ fn nan_tensor(ctx: &GpuContext, dims: &[u32]) -> Tensor {
     Tensor::new(&poisoned(ctx, n as usize), dims).unwrap()
 }
 
-const ACTIVATIONS: [Activation; 9] = [
+const ACTIVATIONS: [Activation; 10] = [
     Activation::Identity,
     Activation::GeluTanh,
     Activation::GeluErf,
@@ -34,6 +34,10 @@ const ACTIVATIONS: [Activation; 9] = [
         max: 0.45,
     },
     Activation::Scale(-1.75),
+    Activation::Affine {
+        scale: 2.0,
+        shift: -0.6,
+    },
 ];
 
 #[test]
