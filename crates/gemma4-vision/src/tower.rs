@@ -13,6 +13,7 @@ use wgemma_kernels::ops::{
     RmsNorm, RopePairs, RowOp, RowRope, Window2d,
 };
 use wgemma_kernels::store::{WeightStore, read_f32};
+use wgemma_kernels::wgpu::BufferUsages;
 use wgemma_kernels::{
     DType, Dispatch, GpuContext, GpuError, GpuWeight, Recorder, Steps, Tensor, View,
 };
@@ -138,13 +139,9 @@ impl VisionTower {
     pub async fn encode(&self, p: &Patches) -> Result<Encoded, VisionError> {
         let _span = info_span!("encode_image", rows = p.rows, cols = p.cols).entered();
         let plan = self.plan(p)?;
-        plan.write_input(&self.ctx, p);
         // Each image's soft tokens in a buffer of their own: the plan's are the next image's.
         let rows = View::of(&self.ctx.storage("soft tokens", plan.buffers.soft.size));
-        let mut rec = Recorder::new(&self.ctx, "vision tower");
-        plan.steps.record_into(&mut rec);
-        rec.copy(&plan.buffers.soft, &rows, rows.size);
-        rec.submit();
+        self.record(&plan, p, &rows).submit();
         Ok(Encoded {
             rows,
             tokens: plan.tokens,
@@ -152,10 +149,34 @@ impl VisionTower {
         })
     }
 
-    /// The soft tokens of one image, read back (`[tokens, text width]`).
+    /// The tower's steps on `p`'s patches (written for them), then a copy of the soft tokens
+    /// to `out`.
+    fn record<'c>(&'c self, plan: &Plan, p: &Patches, out: &View) -> Recorder<'c> {
+        plan.write_input(&self.ctx, p);
+        let mut rec = Recorder::new(&self.ctx, "vision tower");
+        plan.steps.record_into(&mut rec);
+        rec.copy(&plan.buffers.soft, out, out.size);
+        rec
+    }
+
+    /// The soft tokens of one image, read back (`[tokens, text width]`): copied out in the
+    /// same submission as the forward.
     pub async fn encode_to_vec(&self, p: &Patches) -> Result<Vec<f32>, VisionError> {
-        let e = self.encode(p).await?;
-        Ok(self.ctx.read_f32(&e.rows).await?)
+        let _span = info_span!("encode_image", rows = p.rows, cols = p.cols).entered();
+        let plan = self.plan(p)?;
+        let size = plan.buffers.soft.size;
+        let staging = self
+            .ctx
+            .device
+            .create_buffer(&wgemma_kernels::wgpu::BufferDescriptor {
+                label: Some("soft tokens readback"),
+                size,
+                usage: BufferUsages::MAP_READ | BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+        self.record(&plan, p, &View::of(&staging)).submit();
+        let bytes = self.ctx.map_and_copy(&staging, size).await?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
     /// GPU time per kernel of one image's forward, most expensive first: (kernel, dispatches,

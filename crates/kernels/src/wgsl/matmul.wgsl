@@ -92,13 +92,31 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
         }
 #else
+#if GELU_TIMES
+        // The factors loaded before any store, so that they are in flight together.
+        var at = array<u32, 4>();
+        var factor = array<f32, 4>();
+        for (var j = 0u; j < 4u; j++) {
+            let row = n0 + tx * 4u + j;
+            at[j] = NO_OUTPUT;
+            if (tok < tt.count && row < p.n) {
+                at[j] = y_row(tt, tok) * p.y_stride + yb + row;
+                factor[j] = by[at[j]];
+            }
+        }
+        for (var j = 0u; j < 4u; j++) {
+            if (at[j] != NO_OUTPUT) {
+                y[at[j]] = gelu_tanh(output_value(acc[i][j])) * factor[j];
+            }
+        }
+#else
         for (var j = 0u; j < 4u; j++) {
             let row = n0 + tx * 4u + j;
             if (tok < tt.count && row < p.n) {
-                let at = y_row(tt, tok) * p.y_stride + yb + row;
-                y[at] = stored_value(acc[i][j], at);
+                y[y_row(tt, tok) * p.y_stride + yb + row] = output_value(acc[i][j]);
             }
         }
+#endif
 #endif
     }
 }

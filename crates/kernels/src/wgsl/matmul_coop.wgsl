@@ -158,14 +158,35 @@ fn store_staged(tt: Tokens, st: u32, tok_f: u32, row_f: u32, yb: u32, lane: u32)
         }
     }
 #else
+#if GELU_TIMES
+    // Every output's factor loaded before any store, so that the loads are in flight
+    // together rather than each after the store before it.
+    var at = array<u32, 8>();
+    var factor = array<f32, 8>();
+    for (var i = 0u; i < 8u; i++) {
+        let e = lane + 32u * i;
+        let tok = tok_f + e / 16u;
+        let row = row_f + e % 16u;
+        at[i] = NO_OUTPUT;
+        if (tok < tt.count && row < p.n) {
+            at[i] = y_row(tt, tok) * p.y_stride + yb + row;
+            factor[i] = by[at[i]];
+        }
+    }
+    for (var i = 0u; i < 8u; i++) {
+        if (at[i] != NO_OUTPUT) {
+            y[at[i]] = gelu_tanh(output_value(stage[st + lane + 32u * i])) * factor[i];
+        }
+    }
+#else
     for (var e = lane; e < 256u; e += 32u) {
         let tok = tok_f + e / 16u;
         let row = row_f + e % 16u;
         if (tok < tt.count && row < p.n) {
-            let at = y_row(tt, tok) * p.y_stride + yb + row;
-            y[at] = stored_value(stage[st + e], at);
+            y[y_row(tt, tok) * p.y_stride + yb + row] = output_value(stage[st + e]);
         }
     }
+#endif
 #endif
 }
 

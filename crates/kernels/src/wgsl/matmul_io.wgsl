@@ -122,11 +122,7 @@ fn output_value(v: f32) -> f32 {
 #endif
 }
 
-// The output stored at y[at]: output_value's, or (GELU_TIMES) the gate it is, times by[at].
-fn stored_value(v: f32, at: u32) -> f32 {
 #if GELU_TIMES
-    return gelu_tanh(output_value(v)) * by[at];
-#else
-    return output_value(v);
+// An output's place that no output takes.
+const NO_OUTPUT: u32 = 0xffffffffu;
 #endif
-}
