@@ -36,6 +36,10 @@ pub struct VisionTower {
 /// Patch grids whose plans a tower keeps.
 const KEPT_PLANS: usize = 4;
 
+/// Steps an encode submits at a time: the GPU starts on a layer or so while the rest is
+/// recorded.
+const SUBMIT_EVERY: usize = 32;
+
 /// One image's soft tokens on the GPU: `tokens` rows of the text model's width.
 #[derive(Clone, Debug)]
 pub struct Encoded {
@@ -153,8 +157,9 @@ impl VisionTower {
     /// to `out`.
     fn record<'c>(&'c self, plan: &Plan, p: &Patches, out: &View) -> Recorder<'c> {
         plan.write_input(&self.ctx, p);
-        let mut rec = Recorder::new(&self.ctx, "vision tower");
-        plan.steps.record_into(&mut rec);
+        let mut rec = plan
+            .steps
+            .record_submitting(&self.ctx, "vision tower", SUBMIT_EVERY);
         rec.copy(&plan.buffers.soft, out, out.size);
         rec
     }

@@ -98,8 +98,33 @@ impl Steps {
         Ok(Some(profiler.read(ctx).await?))
     }
 
+    /// Records the steps, submitting every `every` of them as they are recorded, so that
+    /// the GPU works through the first while the CPU records the rest (a tower's few hundred
+    /// dispatches take about a millisecond to record); the last part is left in the
+    /// recorder returned, for the caller to add to and submit.
+    pub fn record_submitting<'c>(
+        &self,
+        ctx: &'c GpuContext,
+        label: &str,
+        every: usize,
+    ) -> Recorder<'c> {
+        let mut rec = Recorder::new(ctx, label);
+        for chunk in self.steps.chunks(every.max(1)) {
+            if rec.dispatch_count() > 0 {
+                rec.submit();
+                rec = Recorder::new(ctx, label);
+            }
+            Self::record_steps(chunk, &mut rec);
+        }
+        rec
+    }
+
     pub fn record_into(&self, rec: &mut Recorder<'_>) {
-        for s in &self.steps {
+        Self::record_steps(&self.steps, rec);
+    }
+
+    fn record_steps(steps: &[Step], rec: &mut Recorder<'_>) {
+        for s in steps {
             match s {
                 Step::Run(d) => rec.run(d),
                 Step::Copy { from, to } => rec.copy(from, to, to.size),

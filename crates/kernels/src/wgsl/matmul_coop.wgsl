@@ -158,27 +158,6 @@ fn store_staged(tt: Tokens, st: u32, tok_f: u32, row_f: u32, yb: u32, lane: u32)
         }
     }
 #else
-#if GELU_TIMES
-    // Every output's factor loaded before any store, so that the loads are in flight
-    // together rather than each after the store before it.
-    var at = array<u32, 8>();
-    var factor = array<f32, 8>();
-    for (var i = 0u; i < 8u; i++) {
-        let e = lane + 32u * i;
-        let tok = tok_f + e / 16u;
-        let row = row_f + e % 16u;
-        at[i] = NO_OUTPUT;
-        if (tok < tt.count && row < p.n) {
-            at[i] = y_row(tt, tok) * p.y_stride + yb + row;
-            factor[i] = by[at[i]];
-        }
-    }
-    for (var i = 0u; i < 8u; i++) {
-        if (at[i] != NO_OUTPUT) {
-            y[at[i]] = gelu_tanh(output_value(stage[st + lane + 32u * i])) * factor[i];
-        }
-    }
-#else
     for (var e = lane; e < 256u; e += 32u) {
         let tok = tok_f + e / 16u;
         let row = row_f + e % 16u;
@@ -187,8 +166,41 @@ fn store_staged(tt: Tokens, st: u32, tok_f: u32, row_f: u32, yb: u32, lane: u32)
         }
     }
 #endif
-#endif
 }
+
+#if GELU_TIMES
+// Where a staged accumulator's outputs go (NO_OUTPUT: nowhere) and the factors they take:
+// loaded a fragment ahead of their stores, so that the loads wait behind the stores and
+// barriers of the fragment before.
+struct Factors {
+    at: array<u32, 8>,
+    v: array<f32, 8>,
+}
+
+fn gate_factors(tt: Tokens, tok_f: u32, row_f: u32, yb: u32, lane: u32) -> Factors {
+    var fx = Factors();
+    for (var i = 0u; i < 8u; i++) {
+        let e = lane + 32u * i;
+        let tok = tok_f + e / 16u;
+        let row = row_f + e % 16u;
+        fx.at[i] = NO_OUTPUT;
+        if (tok < tt.count && row < p.n) {
+            fx.at[i] = y_row(tt, tok) * p.y_stride + yb + row;
+            fx.v[i] = by[fx.at[i]];
+        }
+    }
+    return fx;
+}
+
+// A staged accumulator (at `st`) as gates times their factors.
+fn store_gated(st: u32, lane: u32, fx: Factors) {
+    for (var i = 0u; i < 8u; i++) {
+        if (fx.at[i] != NO_OUTPUT) {
+            y[fx.at[i]] = gelu_tanh(output_value(stage[st + lane + 32u * i])) * fx.v[i];
+        }
+    }
+}
+#endif
 
 @compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -286,6 +298,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let tok0 = m0 + (sg / SN) * 32u;
     let row0 = n0 + (sg % SN) * BR;
     let st = (sg % STAGED) * 256u;
+#if GELU_TIMES
+    var fx = gate_factors(tt, tok0, row0, yb, lane);
+#endif
     for (var f = 0u; f < ACCS; f++) {
         for (var r = 0u; r < 8u / STAGED; r++) {
             if (sg / STAGED == r) {
@@ -313,7 +328,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
             workgroupBarrier();
             if (sg / STAGED == r) {
+#if GELU_TIMES
+                // Plain tiles only: every subgroup staged at once (one round a fragment).
+                let now = fx;
+                if (f + 1u < ACCS) {
+                    let g = f + 1u;
+                    fx = gate_factors(tt, tok0 + 16u * (g / FB), row0 + 16u * (g % FB), yb, lane);
+                }
+                store_gated(st, lane, now);
+#else
                 store_staged(tt, st, tok0 + 16u * (f / FB), row0 + 16u * (f % FB), yb, lane);
+#endif
             }
             workgroupBarrier();
         }
