@@ -1,6 +1,8 @@
 //! `cargo xtask bench-vision --mmproj P [--model M]`: the vision tower's speed on an image of a
 //! given soft-token budget: preprocessing (resize, patches) on the CPU, the encode on the GPU
-//! (medians over repetitions, after a warm-up), GPU time per kernel with `--profile`, and with
+//! (medians over repetitions, after a warm-up; also split into the CPU's part up to the last
+//! submission and the time until the GPU is done, soft tokens left on the GPU), GPU time per
+//! kernel with `--profile`, and with
 //! `--model` the time to first token of a chat turn holding the image and a 20-word question.
 
 use std::sync::Arc;

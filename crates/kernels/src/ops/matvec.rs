@@ -11,7 +11,8 @@ pub enum MatvecOut<'a> {
     /// gelu_tanh(gate_i . x) * (up_i . x)`.
     Geglu,
     /// `y[out_offset + r] = gelu_tanh(W[r] . x) * by[offset + r]`: a gate whose other factor
-    /// is already computed (the per-layer input). One-token products only.
+    /// is already computed (the per-layer input). One-token products, and tiled ones through
+    /// [`matmul_clamped`] (`by` in y's layout, `offset` the output's).
     GeluTimes { by: &'a View, offset: u32 },
     /// [`MatvecOut::Geglu`] rounded to 8-bit integers per 32 values, laid out for
     /// [`matvec_int8_input`] ([`int8_vector_words`] words from y's start). One-token
