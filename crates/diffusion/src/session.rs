@@ -12,7 +12,7 @@ use std::borrow::Cow;
 
 use wgemma_kernels::graph::{Fusions, Graph, Lowering, Name, Node, PlanOp, Scratch, Val};
 use wgemma_kernels::ops::{self, CanvasAcceptArgs, CanvasDraw};
-use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Profiler, Tensor, View, wgpu};
+use wgemma_kernels::{Dispatch, GpuError, GpuWeight, Profiler, Tensor, View};
 use wgemma_text::{CanvasBuffers, CanvasWork, GpuSession, SessionOptions, SoftTokens};
 
 use crate::config::EntropyBound;
@@ -74,12 +74,7 @@ impl Sampling {
         let accepted_at = state_at + region(1 + rows);
         let next_at = accepted_at + region(rows);
         let out = buf("sampler out", next_at + region(rows));
-        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("sampler readback"),
-            size: out.size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = ctx.readback_buffer("sampler readback", out.size);
         let at = |words: u64, len: u64| out.slice(words * 4, len * 4);
         Ok(Self {
             stats: buf("canvas stats", 4 * rows),

@@ -13,7 +13,6 @@ use wgemma_kernels::ops::{
     RmsNorm, RopePairs, RowOp, RowRope, Window2d,
 };
 use wgemma_kernels::store::{WeightStore, read_f32};
-use wgemma_kernels::wgpu::BufferUsages;
 use wgemma_kernels::{
     DType, Dispatch, GpuContext, GpuError, GpuWeight, Recorder, Steps, Tensor, View,
 };
@@ -170,15 +169,7 @@ impl VisionTower {
         let _span = info_span!("encode_image", rows = p.rows, cols = p.cols).entered();
         let plan = self.plan(p)?;
         let size = plan.buffers.soft.size;
-        let staging = self
-            .ctx
-            .device
-            .create_buffer(&wgemma_kernels::wgpu::BufferDescriptor {
-                label: Some("soft tokens readback"),
-                size,
-                usage: BufferUsages::MAP_READ | BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
+        let staging = self.ctx.readback_buffer("soft tokens readback", size);
         self.record(&plan, p, &View::of(&staging)).submit();
         let bytes = self.ctx.map_and_copy(&staging, size).await?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))

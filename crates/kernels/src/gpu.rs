@@ -386,6 +386,17 @@ impl GpuContext {
         build()
     }
 
+    /// A buffer of `size` bytes that the GPU copies into and the CPU maps to read
+    /// ([`GpuContext::map_and_copy`]).
+    pub fn readback_buffer(&self, label: &str, size: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
     /// Reads `size` bytes at `offset` of `buffer` back to the CPU.
     pub async fn read(
         &self,
@@ -394,12 +405,7 @@ impl GpuContext {
         size: u64,
     ) -> Result<Vec<u8>, GpuError> {
         let size = size.div_ceil(4) * 4;
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size: size.max(4),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = self.readback_buffer("readback", size.max(4));
         let mut enc = self.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, size);
         self.submit([enc.finish()]);

@@ -428,12 +428,7 @@ impl GpuSession {
         let router_readback =
             (model.streams_experts() && cfg!(not(target_arch = "wasm32"))).then(|| {
                 let n_expert = cfg.moe.map_or(1, |mc| mc.n_expert) as u64;
-                ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("router readback"),
-                    size: n_expert * 4,
-                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                })
+                ctx.readback_buffer("router readback", n_expert * 4)
             });
         let mut session = Self {
             model: model.clone(),

@@ -123,16 +123,19 @@ pub struct Attend<'a> {
 }
 
 fn check_attend(a: &Attend<'_>, out: &Tensor) -> Result<(), GpuError> {
-    out.expect_dtype("attend out", DType::F32)?;
+    // The inputs all f32, or all f16 (which only the tensor-core kernel reads).
     let inputs = if a.q.dtype() == DType::F16 {
         DType::F16
     } else {
         DType::F32
     };
-    for (what, t) in [("q", a.q), ("k", a.k), ("v", a.v), ("out", out)] {
-        if what != "out" {
-            t.expect_dtype(what, inputs)?;
-        }
+    for (what, t, dtype) in [
+        ("q", a.q, inputs),
+        ("k", a.k, inputs),
+        ("v", a.v, inputs),
+        ("out", out, DType::F32),
+    ] {
+        t.expect_dtype(what, dtype)?;
         if t.rank() != 3 {
             return Err(shape(format!("attend {what}: {:?} is not 3-D", t.dims())));
         }

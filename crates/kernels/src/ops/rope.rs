@@ -85,36 +85,51 @@ pub struct RopeAxes<'a> {
     pub freq_factors: Option<&'a Tensor>,
 }
 
+/// The width of each section of a `head_dim`-wide head rotated by `positions`
+/// (`[tokens, axes]` u32, contiguous from the start of their view: the kernels index them
+/// from 0), after checking that `n_rot` (even, not 0) fits in one.
+pub(super) fn rope_sections(
+    what: &str,
+    positions: &Tensor,
+    tokens: u64,
+    head_dim: u32,
+    n_rot: u32,
+) -> Result<u32, GpuError> {
+    positions.expect_dtype(&format!("{what} positions"), crate::DType::U32)?;
+    let axes = positions.dim(1);
+    let section = head_dim.checked_div(axes).unwrap_or(0);
+    let laid_out = positions.rank() == 2
+        && positions.is_contiguous()
+        && positions.offset() == 0
+        && u64::from(positions.dim(0)) == tokens;
+    if !laid_out {
+        return Err(shape(format!(
+            "{what} positions {:?}: [{tokens}, axes] u32, contiguous from their view's start",
+            positions.dims()
+        )));
+    }
+    if axes == 0
+        || !head_dim.is_multiple_of(axes)
+        || n_rot == 0
+        || n_rot > section
+        || !n_rot.is_multiple_of(2)
+    {
+        return Err(shape(format!(
+            "{what}: n_rot {n_rot} in {axes} sections of a {head_dim}-wide head"
+        )));
+    }
+    Ok(section)
+}
+
 /// Rotary embedding by one or more position axes.
 pub fn rope_axes(ctx: &GpuContext, a: &RopeAxes<'_>) -> Result<Dispatch, GpuError> {
     a.x.expect_dtype("rope x", crate::DType::F32)?;
-    a.positions
-        .expect_dtype("rope positions", crate::DType::U32)?;
-    if a.x.rank() != 3 || a.positions.rank() != 2 || !a.positions.is_contiguous() {
-        return Err(shape(format!(
-            "rope: x {:?} and positions {:?}: 3-D x, contiguous 2-D positions",
-            a.x.dims(),
-            a.positions.dims()
-        )));
+    if a.x.rank() != 3 {
+        return Err(shape(format!("rope: x {:?} is not 3-D", a.x.dims())));
     }
     let [tokens, heads, head_dim] = [a.x.dim(0), a.x.dim(1), a.x.dim(2)];
     let axes = a.positions.dim(1);
-    a.positions.expect_dims("rope positions", &[tokens, axes])?;
-    let section = head_dim.checked_div(axes).unwrap_or(0);
-    if axes == 0
-        || !head_dim.is_multiple_of(axes)
-        || a.n_rot == 0
-        || a.n_rot > section
-        || !a.n_rot.is_multiple_of(2)
-    {
-        return Err(shape(format!(
-            "rope: n_rot {} in {axes} sections of a {head_dim}-wide head",
-            a.n_rot
-        )));
-    }
-    if a.positions.offset() != 0 {
-        return Err(shape("rope positions: must start at their view".into()));
-    }
+    rope_sections("rope", a.positions, u64::from(tokens), head_dim, a.n_rot)?;
     if let Some(ff) = a.freq_factors {
         super::layout::expect_vector("rope freq factors", ff, a.n_rot / 2)?;
         if ff.offset() != 0 {

@@ -95,31 +95,17 @@ pub fn rows_roped(
 /// The rope's parameters (n_rot, section, axes, interleaved) after checking it against
 /// `y`, whose leading dimensions hold the positions' tokens.
 fn rope_params(rope: &RowRope<'_>, op: RowOp, y: &Tensor) -> Result<[u32; 4], GpuError> {
-    rope.positions
-        .expect_dtype("rows rope positions", DType::U32)?;
-    let n = y.dim(-1);
-    let axes = rope.positions.dim(1);
-    let tokens = y.numel() / u64::from(n.max(1)) / u64::from(y.dim(-2).max(1));
-    let section = n.checked_div(axes).unwrap_or(0);
-    let fits = rope.positions.rank() == 2
-        && rope.positions.is_contiguous()
-        && u64::from(rope.positions.dim(0)) == tokens
-        && y.rank() >= 2
-        && axes > 0
-        && n.is_multiple_of(axes)
-        && rope.n_rot > 0
-        && rope.n_rot <= section
-        && rope.n_rot.is_multiple_of(2);
-    if !fits || matches!(op, RowOp::Softmax { .. }) {
+    if matches!(op, RowOp::Softmax { .. }) || y.rank() < 2 {
         return Err(shape(format!(
-            "rows rope: rows {:?}, positions {:?}, n_rot {}: a norm, [tokens, axes] positions, n_rot even and within each section",
-            y.dims(),
-            rope.positions.dims(),
-            rope.n_rot
+            "rows rope: rotates a norm's rows of a tensor of heads, not {op:?} over {:?}",
+            y.dims()
         )));
     }
+    let n = y.dim(-1);
+    let tokens = y.numel() / u64::from(n.max(1)) / u64::from(y.dim(-2).max(1));
+    let section = super::rope::rope_sections("rows rope", rope.positions, tokens, n, rope.n_rot)?;
     let interleaved = u32::from(rope.pairs == RopePairs::Interleaved);
-    Ok([rope.n_rot, section, axes, interleaved])
+    Ok([rope.n_rot, section, rope.positions.dim(1), interleaved])
 }
 
 fn rows_with(

@@ -4,7 +4,7 @@
 // LAYER_NORM ((x - mean) / sqrt(var + eps)), else RMSNorm (x / sqrt(mean(x^2) + eps)), each then
 // times `w` (WEIGHT) and plus `bias` (BIAS); or SOFTMAX of x * scale. Rows are numbered
 // row-major over the first three of the four sizes. X_IN_Y: x lives in y's buffer.
-// ROPE: a norm's rows (heads) then rotated, rope_math.wgsl's angles: the row splits into
+// ROPE: a norm's rows (heads) then rotated (rope_math.wgsl's `rotated`): the row splits into
 // `axes` sections of `section` values, each section's first n_rot in pairs (i, i + n_rot / 2)
 // or, INTERLEAVED, (2i, 2i + 1), turned by the position on its axis of the row's token (its
 // index over all but the last two sizes). Each thread norms its value and its partner's, so
@@ -102,9 +102,10 @@ fn roped(xb: u32, c: u32, token: u32, v: f32, mean: f32, inv: f32) -> f32 {
     let partner = select(c - half, c + half, first);
 #endif
     let pos = f32(positions[token * p.axes + a]);
-    let cs = cos_sin(pos * p.freq_scale * pow(p.base, -2.0 * f32(i) / f32(p.n_rot)));
     let other = normed(xb, partner, mean, inv);
-    return select(other * cs.y + v * cs.x, v * cs.x - other * cs.y, first);
+    let pair = select(vec2<f32>(other, v), vec2<f32>(v, other), first);
+    let turned = rotated(pair, i, pos, Rope(p.n_rot, p.base, p.freq_scale));
+    return select(turned.y, turned.x, first);
 }
 #endif
 

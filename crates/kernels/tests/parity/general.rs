@@ -366,6 +366,14 @@ fn norms_then_rope_match_cpu_into_f32_and_f16() {
     let odd = RowRope { n_rot: 7, ..rope };
     let out = nan_tensor(ctx, &[2, 2, 8]);
     assert!(ops::rows_roped(ctx, op, Affine::default(), &odd, &y, &out).is_err());
+    // Positions not at their view's start (the kernel reads them from 0).
+    let three = Tensor::of(&upload_u32(ctx, &[1, 2, 3]), DType::U32, &[3, 1]).unwrap();
+    let shifted = RowRope {
+        positions: &three.narrow(0, 1, 2).unwrap(),
+        ..rope
+    };
+    assert!(ops::rows_roped(ctx, op, Affine::default(), &shifted, &y, &out).is_err());
+    assert!(ops::rows_roped(ctx, op, Affine::default(), &rope, &y, &out).is_ok());
 }
 
 #[test]

@@ -287,12 +287,7 @@ impl BatchDecoder {
         let ctx = &model.ctx;
         let vocab = model.cfg.n_vocab as u64;
         let logits = View::of(&ctx.storage("batch logits", max_rows as u64 * vocab * 4));
-        let readback = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("batch readback"),
-            size: max_rows as u64 * 8,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let readback = ctx.readback_buffer("batch readback", max_rows as u64 * 8);
         Ok(Self {
             pool,
             host,

@@ -51,12 +51,7 @@ impl LogprobPlan {
         let raw = View::of(&ctx.storage("raw logits", u64::from(vocab) * 4));
         let out_bytes = TOP_AT_BYTES + 8 * u64::from(MAX_TOP_LOGPROBS);
         let out = View::of(&ctx.storage("logprobs", out_bytes));
-        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("logprobs readback"),
-            size: out_bytes,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = ctx.readback_buffer("logprobs readback", out_bytes);
         let logits = Tensor::of(&raw, DType::F32, &[1, vocab])?;
         let stats_out = Tensor::strided(&out, DType::F32, &[4], &[1], STATS_AT)?;
         let stats = ops::row_stats(ctx, &logits, 1.0, &stats_out)?;

@@ -123,14 +123,7 @@ pub(super) struct StepQueue {
 impl StepQueue {
     pub(super) fn new(ctx: &GpuContext) -> Self {
         let ring = (0..MAX_IN_FLIGHT)
-            .map(|_| {
-                ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("token readback"),
-                    size: 8,
-                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                })
-            })
+            .map(|_| ctx.readback_buffer("token readback", 8))
             .collect();
         Self {
             ring,
