@@ -117,6 +117,9 @@
 #   env_ab     one binary without and with the switches AB_ENV, under BASE_ENV, interleaved
 #              twice (bench-e2e on AB_MODEL, default e2b, 512-token prompt), then the prefill
 #              profiles; $OUT/env_ab.txt.
+#   envs_ab    one binary under BASE_ENV and each of AB_ENVS ("name:VAR=V,VAR2=V2 name2:"),
+#              interleaved twice (bench-e2e on AB_MODELS, default e2b), then the prefill
+#              profiles; $OUT/envs_ab.txt.
 #   pkg_ab     the page's engine on Dawn from two wasm packages (.dev/pkg-old.tar.xz,
 #              .dev/pkg-new.tar.xz), interleaved twice, PKG_MODELS; $OUT/pkg_ab.txt.
 #   prefill_ab the browser's f32 prefill product of this build against .dev/xtask-base's
@@ -1028,6 +1031,33 @@ env_ab() {
     env $env .dev/xtask bench-e2e --model "$W/models/$m.gguf" --prompt 512 --decode 16 --reps 1 \
       --profile 2>&1 > /dev/null | grep -E "^prefill|  matmul " | sed "s/^/$side: /" \
       | tee -a "$OUT/env_ab.txt"
+  done
+}
+
+# One binary under BASE_ENV and each of AB_ENVS ("name:VAR=V,VAR2=V2 name2:"), interleaved
+# twice: bench-e2e on each of AB_MODELS (default e2b), 512-token prompt, 16 decoded, 3 reps;
+# then each side's prefill profile (its matmul lines); $OUT/envs_ab.txt.
+envs_ab() {
+  local m rep side name env
+  for m in ${AB_MODELS:-e2b}; do
+    synth "$m"
+    for rep in 1 2; do
+      for side in $AB_ENVS; do
+        name=${side%%:*}
+        env="${BASE_ENV:-} $(echo "${side#*:}" | tr , ' ')"
+        env $env .dev/xtask bench-e2e --model "$W/models/$m.gguf" --prompt 512 --decode 16 --reps 3 \
+          --json > "$OUT/envs-$m-$name-$rep.json" 2> /dev/null
+        echo "$m $name $rep $(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().splitlines()[-1]); print("prefill", round(d["prefill_tok_s"]), "decode", round(d["decode_tok_s"]))' "$OUT/envs-$m-$name-$rep.json")" \
+          | tee -a "$OUT/envs_ab.txt"
+      done
+    done
+    for side in $AB_ENVS; do
+      name=${side%%:*}
+      env="${BASE_ENV:-} $(echo "${side#*:}" | tr , ' ')"
+      env $env .dev/xtask bench-e2e --model "$W/models/$m.gguf" --prompt 512 --decode 16 --reps 1 \
+        --profile 2>&1 > /dev/null | grep -E "^prefill|  matmul" | sed "s/^/$m $name: /" \
+        | tee -a "$OUT/envs_ab.txt"
+    done
   done
 }
 

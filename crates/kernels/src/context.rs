@@ -32,7 +32,7 @@ pub enum GpuError {
 /// Options for [`GpuContext::new`]. Environment variables override them: `WGEMMA_BACKEND`
 /// (vulkan, metal, dx12, gl, webgpu), `WGEMMA_ADAPTER` (substring of the adapter name),
 /// `WGEMMA_NO_F16=1`, `WGEMMA_NO_SUBGROUPS=1`, `WGEMMA_NO_COOP=1` (force the fallbacks),
-/// `WGEMMA_NO_INT8_ACTIVATIONS=1`, `WGEMMA_NO_BUSY_WAIT=1`, `WGEMMA_WEBGPU_LIMITS=1`,
+/// `WGEMMA_NO_INT8_ACTIVATIONS=1`, `WGEMMA_NO_INT8_TILES=1`, `WGEMMA_NO_BUSY_WAIT=1`, `WGEMMA_WEBGPU_LIMITS=1`,
 /// `WGEMMA_NO_SPLIT_K=1` and `WGEMMA_COOP_TILE` (64 or 128: the tokens of every tiled
 /// product's tile on tensor cores).
 #[derive(Clone, Debug)]
@@ -53,6 +53,11 @@ pub struct ContextOptions {
     /// for its down product, and on GPUs the input of its gate/up product. Off, every
     /// activation stays f32 (closest to the f32 reference).
     pub allow_int8_activations: bool,
+    /// Let the tiled products of Q4_K and Q6_K rows on a device without cooperative matrices
+    /// round their inputs to 8-bit integers per 32 values and multiply in integer dot
+    /// products (`ops::tiles_round_inputs`), as llama.cpp's quantized products do: the
+    /// browser's prefill. Off (`WGEMMA_NO_INT8_TILES=1`), they multiply f32 values.
+    pub allow_int8_tiles: bool,
     /// Let wgpu add bounds checks, loop bounds and division guards to every shader, and zero
     /// workgroup memory at each dispatch's start (as a browser runs them). Off by
     /// default: they cost the kernels a large share of their speed, and every kernel's indices
@@ -100,6 +105,9 @@ pub struct ContextOptions {
     /// (`WGEMMA_COOP_STEP`: 64 or 128): the more, the fewer workgroup barriers, which are
     /// most of those tiles' time.
     pub coop_step: u32,
+    /// Weight rows a tile of the integer-dot products takes (`ops::tiles_round_inputs`;
+    /// `WGEMMA_INT8_ROWS`: 64 or 128).
+    pub int8_tile_rows: u32,
     /// The most tokens a K-quant product takes through the few-token kernel (inputs rounded to
     /// 8-bit integers, several tokens a workgroup: batched decode); more go to the tiled
     /// kernel. Below `ops::FEW_TOKENS_MIN`: never (`WGEMMA_FEW_TOKENS`). Needs
@@ -127,6 +135,7 @@ impl Default for ContextOptions {
             allow_subgroups: true,
             allow_coop: true,
             allow_int8_activations: true,
+            allow_int8_tiles: true,
             shader_checks: false,
             cpu_adapter: false,
             busy_wait: true,
@@ -138,6 +147,7 @@ impl Default for ContextOptions {
             attention_parts: None,
             expert_tile: None,
             coop_step: 128,
+            int8_tile_rows: 64,
             few_tokens: 8,
             few_tuning: None,
             split_routing: None,
@@ -167,6 +177,9 @@ impl ContextOptions {
         }
         if on("WGEMMA_NO_INT8_ACTIVATIONS") {
             self.allow_int8_activations = false;
+        }
+        if on("WGEMMA_NO_INT8_TILES") {
+            self.allow_int8_tiles = false;
         }
         if on("WGEMMA_SHADER_CHECKS") {
             self.shader_checks = true;
@@ -205,6 +218,13 @@ impl ContextOptions {
                 .filter(|s| [64, 128].contains(s))
                 .unwrap_or(128);
         }
+        if let Some(r) = var("WGEMMA_INT8_ROWS") {
+            self.int8_tile_rows = r
+                .parse()
+                .ok()
+                .filter(|r| [64, 128].contains(r))
+                .unwrap_or(64);
+        }
         if on("WGEMMA_NO_COOP_ATTENTION") {
             self.coop_attention = false;
         }
@@ -239,6 +259,8 @@ pub struct GpuFeatures {
     pub coop_matmul: bool,
     /// [`ContextOptions::allow_int8_activations`].
     pub int8_activations: bool,
+    /// [`ContextOptions::allow_int8_tiles`].
+    pub int8_tiles: bool,
     /// The WGSL goes to a browser's compiler (wgpu's WebGPU backend passes it through), which
     /// wants the `enable` directive of each extension used; naga rejects `enable subgroups;`.
     pub browser_wgsl: bool,
@@ -306,6 +328,8 @@ pub struct GpuContext {
     pub(crate) expert_tile: Option<u32>,
     /// [`ContextOptions::coop_step`].
     pub(crate) coop_step: u32,
+    /// [`ContextOptions::int8_tile_rows`].
+    pub(crate) int8_tile_rows: u32,
     /// [`ContextOptions::few_tokens`].
     pub(crate) few_tokens: u32,
     /// [`ContextOptions::few_tuning`].
@@ -377,6 +401,7 @@ impl GpuContext {
             subgroup_max_size: info.subgroup_max_size,
             coop_matmul,
             int8_activations: options.allow_int8_activations,
+            int8_tiles: options.allow_int8_tiles,
             browser_wgsl: info.backend == wgpu::Backend::BrowserWebGpu,
         };
         Self::open(&adapter, info, features, limits, &options).await
@@ -457,6 +482,7 @@ impl GpuContext {
             attention_parts: options.attention_parts,
             expert_tile: options.expert_tile,
             coop_step: options.coop_step,
+            int8_tile_rows: options.int8_tile_rows,
             few_tokens: options.few_tokens,
             few_tuning: options.few_tuning,
             split_routing: options.split_routing,

@@ -150,6 +150,7 @@ pub(crate) fn validate_coop(source: &ShaderSource) {
         subgroup_max_size: 32,
         coop_matmul: true,
         int8_activations: false,
+        int8_tiles: false,
         browser_wgsl: false,
     };
     let wgsl = source.render(&features);

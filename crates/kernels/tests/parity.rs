@@ -23,18 +23,29 @@ fn ctx() -> Option<&'static GpuContext> {
     gpu().map(|c| &**c)
 }
 
-/// The CPU product the GPU's `ops::matmul` is held to, with its tolerance: on a device with
-/// cooperative matrices, many tokens go through f16 operands (rounded the same way here).
-fn matmul_reference(
-    ctx: &GpuContext,
-    w: &[f32],
+/// A product's operands as the CPU takes them: `n` rows of `k` dequantized values of a
+/// `dtype` weight, and `m` tokens of inputs.
+#[derive(Clone, Copy)]
+struct Operands<'a> {
+    dtype: GgmlType,
+    w: &'a [f32],
     n: usize,
     k: usize,
-    x: &[f32],
+    x: &'a [f32],
     m: usize,
-) -> (Vec<f32>, f32) {
-    if ctx.features.coop_matmul && m > ops::MATVEC_MAX_TOKENS as usize {
+}
+
+/// The CPU product the GPU's `ops::matmul` is held to, with its tolerance, for the kernel the
+/// tokens take (`tiled`, or matrix-vector): the tiled kernels multiply f16 operands on a
+/// device with cooperative matrices, and K-quant rows with inputs rounded to 8-bit integers
+/// on one without (both rounded the same way here).
+fn matmul_reference(ctx: &GpuContext, o: Operands<'_>, tiled: bool) -> (Vec<f32>, f32) {
+    let Operands { w, n, k, x, m, .. } = o;
+    if tiled && ctx.features.coop_matmul {
         (cpu::matmul_f16_inputs(w, n, k, x, m), 3e-4)
+    } else if tiled && ops::tiles_round_inputs(ctx, o.dtype) {
+        let rounded: Vec<f32> = x.chunks(k).flat_map(cpu::round_to_int8).collect();
+        (cpu::matmul(w, n, k, &rounded, m), 1e-4)
     } else {
         (cpu::matmul(w, n, k, x, m), 2e-5)
     }
@@ -42,21 +53,26 @@ fn matmul_reference(
 
 /// `ops::matmul`'s output as the device routes it (a CPU adapter takes every token count as
 /// matrix-vector products) and through the tiled kernel past `MATVEC_MAX_TOKENS` on every
-/// device, each run into `a.y` poisoned again first.
+/// device, each run into `a.y` poisoned again first, with whether the tiled kernel ran.
 fn matmul_both_ways(
     ctx: &GpuContext,
     w: &GpuWeight,
     a: &MatmulArgs<'_>,
-) -> [(&'static str, Vec<f32>); 2] {
+) -> [(&'static str, bool, Vec<f32>); 2] {
+    let tiled = a.m > ops::MATVEC_MAX_TOKENS;
     [
-        ("routed", ops::matmul(ctx, w, a).unwrap()),
-        ("tiled", ops::matmul_in_parts(ctx, w, a, 1).unwrap()),
+        (
+            "routed",
+            tiled && a.m > ops::matvec_max_tokens(ctx),
+            ops::matmul(ctx, w, a).unwrap(),
+        ),
+        ("tiled", tiled, ops::matmul_in_parts(ctx, w, a, 1).unwrap()),
     ]
-    .map(|(how, ds)| {
+    .map(|(how, tiled, ds)| {
         let nan = vec![f32::NAN; a.y.len32() as usize];
         ctx.write(&a.y.buffer, a.y.offset, bytemuck::cast_slice(&nan));
         run(ctx, &ds.iter().collect::<Vec<_>>());
-        (how, read(ctx, a.y))
+        (how, tiled, read(ctx, a.y))
     })
 }
 
@@ -94,7 +110,14 @@ fn matmul_matches_cpu_for_every_dtype_and_shape() {
             let wq = quantize(dtype, &wf).unwrap();
             let wd = dequantize_to_vec(dtype, &wq).unwrap();
             let x = rng.vec((m * k) as usize, 1.0);
-            let (want, tol) = matmul_reference(ctx, &wd, n as usize, k as usize, &x, m as usize);
+            let operands = Operands {
+                dtype,
+                w: &wd,
+                n: n as usize,
+                k: k as usize,
+                x: &x,
+                m: m as usize,
+            };
             let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, None).unwrap();
             let xv = upload(ctx, &x);
             let yv = poisoned(ctx, (m * n) as usize);
@@ -108,7 +131,8 @@ fn matmul_matches_cpu_for_every_dtype_and_shape() {
                 y_offset: 0,
                 partials: None,
             };
-            for (how, y) in matmul_both_ways(ctx, &w, &args) {
+            for (how, tiled, y) in matmul_both_ways(ctx, &w, &args) {
+                let (want, tol) = matmul_reference(ctx, operands, tiled);
                 assert_close(&format!("{how} {dtype} k={k} n={n} m={m}"), &y, &want, tol);
             }
         }
@@ -260,9 +284,14 @@ fn matmul_across_tiles_with_strides_and_softcap() {
             let packed: Vec<f32> = (0..m as usize)
                 .flat_map(|t| x[t * xs as usize..][..k as usize].to_vec())
                 .collect();
-            let (mut want, tol) =
-                matmul_reference(ctx, &wd, n as usize, k as usize, &packed, m as usize);
-            want.iter_mut().for_each(|v| *v = cpu::softcap(*v, 3.0));
+            let operands = Operands {
+                dtype,
+                w: &wd,
+                n: n as usize,
+                k: k as usize,
+                x: &packed,
+                m: m as usize,
+            };
             x.truncate((m * xs) as usize);
             let xv = upload(ctx, &x);
             let yv = poisoned(ctx, (m * ys) as usize);
@@ -276,7 +305,9 @@ fn matmul_across_tiles_with_strides_and_softcap() {
                 y_offset: 2,
                 partials: None,
             };
-            for (how, y) in matmul_both_ways(ctx, &w, &args) {
+            for (how, tiled, y) in matmul_both_ways(ctx, &w, &args) {
+                let (mut want, tol) = matmul_reference(ctx, operands, tiled);
+                want.iter_mut().for_each(|v| *v = cpu::softcap(*v, 3.0));
                 let got: Vec<f32> = (0..m as usize)
                     .flat_map(|t| y[t * ys as usize + 2..][..n as usize].to_vec())
                     .collect();
@@ -311,8 +342,15 @@ fn matmul_split_over_k_matches_cpu() {
         assert_eq!(w.tiles.len(), 3);
         for (m, parts) in [(5u32, 2u32), (70, 3), (9, 20)] {
             let x = rng.vec(m as usize * k as usize, 1.0);
-            let (mut want, tol) =
-                matmul_reference(ctx, &wd, n as usize, k as usize, &x, m as usize);
+            let operands = Operands {
+                dtype,
+                w: &wd,
+                n: n as usize,
+                k: k as usize,
+                x: &x,
+                m: m as usize,
+            };
+            let (mut want, tol) = matmul_reference(ctx, operands, true);
             want.iter_mut().for_each(|v| *v = cpu::softcap(*v, 3.0));
             let ys = n as u32 + 5;
             let yv = poisoned(ctx, (m * ys) as usize);
@@ -430,8 +468,14 @@ fn matmul_gated_output_matches_cpu() {
         // rows of ff + 9.
         for m in [3usize, 37, 130] {
             let x = rng.vec(m * k as usize, 1.0);
-            let (rows, tol) = matmul_reference(ctx, &wd, n as usize, k as usize, &x, m);
-            let want = gated(&rows);
+            let operands = Operands {
+                dtype,
+                w: &wd,
+                n: n as usize,
+                k: k as usize,
+                x: &x,
+                m,
+            };
             let (stride, offset) = (ff + 9, 5u32);
             let yv = poisoned(ctx, m * stride as usize);
             let args = MatmulArgs {
@@ -444,7 +488,9 @@ fn matmul_gated_output_matches_cpu() {
                 y_offset: offset,
                 partials: None,
             };
-            for (how, y) in matmul_both_ways(ctx, &w, &args) {
+            for (how, tiled, y) in matmul_both_ways(ctx, &w, &args) {
+                let (rows, tol) = matmul_reference(ctx, operands, tiled);
+                let want = gated(&rows);
                 let got: Vec<f32> = y
                     .chunks(stride as usize)
                     .flat_map(|r| r[offset as usize..][..ff as usize].to_vec())
@@ -3076,16 +3122,27 @@ fn check_grouped_experts(ctx: &GpuContext, tokens: u32) {
 
     // Per slot, its expert's product of its token's input, out of the product of every
     // expert with every input row.
-    let per_slot = |wd: &[f32], rows: usize, cols: usize, x: &[f32], x_group: usize| {
-        let m = x.len() / cols;
-        let (by_expert, tol): (Vec<Vec<f32>>, Vec<f32>) = (0..n)
-            .map(|e| matmul_reference(ctx, &wd[e * rows * cols..][..rows * cols], rows, cols, x, m))
-            .unzip();
-        let want: Vec<f32> = (0..slots as usize)
-            .flat_map(|s| by_expert[sel[s] as usize][(s / x_group) * rows..][..rows].to_vec())
-            .collect();
-        (want, tol[0])
-    };
+    let per_slot =
+        |dtype: GgmlType, wd: &[f32], rows: usize, cols: usize, x: &[f32], x_group: usize| {
+            let m = x.len() / cols;
+            let (by_expert, tol): (Vec<Vec<f32>>, Vec<f32>) = (0..n)
+                .map(|e| {
+                    let operands = Operands {
+                        dtype,
+                        w: &wd[e * rows * cols..][..rows * cols],
+                        n: rows,
+                        k: cols,
+                        x,
+                        m,
+                    };
+                    matmul_reference(ctx, operands, true)
+                })
+                .unzip();
+            let want: Vec<f32> = (0..slots as usize)
+                .flat_map(|s| by_expert[sel[s] as usize][(s / x_group) * rows..][..rows].to_vec())
+                .collect();
+            (want, tol[0])
+        };
     let product =
         |w: &GpuWeight, x: &View, y: &View, y_stride, slots: &ops::ExpertSlots<'_>, out| {
             let ds = ops::expert_matmul(
@@ -3125,7 +3182,14 @@ fn check_grouped_experts(ctx: &GpuContext, tokens: u32) {
             &gate_up_slots,
             ops::MatvecOut::Geglu,
         );
-        let (rows, tol) = per_slot(&gate_up_d, 2 * ff as usize, d as usize, &x, k as usize);
+        let (rows, tol) = per_slot(
+            dtype,
+            &gate_up_d,
+            2 * ff as usize,
+            d as usize,
+            &x,
+            k as usize,
+        );
         assert_close(
             &format!("grouped expert gate/up {dtype}, {tokens} tokens"),
             &got,
@@ -3144,7 +3208,7 @@ fn check_grouped_experts(ctx: &GpuContext, tokens: u32) {
             &expert_slots(d as u32, 1),
             plain,
         );
-        let (want, tol) = per_slot(&down_d, d as usize, ff as usize, &act, 1);
+        let (want, tol) = per_slot(dtype, &down_d, d as usize, ff as usize, &act, 1);
         assert_close(
             &format!("grouped expert down {dtype}, {tokens} tokens"),
             &got,

@@ -403,7 +403,6 @@ fn tiled_products(
         }
         _ => None,
     };
-    let tile_rows = matmul_tile_rows(ctx) as u32;
     let tile = CoopTile::of(ctx, u64::from(n), a.m, parts);
     let tile_tokens = if ctx.features.coop_matmul {
         tile.tokens()
@@ -429,6 +428,7 @@ fn tiled_products(
         gelu_times: by.is_some(),
         ..TiledKernel::of(ctx, w, geglu, Tiles::Plain(tile), clamped)
     };
+    let tile_rows = kernel.rows(ctx.features.coop_matmul);
     let pipeline = tiled_pipeline(ctx, kernel)?;
     let open = [f32::NEG_INFINITY, f32::INFINITY];
     let [in_min, in_max] = t.clamp.input.unwrap_or(open);
@@ -575,6 +575,11 @@ pub(super) struct TiledKernel {
     pub step_128: bool,
     /// The output is a gate times another buffer ([`MatvecOut::GeluTimes`]).
     pub gelu_times: bool,
+    /// Without cooperative matrices, K-quant rows through integer dot products on inputs
+    /// rounded to 8-bit integers ([`tiles_round_inputs`]).
+    pub int8: bool,
+    /// Those in tiles of 128 rows rather than 64 (`ROWS_128`).
+    pub int8_rows_128: bool,
 }
 
 impl TiledKernel {
@@ -594,8 +599,32 @@ impl TiledKernel {
             clamped,
             step_128: ctx.coop_step == 128,
             gelu_times: false,
+            int8: tiles_round_inputs(ctx, w.dtype),
+            int8_rows_128: ctx.int8_tile_rows == 128,
         }
     }
+
+    /// Weight rows a workgroup takes.
+    pub(super) fn rows(self, coop: bool) -> u32 {
+        if coop || (self.int8 && self.int8_rows_128) {
+            128
+        } else {
+            64
+        }
+    }
+}
+
+/// Whether the tiled products of `dtype` rows round their inputs to 8-bit integers per 32
+/// values (`matmul_int8.wgsl`, as [`crate::cpu::round_to_int8`] does): Q4_K, Q6_K and Q8_0 on
+/// devices without cooperative matrices, where integer dot products do four multiplies for
+/// one f32 FMA's issue ([`crate::ContextOptions::allow_int8_tiles`], and
+/// [`crate::ContextOptions::allow_int8_activations`], which keeps every activation f32 when
+/// off).
+pub fn tiles_round_inputs(ctx: &GpuContext, dtype: GgmlType) -> bool {
+    !ctx.features.coop_matmul
+        && ctx.features.int8_activations
+        && ctx.features.int8_tiles
+        && matches!(dtype, GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q8_0)
 }
 
 /// The tiled product's pipeline: tensor cores where the device has them, otherwise f32 FMAs
@@ -615,11 +644,15 @@ fn tiled_source(coop: bool, kernel: TiledKernel) -> Result<ShaderSource, GpuErro
         clamped,
         step_128,
         gelu_times,
+        int8,
+        int8_rows_128,
     } = kernel;
     // The experts' products are never split over k, whose parts are counted in 64s.
     let few_slots = matches!(tiles, Tiles::FewSlotExperts | Tiles::SomeSlotExperts);
     let (name, wgsl) = if coop {
         ("matmul_coop", MATMUL_COOP_WGSL)
+    } else if int8 {
+        ("matmul_int8", MATMUL_INT8_WGSL)
     } else {
         ("matmul", MATMUL_WGSL)
     };
@@ -651,7 +684,8 @@ fn tiled_source(coop: bool, kernel: TiledKernel) -> Result<ShaderSource, GpuErro
         .flag_if(coop && tiles == Tiles::SomeSlotExperts, "TOKENS_32")
         .flag_if(coop && few_slots && step_128, "STEP_128")
         .flag_if(clamped, "CLAMPED")
-        .flag_if(gelu_times, "GELU_TIMES"))
+        .flag_if(gelu_times, "GELU_TIMES")
+        .flag_if(int8 && int8_rows_128, "ROWS_128"))
 }
 
 /// Whether every tile of `w` holds whole gate/up row pairs.
@@ -718,6 +752,8 @@ mod tests {
                     clamped,
                     step_128,
                     gelu_times: clamped,
+                    int8: false,
+                    int8_rows_128: false,
                 };
                 crate::shader::validate_coop(&tiled_source(true, kernel).unwrap());
             }

@@ -15,6 +15,7 @@ const ACTIVATIONS_WGSL: &str = include_str!("../wgsl/activations.wgsl");
 const MATVEC_WGSL: &str = include_str!("../wgsl/matvec.wgsl");
 const MATMUL_IO_WGSL: &str = include_str!("../wgsl/matmul_io.wgsl");
 const MATMUL_WGSL: &str = include_str!("../wgsl/matmul.wgsl");
+const MATMUL_INT8_WGSL: &str = include_str!("../wgsl/matmul_int8.wgsl");
 const MATMUL_COOP_WGSL: &str = include_str!("../wgsl/matmul_coop.wgsl");
 const MATMUL_PARTS_WGSL: &str = include_str!("../wgsl/matmul_parts.wgsl");
 const REDUCE_WGSL: &str = include_str!("../wgsl/reduce.wgsl");

@@ -335,9 +335,10 @@ pub fn expert_matmul(
         .groups
         .expect_len32("expert groups", 2 * u64::from(n) + u64::from(slots.slots))?;
     let k = w.cols as u32;
-    let tile_rows = matmul_tile_rows(ctx) as u32;
     let tiles = Tiles::for_experts(ctx, slots.slots, n);
-    let pipeline = tiled_pipeline(ctx, TiledKernel::of(ctx, w, geglu, tiles, false))?;
+    let kernel = TiledKernel::of(ctx, w, geglu, tiles, false);
+    let tile_rows = kernel.rows(ctx.features.coop_matmul);
+    let pipeline = tiled_pipeline(ctx, kernel)?;
     w.tiles
         .iter()
         .map(|tile| {

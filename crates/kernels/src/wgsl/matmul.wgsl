@@ -82,41 +82,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     let yb = part * p.part_stride + p.out_offset;
     for (var i = 0u; i < 4u; i++) {
-        let tok = m0 + ty * 4u + i;
-#if GEGLU_OUT
-        // Rows 2c and 2c + 1 are gate and up of activation c.
-        for (var j = 0u; j < 4u; j += 2u) {
-            let row = n0 + tx * 4u + j;
-            if (tok < tt.count && row < p.n) {
-                y[y_row(tt, tok) * p.y_stride + yb + row / 2u] = gelu_tanh(acc[i][j]) * acc[i][j + 1u];
-            }
-        }
-#else
-#if GELU_TIMES
-        // The factors loaded before any store, so that they are in flight together.
-        var at = array<u32, 4>();
-        var factor = array<f32, 4>();
-        for (var j = 0u; j < 4u; j++) {
-            let row = n0 + tx * 4u + j;
-            at[j] = NO_OUTPUT;
-            if (tok < tt.count && row < p.n) {
-                at[j] = y_row(tt, tok) * p.y_stride + yb + row;
-                factor[j] = by[at[j]];
-            }
-        }
-        for (var j = 0u; j < 4u; j++) {
-            if (at[j] != NO_OUTPUT) {
-                y[at[j]] = gelu_tanh(output_value(acc[i][j])) * factor[j];
-            }
-        }
-#else
-        for (var j = 0u; j < 4u; j++) {
-            let row = n0 + tx * 4u + j;
-            if (tok < tt.count && row < p.n) {
-                y[y_row(tt, tok) * p.y_stride + yb + row] = output_value(acc[i][j]);
-            }
-        }
-#endif
-#endif
+        store_outputs(tt, m0 + ty * 4u + i, n0 + tx * 4u, yb, acc[i]);
     }
 }

@@ -126,3 +126,45 @@ fn output_value(v: f32) -> f32 {
 // An output's place that no output takes.
 const NO_OUTPUT: u32 = 0xffffffffu;
 #endif
+
+#if !COOP
+// A thread's outputs of token `tok` of the tile, rows row0..row0 + 3 (v), from column yb of
+// y's rows: as they are, gated in pairs (GEGLU_OUT) or times their other factor (GELU_TIMES).
+fn store_outputs(tt: Tokens, tok: u32, row0: u32, yb: u32, v: vec4<f32>) {
+#if GEGLU_OUT
+    // Rows 2c and 2c + 1 are gate and up of activation c.
+    for (var j = 0u; j < 4u; j += 2u) {
+        let row = row0 + j;
+        if (tok < tt.count && row < p.n) {
+            y[y_row(tt, tok) * p.y_stride + yb + row / 2u] = gelu_tanh(v[j]) * v[j + 1u];
+        }
+    }
+#else
+#if GELU_TIMES
+    // The factors loaded before any store, so that they are in flight together.
+    var at = array<u32, 4>();
+    var factor = array<f32, 4>();
+    for (var j = 0u; j < 4u; j++) {
+        let row = row0 + j;
+        at[j] = NO_OUTPUT;
+        if (tok < tt.count && row < p.n) {
+            at[j] = y_row(tt, tok) * p.y_stride + yb + row;
+            factor[j] = by[at[j]];
+        }
+    }
+    for (var j = 0u; j < 4u; j++) {
+        if (at[j] != NO_OUTPUT) {
+            y[at[j]] = gelu_tanh(output_value(v[j])) * factor[j];
+        }
+    }
+#else
+    for (var j = 0u; j < 4u; j++) {
+        let row = row0 + j;
+        if (tok < tt.count && row < p.n) {
+            y[y_row(tt, tok) * p.y_stride + yb + row] = output_value(v[j]);
+        }
+    }
+#endif
+#endif
+}
+#endif
