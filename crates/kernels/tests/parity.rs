@@ -35,6 +35,20 @@ struct Operands<'a> {
     m: usize,
 }
 
+impl<'a> Operands<'a> {
+    /// `w` of `[n, k]`, `m` tokens in `x`.
+    fn of(dtype: GgmlType, w: &'a [f32], [n, k]: [usize; 2], x: &'a [f32], m: usize) -> Self {
+        Self {
+            dtype,
+            w,
+            n,
+            k,
+            x,
+            m,
+        }
+    }
+}
+
 /// The CPU product the GPU's `ops::matmul` is held to, with its tolerance, for the kernel the
 /// tokens take (`tiled`, or matrix-vector): the tiled kernels multiply f16 operands on a
 /// device with cooperative matrices, and K-quant rows with inputs rounded to 8-bit integers
@@ -110,14 +124,7 @@ fn matmul_matches_cpu_for_every_dtype_and_shape() {
             let wq = quantize(dtype, &wf).unwrap();
             let wd = dequantize_to_vec(dtype, &wq).unwrap();
             let x = rng.vec((m * k) as usize, 1.0);
-            let operands = Operands {
-                dtype,
-                w: &wd,
-                n: n as usize,
-                k: k as usize,
-                x: &x,
-                m: m as usize,
-            };
+            let operands = Operands::of(dtype, &wd, [n as usize, k as usize], &x, m as usize);
             let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, None).unwrap();
             let xv = upload(ctx, &x);
             let yv = poisoned(ctx, (m * n) as usize);
@@ -284,14 +291,7 @@ fn matmul_across_tiles_with_strides_and_softcap() {
             let packed: Vec<f32> = (0..m as usize)
                 .flat_map(|t| x[t * xs as usize..][..k as usize].to_vec())
                 .collect();
-            let operands = Operands {
-                dtype,
-                w: &wd,
-                n: n as usize,
-                k: k as usize,
-                x: &packed,
-                m: m as usize,
-            };
+            let operands = Operands::of(dtype, &wd, [n as usize, k as usize], &packed, m as usize);
             x.truncate((m * xs) as usize);
             let xv = upload(ctx, &x);
             let yv = poisoned(ctx, (m * ys) as usize);
@@ -342,14 +342,7 @@ fn matmul_split_over_k_matches_cpu() {
         assert_eq!(w.tiles.len(), 3);
         for (m, parts) in [(5u32, 2u32), (70, 3), (9, 20)] {
             let x = rng.vec(m as usize * k as usize, 1.0);
-            let operands = Operands {
-                dtype,
-                w: &wd,
-                n: n as usize,
-                k: k as usize,
-                x: &x,
-                m: m as usize,
-            };
+            let operands = Operands::of(dtype, &wd, [n as usize, k as usize], &x, m as usize);
             let (mut want, tol) = matmul_reference(ctx, operands, true);
             want.iter_mut().for_each(|v| *v = cpu::softcap(*v, 3.0));
             let ys = n as u32 + 5;
@@ -468,14 +461,7 @@ fn matmul_gated_output_matches_cpu() {
         // rows of ff + 9.
         for m in [3usize, 37, 130] {
             let x = rng.vec(m * k as usize, 1.0);
-            let operands = Operands {
-                dtype,
-                w: &wd,
-                n: n as usize,
-                k: k as usize,
-                x: &x,
-                m,
-            };
+            let operands = Operands::of(dtype, &wd, [n as usize, k as usize], &x, m);
             let (stride, offset) = (ff + 9, 5u32);
             let yv = poisoned(ctx, m * stride as usize);
             let args = MatmulArgs {
@@ -3127,14 +3113,13 @@ fn check_grouped_experts(ctx: &GpuContext, tokens: u32) {
             let m = x.len() / cols;
             let (by_expert, tol): (Vec<Vec<f32>>, Vec<f32>) = (0..n)
                 .map(|e| {
-                    let operands = Operands {
+                    let operands = Operands::of(
                         dtype,
-                        w: &wd[e * rows * cols..][..rows * cols],
-                        n: rows,
-                        k: cols,
+                        &wd[e * rows * cols..][..rows * cols],
+                        [rows, cols],
                         x,
                         m,
-                    };
+                    );
                     matmul_reference(ctx, operands, true)
                 })
                 .unzip();
