@@ -32,7 +32,7 @@ pub enum GpuError {
 /// Options for [`GpuContext::new`]. Environment variables override them: `WGEMMA_BACKEND`
 /// (vulkan, metal, dx12, gl, webgpu), `WGEMMA_ADAPTER` (substring of the adapter name),
 /// `WGEMMA_NO_F16=1`, `WGEMMA_NO_SUBGROUPS=1`, `WGEMMA_NO_COOP=1` (force the fallbacks),
-/// `WGEMMA_NO_INT8_ACTIVATIONS=1`, `WGEMMA_NO_INT8_TILES=1`, `WGEMMA_NO_BUSY_WAIT=1`, `WGEMMA_WEBGPU_LIMITS=1`,
+/// `WGEMMA_NO_INT8_ACTIVATIONS=1`, `WGEMMA_INT8_TILES=1`, `WGEMMA_NO_BUSY_WAIT=1`, `WGEMMA_WEBGPU_LIMITS=1`,
 /// `WGEMMA_NO_SPLIT_K=1` and `WGEMMA_COOP_TILE` (64 or 128: the tokens of every tiled
 /// product's tile on tensor cores).
 #[derive(Clone, Debug)]
@@ -53,10 +53,11 @@ pub struct ContextOptions {
     /// for its down product, and on GPUs the input of its gate/up product. Off, every
     /// activation stays f32 (closest to the f32 reference).
     pub allow_int8_activations: bool,
-    /// Let the tiled products of Q4_K and Q6_K rows on a device without cooperative matrices
-    /// round their inputs to 8-bit integers per 32 values and multiply in integer dot
-    /// products (`ops::tiles_round_inputs`), as llama.cpp's quantized products do: the
-    /// browser's prefill. Off (`WGEMMA_NO_INT8_TILES=1`), they multiply f32 values.
+    /// Let the tiled products of Q4_K, Q6_K and Q8_0 rows on a device without cooperative
+    /// matrices round their inputs to 8-bit integers per 32 values and multiply in integer
+    /// dot products (`ops::tiles_round_inputs`), as llama.cpp's quantized products do: the
+    /// browser's prefill. Off by default until it is timed on a GPU against the f32 tiles
+    /// (`WGEMMA_INT8_TILES=1` turns it on, `=0` off).
     pub allow_int8_tiles: bool,
     /// Let wgpu add bounds checks, loop bounds and division guards to every shader, and zero
     /// workgroup memory at each dispatch's start (as a browser runs them). Off by
@@ -135,7 +136,7 @@ impl Default for ContextOptions {
             allow_subgroups: true,
             allow_coop: true,
             allow_int8_activations: true,
-            allow_int8_tiles: true,
+            allow_int8_tiles: false,
             shader_checks: false,
             cpu_adapter: false,
             busy_wait: true,
@@ -178,8 +179,8 @@ impl ContextOptions {
         if on("WGEMMA_NO_INT8_ACTIVATIONS") {
             self.allow_int8_activations = false;
         }
-        if on("WGEMMA_NO_INT8_TILES") {
-            self.allow_int8_tiles = false;
+        if let Some(v) = var("WGEMMA_INT8_TILES") {
+            self.allow_int8_tiles = v == "1";
         }
         if on("WGEMMA_SHADER_CHECKS") {
             self.shader_checks = true;
