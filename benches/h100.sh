@@ -1085,13 +1085,14 @@ pkg_ab() {
 }
 
 # prefill_ab's second half: this build's web/pkg on Dawn next to native (carry [".gl",
-# ".dev/xtask.xz", ".dev/node.xz", ".dev/dawn.tar.xz", "web/pkg"]).
+# ".dev/xtask.xz", ".dev/node.xz", ".dev/dawn.tar.xz", "web/pkg"]); DAWN_ARGS adds
+# dawn-bench arguments (e.g. "--knob WGEMMA_INT8_TILES=1").
 prefill_dawn() {
   node_dawn
   synth e2b
   mkdir -p "$OUT/dawn"
   .dev/xtask dawn-bench --no-build --node "$W/node" --model "$W/models/e2b.gguf" --prompt 512 \
-    --decode 128 --reps 3 > "$OUT/dawn/dawn-e2b.json" 2> "$OUT/dawn/dawn-e2b.err"
+    --decode 128 --reps 3 ${DAWN_ARGS:-} > "$OUT/dawn/dawn-e2b.json" 2> "$OUT/dawn/dawn-e2b.err"
   .dev/xtask bench-e2e --model "$W/models/e2b.gguf" --prompt 512 --decode 128 --reps 3 --json \
     > "$OUT/dawn/native-e2b.json" 2> "$OUT/dawn/native-e2b.err"
   python3 benches/dawn_table.py "$OUT/dawn" e2b | tee -a "$OUT/prefill_ab.txt"

@@ -27,10 +27,11 @@ const { values: a } = parseArgs({
     dawn: { type: "string", multiple: true, default: [] },
     profile: { type: "boolean", default: false },
     "per-layer-table": { type: "string", default: "gpu" },
+    knob: { type: "string", multiple: true, default: [] },
   },
 });
 if (!a.model) {
-  console.error("usage: bench.mjs --model M.gguf [--prompt N] [--decode N] [--reps N] [--dawn FLAG]...");
+  console.error("usage: bench.mjs --model M.gguf [--prompt N] [--decode N] [--reps N] [--dawn FLAG]... [--knob NAME=VALUE]...");
   process.exit(2);
 }
 const [promptLen, decode, reps] = [a.prompt, a.decode, a.reps].map(Number);
@@ -83,7 +84,9 @@ const { WGemma } = await import("../wgemma.js");
 const median = (v) => [...v].sort((x, y) => x - y)[Math.floor(v.length / 2)];
 try {
   const t0 = performance.now();
-  const model = await WGemma.load(url, { cache: false, perLayerTable: a["per-layer-table"] });
+  // The engine's WGEMMA_* switches, as the page's `knobs` load option sets them.
+  const knobs = Object.fromEntries(a.knob.map((k) => [k.split("=")[0], k.slice(k.indexOf("=") + 1)]));
+  const model = await WGemma.load(url, { cache: false, perLayerTable: a["per-layer-table"], knobs });
   const loadS = (performance.now() - t0) / 1e3;
   const info = model.info();
   const vocab = info.vocab;

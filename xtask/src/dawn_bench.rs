@@ -43,6 +43,10 @@ pub struct Args {
     /// `fetch` (a row per token), as the page's `perLayerTable` load option.
     #[arg(long, default_value = "gpu")]
     per_layer_table: String,
+    /// An engine switch `WGEMMA_NAME=VALUE`, as the page's `knobs` load option sets it
+    /// (the browser has no environment), repeatable.
+    #[arg(long)]
+    knob: Vec<String>,
     /// Write Node's CPU profiles (`.cpuprofile`, one per thread: the worker's holds the
     /// engine's wasm and its WebGPU calls) into this folder.
     #[arg(long)]
@@ -86,6 +90,12 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     }
     for flag in &a.dawn {
         cmd.args(["--dawn", flag]);
+    }
+    for knob in &a.knob {
+        if !knob.contains('=') {
+            return Err(format!("--knob {knob}: NAME=VALUE").into());
+        }
+        cmd.args(["--knob", knob]);
     }
     if a.swiftshader {
         cmd.env("VK_ICD_FILENAMES", SWIFTSHADER_ICD)

@@ -31,8 +31,7 @@ const UNITS: u32 = 2u;
 // unit) of rows 4g..4g+3; xq likewise tokens (16 groups).
 var<workgroup> wq: array<vec4<u32>, UNITS * 8u * GN>;
 var<workgroup> xq: array<vec4<u32>, 256>;
-// Per unit and group of 4 rows: the scale of the unit's first 16 values and (Q6_K) of its
-// last 16, or (Q4_K) its min's multiplier.
+// Per unit and group of 4 rows: IntUnit's a and b.
 var<workgroup> wsa: array<vec4<f32>, UNITS * GN>;
 var<workgroup> wsb: array<vec4<f32>, UNITS * GN>;
 // Per unit and group of 4 tokens: the rounding's scale d, and d times the rounded sum.
@@ -41,7 +40,7 @@ var<workgroup> xs: array<vec4<f32>, 32>;
 
 // A row's unit of 32 values as integers (eight words of four bytes), with what turns their
 // dot product with a rounded input into floats: w = a * q (first 16 values), b * q (last
-// 16; Q6_K) or a * q - b (Q4_K).
+// 16; Q6_K) or a * q - b (Q4_K; Q8_0's b is zero).
 struct IntUnit {
     q: array<u32, 8>,
     a: f32,
