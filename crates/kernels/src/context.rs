@@ -32,9 +32,9 @@ pub enum GpuError {
 /// Options for [`GpuContext::new`]. Environment variables override them: `WGEMMA_BACKEND`
 /// (vulkan, metal, dx12, gl, webgpu), `WGEMMA_ADAPTER` (substring of the adapter name),
 /// `WGEMMA_NO_F16=1`, `WGEMMA_NO_SUBGROUPS=1`, `WGEMMA_NO_COOP=1` (force the fallbacks),
-/// `WGEMMA_NO_INT8_ACTIVATIONS=1`, `WGEMMA_INT8_TILES=1`, `WGEMMA_NO_BUSY_WAIT=1`, `WGEMMA_WEBGPU_LIMITS=1`,
-/// `WGEMMA_NO_SPLIT_K=1` and `WGEMMA_COOP_TILE` (64 or 128: the tokens of every tiled
-/// product's tile on tensor cores).
+/// `WGEMMA_NO_INT8_ACTIVATIONS=1`, `WGEMMA_INT8_TILES=1`, `WGEMMA_NO_BUSY_WAIT=1`,
+/// `WGEMMA_WEBGPU_LIMITS=1`, `WGEMMA_NO_SPLIT_K=1` and `WGEMMA_COOP_TILE` (64 or 128: the
+/// tokens of every tiled product's tile on tensor cores).
 #[derive(Clone, Debug)]
 pub struct ContextOptions {
     pub power_preference: wgpu::PowerPreference,

@@ -153,19 +153,18 @@ fn matmul_matches_cpu_for_every_dtype_and_shape() {
 fn clamped_products_match_cpu() {
     let Some(ctx) = ctx() else { return };
     let mut rng = Rng(0xc1a4_9000);
-    let (k, n) = (100u64, 70u64);
-    let wf = rng.vec((k * n) as usize, 0.5);
-    let w = GpuWeight::upload(
-        ctx,
-        "w",
-        GgmlType::F16,
-        k,
-        n,
-        &quantize(GgmlType::F16, &wf).unwrap(),
-        None,
-    )
-    .unwrap();
-    let wd = dequantize_to_vec(GgmlType::F16, &quantize(GgmlType::F16, &wf).unwrap()).unwrap();
+    // F16 rows that end inside a unit (the vision tower's), and Q8_0 ones (integer dot
+    // products where the device has them on: the input clamp before the rounding).
+    for (dtype, k) in [(GgmlType::F16, 100u64), (GgmlType::Q8_0, 96)] {
+        clamped_products_on(ctx, &mut rng, dtype, k);
+    }
+}
+
+fn clamped_products_on(ctx: &GpuContext, rng: &mut Rng, dtype: GgmlType, k: u64) {
+    let n = 70u64;
+    let wq = quantize(dtype, &rng.vec((k * n) as usize, 0.5)).unwrap();
+    let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, None).unwrap();
+    let wd = dequantize_to_vec(dtype, &wq).unwrap();
     let clamp = ops::ProductClamp {
         input: Some([-0.4, 0.6]),
         output: Some([-1.5, 0.9]),
@@ -173,17 +172,9 @@ fn clamped_products_match_cpu() {
     for m in [3u32, 41] {
         let x = rng.vec((m as u64 * k) as usize, 1.0);
         let clamped: Vec<f32> = x.iter().map(|v| v.clamp(-0.4, 0.6)).collect();
-        let (mut want, tol) = if ctx.features.coop_matmul {
-            (
-                cpu::matmul_f16_inputs(&wd, n as usize, k as usize, &clamped, m as usize),
-                3e-4,
-            )
-        } else {
-            (
-                cpu::matmul(&wd, n as usize, k as usize, &clamped, m as usize),
-                2e-5,
-            )
-        };
+        // A clamped product is always tiled.
+        let operands = Operands::of(dtype, &wd, [n as usize, k as usize], &clamped, m as usize);
+        let (mut want, tol) = matmul_reference(ctx, operands, true);
         let hit = want.iter().filter(|v| **v < -1.5 || **v > 0.9).count();
         assert!(hit > 0, "the output clamp bites somewhere");
         want.iter_mut().for_each(|v| *v = v.clamp(-1.5, 0.9));
@@ -200,7 +191,12 @@ fn clamped_products_match_cpu() {
         };
         let ds = ops::matmul_clamped(ctx, &w, &args, clamp).unwrap();
         run(ctx, &ds.iter().collect::<Vec<_>>());
-        assert_close(&format!("clamped m={m}"), &read(ctx, &yv), &want, tol);
+        assert_close(
+            &format!("{dtype} clamped m={m}"),
+            &read(ctx, &yv),
+            &want,
+            tol,
+        );
         // Split over k in two: the input clamp in each part, the output clamp on the sum.
         let partials = poisoned(ctx, (2 * m as u64 * n) as usize);
         let (yv, split) = (poisoned(ctx, (m as u64 * n) as usize), partials.clone());
@@ -216,7 +212,7 @@ fn clamped_products_match_cpu() {
         );
         run(ctx, &ds.iter().collect::<Vec<_>>());
         assert_close(
-            &format!("clamped m={m} in 2 parts"),
+            &format!("{dtype} clamped m={m} in 2 parts"),
             &read(ctx, &yv),
             &want,
             tol,
@@ -259,7 +255,12 @@ fn clamped_products_match_cpu() {
                 cpu::activation(ops::Activation::GeluTanh, g) * by[at]
             })
             .collect();
-        assert_close(&format!("clamped gate m={m}"), &got, &gated_want, tol);
+        assert_close(
+            &format!("{dtype} clamped gate m={m}"),
+            &got,
+            &gated_want,
+            tol,
+        );
         let elsewhere = MatmulArgs {
             out: ops::MatvecOut::GeluTimes {
                 by: &byv,

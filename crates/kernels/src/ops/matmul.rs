@@ -148,8 +148,9 @@ pub fn matmul_clamped_in_parts(
     )
 }
 
-/// Rows of a tiled product's workgroup: 128 on cooperative matrices, 64 otherwise (64 tokens
-/// either way).
+/// Rows of a tiled product's workgroup as the split over k counts them: 128 on cooperative
+/// matrices, 64 otherwise (64 tokens either way; the integer-dot tiles of 128 rows,
+/// `WGEMMA_INT8_ROWS=128`, count as two: [`TiledKernel::rows`] is what a dispatch takes).
 pub(super) fn matmul_tile_rows(ctx: &GpuContext) -> u64 {
     if ctx.features.coop_matmul { 128 } else { 64 }
 }
