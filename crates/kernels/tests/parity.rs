@@ -65,6 +65,30 @@ fn matmul_reference(ctx: &GpuContext, o: Operands<'_>, tiled: bool) -> (Vec<f32>
     }
 }
 
+/// Moves inputs off the 8-bit rounding's ties: a value whose `x * 127 / max|x|` (per 32
+/// values of each `k`-long row, rows `stride` apart) lies within 1e-3 of a half step is
+/// shrunk until none does. Vulkan lets a division be 2.5 ULP off, so on some GPUs (NVIDIA's)
+/// such a value rounds the other way than on the CPU, which moves a product by one step of
+/// the rounding; away from the ties the integer products must equal the reference.
+fn off_ties(x: &mut [f32], k: usize, stride: usize) {
+    for row in x.chunks_mut(stride) {
+        let n = k.min(row.len());
+        for b in row[..n].chunks_mut(32) {
+            let a = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            if a == 0.0 {
+                continue;
+            }
+            // Shrinking a value other than the largest leaves the scale as it is.
+            let inv = 127.0 / a;
+            for v in b.iter_mut() {
+                while ((*v * inv).abs().fract() - 0.5).abs() < 1e-3 {
+                    *v *= 0.997;
+                }
+            }
+        }
+    }
+}
+
 /// `ops::matmul`'s output as the device routes it (a CPU adapter takes every token count as
 /// matrix-vector products) and through the tiled kernel past `MATVEC_MAX_TOKENS` on every
 /// device, each run into `a.y` poisoned again first, with whether the tiled kernel ran.
@@ -123,7 +147,8 @@ fn matmul_matches_cpu_for_every_dtype_and_shape() {
             let wf = rng.vec((k * n) as usize, 0.5);
             let wq = quantize(dtype, &wf).unwrap();
             let wd = dequantize_to_vec(dtype, &wq).unwrap();
-            let x = rng.vec((m * k) as usize, 1.0);
+            let mut x = rng.vec((m * k) as usize, 1.0);
+            off_ties(&mut x, k as usize, k as usize);
             let operands = Operands::of(dtype, &wd, [n as usize, k as usize], &x, m as usize);
             let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, None).unwrap();
             let xv = upload(ctx, &x);
@@ -170,8 +195,16 @@ fn clamped_products_on(ctx: &GpuContext, rng: &mut Rng, dtype: GgmlType, k: u64)
         output: Some([-1.5, 0.9]),
     };
     for m in [3u32, 41] {
-        let x = rng.vec((m as u64 * k) as usize, 1.0);
-        let clamped: Vec<f32> = x.iter().map(|v| v.clamp(-0.4, 0.6)).collect();
+        let mut x = rng.vec((m as u64 * k) as usize, 1.0);
+        // Off the ties as the kernel sees the inputs, clamped: a value moved inside the
+        // bounds is the input itself.
+        let mut clamped: Vec<f32> = x.iter().map(|v| v.clamp(-0.4, 0.6)).collect();
+        off_ties(&mut clamped, k as usize, k as usize);
+        for (v, c) in x.iter_mut().zip(&clamped) {
+            if *c != v.clamp(-0.4, 0.6) {
+                *v = *c;
+            }
+        }
         // A clamped product is always tiled.
         let operands = Operands::of(dtype, &wd, [n as usize, k as usize], &clamped, m as usize);
         let (mut want, tol) = matmul_reference(ctx, operands, true);
@@ -289,6 +322,7 @@ fn matmul_across_tiles_with_strides_and_softcap() {
             let (xs, ys) = (k as u32 + 36, n as u32 + 5);
             // Rows land 2 columns in: weights side by side in one output.
             let mut x = rng.vec((m * xs) as usize, 1.0);
+            off_ties(&mut x, k as usize, xs as usize);
             let packed: Vec<f32> = (0..m as usize)
                 .flat_map(|t| x[t * xs as usize..][..k as usize].to_vec())
                 .collect();
@@ -342,7 +376,8 @@ fn matmul_split_over_k_matches_cpu() {
         let w = GpuWeight::upload(ctx, "w", dtype, k, n, &wq, Some(tile)).unwrap();
         assert_eq!(w.tiles.len(), 3);
         for (m, parts) in [(5u32, 2u32), (70, 3), (9, 20)] {
-            let x = rng.vec(m as usize * k as usize, 1.0);
+            let mut x = rng.vec(m as usize * k as usize, 1.0);
+            off_ties(&mut x, k as usize, k as usize);
             let operands = Operands::of(dtype, &wd, [n as usize, k as usize], &x, m as usize);
             let (mut want, tol) = matmul_reference(ctx, operands, true);
             want.iter_mut().for_each(|v| *v = cpu::softcap(*v, 3.0));
@@ -461,7 +496,8 @@ fn matmul_gated_output_matches_cpu() {
         // Matrix-vector (3 tokens) and tiled (37, 130) paths; outputs land 5 columns into
         // rows of ff + 9.
         for m in [3usize, 37, 130] {
-            let x = rng.vec(m * k as usize, 1.0);
+            let mut x = rng.vec(m * k as usize, 1.0);
+            off_ties(&mut x, k as usize, k as usize);
             let operands = Operands::of(dtype, &wd, [n as usize, k as usize], &x, m);
             let (stride, offset) = (ff + 9, 5u32);
             let yv = poisoned(ctx, m * stride as usize);
@@ -3153,8 +3189,10 @@ fn check_grouped_experts(ctx: &GpuContext, tokens: u32) {
         (GgmlType::F32, 96, 96),
         (GgmlType::Q4K, 256, 256),
     ] {
-        let x = rng.vec((u64::from(tokens) * d) as usize, 1.0);
-        let act = rng.vec((u64::from(slots) * ff) as usize, 1.0);
+        let mut x = rng.vec((u64::from(tokens) * d) as usize, 1.0);
+        let mut act = rng.vec((u64::from(slots) * ff) as usize, 1.0);
+        off_ties(&mut x, d as usize, d as usize);
+        off_ties(&mut act, ff as usize, ff as usize);
         let (xv, actv) = (upload(ctx, &x), upload(ctx, &act));
         let (gate_up, gate_up_d) =
             stacked_experts(ctx, &mut rng, dtype, n_expert.into(), 2 * ff, d);
