@@ -32,7 +32,7 @@ pub enum GpuError {
 /// Options for [`GpuContext::new`]. Environment variables override them: `WGEMMA_BACKEND`
 /// (vulkan, metal, dx12, gl, webgpu), `WGEMMA_ADAPTER` (substring of the adapter name),
 /// `WGEMMA_NO_F16=1`, `WGEMMA_NO_SUBGROUPS=1`, `WGEMMA_NO_COOP=1` (force the fallbacks),
-/// `WGEMMA_NO_INT8_ACTIVATIONS=1`, `WGEMMA_INT8_TILES=1`, `WGEMMA_NO_BUSY_WAIT=1`,
+/// `WGEMMA_NO_INT8_ACTIVATIONS=1`, `WGEMMA_INT8_TILES=0`, `WGEMMA_NO_BUSY_WAIT=1`,
 /// `WGEMMA_WEBGPU_LIMITS=1`, `WGEMMA_NO_SPLIT_K=1` and `WGEMMA_COOP_TILE` (64 or 128: the
 /// tokens of every tiled product's tile on tensor cores).
 #[derive(Clone, Debug)]
@@ -56,8 +56,8 @@ pub struct ContextOptions {
     /// Let the tiled products of Q4_K, Q6_K and Q8_0 rows on a device without cooperative
     /// matrices round their inputs to 8-bit integers per 32 values and multiply in integer
     /// dot products (`ops::tiles_round_inputs`), as llama.cpp's quantized products do: the
-    /// browser's prefill. Off by default until it is timed on a GPU against the f32 tiles
-    /// (`WGEMMA_INT8_TILES=1` turns it on, `=0` off).
+    /// browser's prefill, 1.7x the f32 tiles' through Dawn on an H200 (benches/RESULTS.md).
+    /// On by default; `WGEMMA_INT8_TILES=0` turns it off (closest to the f32 reference).
     pub allow_int8_tiles: bool,
     /// Let wgpu add bounds checks, loop bounds and division guards to every shader, and zero
     /// workgroup memory at each dispatch's start (as a browser runs them). Off by
@@ -136,7 +136,7 @@ impl Default for ContextOptions {
             allow_subgroups: true,
             allow_coop: true,
             allow_int8_activations: true,
-            allow_int8_tiles: false,
+            allow_int8_tiles: true,
             shader_checks: false,
             cpu_adapter: false,
             busy_wait: true,

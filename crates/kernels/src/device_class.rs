@@ -84,7 +84,7 @@ impl DeviceClass {
             subgroup_max_size: 128,
             coop_matmul: false,
             int8_activations: true,
-            int8_tiles: false,
+            int8_tiles: true,
             browser_wgsl: false,
         };
         match self {
