@@ -130,12 +130,14 @@ fn bad_steps_are_errors_and_the_session_goes_on() {
 
 /// A synthetic DiffusionGemma with quantized weights (Q8_0, and a neighbour mix where each
 /// projection has another dtype) and a quantized embedding table (whose transposed copy is
-/// f16): the GPU's steps against the CPU reference of the dequantized weights.
+/// f16): the GPU's steps against the CPU reference of the dequantized weights, with the tiled
+/// products' inputs f32 (8-bit ones move this model's routing: the CPU reference alone with
+/// its experts' inputs so rounded is 0.18 off at the largest logit).
 #[test]
 fn quantized_synthetic_models_match_the_cpu_reference() {
     use wgemma_gguf::GgmlType;
     use wgemma_text::synth::{DtypeMix, SynthSpec, synthetic_bytes};
-    let Some(ctx) = wgemma_test_support::gpu() else {
+    let Some(ctx) = wgemma_test_support::gpu_f32_tiles() else {
         return;
     };
     for mix in [DtypeMix::Uniform(GgmlType::Q8_0), DtypeMix::Varied] {

@@ -32,6 +32,28 @@ pub fn gpu() -> Option<&'static Arc<GpuContext>> {
     .as_ref()
 }
 
+/// A context on [`gpu`]'s adapter whose tiled products keep their inputs f32 (no integer-dot
+/// tiles, [`ContextOptions::allow_int8_tiles`]): for model tests that hold quantized weights
+/// to the CPU reference at a tight tolerance, where rounding the experts' inputs to 8 bits
+/// moves a tiny random model's routing (the tiles themselves meet their CPU reference in the
+/// kernels' parity tests).
+pub fn gpu_f32_tiles() -> Option<&'static Arc<GpuContext>> {
+    static CTX: OnceLock<Option<Arc<GpuContext>>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        let base = gpu()?;
+        let options = ContextOptions {
+            allow_int8_tiles: false,
+            adapter_name: Some(base.info.name.clone()),
+            ..ContextOptions::default().with_env()
+        };
+        let ctx = pollster::block_on(GpuContext::new(options));
+        Some(Arc::new(
+            ctx.expect("a second context on the first one's adapter"),
+        ))
+    })
+    .as_ref()
+}
+
 /// The real Gemma 3 270M GGUF some tests read: `WGEMMA_GEMMA3_270M`, else where `wgemma
 /// pull` puts it. `None` (a skip) when it is missing outside CI.
 pub fn gemma3_270m() -> Option<PathBuf> {
