@@ -87,6 +87,11 @@
 #   batch_ab   batched decode of this build against .dev/xtask-base, interleaved twice
 #              (bench-batch, E2B, AB_SEQS, default 3,4,8,16); $OUT/abb/sweep.md. Carry
 #              [".gl", ".dev/xtask.xz", ".dev/xtask-base.xz"].
+#   depth_ab   batched decode with steps queued ahead of the readback (bench-batch --depth)
+#              against one step at a time, E2B with its per-layer table on the GPU (the one
+#              read on the CPU allows one step at a time), and at depth 1 with the table read on
+#              the CPU, one binary, interleaved twice at DEPTH_SEQS (default 1,4,16,64);
+#              $OUT/depth/sweep.md. Carry [".gl", ".dev/xtask.xz"].
 #   split_sweep  batched decode at 9-64 rows under the split over k's target (WGEMMA_SPLIT)
 #              and 16-token tiles (WGEMMA_COOP_TILE=16), one binary; $OUT/split/sweep.md.
 #              Carry [".gl", ".dev/xtask.xz", ".dev/parity.xz"].
@@ -580,6 +585,21 @@ batch_ab() {
     done
   done
   sweep_table "$OUT/abb" run | tee "$OUT/abb/sweep.md"
+}
+
+depth_ab() {
+  synth e2b
+  mkdir -p "$OUT/depth"
+  local i v
+  for i in 1 2; do
+    for v in cpu1:"--depth 1" gpu1:"--depth 1 --table-on-gpu" gpu2:"--depth 2 --table-on-gpu"; do
+      # shellcheck disable=SC2086
+      .dev/xtask bench-batch --model "$W/models/e2b.gguf" --sequences "${DEPTH_SEQS:-1,4,16,64}" \
+        --reps 2 --decode 64 --json ${v#*:} > "$OUT/depth/sweep-${v%%:*}-$i.jsonl" \
+        2> "$OUT/depth/sweep-${v%%:*}-$i.err" || tail -3 "$OUT/depth/sweep-${v%%:*}-$i.err"
+    done
+  done
+  sweep_table "$OUT/depth" run | tee "$OUT/depth/sweep.md"
 }
 
 # The E2B file and the llama-server build ready, for a `serve` call after this one.

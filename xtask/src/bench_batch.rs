@@ -35,6 +35,14 @@ pub struct Args {
     /// stderr.
     #[arg(long)]
     profile: bool,
+    /// Steps queued ahead of the readback ([`BatchDecoder::submit`]; 1: each step's tokens
+    /// read before the next step is recorded). Past the decoder's pipeline depth (1 where
+    /// the per-layer table is read on the CPU), that depth.
+    #[arg(long, default_value_t = 1)]
+    depth: usize,
+    /// Upload Gemma 4's per-layer embedding table whole instead of staging a row per token.
+    #[arg(long)]
+    table_on_gpu: bool,
 }
 
 /// One number of sequences' medians.
@@ -47,7 +55,13 @@ struct Measured {
 pub fn run(a: Args) -> Result<(), TaskError> {
     let Loaded {
         ctx, model, name, ..
-    } = load(&a.model, Default::default())?;
+    } = load(
+        &a.model,
+        crate::bench_e2e::Placement {
+            table_on_gpu: a.table_on_gpu,
+            ..Default::default()
+        },
+    )?;
     for &n in &a.sequences {
         let m = measure(&a, &model, n)?;
         if a.json {
@@ -103,19 +117,7 @@ fn measure(
         }
         let prefill_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        for k in 1..a.decode {
-            let mut rows: Vec<BatchRow<'_>> = sessions
-                .iter_mut()
-                .map(|session| BatchRow {
-                    session,
-                    params: &greedy,
-                    step: k as u32,
-                })
-                .collect();
-            for r in pollster::block_on(batch.step(&mut rows))? {
-                r?;
-            }
-        }
+        decode_steps(&mut batch, &mut sessions, a.decode - 1, a.depth)?;
         let decode_s = t1.elapsed().as_secs_f64();
         if rep > 0 {
             let steps = (a.decode - 1) as f64;
@@ -132,6 +134,39 @@ fn measure(
         decode_tok_s: median(decode),
         step_ms: median(step),
     })
+}
+
+/// `steps` steps of all `sessions` together, up to `depth` of them queued ahead of the
+/// readback.
+fn decode_steps(
+    batch: &mut BatchDecoder,
+    sessions: &mut [GpuSession],
+    steps: usize,
+    depth: usize,
+) -> Result<(), TaskError> {
+    let greedy = SamplingParams::default();
+    let depth = depth.clamp(1, batch.pipeline_depth());
+    let mut submitted = 0;
+    while submitted < steps || batch.in_flight() > 0 {
+        let mut rows: Vec<BatchRow<'_>> = sessions
+            .iter_mut()
+            .map(|session| BatchRow {
+                session,
+                params: &greedy,
+                step: submitted as u32 + 1,
+            })
+            .collect();
+        // Rows read back are those of the oldest step: every step takes all the sessions.
+        if submitted < steps && batch.in_flight() < depth {
+            pollster::block_on(batch.submit(&mut rows))?;
+            submitted += 1;
+        } else {
+            for r in pollster::block_on(batch.collect(&mut rows))? {
+                r?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Prints the GPU time of every kernel of one step of all `sessions`, to stderr.

@@ -418,3 +418,161 @@ fn a_slot_takes_the_cached_prefix_of_another() {
         assert_eq!(b.tokens(), &tokens[..], "{what}: refusals change nothing");
     }
 }
+
+/// Which sequences each step of [`queued_steps_give_the_tokens_of_steps_read_one_by_one`]
+/// takes: all three, one leaving, a fourth joining, the fourth alone (its session's own
+/// pipelined step), the first coming back beside it.
+const SCHEDULE: [&[usize]; 10] = [
+    &[0, 1, 2],
+    &[0, 1, 2],
+    &[2, 0, 1],
+    &[1, 2],
+    &[1, 2, 3],
+    &[3, 1, 2],
+    &[3],
+    &[3],
+    &[0, 3],
+    &[3, 0, 1, 2],
+];
+
+/// Calls `f` with the rows of `seqs` that `which` names, in its order (greedy).
+fn with_rows<R>(
+    seqs: &mut [GpuSession],
+    which: &[usize],
+    f: impl FnOnce(&mut [BatchRow<'_>]) -> R,
+) -> R {
+    let p = SamplingParams::default();
+    let mut picked: Vec<Option<&mut GpuSession>> = seqs.iter_mut().map(Some).collect();
+    let mut rows: Vec<BatchRow<'_>> = which
+        .iter()
+        .map(|&i| BatchRow {
+            session: picked[i].take().unwrap(),
+            params: &p,
+            step: 1,
+        })
+        .collect();
+    f(&mut rows)
+}
+
+/// Runs [`SCHEDULE`] over sessions that have read `prompts`, `depth` steps queued ahead of
+/// the readback (1: each step read before the next is queued); every sequence's tokens.
+fn run_schedule(
+    gpu: &Arc<GpuModel>,
+    pool: &Arc<KvPool>,
+    prompts: &[Vec<u32>],
+    depth: usize,
+) -> Vec<Vec<u32>> {
+    let opts = SessionOptions {
+        context: 64,
+        max_batch: 8,
+    };
+    let p = SamplingParams::default();
+    let mut batch = BatchDecoder::new(pool.clone(), 4).unwrap();
+    let mut seqs: Vec<GpuSession> = prompts
+        .iter()
+        .map(|tokens| {
+            let mut s = GpuSession::in_pool(gpu.clone(), opts, pool).unwrap();
+            pollster::block_on(s.feed_and_sample(tokens, &p, 0)).unwrap();
+            s
+        })
+        .collect();
+    let mut sampled: Vec<Vec<u32>> = vec![Vec::new(); seqs.len()];
+    let mut read = |which: &[usize], seqs: &mut [GpuSession], batch: &mut BatchDecoder| {
+        let got = with_rows(seqs, which, |rows| pollster::block_on(batch.collect(rows)));
+        for (&i, token) in which.iter().zip(got.unwrap()) {
+            sampled[i].push(token.unwrap());
+        }
+    };
+    for (k, which) in SCHEDULE.iter().enumerate() {
+        with_rows(&mut seqs, which, |rows| {
+            pollster::block_on(batch.submit(rows))
+        })
+        .unwrap();
+        if batch.in_flight() == depth {
+            read(SCHEDULE[k + 1 - depth], &mut seqs, &mut batch);
+        }
+    }
+    for which in &SCHEDULE[SCHEDULE.len() + 1 - depth..] {
+        read(which, &mut seqs, &mut batch);
+    }
+    assert_eq!(batch.in_flight(), 0);
+    for (s, tokens) in seqs.iter().zip(&sampled) {
+        // Every token but the newest sampled one is in the cache.
+        let fed = &s.tokens()[s.tokens().len() - (tokens.len() - 1)..];
+        assert_eq!(fed, &tokens[..tokens.len() - 1]);
+    }
+    sampled
+}
+
+/// Steps queued ahead of their readback ([`BatchDecoder::submit`], then
+/// [`BatchDecoder::collect`] oldest first), whose rows feed tokens still on the GPU, give the
+/// tokens of steps read one by one, while rows leave, join and step alone. Where the
+/// per-layer table is read on the CPU, a row's token must be read before it is fed: one step
+/// at a time.
+#[test]
+fn queued_steps_give_the_tokens_of_steps_read_one_by_one() {
+    let Some(ctx) = ctx() else { return };
+    let moe = specs().pop().unwrap();
+    let ple = SynthSpec::tiny_gemma4(GgmlType::Q8_0);
+    let models = [
+        load(
+            synthetic_bytes(&SynthSpec::tiny_gemma3(GgmlType::F32)).unwrap(),
+            ctx.clone(),
+        )
+        .gpu,
+        load(synthetic_bytes(&moe).unwrap(), ctx.clone()).gpu,
+        gpu_model_table_on_gpu(ctx.clone(), synthetic_bytes(&ple).unwrap()),
+    ];
+    for gpu in &models {
+        let vocab = gpu.cfg.n_vocab as u32;
+        let prompts: Vec<Vec<u32>> = (0..4)
+            .map(|i| prompt(3 + 4 * i, 30 + i as u32, vocab))
+            .collect();
+        let pool = KvPool::new(gpu.clone(), 4, 64).unwrap();
+        let one_by_one = run_schedule(gpu, &pool, &prompts, 1);
+        for depth in [2, 3] {
+            assert_eq!(
+                run_schedule(gpu, &pool, &prompts, depth),
+                one_by_one,
+                "depth {depth}"
+            );
+        }
+    }
+    // The table read on the CPU.
+    let m = load(synthetic_bytes(&ple).unwrap(), ctx.clone());
+    let pool = KvPool::new(m.gpu.clone(), 2, 64).unwrap();
+    let mut batch = BatchDecoder::new(pool.clone(), 2).unwrap();
+    assert_eq!(batch.pipeline_depth(), 1);
+    let p = SamplingParams::default();
+    let opts = SessionOptions {
+        context: 64,
+        max_batch: 8,
+    };
+    let vocab = m.gpu.cfg.n_vocab as u32;
+    let mut seqs: Vec<GpuSession> = (0..2)
+        .map(|i| {
+            let mut s = GpuSession::in_pool(m.gpu.clone(), opts, &pool).unwrap();
+            pollster::block_on(s.feed_and_sample(&prompt(4, 9 + i, vocab), &p, 0)).unwrap();
+            s
+        })
+        .collect();
+    let mut on = |which: &[usize], submit: bool| {
+        with_rows(&mut seqs, which, |rows| {
+            if submit {
+                pollster::block_on(batch.submit(rows)).map(|()| Vec::new())
+            } else {
+                pollster::block_on(batch.collect(rows))
+            }
+        })
+    };
+    on(&[0, 1], true).unwrap();
+    let err = on(&[0, 1], true).unwrap_err();
+    assert!(matches!(err, ForwardError::Busy), "{err}");
+    // Read in another order: refused, and the step stays queued.
+    let err = on(&[1, 0], false).unwrap_err();
+    assert!(matches!(err, ForwardError::Batch(_)), "{err}");
+    assert_eq!(on(&[0, 1], false).unwrap().len(), 2);
+    let err = on(&[0, 1], false).unwrap_err();
+    assert!(matches!(err, ForwardError::NothingSampled), "{err}");
+    on(&[0, 1], true).unwrap();
+}

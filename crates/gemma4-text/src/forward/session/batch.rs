@@ -4,16 +4,16 @@
 //! more than one), attention reads each row's own slot, and each row is sampled with its
 //! session's parameters into its session's state. Sequences join and leave between steps.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tracing::Instrument;
 
 use wgemma_kernels::ops::{self, Argmax, RowDraw};
-use wgemma_kernels::{GpuContext, GpuError, Profiler, Recorder, View, wgpu};
+use wgemma_kernels::{GpuContext, GpuError, Profiler, Recorder, View};
 
 use super::kv::KvCache;
-use super::queue::Sampled;
+use super::queue::{MAX_IN_FLIGHT, Sampled, StepQueue};
 use super::{ForwardError, Fusions, GpuSession, LogitsFor, Op, StepInput};
 use crate::forward::model::GpuModel;
 use crate::sampling::SamplingParams;
@@ -197,12 +197,31 @@ pub struct BatchDecoder {
     host: GpuSession,
     /// `[max_rows, vocab]`: every row's logits.
     logits: View,
-    /// Each row's sampled token and winning logit, copied from its session to be read back.
-    readback: wgpu::Buffer,
+    /// The steps submitted: each row's sampled token and winning logit, copied from its
+    /// session into a ring of buffers read back in order.
+    queue: StepQueue,
+    /// What each submitted step not read back yet stepped, oldest first.
+    queued: VecDeque<QueuedStep>,
     /// The plan of a step over M rows, built on first use.
     plans: HashMap<usize, Vec<Op>>,
     together: RowsTogether,
     max_rows: usize,
+}
+
+/// A step of [`BatchDecoder::submit`] whose tokens are not read back yet.
+struct QueuedStep {
+    /// Its rows' pool slots, in order: [`BatchDecoder::collect`] checks that it is given the
+    /// same sessions.
+    slots: Vec<usize>,
+    /// One row, stepped by its session's own decode step (queued in the session).
+    alone: bool,
+}
+
+/// The pool slots of `rows`' sessions, in order.
+fn slots_of(rows: &[BatchRow<'_>]) -> Vec<usize> {
+    rows.iter()
+        .map(|row| row.session.kv.slot().map_or(usize::MAX, PoolSlot::index))
+        .collect()
 }
 
 /// The rows a step samples together, in two dispatches whatever their number
@@ -287,12 +306,12 @@ impl BatchDecoder {
         let ctx = &model.ctx;
         let vocab = model.cfg.n_vocab as u64;
         let logits = View::of(&ctx.storage("batch logits", max_rows as u64 * vocab * 4));
-        let readback = ctx.readback_buffer("batch readback", max_rows as u64 * 8);
         Ok(Self {
             pool,
             host,
             logits,
-            readback,
+            queue: StepQueue::of_rows(ctx, max_rows),
+            queued: VecDeque::new(),
             plans: HashMap::new(),
             together: RowsTogether::new(ctx, max_rows, vocab as u32),
             max_rows,
@@ -322,6 +341,21 @@ impl BatchDecoder {
         self.logits.size + self.host.s.bytes()
     }
 
+    /// How many steps [`BatchDecoder::submit`] may queue ahead of the readback: one where a
+    /// step needs its rows' tokens on the CPU (a per-layer table read from the file).
+    pub fn pipeline_depth(&self) -> usize {
+        if self.host.needs_token_on_cpu() {
+            1
+        } else {
+            MAX_IN_FLIGHT
+        }
+    }
+
+    /// Steps submitted whose tokens are not read back yet.
+    pub fn in_flight(&self) -> usize {
+        self.queued.len()
+    }
+
     /// Feeds each row's sampled token and samples its next, all rows in one step, waiting
     /// for the tokens. Per row: its token, or [`ForwardError::NonFiniteLogits`]. A row that
     /// cannot take part (another pool's session, no token sampled, steps in flight, adapters,
@@ -340,23 +374,57 @@ impl BatchDecoder {
         rows: &mut [BatchRow<'_>],
         profiler: Option<&mut Profiler>,
     ) -> Result<Vec<Result<u32, ForwardError>>, ForwardError> {
+        if !self.queued.is_empty() {
+            return Err(ForwardError::Busy);
+        }
         let span = tracing::debug_span!("batch_decode", rows = rows.len());
-        self.step_rows(rows, profiler).instrument(span).await
+        async {
+            self.submit_rows(rows, profiler).await?;
+            self.collect_oldest(rows).await
+        }
+        .instrument(span)
+        .await
     }
 
-    async fn step_rows(
+    /// Queues a step of `rows` without waiting for its tokens, so that the GPU computes it
+    /// while the caller reads the step before ([`BatchDecoder::collect`]): each row feeds its
+    /// newest sampled token, read back or, where a step queued before this one samples it,
+    /// still on the GPU. At most [`BatchDecoder::pipeline_depth`] steps are queued
+    /// ([`ForwardError::Busy`] past that); rows may differ from one step to the next.
+    pub async fn submit(&mut self, rows: &mut [BatchRow<'_>]) -> Result<(), ForwardError> {
+        let span = tracing::debug_span!("batch_submit", rows = rows.len());
+        self.submit_rows(rows, None).instrument(span).await
+    }
+
+    /// Waits for the oldest step [`BatchDecoder::submit`] queued and returns its rows'
+    /// tokens, as [`BatchDecoder::step`] does; `rows` are that step's rows, in its order.
+    pub async fn collect(
+        &mut self,
+        rows: &mut [BatchRow<'_>],
+    ) -> Result<Vec<Result<u32, ForwardError>>, ForwardError> {
+        let span = tracing::debug_span!("batch_collect", rows = rows.len());
+        self.collect_oldest(rows).instrument(span).await
+    }
+
+    async fn submit_rows(
         &mut self,
         rows: &mut [BatchRow<'_>],
         profiler: Option<&mut Profiler>,
-    ) -> Result<Vec<Result<u32, ForwardError>>, ForwardError> {
-        let tokens = self.check(rows)?;
+    ) -> Result<(), ForwardError> {
+        if self.queued.len() >= self.pipeline_depth() {
+            return Err(ForwardError::Busy);
+        }
+        let inputs = self.check(rows)?;
+        let slots = slots_of(rows);
         if let [row] = rows {
             // One row: the session's own decode step (split attention, fused kernels).
             row.session.advance(row.params, row.step).await?;
-            return Ok(vec![row.session.next_token().await]);
+            self.queued.push_back(QueuedStep { slots, alone: true });
+            return Ok(());
         }
         let m = rows.len();
-        self.host.fetch_rows(&tokens).await?;
+        let known: Vec<u32> = inputs.iter().flatten().copied().collect();
+        self.host.fetch_rows(&known).await?;
         if !self.plans.contains_key(&m) {
             let ids = &self.host.acts(m).ids;
             // Its rows are sequences: the few-token products are theirs.
@@ -372,34 +440,70 @@ impl BatchDecoder {
         let ctx = self.host.model.ctx.clone();
         let arena = self.host.arena.clone();
         let lease = arena.lease().await;
-        self.stage(rows, &tokens)?;
+        self.stage(rows, &inputs)?;
         let mut rec = match profiler {
             Some(p) => Recorder::profiled(&ctx, "batch decode", p),
             None => Recorder::new(&ctx, "batch decode"),
         };
+        // Tokens that steps still in flight sample: each from its session's result, after
+        // the step that writes it.
+        let ids = self.host.acts(m).ids.clone();
+        for (r, (row, input)) in rows.iter().zip(&inputs).enumerate() {
+            if input.is_none() {
+                let token = row.session.s.result.slice(0, 4)?;
+                rec.copy(&token, &ids.slice(r as u64 * 4, 4)?, 4);
+            }
+        }
         self.host.record(&mut rec, &self.plans[&m]).await?;
-        self.record_sampling(&mut rec, rows)?;
-        let submitted = rec.submit();
+        let (ring, readback) = self.queue.reserve();
+        self.record_sampling(&mut rec, rows, &readback)?;
+        for row in rows.iter_mut() {
+            row.session.ledger.feed_sampled();
+        }
+        self.queue.launch(&ctx, ring, rec.finish());
         drop(lease);
-        ctx.done(Some(submitted), ctx.urgent_wait()).await?;
-        let raw = ctx.map_and_copy(&self.readback, m as u64 * 8).await?;
-        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
-        let out = rows
+        self.queued.push_back(QueuedStep {
+            slots,
+            alone: false,
+        });
+        Ok(())
+    }
+
+    async fn collect_oldest(
+        &mut self,
+        rows: &mut [BatchRow<'_>],
+    ) -> Result<Vec<Result<u32, ForwardError>>, ForwardError> {
+        let Some(oldest) = self.queued.front() else {
+            return Err(ForwardError::NothingSampled);
+        };
+        if oldest.slots != slots_of(rows) {
+            return Err(ForwardError::Batch(
+                "the rows read back are not those of the oldest step queued".into(),
+            ));
+        }
+        if oldest.alone {
+            let token = rows[0].session.next_token().await;
+            self.queued.pop_front();
+            return Ok(vec![token]);
+        }
+        let ctx = self.host.model.ctx.clone();
+        // Nothing queued behind it: the GPU idles until this step's tokens are read.
+        let urgent = self.queued.len() == 1;
+        let read = self.queue.read_oldest_rows(&ctx, rows.len(), urgent).await;
+        self.queued.pop_front();
+        let tokens = read?.ok_or(ForwardError::NothingSampled)?;
+        Ok(rows
             .iter_mut()
-            .zip(words.chunks_exact(2))
-            .map(|(row, w)| {
-                let ledger = &mut row.session.ledger;
-                ledger.feed_sampled();
-                ledger.read_back(w[0]);
-                if super::queue::winning_logit_is_finite(f32::from_bits(w[1])) {
-                    Ok(w[0])
+            .zip(tokens)
+            .map(|(row, (token, finite))| {
+                row.session.ledger.read_back(token);
+                if finite {
+                    Ok(token)
                 } else {
                     Err(ForwardError::NonFiniteLogits)
                 }
             })
-            .collect();
-        ctx.check()?;
-        Ok(out)
+            .collect())
     }
 
     /// Each row's logits into its session, then its draw: together with the others where
@@ -409,10 +513,10 @@ impl BatchDecoder {
         &mut self,
         rec: &mut Recorder<'_>,
         rows: &mut [BatchRow<'_>],
+        readback: &View,
     ) -> Result<(), ForwardError> {
         let vocab = self.host.model.cfg.n_vocab as u32;
         let vocab_bytes = u64::from(vocab) * 4;
-        let readback = View::of(&self.readback);
         let mut draws = Vec::with_capacity(rows.len());
         let mut together = Vec::new();
         for (r, row) in rows.iter_mut().enumerate() {
@@ -440,13 +544,14 @@ impl BatchDecoder {
         }
         if !together.is_empty() {
             self.together
-                .record(rec, &self.logits, vocab, &draws, &mut together, &readback)?;
+                .record(rec, &self.logits, vocab, &draws, &mut together, readback)?;
         }
         Ok(())
     }
 
-    /// Each row's token to feed, once every row is fit for the step.
-    fn check(&self, rows: &[BatchRow<'_>]) -> Result<Vec<u32>, ForwardError> {
+    /// Each row's token to feed (`None`: sampled by a step in flight, on the GPU), once every
+    /// row is fit for the step.
+    fn check(&self, rows: &[BatchRow<'_>]) -> Result<Vec<Option<u32>>, ForwardError> {
         if rows.is_empty() {
             return Err(ForwardError::Empty);
         }
@@ -474,11 +579,22 @@ impl BatchDecoder {
                         "row {r}: the session applies adapters"
                     )));
                 }
-                if s.in_flight() > 0 {
+                // The session's own steps in flight are those this decoder queued for it.
+                let slot = s.kv.slot().map(PoolSlot::index);
+                let alone = self
+                    .queued
+                    .iter()
+                    .filter(|q| q.alone && slot.is_some_and(|i| q.slots == [i]))
+                    .count();
+                if s.in_flight() != alone {
                     return Err(ForwardError::Busy);
                 }
-                let Sampled::Known(token) = s.ledger.sampled() else {
-                    return Err(ForwardError::NothingSampled);
+                let token = match s.ledger.sampled() {
+                    Sampled::Known(token) => Some(token),
+                    Sampled::OnGpu if !s.needs_token_on_cpu() => None,
+                    // Its per-layer table rows wait for the token to be read back.
+                    Sampled::OnGpu => return Err(ForwardError::Busy),
+                    Sampled::None => return Err(ForwardError::NothingSampled),
                 };
                 let need = s.position() + 1;
                 if need > s.capacity {
@@ -492,9 +608,10 @@ impl BatchDecoder {
             .collect()
     }
 
-    /// Writes the rows' tokens, their cache rows (slot start + position) and their per-layer
-    /// table rows into the arena.
-    fn stage(&self, rows: &[BatchRow<'_>], tokens: &[u32]) -> Result<(), ForwardError> {
+    /// Writes the rows' tokens (those known: the others are copied on the GPU), their cache
+    /// rows (slot start + position) and their per-layer table rows into the arena.
+    fn stage(&self, rows: &[BatchRow<'_>], inputs: &[Option<u32>]) -> Result<(), ForwardError> {
+        let tokens: Vec<u32> = inputs.iter().map(|t| t.unwrap_or(0)).collect();
         let positions: Vec<u32> = rows
             .iter()
             .map(|row| {
@@ -503,10 +620,11 @@ impl BatchDecoder {
             })
             .collect();
         let host = &self.host;
-        host.stage_ple_rows(tokens)?;
+        // Rows whose token is on the GPU only come where the table is there too.
+        host.stage_ple_rows(&tokens)?;
         let a = host.acts(rows.len());
         let ctx = &host.model.ctx;
-        ctx.write(&a.ids.buffer, a.ids.offset, bytemuck::cast_slice(tokens));
+        ctx.write(&a.ids.buffer, a.ids.offset, bytemuck::cast_slice(&tokens));
         ctx.write(
             &a.positions.buffer,
             a.positions.offset,

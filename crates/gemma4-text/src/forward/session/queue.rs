@@ -121,9 +121,15 @@ pub(super) struct StepQueue {
 }
 
 impl StepQueue {
+    /// A queue of steps that each sample one token.
     pub(super) fn new(ctx: &GpuContext) -> Self {
+        Self::of_rows(ctx, 1)
+    }
+
+    /// A queue of steps that each sample up to `rows` tokens (a batched step's rows).
+    pub(super) fn of_rows(ctx: &GpuContext, rows: usize) -> Self {
         let ring = (0..MAX_IN_FLIGHT)
-            .map(|_| ctx.readback_buffer("token readback", 8))
+            .map(|_| ctx.readback_buffer("token readback", 8 * rows.max(1) as u64))
             .collect();
         Self {
             ring,
@@ -154,10 +160,17 @@ impl StepQueue {
         mut rec: Recorder<'_>,
         result: &View,
     ) -> Result<(usize, wgpu::CommandBuffer), GpuError> {
+        let (slot, ring) = self.reserve();
+        rec.copy(&result.slice(0, 8)?, &ring, 8);
+        Ok((slot, rec.finish()))
+    }
+
+    /// The next ring buffer, for a step to copy its rows' tokens into (two words a row), and
+    /// its slot to [`StepQueue::launch`] the step with.
+    pub(super) fn reserve(&mut self) -> (usize, View) {
         let slot = self.next;
         self.next = (slot + 1) % MAX_IN_FLIGHT;
-        rec.copy(&result.slice(0, 8)?, &View::of(&self.ring[slot]), 8);
-        Ok((slot, rec.finish()))
+        (slot, View::of(&self.ring[slot]))
     }
 
     /// Submits a finished step and starts mapping its token.
@@ -205,9 +218,25 @@ impl StepQueue {
         &mut self,
         ctx: &GpuContext,
     ) -> Result<Option<(u32, bool)>, GpuError> {
-        let mode = match self.waiting {
-            Some(_) => ctx.urgent_wait(),
-            None => WaitMode::Sleep,
+        Ok(self
+            .read_oldest_rows(ctx, 1, false)
+            .await?
+            .map(|rows| rows[0]))
+    }
+
+    /// [`StepQueue::read_oldest`] for a step of `rows` rows: each row's token and whether it
+    /// won with a finite logit; the wait urgent natively where `urgent` says the GPU has
+    /// nothing after it.
+    pub(super) async fn read_oldest_rows(
+        &mut self,
+        ctx: &GpuContext,
+        rows: usize,
+        urgent: bool,
+    ) -> Result<Option<Vec<(u32, bool)>>, GpuError> {
+        let mode = if urgent || self.waiting.is_some() {
+            ctx.urgent_wait()
+        } else {
+            WaitMode::Sleep
         };
         let Some(f) = self.in_flight.front_mut() else {
             return Ok(None);
@@ -227,17 +256,23 @@ impl StepQueue {
         ctx.check()?;
         mapped.map_err(|e| GpuError::Readback(e.to_string()))?;
         let buf = &self.ring[slot];
-        let token = {
+        let tokens = {
             let view = buf
                 .slice(..)
                 .get_mapped_range()
                 .map_err(|e| GpuError::Readback(e.to_string()))?;
-            let word =
-                |i: usize| u32::from_le_bytes([view[i], view[i + 1], view[i + 2], view[i + 3]]);
-            (word(0), winning_logit_is_finite(f32::from_bits(word(4))))
+            view.get(..8 * rows.max(1)).map(|bytes| {
+                let words: Vec<u32> = bytemuck::pod_collect_to_vec(bytes);
+                words
+                    .chunks_exact(2)
+                    .map(|w| (w[0], winning_logit_is_finite(f32::from_bits(w[1]))))
+                    .collect::<Vec<_>>()
+            })
         };
         buf.unmap();
-        Ok(Some(token))
+        let tokens = tokens
+            .ok_or_else(|| GpuError::Readback(format!("{rows} rows in one step's readback")))?;
+        Ok(Some(tokens))
     }
 }
 
