@@ -88,9 +88,9 @@
 #              (bench-batch, E2B, AB_SEQS, default 3,4,8,16); $OUT/abb/sweep.md. Carry
 #              [".gl", ".dev/xtask.xz", ".dev/xtask-base.xz"].
 #   depth_ab   batched decode with steps queued ahead of the readback (bench-batch --depth)
-#              against one step at a time, E2B with its per-layer table on the GPU (the one
-#              read on the CPU allows one step at a time), and at depth 1 with the table read on
-#              the CPU, one binary, interleaved twice at DEPTH_SEQS (default 1,4,16,64);
+#              against one step at a time, E2B with its per-layer table read on the CPU (depth
+#              1 and 2, its most) and on the GPU (1 and 2), one binary, interleaved twice at
+#              DEPTH_SEQS (default 1,4,16,64);
 #              $OUT/depth/sweep.md. Carry [".gl", ".dev/xtask.xz"].
 #   split_sweep  batched decode at 9-64 rows under the split over k's target (WGEMMA_SPLIT)
 #              and 16-token tiles (WGEMMA_COOP_TILE=16), one binary; $OUT/split/sweep.md.
@@ -592,7 +592,8 @@ depth_ab() {
   mkdir -p "$OUT/depth"
   local i v
   for i in 1 2; do
-    for v in cpu1:"--depth 1" gpu1:"--depth 1 --table-on-gpu" gpu2:"--depth 2 --table-on-gpu"; do
+    for v in cpu1:"--depth 1" cpu2:"--depth 2" gpu1:"--depth 1 --table-on-gpu" \
+      gpu2:"--depth 2 --table-on-gpu"; do
       # shellcheck disable=SC2086
       .dev/xtask bench-batch --model "$W/models/e2b.gguf" --sequences "${DEPTH_SEQS:-1,4,16,64}" \
         --reps 2 --decode 64 --json ${v#*:} > "$OUT/depth/sweep-${v%%:*}-$i.jsonl" \

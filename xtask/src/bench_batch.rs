@@ -36,7 +36,7 @@ pub struct Args {
     #[arg(long)]
     profile: bool,
     /// Steps queued ahead of the readback ([`BatchDecoder::submit`]; 1: each step's tokens
-    /// read before the next step is recorded). Past the decoder's pipeline depth (1 where
+    /// read before the next step is recorded). Past the decoder's pipeline depth (2 where
     /// the per-layer table is read on the CPU), that depth.
     #[arg(long, default_value_t = 1)]
     depth: usize,

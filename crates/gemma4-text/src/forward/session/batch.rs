@@ -202,6 +202,9 @@ pub struct BatchDecoder {
     queue: StepQueue,
     /// What each submitted step not read back yet stepped, oldest first.
     queued: VecDeque<QueuedStep>,
+    /// The newest queued step when it waits for the tokens of the one before it (its rows'
+    /// per-layer table rows are staged on the CPU): what it stages once they are read.
+    held: Option<Staged>,
     /// The plan of a step over M rows, built on first use.
     plans: HashMap<usize, Vec<Op>>,
     together: RowsTogether,
@@ -215,6 +218,16 @@ struct QueuedStep {
     slots: Vec<usize>,
     /// One row, stepped by its session's own decode step (queued in the session).
     alone: bool,
+    /// Held for its inputs and then not run (the step before it failed): its rows' tokens
+    /// are taken back out of their sessions when it is read.
+    dropped: Option<ForwardError>,
+}
+
+/// What a step writes before it runs: its rows' tokens (`None`: sampled by the step before,
+/// on the GPU) and cache rows.
+struct Staged {
+    inputs: Vec<Option<u32>>,
+    positions: Vec<u32>,
 }
 
 /// The pool slots of `rows`' sessions, in order.
@@ -312,6 +325,7 @@ impl BatchDecoder {
             logits,
             queue: StepQueue::of_rows(ctx, max_rows),
             queued: VecDeque::new(),
+            held: None,
             plans: HashMap::new(),
             together: RowsTogether::new(ctx, max_rows, vocab as u32),
             max_rows,
@@ -341,11 +355,12 @@ impl BatchDecoder {
         self.logits.size + self.host.s.bytes()
     }
 
-    /// How many steps [`BatchDecoder::submit`] may queue ahead of the readback: one where a
-    /// step needs its rows' tokens on the CPU (a per-layer table read from the file).
+    /// How many steps [`BatchDecoder::submit`] may queue ahead of the readback: two where a
+    /// step needs its rows' tokens on the CPU (a per-layer table read from the file): the
+    /// second is recorded, and submitted once the first one's tokens are read.
     pub fn pipeline_depth(&self) -> usize {
         if self.host.needs_token_on_cpu() {
-            1
+            2
         } else {
             MAX_IN_FLIGHT
         }
@@ -419,7 +434,11 @@ impl BatchDecoder {
         if let [row] = rows {
             // One row: the session's own decode step (split attention, fused kernels).
             row.session.advance(row.params, row.step).await?;
-            self.queued.push_back(QueuedStep { slots, alone: true });
+            self.queued.push_back(QueuedStep {
+                slots,
+                alone: true,
+                dropped: None,
+            });
             return Ok(());
         }
         let m = rows.len();
@@ -440,7 +459,13 @@ impl BatchDecoder {
         let ctx = self.host.model.ctx.clone();
         let arena = self.host.arena.clone();
         let lease = arena.lease().await;
-        self.stage(rows, &inputs)?;
+        // Rows whose tokens are still on the GPU where the table rows are staged on the CPU:
+        // the step waits for the one before it to be read (at most one step ahead).
+        let defer = self.host.needs_token_on_cpu() && inputs.iter().any(Option::is_none);
+        let staged = self.staged(rows, inputs.clone());
+        if !defer {
+            self.write_staged(&staged)?;
+        }
         let mut rec = match profiler {
             Some(p) => Recorder::profiled(&ctx, "batch decode", p),
             None => Recorder::new(&ctx, "batch decode"),
@@ -460,13 +485,60 @@ impl BatchDecoder {
         for row in rows.iter_mut() {
             row.session.ledger.feed_sampled();
         }
-        self.queue.launch(&ctx, ring, rec.finish());
+        if defer {
+            self.queue.hold(ring, rec.finish());
+            self.held = Some(staged);
+        } else {
+            self.queue.launch(&ctx, ring, rec.finish());
+        }
         drop(lease);
         self.queued.push_back(QueuedStep {
             slots,
             alone: false,
+            dropped: None,
         });
         Ok(())
+    }
+
+    /// Stages and submits the held step now that the step before it (whose rows were
+    /// `slots`) has given `tokens`; drops it where one of the tokens it feeds is unfit.
+    async fn release_held(&mut self, slots: &[usize], tokens: &[(u32, bool)]) {
+        let Some(mut staged) = self.held.take() else {
+            return;
+        };
+        let Some(held) = self.queued.back_mut() else {
+            return;
+        };
+        let mut unfit = None;
+        for (input, slot) in staged.inputs.iter_mut().zip(&held.slots) {
+            if input.is_some() {
+                continue;
+            }
+            match slots.iter().position(|s| s == slot).map(|r| tokens[r]) {
+                Some((token, true)) => *input = Some(token),
+                Some((_, false)) => unfit = Some(ForwardError::NonFiniteLogits),
+                None => unfit = Some(ForwardError::Batch("a held row's token is lost".into())),
+            }
+        }
+        let known: Vec<u32> = staged.inputs.iter().flatten().copied().collect();
+        let written = match unfit {
+            Some(e) => Err(e),
+            None => match self.host.fetch_rows(&known).await {
+                Ok(()) => self.write_staged(&staged),
+                Err(e) => Err(e),
+            },
+        };
+        match written {
+            Ok(()) => {
+                self.queue.release(&self.host.model.ctx);
+            }
+            Err(e) => {
+                self.queue.drop_waiting();
+                if let Some(held) = self.queued.back_mut() {
+                    held.dropped = Some(e);
+                }
+            }
+        }
     }
 
     async fn collect_oldest(
@@ -486,12 +558,33 @@ impl BatchDecoder {
             self.queued.pop_front();
             return Ok(vec![token]);
         }
+        if let Some(e) = &oldest.dropped {
+            // Never ran: each row's fed token is its sampled one again.
+            let e = e.to_string();
+            self.queued.pop_front();
+            return Ok(rows
+                .iter_mut()
+                .map(|row| {
+                    row.session.ledger.unfeed_last();
+                    Err(ForwardError::Batch(format!("the step did not run: {e}")))
+                })
+                .collect());
+        }
         let ctx = self.host.model.ctx.clone();
-        // Nothing queued behind it: the GPU idles until this step's tokens are read.
+        // Nothing queued behind it, or a step waiting for its tokens: the GPU idles until
+        // this step's tokens are read.
         let urgent = self.queued.len() == 1;
         let read = self.queue.read_oldest_rows(&ctx, rows.len(), urgent).await;
-        self.queued.pop_front();
-        let tokens = read?.ok_or(ForwardError::NothingSampled)?;
+        let slots = self.queued.pop_front().map(|q| q.slots).unwrap_or_default();
+        let tokens = match read {
+            Ok(Some(tokens)) => tokens,
+            Ok(None) => return Err(ForwardError::NothingSampled),
+            Err(e) => {
+                self.release_held(&[], &[]).await;
+                return Err(e.into());
+            }
+        };
+        self.release_held(&slots, &tokens).await;
         Ok(rows
             .iter_mut()
             .zip(tokens)
@@ -591,7 +684,11 @@ impl BatchDecoder {
                 }
                 let token = match s.ledger.sampled() {
                     Sampled::Known(token) => Some(token),
-                    Sampled::OnGpu if !s.needs_token_on_cpu() => None,
+                    Sampled::OnGpu
+                        if !s.needs_token_on_cpu() || self.may_hold(slot, rows.len()) =>
+                    {
+                        None
+                    }
                     // Its per-layer table rows wait for the token to be read back.
                     Sampled::OnGpu => return Err(ForwardError::Busy),
                     Sampled::None => return Err(ForwardError::NothingSampled),
@@ -608,27 +705,46 @@ impl BatchDecoder {
             .collect()
     }
 
-    /// Writes the rows' tokens (those known: the others are copied on the GPU), their cache
-    /// rows (slot start + position) and their per-layer table rows into the arena.
-    fn stage(&self, rows: &[BatchRow<'_>], inputs: &[Option<u32>]) -> Result<(), ForwardError> {
-        let tokens: Vec<u32> = inputs.iter().map(|t| t.unwrap_or(0)).collect();
-        let positions: Vec<u32> = rows
+    /// Whether a step of `m` rows may feed the token of the session in pool slot `slot`
+    /// while it is on the GPU, where the table rows are staged on the CPU: held until the
+    /// only step in flight, which samples it, is read (one row: the session's own step
+    /// decides).
+    fn may_hold(&self, slot: Option<usize>, m: usize) -> bool {
+        let before = self.queued.front().filter(|_| self.queued.len() == 1);
+        m == 1
+            || (self.held.is_none()
+                && before.is_some_and(|q| {
+                    !q.alone && q.dropped.is_none() && slot.is_some_and(|i| q.slots.contains(&i))
+                }))
+    }
+
+    /// What a step of `rows` feeding `inputs` writes: the tokens, and the cache rows (slot
+    /// start + position).
+    fn staged(&self, rows: &[BatchRow<'_>], inputs: Vec<Option<u32>>) -> Staged {
+        let positions = rows
             .iter()
             .map(|row| {
                 let slot = row.session.kv.slot().map_or(0, |s| s.index());
                 (slot * self.pool.slot_rows() + row.session.position()) as u32
             })
             .collect();
+        Staged { inputs, positions }
+    }
+
+    /// Writes a step's tokens (those known: the others are copied on the GPU), cache rows
+    /// and per-layer table rows into the arena, before the step is submitted.
+    fn write_staged(&self, staged: &Staged) -> Result<(), ForwardError> {
+        let tokens: Vec<u32> = staged.inputs.iter().map(|t| t.unwrap_or(0)).collect();
         let host = &self.host;
-        // Rows whose token is on the GPU only come where the table is there too.
+        // Unknown tokens only come where the table is on the GPU.
         host.stage_ple_rows(&tokens)?;
-        let a = host.acts(rows.len());
+        let a = host.acts(tokens.len());
         let ctx = &host.model.ctx;
         ctx.write(&a.ids.buffer, a.ids.offset, bytemuck::cast_slice(&tokens));
         ctx.write(
             &a.positions.buffer,
             a.positions.offset,
-            bytemuck::cast_slice(&positions),
+            bytemuck::cast_slice(&staged.positions),
         );
         Ok(())
     }

@@ -86,6 +86,13 @@ impl Ledger {
         self.sampled = Sampled::Known(token);
     }
 
+    /// The step recorded to feed the newest token in the history will not run.
+    pub(super) fn unfeed_last(&mut self) {
+        if let Some(&token) = self.history.last() {
+            self.unfeed(token);
+        }
+    }
+
     /// Forgets positions from `pos` on, and any sampled token.
     pub(super) fn rewind(&mut self, pos: usize) {
         self.history.truncate(pos);
