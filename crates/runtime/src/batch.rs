@@ -1,13 +1,15 @@
 //! Continuous batching: sessions of one model whose generations share each decode step. Their
 //! KV caches are slots of one pool; a step computes the next token of every running
 //! generation at once (the products read each weight once for all of them), and generations
-//! start and end between steps. A generation running alone queues its steps ahead of the
-//! readback as [`Session::generate`] does.
+//! start and end between steps. Each step is queued before the one before it is read back, so
+//! that the GPU computes it while the CPU reads that one's tokens and makes their events (a
+//! generation that ends meanwhile drops its token from the step queued after); a generation
+//! running alone queues its steps ahead of the readback as [`Session::generate`] does.
 //!
 //! A newcomer's long prompt is read a chunk a step ([`Batch::set_prefill_chunk`]), so the
 //! generations under way go on between its chunks rather than wait for all of it.
 
-use wgemma_text::{BatchDecoder, BatchRow, ForwardError, SessionOptions};
+use wgemma_text::{BatchDecoder, BatchRow, ForwardError, SamplingParams, SessionOptions};
 
 use crate::error::Error;
 use crate::model::Model;
@@ -41,6 +43,11 @@ pub struct Batch {
     decoder: BatchDecoder,
     slots: Vec<Slot>,
     prefill_chunk: usize,
+    /// The slots of the batched step queued and not read back yet, in its rows' order.
+    flight: Option<Vec<usize>>,
+    /// Whether batched steps are queued a step ahead of their readback (off with
+    /// `WGEMMA_BATCH_SYNC=1`, to measure it).
+    ahead: bool,
 }
 
 impl Batch {
@@ -74,6 +81,8 @@ impl Batch {
                 })
                 .collect(),
             prefill_chunk: opts.max_batch,
+            flight: None,
+            ahead: !wgemma_kernels::knobs::on("WGEMMA_BATCH_SYNC"),
         })
     }
 
@@ -100,6 +109,11 @@ impl Batch {
             .iter()
             .filter(|s| s.run.is_some() || s.prefill.is_some())
             .count()
+    }
+
+    /// Batched steps queued whose tokens are not read back yet (at most one between calls).
+    pub fn in_flight(&self) -> usize {
+        usize::from(self.flight.is_some())
     }
 
     /// Whether `slot` has no generation under way.
@@ -138,6 +152,9 @@ impl Batch {
             )));
         }
         let mut out = Vec::new();
+        // The step in flight is read first: the slot may be one of its rows, and its cache or
+        // another slot's may be read for the prompt.
+        self.collect(&mut out).await;
         for (i, s) in self.slots.iter_mut().enumerate() {
             if let Some(run) = &mut s.run {
                 run.stop_pipelining();
@@ -231,8 +248,11 @@ impl Batch {
 
     /// One event from every running generation but those `paused` says to leave (their
     /// clients have not taken the last one yet): the events that need no token (an end, a
-    /// cancel), then one step that feeds and samples all the others at once. A generation
-    /// running alone takes its own pipelined step.
+    /// cancel), then the tokens of one step that feeds and samples all the others at once.
+    /// That step was queued by the call before, and this call queues the next before reading
+    /// it, so a paused generation still gets the token of a step queued before its pause
+    /// (where a generation asks for log-probabilities, the steps run one at a time). A
+    /// generation running alone takes its own pipelined step.
     pub async fn step(&mut self, paused: impl Fn(usize) -> bool) -> Vec<SlotEvent> {
         let mut out = self.step_runs(paused).await;
         self.read_prompts(&mut out).await;
@@ -272,7 +292,8 @@ impl Batch {
     async fn step_runs(&mut self, paused: impl Fn(usize) -> bool) -> Vec<SlotEvent> {
         let mut out = Vec::new();
         // Alone (no prompt being read beside it either), a generation pipelines its steps.
-        if self.running() == 1
+        if self.flight.is_none()
+            && self.running() == 1
             && let Some((i, s)) = self
                 .slots
                 .iter_mut()
@@ -287,59 +308,128 @@ impl Batch {
             }
             return out;
         }
-        let mut stepping = Vec::new();
         for (i, s) in self.slots.iter_mut().enumerate() {
             let Some(run) = &mut s.run else { continue };
             if paused(i) {
                 continue;
             }
             run.stop_pipelining();
-            match run.ready_event(&mut s.session).await {
-                Some(event) => out.push((i, event)),
-                None => stepping.push(i),
+            if let Some(event) = run.ready_event(&mut s.session).await {
+                out.push((i, event));
             }
             if run.is_done() {
                 s.run = None;
             }
         }
-        if !stepping.is_empty() {
-            self.step_together(&stepping, &mut out).await;
+        let mut stepping = self.with_room(&paused);
+        let ahead = self.ahead
+            && stepping.len() >= 2
+            && stepping.iter().all(|&i| {
+                self.slots[i]
+                    .run
+                    .as_ref()
+                    .is_some_and(Run::may_queue_ahead)
+            });
+        if !ahead {
+            // One step at a time from here: the one in flight is read first (a step's pause).
+            if self.flight.is_some() {
+                self.collect(&mut out).await;
+            } else if !stepping.is_empty() {
+                self.submit(&stepping, &mut out).await;
+                self.collect(&mut out).await;
+            }
+            return out;
         }
+        if self.flight.is_none() {
+            self.submit(&stepping, &mut out).await;
+            stepping = self.with_room(&paused);
+        }
+        // The next step goes to the GPU before this one's tokens are read.
+        let current = self.flight.take();
+        if stepping.len() >= 2 {
+            self.submit(&stepping, &mut out).await;
+        }
+        let next = std::mem::replace(&mut self.flight, current);
+        self.collect(&mut out).await;
+        self.flight = next;
         out
     }
 
-    /// One batched step of the generations in `stepping` (slots with runs), their events
-    /// into `out`.
-    async fn step_together(&mut self, stepping: &[usize], out: &mut Vec<SlotEvent>) {
+    /// The slots not `paused` whose generations a step queued now would give a token they
+    /// want.
+    fn with_room(&self, paused: &impl Fn(usize) -> bool) -> Vec<usize> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| {
+                !paused(*i) && s.run.as_ref().is_some_and(|r| r.has_room(&s.session))
+            })
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// Queues a batched step of the generations in `stepping` (slots with runs, in order) as
+    /// [`Batch::flight`]; where it cannot be queued, each of them ends with the error.
+    async fn submit(&mut self, stepping: &[usize], out: &mut Vec<SlotEvent>) {
         let mut rows = Vec::with_capacity(stepping.len());
-        let mut runs = Vec::with_capacity(stepping.len());
         for (i, s) in self.slots.iter_mut().enumerate() {
-            if !stepping.contains(&i) {
+            let Some(run) = s.run.as_mut().filter(|_| stepping.contains(&i)) else {
                 continue;
-            }
-            let Some(run) = &mut s.run else { continue };
+            };
             let (params, step) = run.sampling();
             rows.push(BatchRow {
                 session: s.session.gpu_mut(),
                 params,
                 step,
             });
-            runs.push(i);
         }
-        let tokens = self.decoder.step(&mut rows).await;
+        let submitted = self.decoder.submit(&mut rows).await;
         drop(rows);
-        let tokens: Vec<Result<u32, ForwardError>> = match tokens {
-            Ok(t) => t,
-            // The step did not run: each of its generations ends with the error.
-            Err(e) => runs
-                .iter()
-                .map(|_| Err(ForwardError::Batch(e.to_string())))
-                .collect(),
+        let slots = stepping.to_vec();
+        match submitted {
+            Ok(()) => {
+                for &i in &slots {
+                    if let Some(run) = &mut self.slots[i].run {
+                        run.stepped();
+                    }
+                }
+                self.flight = Some(slots);
+            }
+            Err(e) => self.end_with(&slots, &e, out),
+        }
+    }
+
+    /// Reads the tokens of the step in flight (waiting for it) and puts the events of its
+    /// generations in `out`; a generation that ended while the step ran drops its token.
+    async fn collect(&mut self, out: &mut Vec<SlotEvent>) {
+        let Some(slots) = self.flight.take() else {
+            return;
         };
-        for (i, token) in runs.into_iter().zip(tokens) {
+        // Collecting uses each row's session only.
+        let unused = SamplingParams::default();
+        let mut rows: Vec<BatchRow<'_>> = self
+            .slots
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| slots.contains(i))
+            .map(|(_, s)| BatchRow {
+                session: s.session.gpu_mut(),
+                params: &unused,
+                step: 0,
+            })
+            .collect();
+        let tokens = self.decoder.collect(&mut rows).await;
+        drop(rows);
+        let tokens = match tokens {
+            Ok(t) => t,
+            Err(e) => {
+                self.end_with(&slots, &e, out);
+                return;
+            }
+        };
+        for (i, token) in slots.into_iter().zip(tokens) {
             let s = &mut self.slots[i];
             let Some(run) = &mut s.run else { continue };
-            run.stepped();
             let event = match token {
                 Ok(id) => match run.read_logprobs(&mut s.session).await {
                     Ok(()) => run.on_token(&mut s.session, id).await,
@@ -352,6 +442,15 @@ impl Batch {
                 s.run = None;
             }
             out.push((i, event));
+        }
+    }
+
+    /// Ends the generations of `slots` with `e`, why their step did not run or was lost.
+    fn end_with(&mut self, slots: &[usize], e: &ForwardError, out: &mut Vec<SlotEvent>) {
+        for &i in slots {
+            if self.slots[i].run.take().is_some() {
+                out.push((i, Err(ForwardError::Batch(e.to_string()).into())));
+            }
         }
     }
 }

@@ -847,7 +847,7 @@ impl Run {
             self.end(s, StopReason::MaxTokens).await
         } else if !self.pipelined
             && self.started()
-            && s.gpu.in_flight() == 0
+            && !s.gpu.token_on_gpu()
             && s.gpu.position() >= s.gpu.capacity()
         {
             self.end(s, StopReason::ContextFull).await
@@ -913,6 +913,18 @@ impl Run {
     /// Counts a step the caller queued for this run ([`crate::Batch`]).
     pub(crate) fn stepped(&mut self) {
         self.submitted += 1;
+    }
+
+    /// Whether a step the caller queues now could give this run a token it wants: below its
+    /// token limit counting the steps queued, and with room in the cache for the token fed.
+    pub(crate) fn has_room(&self, s: &Session) -> bool {
+        self.submitted < self.req.max_tokens && s.gpu.position() < s.gpu.capacity()
+    }
+
+    /// Whether the caller may queue this run's steps ahead of their readback: not where the
+    /// request reads log-probabilities, which the next step's logits would overwrite.
+    pub(crate) fn may_queue_ahead(&self) -> bool {
+        self.req.logprobs.is_none()
     }
 
     /// The run's sampling and its step number, for a step the caller runs.

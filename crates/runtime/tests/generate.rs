@@ -230,8 +230,9 @@ fn reply(events: impl IntoIterator<Item = Result<Event, Error>>) -> (String, Sto
 }
 
 /// Generations that start at different times and share decode steps in a [`wgemma::Batch`]
-/// each give what the same request gives alone; a slot keeps its conversation's cache. Long
-/// prompts are read a chunk a step (by default `max_batch` tokens, here also 4) while the
+/// each give what the same request gives alone, ending at a stop string, the context's end or
+/// their token limit while the next step is queued; a slot keeps its conversation's cache.
+/// Long prompts are read a chunk a step (by default `max_batch` tokens, here also 4) while the
 /// others go on decoding.
 #[test]
 fn batched_generations_match_each_alone() {
@@ -247,25 +248,41 @@ fn batched_generations_match_each_alone() {
                 (0..n).map(|i| (i * 31 + n * 7 + 2) % vocab).collect(),
             ))
         };
+        let opts = SessionOptions {
+            context: 64,
+            max_batch: 16,
+        };
+        let run_alone = |r: &GenerateRequest| {
+            let mut s = model.session(opts).expect("a session");
+            reply(pollster::block_on(
+                s.generate(r.clone()).collect::<Vec<_>>(),
+            ))
+        };
+        // A stop string from the middle of a reply (so that steps were queued past it), a
+        // prompt that fills the context, a request for log-probabilities (steps one at a
+        // time while it runs).
+        let (text, _) = run_alone(&request(5, 12));
+        let middle: String = text.chars().skip(text.chars().count() / 2).take(2).collect();
+        assert!(!middle.is_empty(), "gemma4 {gemma4}: a reply to stop in: {text:?}");
         let requests = [
             request(9, 12),
             request(4, 7),
             request(17, 10),
             request(6, 9),
+            GenerateRequest {
+                stop: vec![middle],
+                ..request(5, 12)
+            },
+            GenerateRequest {
+                logprobs: Some(2),
+                ..request(7, 6)
+            },
+            request(50, 30),
+            request(8, 20),
         ];
-        let opts = SessionOptions {
-            context: 64,
-            max_batch: 16,
-        };
-        let alone: Vec<(String, StopReason)> = requests
-            .iter()
-            .map(|r| {
-                let mut s = model.session(opts).expect("a session");
-                reply(pollster::block_on(
-                    s.generate(r.clone()).collect::<Vec<_>>(),
-                ))
-            })
-            .collect();
+        let alone: Vec<(String, StopReason)> = requests.iter().map(run_alone).collect();
+        assert_eq!(alone[4].1, StopReason::StopString, "gemma4 {gemma4}");
+        assert_eq!(alone[6].1, StopReason::ContextFull, "gemma4 {gemma4}");
         for chunk in [None, Some(4)] {
             let mut batch = Batch::new(&model, 3, opts).expect("a batch");
             if let Some(c) = chunk {
@@ -276,7 +293,7 @@ fn batched_generations_match_each_alone() {
             for (k, (want, got)) in alone.iter().zip(events).enumerate() {
                 assert_eq!(&reply(got), want, "{what}: request {k}");
             }
-            // Slot 0 ran request 3 last: its cache holds that prompt and reply.
+            // Slot 0 ran request 6 last: its cache holds that prompt and reply.
             assert!(batch.cached_tokens(0).len() > 6);
         }
     }
@@ -295,7 +312,9 @@ fn run_batch(
     let mut owner = [usize::MAX; 3];
     // Events of other requests between request 2's start and its first event.
     let mut while_reading = None;
-    for round in 0..200 {
+    // Calls that left a step queued: the steps ran a step ahead of their readback.
+    let mut ahead = 0;
+    for round in 0..300 {
         if next < requests.len() && (round >= 3 * next) {
             let slot = next % 3;
             if batch.is_idle(slot) {
@@ -322,7 +341,9 @@ fn run_batch(
             }
             events[owner[i]].push(e);
         }
+        ahead += batch.in_flight();
     }
+    assert!(ahead >= 5, "{what}: {ahead} steps queued ahead");
     if what.ends_with("Some(4)") {
         assert!(
             while_reading.is_some_and(|n| n >= 3),

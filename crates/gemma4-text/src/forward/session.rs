@@ -511,6 +511,12 @@ impl GpuSession {
         self.ledger.position()
     }
 
+    /// Whether the newest sampled token is still on the GPU: a step queued for this session
+    /// (its own, or a batched one) samples it.
+    pub fn token_on_gpu(&self) -> bool {
+        self.ledger.sampled() == Sampled::OnGpu
+    }
+
     /// The tokens in the cache whose ids are known, in order (all of them once no step is in
     /// flight).
     pub fn tokens(&self) -> &[u32] {
