@@ -324,12 +324,9 @@ impl Batch {
         let mut stepping = self.with_room(&paused);
         let ahead = self.ahead
             && stepping.len() >= 2
-            && stepping.iter().all(|&i| {
-                self.slots[i]
-                    .run
-                    .as_ref()
-                    .is_some_and(Run::may_queue_ahead)
-            });
+            && stepping
+                .iter()
+                .all(|&i| self.slots[i].run.as_ref().is_some_and(Run::may_queue_ahead));
         if !ahead {
             // One step at a time from here: the one in flight is read first (a step's pause).
             if self.flight.is_some() {
@@ -361,9 +358,7 @@ impl Batch {
         self.slots
             .iter()
             .enumerate()
-            .filter(|(i, s)| {
-                !paused(*i) && s.run.as_ref().is_some_and(|r| r.has_room(&s.session))
-            })
+            .filter(|(i, s)| !paused(*i) && s.run.as_ref().is_some_and(|r| r.has_room(&s.session)))
             .map(|(i, _)| i)
             .collect()
     }

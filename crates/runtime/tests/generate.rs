@@ -262,8 +262,15 @@ fn batched_generations_match_each_alone() {
         // prompt that fills the context, a request for log-probabilities (steps one at a
         // time while it runs).
         let (text, _) = run_alone(&request(5, 12));
-        let middle: String = text.chars().skip(text.chars().count() / 2).take(2).collect();
-        assert!(!middle.is_empty(), "gemma4 {gemma4}: a reply to stop in: {text:?}");
+        let middle: String = text
+            .chars()
+            .skip(text.chars().count() / 2)
+            .take(2)
+            .collect();
+        assert!(
+            !middle.is_empty(),
+            "gemma4 {gemma4}: a reply to stop in: {text:?}"
+        );
         let requests = [
             request(9, 12),
             request(4, 7),
