@@ -138,9 +138,10 @@ impl Batch {
 
     /// Starts `req` in idle `slot`: its prompt is read (what the slot's cache, or a longer
     /// prefix another slot holds, has of it reused) and its first token sampled. Returns that
-    /// first event (with the events of a generation that ran alone until now and whose queued
-    /// steps are read first, since the generations step together from here on); a prompt
-    /// read in chunks gives its first event from a later [`Batch::step`].
+    /// first event, after the events of the steps read first: the batched step in flight, and
+    /// the queued steps of a generation that ran alone until now (the generations step
+    /// together from here on); a prompt read in chunks gives its first event from a later
+    /// [`Batch::step`].
     pub async fn start(
         &mut self,
         slot: usize,
@@ -395,7 +396,8 @@ impl Batch {
     }
 
     /// Reads the tokens of the step in flight (waiting for it) and puts the events of its
-    /// generations in `out`; a generation that ended while the step ran drops its token.
+    /// generations in `out`, paused or not; a generation that ended, or is ending, while the
+    /// step ran drops its token.
     async fn collect(&mut self, out: &mut Vec<SlotEvent>) {
         let Some(slots) = self.flight.take() else {
             return;
@@ -424,7 +426,17 @@ impl Batch {
         };
         for (i, token) in slots.into_iter().zip(tokens) {
             let s = &mut self.slots[i];
-            let Some(run) = &mut s.run else { continue };
+            let Some(run) = s.run.as_mut().filter(|r| !r.is_ending()) else {
+                if s.run.is_none() {
+                    // Ended while the step ran, its cache settled then: the step's token is
+                    // forgotten too (nothing sampled waits to be fed).
+                    let len = s.session.cached_tokens().len();
+                    if let Err(e) = s.session.gpu_mut().rewind(len) {
+                        tracing::warn!(slot = i, error = %e, "could not settle an ended slot");
+                    }
+                }
+                continue;
+            };
             let event = match token {
                 Ok(id) => match run.read_logprobs(&mut s.session).await {
                     Ok(()) => run.on_token(&mut s.session, id).await,

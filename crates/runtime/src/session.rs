@@ -801,7 +801,8 @@ impl Run {
     }
 
     /// Leaves the cache holding the prompt and the tokens generated before the last one:
-    /// queued steps past the stop are read and dropped.
+    /// the session's own queued steps past the stop are read and dropped (a batched step
+    /// queued with this row is read later by [`crate::Batch`], which drops its token).
     async fn settle(&mut self, s: &mut Session) -> Result<(), Error> {
         let gpu = &mut s.gpu;
         gpu.drain().await?;
@@ -915,10 +916,19 @@ impl Run {
         self.submitted += 1;
     }
 
-    /// Whether a step the caller queues now could give this run a token it wants: below its
-    /// token limit counting the steps queued, and with room in the cache for the token fed.
+    /// Whether a step the caller queues now could give this run a token it wants: not
+    /// ending, below its token limit counting the steps queued, and with room in the cache
+    /// for the token fed.
     pub(crate) fn has_room(&self, s: &Session) -> bool {
-        self.submitted < self.req.max_tokens && s.gpu.position() < s.gpu.capacity()
+        !self.is_ending()
+            && self.submitted < self.req.max_tokens
+            && s.gpu.position() < s.gpu.capacity()
+    }
+
+    /// Whether the run has given its last token and only its end is still to come (after a
+    /// stop string, or after text it held back): a token sampled for it now is dropped.
+    pub(crate) fn is_ending(&self) -> bool {
+        self.pending_done.is_some()
     }
 
     /// Whether the caller may queue this run's steps ahead of their readback: not where the

@@ -298,6 +298,8 @@ fn batched_generations_match_each_alone() {
             let what = format!("gemma4 {gemma4}, chunks of {chunk:?}");
             let events = run_batch(&mut batch, &requests, &what);
             for (k, (want, got)) in alone.iter().zip(events).enumerate() {
+                let last = got.last().map(|e| matches!(e, Ok(Event::Done { .. })));
+                assert_eq!(last, Some(true), "{what}: request {k} ends with its end");
                 assert_eq!(&reply(got), want, "{what}: request {k}");
             }
             // Slot 0 ran request 6 last: its cache holds that prompt and reply.
@@ -307,7 +309,8 @@ fn batched_generations_match_each_alone() {
 }
 
 /// Runs `requests` in `batch` (request k in slot k % 3 once that slot is free, one every
-/// three steps; request 0 runs alone at first) and returns each one's events. Checks that
+/// three steps; request 0 runs alone at first; each slot paused every fifth step) and returns
+/// each one's events. Checks that steps were queued ahead, and that
 /// the generations under way went on while request 2's 17-token prompt was read in chunks.
 fn run_batch(
     batch: &mut wgemma::Batch,
@@ -339,7 +342,9 @@ fn run_batch(
         if next == requests.len() && batch.running() == 0 {
             break;
         }
-        for (i, e) in pollster::block_on(batch.step(|_| false)) {
+        // Each slot left out of a step now and then, as the server leaves those whose client
+        // has not taken the last event (a step queued before still gives them its token).
+        for (i, e) in pollster::block_on(batch.step(|i| (round + i) % 5 == 0)) {
             if let Some(n) = &mut while_reading
                 && owner[i] != 2
                 && events[2].is_empty()
@@ -358,6 +363,78 @@ fn run_batch(
         );
     }
     events
+}
+
+/// A generation whose stop string comes while its next step is queued, and that is paused in
+/// the call that reads that step (its client has not taken the stop's event yet), drops that
+/// step's token: its reply is what it is alone, and `Done` is its last event.
+#[test]
+fn a_batched_generation_paused_after_its_stop_gives_nothing_more() {
+    use wgemma::{Batch, SessionOptions};
+    let Some(model) = tiny_model(false, None) else {
+        return;
+    };
+    let vocab = model.config().n_vocab as u32;
+    let request = |n: u32, max_tokens| GenerateRequest {
+        max_tokens,
+        ..GenerateRequest::new(Prompt::Tokens(
+            (0..n).map(|i| (i * 31 + n * 7 + 2) % vocab).collect(),
+        ))
+    };
+    let opts = SessionOptions {
+        context: 64,
+        max_batch: 16,
+    };
+    let alone = |r: &GenerateRequest| {
+        let mut s = model.session(opts).expect("a session");
+        reply(pollster::block_on(
+            s.generate(r.clone()).collect::<Vec<_>>(),
+        ))
+    };
+    // This prompt's reply repeats a two-letter token ("amam..."): the stop string of its
+    // second letter then the first is found by the second token, whose event gives no text
+    // (the first letter went out with the first token, the second was held back).
+    let (text, _) = alone(&request(9, 16));
+    let letters: Vec<char> = text.chars().take(2).collect();
+    let stop: String = [letters[1], letters[0]].iter().collect();
+    let stopping = GenerateRequest {
+        stop: vec![stop.clone()],
+        ..request(9, 16)
+    };
+    let want = alone(&stopping);
+    assert_eq!(
+        want,
+        (letters[0].to_string(), StopReason::StopString),
+        "{text:?}, stop {stop:?}"
+    );
+    let mut batch = Batch::new(&model, 2, opts).expect("a batch");
+    let mut events: [Vec<Result<Event, Error>>; 2] = [Vec::new(), Vec::new()];
+    for (slot, r) in [(0, request(6, 24)), (1, stopping)] {
+        for (i, e) in pollster::block_on(batch.start(slot, r)).expect("starts") {
+            events[i].push(e);
+        }
+    }
+    // Slot 1 is left out once: in the call after the event of its stop.
+    let mut left_out = false;
+    for _ in 0..100 {
+        if batch.running() == 0 {
+            break;
+        }
+        let stopped = events[1]
+            .iter()
+            .skip(1)
+            .any(|e| matches!(e, Ok(Event::Token { text, .. }) if text.is_empty()));
+        let pause = stopped && !left_out;
+        left_out |= pause;
+        for (i, e) in pollster::block_on(batch.step(|i| i == 1 && pause)) {
+            events[i].push(e);
+        }
+    }
+    assert!(left_out, "the stop's event came: {:?}", events[1]);
+    let [_, got] = events;
+    let last = got.last().map(|e| matches!(e, Ok(Event::Done { .. })));
+    assert_eq!(last, Some(true), "Done last: {got:?}");
+    assert_eq!(reply(got), want);
 }
 
 /// A request cancelled while its prompt is read in chunks ends as cancelled at the next step,

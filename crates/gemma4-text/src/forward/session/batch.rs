@@ -501,7 +501,8 @@ impl BatchDecoder {
     }
 
     /// Stages and submits the held step now that the step before it (whose rows were
-    /// `slots`) has given `tokens`; drops it where one of the tokens it feeds is unfit.
+    /// `slots`) has given `tokens`; drops it where a token it feeds is lost or its table row
+    /// cannot be read.
     async fn release_held(&mut self, slots: &[usize], tokens: &[(u32, bool)]) {
         let Some(mut staged) = self.held.take() else {
             return;
@@ -509,14 +510,17 @@ impl BatchDecoder {
         let Some(held) = self.queued.back_mut() else {
             return;
         };
+        let vocab = self.host.model.cfg.n_vocab as u32;
         let mut unfit = None;
         for (input, slot) in staged.inputs.iter_mut().zip(&held.slots) {
             if input.is_some() {
                 continue;
             }
             match slots.iter().position(|s| s == slot).map(|r| tokens[r]) {
-                Some((token, true)) => *input = Some(token),
-                Some((_, false)) => unfit = Some(ForwardError::NonFiniteLogits),
+                // A row whose logits were not finite feeds its token all the same (within the
+                // vocabulary): its reader ends it with that error, and dropping the step would
+                // stop every other row with it.
+                Some((token, _)) => *input = Some(token.min(vocab.saturating_sub(1))),
                 None => unfit = Some(ForwardError::Batch("a held row's token is lost".into())),
             }
         }
