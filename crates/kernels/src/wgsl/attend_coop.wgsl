@@ -51,8 +51,12 @@ const TAU: f32 = 8.0;
 // Two buffers of a tile's keys then values (buffer b: keys at 2 b TS, values at (2 b + 1) TS);
 // before the first tile, the block's queries (BQ rows of QP: the same size).
 var<workgroup> kv: array<vec4<f16>, 4u * TS>;
-// Each subgroup's 16 rows of scores (then, when rescaling or at the end, of outputs).
-var<workgroup> sc: array<f32, NSG * 16u * SP>;
+// Each subgroup's 16 rows of scores (then, when rescaling or at the end, of outputs), SP
+// floats a row held four to an element: a lane reads its half of a row as four 16-byte loads,
+// which fall on different banks across the subgroup (single floats at this pitch would fall
+// on 8 of the 32 banks).
+const S4: u32 = SP / 4u;
+var<workgroup> sc: array<vec4<f32>, NSG * 16u * S4>;
 // Each subgroup's 16 rows of weights.
 var<workgroup> pw: array<vec4<f16>, NSG * 16u * PP / 4u>;
 
@@ -137,23 +141,22 @@ fn store_tile(t: TileLoad, b: u32, li: u32) {
 }
 
 // Output fragment `c` of subgroup `sg` into the subgroup's part of `sc` (once every lane is
-// done with what was there); where this lane's eight values of its row start.
+// done with what was there); where this lane's eight values of its row start (two elements).
 fn spill(c: coop_mat16x16<f32, C>, sg: u32, lane: u32) -> u32 {
-    let base = sg * 16u * SP;
+    let base = sg * 16u * S4;
     subgroupBarrier();
-    coopStoreT(c, &sc[base], SP);
+    coopStoreT(c, &sc[base], S4);
     subgroupBarrier();
-    return base + (lane / 2u) * SP + (lane % 2u) * 8u;
+    return base + (lane / 2u) * S4 + (lane % 2u) * 2u;
 }
 
 // Output fragment `c` of subgroup `sg` with each row scaled by its lane pair's `scale`.
 fn rescaled(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, scale: f32) -> coop_mat16x16<f32, C> {
     let at = spill(c, sg, lane);
-    for (var i = 0u; i < 8u; i++) {
-        sc[at + i] *= scale;
-    }
+    sc[at] *= scale;
+    sc[at + 1u] *= scale;
     subgroupBarrier();
-    return coopLoadT<coop_mat16x16<f32, C>>(&sc[sg * 16u * SP], SP);
+    return coopLoadT<coop_mat16x16<f32, C>>(&sc[sg * 16u * S4], S4);
 }
 
 // Columns col0.. of the rows of output fragment `c` of subgroup `sg`, times `scale`, to `o`.
@@ -162,7 +165,7 @@ fn emit(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, col0: u32, scale: f32, ob:
     for (var i = 0u; i < 8u; i++) {
         let col = col0 + (lane % 2u) * 8u + i;
         if (live && col < p.d) {
-            o[ob + col * p.o2] = sc[at + i] * scale;
+            o[ob + col * p.o2] = sc[at + i / 4u][i % 4u] * scale;
         }
     }
 }
@@ -227,7 +230,7 @@ fn main(
     var run_sum = 0.0;
     let last = p.q_pos0 + min(first + BQ, p.tq) - 1u;
     let range = block_keys(p.q_pos0 + first, last);
-    let sbase = sg * 16u * SP;
+    let sbase = sg * 16u * S4;
     let pbase = sg * 16u * PP / 4u;
     var pre = fetch_tile(range.x, min(BK, range.y - range.x), kvh, li);
     // Every subgroup has its query fragments: the first buffer is free.
@@ -254,24 +257,30 @@ fn main(
 #if HEAD_DIM_80
             c = coopMultiplyAdd(qa4, coopLoad<coop_mat16x16<f16, B>>(&kv[k4 + 16u], QP / 4u), c);
 #endif
-            coopStoreT(c, &sc[sbase + kf * 16u], SP);
+            coopStoreT(c, &sc[sbase + kf * 4u], S4);
         }
         subgroupBarrier();
 
-        var s = array<f32, 16>();
+        // This lane's 16 scores, four at a time.
+        let mine4 = sbase + (lane / 2u) * S4 + half * 4u;
+        var s: array<vec4<f32>, 4>;
         var tile_max = MASKED;
-        for (var i = 0u; i < 16u; i++) {
-            let j = half * 16u + i;
-            let kp = kb + j;
-            var sj = MASKED;
-            if (live && j < n && kp >= mine.x && kp < mine.y && visible(qp, kp)) {
-                sj = sc[sbase + (lane / 2u) * SP + j] * p.scale;
-                if (p.softcap > 0.0) {
-                    sj = p.softcap * tanh(clamp(sj / p.softcap, -9.0, 9.0));
+        for (var g = 0u; g < 4u; g++) {
+            let raw = sc[mine4 + g] * p.scale;
+            var x = vec4<f32>(MASKED);
+            for (var t = 0u; t < 4u; t++) {
+                let j = half * 16u + 4u * g + t;
+                let kp = kb + j;
+                if (live && j < n && kp >= mine.x && kp < mine.y && visible(qp, kp)) {
+                    var sj = raw[t];
+                    if (p.softcap > 0.0) {
+                        sj = p.softcap * tanh(clamp(sj / p.softcap, -9.0, 9.0));
+                    }
+                    x[t] = sj;
                 }
             }
-            s[i] = sj;
-            tile_max = max(tile_max, sj);
+            s[g] = x;
+            tile_max = max(tile_max, max(max(x.x, x.y), max(x.z, x.w)));
         }
         tile_max = pair_max(tile_max);
         // A row that has seen no key takes the tile's maximum (its outputs are still zero);
@@ -292,15 +301,11 @@ fn main(
             m = tile_max;
         }
         let pb = pbase + (lane / 2u) * PP / 4u + half * 4u;
-        for (var i = 0u; i < 16u; i += 4u) {
-            var w = vec4<f32>(0.0);
-            for (var t = 0u; t < 4u; t++) {
-                if (s[i + t] > MASKED) {
-                    w[t] = exp(s[i + t] - m);
-                }
-            }
+        for (var g = 0u; g < 4u; g++) {
+            let x = s[g];
+            let w = select(vec4<f32>(0.0), exp(x - m), x > vec4<f32>(MASKED));
             run_sum += w.x + w.y + w.z + w.w;
-            pw[pb + i / 4u] = vec4<f16>(w);
+            pw[pb + g] = vec4<f16>(w);
         }
         // The weights are complete.
         subgroupBarrier();
