@@ -156,12 +156,24 @@ pub(crate) fn validate_coop(source: &ShaderSource) {
     let wgsl = source.render(&features);
     let module = naga::front::wgsl::parse_str(&wgsl)
         .unwrap_or_else(|e| panic!("{}: {}", source.key(), e.emit_to_string(&wgsl)));
-    naga::valid::Validator::new(
+    let info = naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
         naga::valid::Capabilities::all(),
     )
     .validate(&module)
     .unwrap_or_else(|e| panic!("{}: {e:?}", source.key()));
+    // What the Vulkan backend writes: naga's SPIR-V writer refuses (or panics on) some
+    // forms its validator passes.
+    let options = naga::back::spv::Options {
+        lang_version: (1, 3),
+        ..naga::back::spv::Options::default()
+    };
+    let constants = source.constants.iter().cloned().collect();
+    let (module, info) =
+        naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
+            .unwrap_or_else(|e| panic!("{}: {e:?}", source.key()));
+    naga::back::spv::write_vec(&module, &info, &options, None)
+        .unwrap_or_else(|e| panic!("{}: SPIR-V: {e:?}", source.key()));
     // Past the device's limit the driver does not refuse the pipeline: the kernel faults.
     let mut layouter = naga::proc::Layouter::default();
     layouter

@@ -263,7 +263,7 @@ fn main(
 
         // This lane's 16 scores, four at a time.
         let mine4 = sbase + (lane / 2u) * S4 + half * 4u;
-        var s: array<vec4<f32>, 4>;
+        var s = array<vec4<f32>, 4>();
         var tile_max = MASKED;
         for (var g = 0u; g < 4u; g++) {
             let raw = sc[mine4 + g] * p.scale;
