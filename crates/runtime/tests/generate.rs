@@ -229,6 +229,31 @@ fn reply(events: impl IntoIterator<Item = Result<Event, Error>>) -> (String, Sto
     panic!("no end: {text:?}");
 }
 
+/// The batch tests' sessions: 64 positions, prompts read 16 tokens a pass.
+const BATCH_OPTS: wgemma::SessionOptions = wgemma::SessionOptions {
+    context: 64,
+    max_batch: 16,
+};
+
+/// A prompt of `n` ids spread over `model`'s vocabulary, `max_tokens` generated greedily.
+fn spread_request(model: &Model, n: u32, max_tokens: usize) -> GenerateRequest {
+    let vocab = model.config().n_vocab as u32;
+    GenerateRequest {
+        max_tokens,
+        ..GenerateRequest::new(Prompt::Tokens(
+            (0..n).map(|i| (i * 31 + n * 7 + 2) % vocab).collect(),
+        ))
+    }
+}
+
+/// `r`'s reply from a fresh session of `model` with [`BATCH_OPTS`].
+fn reply_alone(model: &Model, r: &GenerateRequest) -> (String, StopReason) {
+    let mut s = model.session(BATCH_OPTS).expect("a session");
+    reply(pollster::block_on(
+        s.generate(r.clone()).collect::<Vec<_>>(),
+    ))
+}
+
 /// Generations that start at different times and share decode steps in a [`wgemma::Batch`]
 /// each give what the same request gives alone, ending at a stop string, the context's end or
 /// their token limit while the next step is queued; a slot keeps its conversation's cache.
@@ -236,28 +261,14 @@ fn reply(events: impl IntoIterator<Item = Result<Event, Error>>) -> (String, Sto
 /// others go on decoding.
 #[test]
 fn batched_generations_match_each_alone() {
-    use wgemma::{Batch, SessionOptions};
+    use wgemma::Batch;
     for gemma4 in [false, true] {
         let Some(model) = tiny_model(gemma4, None) else {
             return;
         };
-        let vocab = model.config().n_vocab as u32;
-        let request = |n: u32, max_tokens| GenerateRequest {
-            max_tokens,
-            ..GenerateRequest::new(Prompt::Tokens(
-                (0..n).map(|i| (i * 31 + n * 7 + 2) % vocab).collect(),
-            ))
-        };
-        let opts = SessionOptions {
-            context: 64,
-            max_batch: 16,
-        };
-        let run_alone = |r: &GenerateRequest| {
-            let mut s = model.session(opts).expect("a session");
-            reply(pollster::block_on(
-                s.generate(r.clone()).collect::<Vec<_>>(),
-            ))
-        };
+        let request = |n, max_tokens| spread_request(&model, n, max_tokens);
+        let opts = BATCH_OPTS;
+        let run_alone = |r: &GenerateRequest| reply_alone(&model, r);
         // A stop string from the middle of a reply (so that steps were queued past it), a
         // prompt that fills the context, a request for log-probabilities (steps one at a
         // time while it runs).
@@ -370,27 +381,12 @@ fn run_batch(
 /// step's token: its reply is what it is alone, and `Done` is its last event.
 #[test]
 fn a_batched_generation_paused_after_its_stop_gives_nothing_more() {
-    use wgemma::{Batch, SessionOptions};
+    use wgemma::Batch;
     let Some(model) = tiny_model(false, None) else {
         return;
     };
-    let vocab = model.config().n_vocab as u32;
-    let request = |n: u32, max_tokens| GenerateRequest {
-        max_tokens,
-        ..GenerateRequest::new(Prompt::Tokens(
-            (0..n).map(|i| (i * 31 + n * 7 + 2) % vocab).collect(),
-        ))
-    };
-    let opts = SessionOptions {
-        context: 64,
-        max_batch: 16,
-    };
-    let alone = |r: &GenerateRequest| {
-        let mut s = model.session(opts).expect("a session");
-        reply(pollster::block_on(
-            s.generate(r.clone()).collect::<Vec<_>>(),
-        ))
-    };
+    let request = |n, max_tokens| spread_request(&model, n, max_tokens);
+    let alone = |r: &GenerateRequest| reply_alone(&model, r);
     // This prompt's reply repeats a two-letter token ("amam..."): the stop string of its
     // second letter then the first is found by the second token, whose event gives no text
     // (the first letter went out with the first token, the second was held back).
@@ -407,7 +403,7 @@ fn a_batched_generation_paused_after_its_stop_gives_nothing_more() {
         (letters[0].to_string(), StopReason::StopString),
         "{text:?}, stop {stop:?}"
     );
-    let mut batch = Batch::new(&model, 2, opts).expect("a batch");
+    let mut batch = Batch::new(&model, 2, BATCH_OPTS).expect("a batch");
     let mut events: [Vec<Result<Event, Error>>; 2] = [Vec::new(), Vec::new()];
     for (slot, r) in [(0, request(6, 24)), (1, stopping)] {
         for (i, e) in pollster::block_on(batch.start(slot, r)).expect("starts") {
