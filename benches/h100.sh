@@ -95,6 +95,14 @@
 #   split_sweep  batched decode at 9-64 rows under the split over k's target (WGEMMA_SPLIT)
 #              and 16-token tiles (WGEMMA_COOP_TILE=16), one binary; $OUT/split/sweep.md.
 #              Carry [".gl", ".dev/xtask.xz", ".dev/parity.xz"].
+#   shader_stats  the Vulkan driver's statistics (registers a thread, shared memory; robust
+#              buffer access on, as wgpu builds pipelines, and off) of every kernel a 1,120-token
+#              vision encode and E2B's prefill and decode compile (WGEMMA_DUMP_SPIRV, then
+#              cargo xtask shader-stats); $OUT/shader-stats.txt. Carry [".gl", ".dev/xtask.xz"].
+#   attn_whole the image attention skipping the per-key mask in tiles a row sees whole
+#              (WGEMMA_ATTEND_WHOLE_TILES=1): the attention parity tests with it, then
+#              vision_runs at 1,120 tokens without and with it, one binary, interleaved
+#              twice; $OUT/vision-bench/. Carry [".gl", ".dev/xtask.xz", ".dev/parity.xz"].
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 #   diffusion  DiffusionGemma 26B-A4B (synthetic, Q4_K_M, 16 GiB): ms a denoising step of a
 #              256-token canvas after a 512-token prompt, ours (cargo xtask bench-diffusion)
@@ -1133,6 +1141,36 @@ browserlike() {
         --json > "$OUT/dawn/native-$v-$m.json" 2> "$OUT/dawn/native-$v-$m.err"
       env $env .dev/xtask bench-e2e --model "$W/models/$m.gguf" --prompt 512 --decode 16 --reps 1 \
         --profile > /dev/null 2> "$OUT/dawn/profile-$v-$m.txt"
+    done
+  done
+}
+
+shader_stats() {
+  synth e2b e2b-mmproj
+  local D=$W/spirv && rm -rf "$D"
+  WGEMMA_DUMP_SPIRV=$D .dev/xtask bench-vision --mmproj "$W/models/e2b-mmproj.gguf" \
+    --size 1920x1344 --budget 1120 --reps 1 > /dev/null 2>&1
+  WGEMMA_DUMP_SPIRV=$D .dev/xtask bench-e2e --model "$W/models/e2b.gguf" --prompt 512 \
+    --decode 16 --reps 1 > /dev/null 2>&1
+  .dev/xtask shader-stats "$D" > "$OUT/shader-stats.txt" 2>&1
+  grep -A2 -E "^(attend_coop|matmul_coop|matvec)" "$OUT/shader-stats.txt" | head -c 8000
+}
+
+attn_whole() {
+  synth e2b-mmproj
+  CI=true WGEMMA_EXPECT_COOP=1 WGEMMA_ATTEND_WHOLE_TILES=1 .dev/parity attention 2>&1 | tail -n 4 \
+    | tee "$OUT/parity-whole.txt"
+  mkdir -p "$OUT/vision-bench"
+  local i env
+  for i in 1 2; do
+    for env in WGEMMA_ATTEND_WHOLE_TILES=0 WGEMMA_ATTEND_WHOLE_TILES=1; do
+      env $env .dev/xtask bench-vision --mmproj "$W/models/e2b-mmproj.gguf" --size 1920x1344 \
+        --budget 1120 --reps 3 --profile --json > "$OUT/vision-bench/$env-$i.json" 2> /dev/null
+      python3 -c "
+import json, sys
+d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+att = [k for k in d['profile'] or [] if k[0].startswith('attend')]
+print(sys.argv[2], 'encode ms', d['encode_ms'], 'attention', att)" "$OUT/vision-bench/$env-$i.json" "$env"
     done
   done
 }

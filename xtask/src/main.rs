@@ -16,6 +16,7 @@ mod dawn_bench;
 mod dg;
 mod plans;
 mod serve;
+mod shader_stats;
 mod synth;
 mod timing;
 mod wasm;
@@ -57,6 +58,9 @@ enum Task {
     Plans(plans::Args),
     /// Serve the demo page and models on 127.0.0.1 (HTTP with Range requests).
     Serve(serve::Args),
+    /// What the Vulkan driver reports for each kernel variant that `WGEMMA_DUMP_SPIRV` wrote:
+    /// registers a thread, shared memory, with and without robust buffer access.
+    ShaderStats(shader_stats::Args),
     /// Write a synthetic GGUF with random weights (tiny for tests, full size for benchmarks).
     Synth(synth::Args),
     /// Build the runtime for wasm32 and bind it for the browser into web/pkg.
@@ -87,6 +91,7 @@ fn main() -> ExitCode {
         Task::DgReplay(a) => dg::replay(a),
         Task::Plans(a) => plans::run(a),
         Task::Serve(a) => serve::run(a),
+        Task::ShaderStats(a) => shader_stats::run(a),
         Task::Synth(a) => synth::run(a),
         Task::Wasm(a) => wasm::run(a),
     };

@@ -609,6 +609,10 @@ impl GpuContext {
         }
         let _span = tracing::debug_span!("compile", shader = %key).entered();
         let code = source.render(&self.features);
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(dir) = crate::knobs::get("WGEMMA_DUMP_SPIRV") {
+            crate::shader::dump_spirv(&dir, source, &self.features);
+        }
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(&key),
             source: wgpu::ShaderSource::Wgsl(code.into()),

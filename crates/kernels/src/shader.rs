@@ -137,6 +137,110 @@ fn preprocess(src: &str, flags: &BTreeSet<String>, out: &mut String) {
     }
 }
 
+/// A kernel variant as SPIR-V, written the way wgpu's Vulkan backend writes a trusted module
+/// (overrides applied, no bounds checks, no loop bounding, no division guards), with the
+/// bindings a pipeline layout for it needs: for tools that hand it to a driver themselves
+/// (`cargo xtask shader-stats`).
+#[cfg(not(target_arch = "wasm32"))]
+pub struct Spirv {
+    pub words: Vec<u32>,
+    /// Binding numbers (group 0) and whether each is a uniform block (else a storage buffer).
+    pub bindings: Vec<(u32, bool)>,
+    /// Bytes of workgroup memory the variant declares.
+    pub workgroup_bytes: u32,
+}
+
+/// `source` rendered for a device with `features`, validated and written as SPIR-V.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn spirv(source: &ShaderSource, features: &GpuFeatures) -> Result<Spirv, String> {
+    let key = source.key();
+    let wgsl = source.render(features);
+    let module = naga::front::wgsl::parse_str(&wgsl)
+        .map_err(|e| format!("{key}: {}", e.emit_to_string(&wgsl)))?;
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .map_err(|e| format!("{key}: {e:?}"))?;
+    let constants = source.constants.iter().cloned().collect();
+    let (module, info) =
+        naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
+            .map_err(|e| format!("{key}: {e:?}"))?;
+    let unchecked = naga::proc::BoundsCheckPolicy::Unchecked;
+    let options = naga::back::spv::Options {
+        lang_version: (1, 6),
+        bounds_check_policies: naga::proc::BoundsCheckPolicies {
+            index: unchecked,
+            buffer: unchecked,
+            image_load: unchecked,
+            binding_array: unchecked,
+        },
+        zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
+        force_loop_bounding: false,
+        emit_int_div_checks: false,
+        ..naga::back::spv::Options::default()
+    };
+    let words = naga::back::spv::write_vec(&module, &info, &options, None)
+        .map_err(|e| format!("{key}: SPIR-V: {e:?}"))?;
+    let mut layouter = naga::proc::Layouter::default();
+    layouter
+        .update(module.to_ctx())
+        .map_err(|e| format!("{key}: {e:?}"))?;
+    let mut bindings = Vec::new();
+    let mut workgroup_bytes = 0;
+    for (_, var) in module.global_variables.iter() {
+        if var.space == naga::AddressSpace::WorkGroup {
+            workgroup_bytes += layouter[var.ty].size;
+        }
+        if let Some(b) = &var.binding {
+            bindings.push((b.binding, var.space == naga::AddressSpace::Uniform));
+        }
+    }
+    Ok(Spirv {
+        words,
+        bindings,
+        workgroup_bytes,
+    })
+}
+
+/// Writes `source`'s SPIR-V and bindings under `dir` (the switch `WGEMMA_DUMP_SPIRV`): file
+/// names are the variant's key with anything but letters, digits and `+=.-` as `_`.
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) fn dump_spirv(dir: &str, source: &ShaderSource, features: &GpuFeatures) {
+    let name: String = source
+        .key()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "+=.-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let written = spirv(source, features).and_then(|s| {
+        let dir = std::path::Path::new(dir);
+        let mut bind = format!("workgroup {}\n", s.workgroup_bytes);
+        for (b, uniform) in &s.bindings {
+            let kind = if *uniform { "uniform" } else { "storage" };
+            bind.push_str(&format!("{b} {kind}\n"));
+        }
+        std::fs::create_dir_all(dir)
+            .and_then(|_| {
+                std::fs::write(
+                    dir.join(format!("{name}.spv")),
+                    bytemuck::cast_slice(&s.words),
+                )
+            })
+            .and_then(|_| std::fs::write(dir.join(format!("{name}.bind")), bind))
+            .map_err(|e| e.to_string())
+    });
+    if let Err(e) = written {
+        tracing::warn!("WGEMMA_DUMP_SPIRV: {name}: {e}");
+    }
+}
+
 /// Parses and validates `source` with naga as a device with f16, 32-lane subgroups and
 /// cooperative matrices renders it; panics with naga's message where it fails.
 #[cfg(test)]
@@ -153,38 +257,12 @@ pub(crate) fn validate_coop(source: &ShaderSource) {
         int8_tiles: false,
         browser_wgsl: false,
     };
-    let wgsl = source.render(&features);
-    let module = naga::front::wgsl::parse_str(&wgsl)
-        .unwrap_or_else(|e| panic!("{}: {}", source.key(), e.emit_to_string(&wgsl)));
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::all(),
-    )
-    .validate(&module)
-    .unwrap_or_else(|e| panic!("{}: {e:?}", source.key()));
-    // What the Vulkan backend writes: naga's SPIR-V writer refuses (or panics on) some
-    // forms its validator passes.
-    let options = naga::back::spv::Options {
-        lang_version: (1, 3),
-        ..naga::back::spv::Options::default()
-    };
-    let constants = source.constants.iter().cloned().collect();
-    let (module, info) =
-        naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
-            .unwrap_or_else(|e| panic!("{}: {e:?}", source.key()));
-    naga::back::spv::write_vec(&module, &info, &options, None)
-        .unwrap_or_else(|e| panic!("{}: SPIR-V: {e:?}", source.key()));
+    // What the Vulkan backend writes: naga's SPIR-V writer refuses (or panics on) some forms
+    // its validator passes.
+    let bytes = spirv(source, &features)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .workgroup_bytes;
     // Past the device's limit the driver does not refuse the pipeline: the kernel faults.
-    let mut layouter = naga::proc::Layouter::default();
-    layouter
-        .update(module.to_ctx())
-        .unwrap_or_else(|e| panic!("{}: {e:?}", source.key()));
-    let bytes: u32 = module
-        .global_variables
-        .iter()
-        .filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup)
-        .map(|(_, v)| layouter[v.ty].size)
-        .sum();
     let limit = crate::device_class::DeviceClass::NvidiaVulkan
         .limits()
         .max_compute_workgroup_storage_size;

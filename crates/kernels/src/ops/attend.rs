@@ -293,9 +293,12 @@ pub fn attend_with(
         AttendKernel::Coop => {
             let blocks = params.tq.div_ceil(COOP_BLOCK);
             let vec4 = params.d.is_multiple_of(4) && [kl, vl].iter().all(whole_vec4s);
-            let source = coop_source(params.d)
+            let mut source = coop_source(params.d)
                 .flag_if(vec4, "KV_VEC4")
                 .flag_if(a.q.dtype() == DType::F16, "QKV_F16");
+            if crate::knobs::on("WGEMMA_ATTEND_WHOLE_TILES") {
+                source = source.constant("WHOLE_TILES", 1.0);
+            }
             ("attend_coop", source, blocks * params.heads)
         }
         AttendKernel::Tiled => {
@@ -347,7 +350,9 @@ mod tests {
                 crate::shader::validate_coop(&coop_source(d).flag(mask).flag("KV_VEC4"));
                 for vec4 in [false, true] {
                     let half = coop_source(d).flag(mask).flag("QKV_F16");
-                    crate::shader::validate_coop(&half.flag_if(vec4, "KV_VEC4"));
+                    crate::shader::validate_coop(&half.clone().flag_if(vec4, "KV_VEC4"));
+                    let whole = half.constant("WHOLE_TILES", 1.0);
+                    crate::shader::validate_coop(&whole.flag_if(vec4, "KV_VEC4"));
                 }
                 assert!(coop_bytes(d) <= 48 * 1024);
             }

@@ -60,6 +60,20 @@ var<workgroup> sc: array<vec4<f32>, NSG * 16u * S4>;
 // Each subgroup's 16 rows of weights.
 var<workgroup> pw: array<vec4<f16>, NSG * 16u * PP / 4u>;
 
+// Whether a query at `qp` sees every key of [a, b] given it sees the ends: masks whose
+// visible keys are an interval (the others check each key).
+fn interval_visible(qp: u32, a: u32, b: u32) -> bool {
+#if FULL|CAUSAL|LOCAL
+    return visible(qp, a) && visible(qp, b);
+#else
+    return false;
+#endif
+}
+
+// Whether tiles that a row sees whole skip the per-key mask (`WGEMMA_ATTEND_WHOLE_TILES=1`:
+// not yet timed on a GPU, so off by default).
+override WHOLE_TILES: bool = false;
+
 // Which tensor `at` reads.
 const OF_Q: u32 = 0u;
 const OF_K: u32 = 1u;
@@ -261,22 +275,25 @@ fn main(
         }
         subgroupBarrier();
 
-        // This lane's 16 scores, four at a time.
+        // This lane's 16 scores, four at a time; a tile whose keys the row sees every one of
+        // skips the per-key mask.
         let mine4 = sbase + (lane / 2u) * S4 + half * 4u;
+        let whole = WHOLE_TILES && live && n == BK && kb >= mine.x && kb + BK <= mine.y
+            && interval_visible(qp, kb, kb + BK - 1u);
         var s = array<vec4<f32>, 4>();
         var tile_max = MASKED;
         for (var g = 0u; g < 4u; g++) {
-            let raw = sc[mine4 + g] * p.scale;
-            var x = vec4<f32>(MASKED);
-            for (var t = 0u; t < 4u; t++) {
-                let j = half * 16u + 4u * g + t;
-                let kp = kb + j;
-                if (live && j < n && kp >= mine.x && kp < mine.y && visible(qp, kp)) {
-                    var sj = raw[t];
-                    if (p.softcap > 0.0) {
-                        sj = p.softcap * tanh(clamp(sj / p.softcap, -9.0, 9.0));
+            var x = sc[mine4 + g] * p.scale;
+            if (p.softcap > 0.0) {
+                x = p.softcap * tanh(clamp(x / p.softcap, vec4<f32>(-9.0), vec4<f32>(9.0)));
+            }
+            if (!whole) {
+                for (var t = 0u; t < 4u; t++) {
+                    let j = half * 16u + 4u * g + t;
+                    let kp = kb + j;
+                    if (!(live && j < n && kp >= mine.x && kp < mine.y && visible(qp, kp))) {
+                        x[t] = MASKED;
                     }
-                    x[t] = sj;
                 }
             }
             s[g] = x;
