@@ -97,12 +97,15 @@
 #              Carry [".gl", ".dev/xtask.xz", ".dev/parity.xz"].
 #   shader_stats  the Vulkan driver's statistics (registers a thread, shared memory; robust
 #              buffer access on, as wgpu builds pipelines, and off) of every kernel a 1,120-token
-#              vision encode and E2B's prefill and decode compile (WGEMMA_DUMP_SPIRV, then
-#              cargo xtask shader-stats); $OUT/shader-stats.txt. Carry [".gl", ".dev/xtask.xz"].
-#   attn_whole the image attention skipping the per-key mask in tiles a row sees whole
-#              (WGEMMA_ATTEND_WHOLE_TILES=1): the attention parity tests with it, then
-#              vision_runs at 1,120 tokens without and with it, one binary, interleaved
-#              twice; $OUT/vision-bench/. Carry [".gl", ".dev/xtask.xz", ".dev/parity.xz"].
+#              vision encode and E2B's prefill and decode compile (natively and under the
+#              browser's constraints), and of the image attention's
+#              untimed forms (ATTN_VARIANTS) (WGEMMA_DUMP_SPIRV, then cargo xtask
+#              shader-stats); $OUT/shader-stats.txt. Carry [".gl", ".dev/xtask.xz"].
+#   attn_ab    the image attention's untimed forms (ATTN_VARIANTS: "name:VAR=V,VAR2=V2 ...",
+#              default every WGEMMA_ATTEND_* switch alone and all together): the attention
+#              parity tests with all of them on, then bench-vision at 1,120 tokens under
+#              each, one binary, interleaved twice; $OUT/vision-bench/attn-*.json. Carry
+#              [".gl", ".dev/xtask.xz", ".dev/parity.xz"].
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 #   diffusion  DiffusionGemma 26B-A4B (synthetic, Q4_K_M, 16 GiB): ms a denoising step of a
 #              256-token canvas after a 512-token prompt, ours (cargo xtask bench-diffusion)
@@ -1145,32 +1148,44 @@ browserlike() {
   done
 }
 
+ATTN_ALL=WGEMMA_ATTEND_WHOLE_TILES=1,WGEMMA_ATTEND_NO_PREFETCH=1,WGEMMA_ATTEND_TWO_PASS=1
+ATTN_VARIANTS=${ATTN_VARIANTS:-"main: whole:WGEMMA_ATTEND_WHOLE_TILES=1 nopre:WGEMMA_ATTEND_NO_PREFETCH=1 two:WGEMMA_ATTEND_TWO_PASS=1 all:$ATTN_ALL"}
+
 shader_stats() {
   synth e2b e2b-mmproj
-  local D=$W/spirv && rm -rf "$D"
+  local D=$W/spirv v env && rm -rf "$D"
   WGEMMA_DUMP_SPIRV=$D .dev/xtask bench-vision --mmproj "$W/models/e2b-mmproj.gguf" \
     --size 1920x1344 --budget 1120 --reps 1 > /dev/null 2>&1
   WGEMMA_DUMP_SPIRV=$D .dev/xtask bench-e2e --model "$W/models/e2b.gguf" --prompt 512 \
     --decode 16 --reps 1 > /dev/null 2>&1
+  # The browser's kernels (its integer-dot prefill tiles) under its constraints.
+  WGEMMA_DUMP_SPIRV=$D WGEMMA_NO_F16=1 WGEMMA_NO_COOP=1 WGEMMA_WEBGPU_LIMITS=1 .dev/xtask \
+    bench-e2e --model "$W/models/e2b.gguf" --prompt 512 --decode 16 --reps 1 > /dev/null 2>&1
+  for v in $ATTN_VARIANTS; do
+    env=${v#*:}
+    [ -n "$env" ] && env WGEMMA_DUMP_SPIRV=$D ${env//,/ } .dev/xtask bench-vision \
+      --mmproj "$W/models/e2b-mmproj.gguf" --reps 1 > /dev/null 2>&1
+  done
   .dev/xtask shader-stats "$D" > "$OUT/shader-stats.txt" 2>&1
-  grep -A2 -E "^(attend_coop|matmul_coop|matvec)" "$OUT/shader-stats.txt" | head -c 8000
+  grep -A2 -E "^(attend_coop|matmul_coop|matmul_int8|matvec)" "$OUT/shader-stats.txt" | head -c 11000
 }
 
-attn_whole() {
+attn_ab() {
   synth e2b-mmproj
-  CI=true WGEMMA_EXPECT_COOP=1 WGEMMA_ATTEND_WHOLE_TILES=1 .dev/parity attention 2>&1 | tail -n 4 \
-    | tee "$OUT/parity-whole.txt"
+  CI=true WGEMMA_EXPECT_COOP=1 env ${ATTN_ALL//,/ } .dev/parity attention 2>&1 | tail -n 4 \
+    | tee "$OUT/parity-attn-all.txt"
   mkdir -p "$OUT/vision-bench"
-  local i env
+  local i v name env f
   for i in 1 2; do
-    for env in WGEMMA_ATTEND_WHOLE_TILES=0 WGEMMA_ATTEND_WHOLE_TILES=1; do
-      env $env .dev/xtask bench-vision --mmproj "$W/models/e2b-mmproj.gguf" --size 1920x1344 \
-        --budget 1120 --reps 3 --profile --json > "$OUT/vision-bench/$env-$i.json" 2> /dev/null
+    for v in $ATTN_VARIANTS; do
+      name=${v%%:*} env=${v#*:} f=$OUT/vision-bench/attn-$name-$i.json
+      env ${env//,/ } .dev/xtask bench-vision --mmproj "$W/models/e2b-mmproj.gguf" \
+        --size 1920x1344 --budget 1120 --reps 3 --profile --json > "$f" 2> /dev/null
       python3 -c "
 import json, sys
 d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 att = [k for k in d['profile'] or [] if k[0].startswith('attend')]
-print(sys.argv[2], 'encode ms', d['encode_ms'], 'attention', att)" "$OUT/vision-bench/$env-$i.json" "$env"
+print(sys.argv[2], 'encode ms', d['encode_ms'], 'attention', att)" "$f" "$name"
     done
   done
 }

@@ -30,6 +30,15 @@ fn coop_bytes(d: u32) -> u32 {
     4 * 32 * (dp + 8) * 2 + 8 * 16 * sp * 4 + 8 * 16 * 40 * 2
 }
 
+/// Switches of `attend_coop.wgsl`'s forms not yet timed on a GPU (see the kernel), each
+/// setting one of its override constants: whole tiles unmasked, no loads into registers ahead,
+/// scores read twice rather than held.
+const COOP_EXPERIMENTS: [(&str, &str, f64); 3] = [
+    ("WGEMMA_ATTEND_WHOLE_TILES", "WHOLE_TILES", 1.0),
+    ("WGEMMA_ATTEND_NO_PREFETCH", "PREFETCH_TILES", 0.0),
+    ("WGEMMA_ATTEND_TWO_PASS", "TWO_PASS_SCORES", 1.0),
+];
+
 /// `attend_coop.wgsl` for heads of dimension `d` (the mask's flag still to add).
 fn coop_source(d: u32) -> ShaderSource {
     ShaderSource::new("attend_coop", &[ATTEND_MASK_WGSL, ATTEND_COOP_WGSL])
@@ -296,8 +305,10 @@ pub fn attend_with(
             let mut source = coop_source(params.d)
                 .flag_if(vec4, "KV_VEC4")
                 .flag_if(a.q.dtype() == DType::F16, "QKV_F16");
-            if crate::knobs::on("WGEMMA_ATTEND_WHOLE_TILES") {
-                source = source.constant("WHOLE_TILES", 1.0);
+            for (knob, constant, value) in COOP_EXPERIMENTS {
+                if crate::knobs::on(knob) {
+                    source = source.constant(constant, value);
+                }
             }
             ("attend_coop", source, blocks * params.heads)
         }
@@ -351,8 +362,15 @@ mod tests {
                 for vec4 in [false, true] {
                     let half = coop_source(d).flag(mask).flag("QKV_F16");
                     crate::shader::validate_coop(&half.clone().flag_if(vec4, "KV_VEC4"));
-                    let whole = half.constant("WHOLE_TILES", 1.0);
-                    crate::shader::validate_coop(&whole.flag_if(vec4, "KV_VEC4"));
+                    for (_, constant, value) in COOP_EXPERIMENTS {
+                        let variant = half.clone().constant(constant, value);
+                        crate::shader::validate_coop(&variant.flag_if(vec4, "KV_VEC4"));
+                    }
+                    let mut all = half.clone();
+                    for (_, constant, value) in COOP_EXPERIMENTS {
+                        all = all.constant(constant, value);
+                    }
+                    crate::shader::validate_coop(&all.flag_if(vec4, "KV_VEC4"));
                 }
                 assert!(coop_bytes(d) <= 48 * 1024);
             }

@@ -73,6 +73,13 @@ fn interval_visible(qp: u32, a: u32, b: u32) -> bool {
 // Whether tiles that a row sees whole skip the per-key mask (`WGEMMA_ATTEND_WHOLE_TILES=1`:
 // not yet timed on a GPU, so off by default).
 override WHOLE_TILES: bool = false;
+// Whether the next tile's keys and values are loaded into registers while this tile is used
+// (off, `WGEMMA_ATTEND_NO_PREFETCH=1`: loaded right before they are stored, which frees those
+// registers), and whether a lane reads its scores twice, for the tile's maximum and then for
+// the weights, rather than holding all 16 (`WGEMMA_ATTEND_TWO_PASS=1`). Both trade latency for
+// registers, to find whether registers bound how many workgroups run at once.
+override PREFETCH_TILES: bool = true;
+override TWO_PASS_SCORES: bool = false;
 
 // Which tensor `at` reads.
 const OF_Q: u32 = 0u;
@@ -184,6 +191,38 @@ fn emit(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, col0: u32, scale: f32, ob:
     }
 }
 
+// A lane's half of its row in one tile: where its scores start in `sc` (vec4s), the tile's
+// first key and key count, the half's first key of the tile, whether the row sees the whole
+// tile, whether the row is a query, its position and the keys it can see at most.
+struct TileRow {
+    at: u32,
+    kb: u32,
+    n: u32,
+    first: u32,
+    whole: bool,
+    live: bool,
+    qp: u32,
+    mine: vec2<u32>,
+}
+
+// Scores 4 g .. 4 g + 3 of the lane's half row: scaled, softcapped, MASKED where unseen.
+fn scores4(r: TileRow, g: u32) -> vec4<f32> {
+    var x = sc[r.at + g] * p.scale;
+    if (p.softcap > 0.0) {
+        x = p.softcap * tanh(clamp(x / p.softcap, vec4<f32>(-9.0), vec4<f32>(9.0)));
+    }
+    if (!r.whole) {
+        for (var t = 0u; t < 4u; t++) {
+            let j = r.first + 4u * g + t;
+            let kp = r.kb + j;
+            if (!(r.live && j < r.n && kp >= r.mine.x && kp < r.mine.y && visible(r.qp, kp))) {
+                x[t] = MASKED;
+            }
+        }
+    }
+    return x;
+}
+
 // The maximum of `x` over the two lanes of a row.
 fn pair_max(x: f32) -> f32 {
     return max(x, subgroupShuffleXor(x, 1u));
@@ -256,7 +295,7 @@ fn main(
         // Tile kb is in buffer b; everyone is done with the other buffer (the tile before).
         workgroupBarrier();
         let more = kb + BK < range.y;
-        if (more) {
+        if (more && PREFETCH_TILES) {
             pre = fetch_tile(kb + BK, min(BK, range.y - kb - BK), kvh, li);
         }
         let kbase = 2u * b * TS;
@@ -277,35 +316,40 @@ fn main(
 
         // This lane's 16 scores, four at a time; a tile whose keys the row sees every one of
         // skips the per-key mask.
-        let mine4 = sbase + (lane / 2u) * S4 + half * 4u;
         let whole = WHOLE_TILES && live && n == BK && kb >= mine.x && kb + BK <= mine.y
             && interval_visible(qp, kb, kb + BK - 1u);
+        let row_of_tile = TileRow(sbase + (lane / 2u) * S4 + half * 4u, kb, n, half * 16u, whole,
+            live, qp, mine);
         var s = array<vec4<f32>, 4>();
         var tile_max = MASKED;
         for (var g = 0u; g < 4u; g++) {
-            var x = sc[mine4 + g] * p.scale;
-            if (p.softcap > 0.0) {
-                x = p.softcap * tanh(clamp(x / p.softcap, vec4<f32>(-9.0), vec4<f32>(9.0)));
+            let x = scores4(row_of_tile, g);
+            if (!TWO_PASS_SCORES) {
+                s[g] = x;
             }
-            if (!whole) {
-                for (var t = 0u; t < 4u; t++) {
-                    let j = half * 16u + 4u * g + t;
-                    let kp = kb + j;
-                    if (!(live && j < n && kp >= mine.x && kp < mine.y && visible(qp, kp))) {
-                        x[t] = MASKED;
-                    }
-                }
-            }
-            s[g] = x;
             tile_max = max(tile_max, max(max(x.x, x.y), max(x.z, x.w)));
         }
         tile_max = pair_max(tile_max);
         // A row that has seen no key takes the tile's maximum (its outputs are still zero);
-        // one whose reference the tile passes by more than TAU is rescaled.
+        // one whose reference the tile passes by more than TAU is rescaled (after its weights
+        // are made: rescaling passes the outputs through the scores' memory).
         let grow = m > MASKED && tile_max > m + TAU;
+        let corr = select(1.0, exp(m - tile_max), grow);
+        run_sum *= corr;
+        if (grow || m == MASKED) {
+            m = tile_max;
+        }
+        let pb = pbase + (lane / 2u) * PP / 4u + half * 4u;
+        for (var g = 0u; g < 4u; g++) {
+            var x = s[g];
+            if (TWO_PASS_SCORES) {
+                x = scores4(row_of_tile, g);
+            }
+            let w = select(vec4<f32>(0.0), exp(x - m), x > vec4<f32>(MASKED));
+            run_sum += w.x + w.y + w.z + w.w;
+            pw[pb + g] = vec4<f16>(w);
+        }
         if (subgroupAny(grow)) {
-            let corr = select(1.0, exp(m - tile_max), grow);
-            run_sum *= corr;
             o0 = rescaled(o0, sg, lane, corr);
             o1 = rescaled(o1, sg, lane, corr);
             o2 = rescaled(o2, sg, lane, corr);
@@ -313,16 +357,6 @@ fn main(
 #if HEAD_DIM_80
             o4 = rescaled(o4, sg, lane, corr);
 #endif
-        }
-        if (grow || m == MASKED) {
-            m = tile_max;
-        }
-        let pb = pbase + (lane / 2u) * PP / 4u + half * 4u;
-        for (var g = 0u; g < 4u; g++) {
-            let x = s[g];
-            let w = select(vec4<f32>(0.0), exp(x - m), x > vec4<f32>(MASKED));
-            run_sum += w.x + w.y + w.z + w.w;
-            pw[pb + g] = vec4<f16>(w);
         }
         // The weights are complete.
         subgroupBarrier();
@@ -343,6 +377,9 @@ fn main(
 #endif
         // The next tile, loaded while this one was used.
         if (more) {
+            if (!PREFETCH_TILES) {
+                pre = fetch_tile(kb + BK, min(BK, range.y - kb - BK), kvh, li);
+            }
             store_tile(pre, 1u - b, li);
         }
         b = 1u - b;
