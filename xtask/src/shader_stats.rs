@@ -32,8 +32,9 @@ struct Driver {
     instance: ash::Instance,
     device: ash::Device,
     executables: ash::khr::pipeline_executable_properties::Device,
-    /// Whether `VK_EXT_pipeline_robustness` is enabled.
-    robustness_off: bool,
+    /// Whether `VK_EXT_pipeline_robustness` is enabled (robustness can be turned off per
+    /// pipeline).
+    can_drop_robustness: bool,
     name: String,
 }
 
@@ -81,14 +82,14 @@ impl Driver {
             )
         }?;
         match Self::open(&instance) {
-            Ok((device, robustness_off, name)) => Ok(Self {
+            Ok((device, can_drop_robustness, name)) => Ok(Self {
                 _entry: entry,
                 executables: ash::khr::pipeline_executable_properties::Device::new(
                     &instance, &device,
                 ),
                 instance,
                 device,
-                robustness_off,
+                can_drop_robustness,
                 name,
             }),
             Err(e) => {
@@ -151,8 +152,8 @@ impl Driver {
         if has(optional[1]) {
             features = features.push_next(&mut robust2);
         }
-        let robustness_off = has(optional[2]);
-        if robustness_off {
+        let can_drop_robustness = has(optional[2]);
+        if can_drop_robustness {
             features = features.push_next(&mut prob);
         }
         // SAFETY: the chain holds structs of extensions the device has.
@@ -168,7 +169,7 @@ impl Driver {
             .push_next(&mut features);
         // SAFETY: as above; destroyed in `Drop`.
         let device = unsafe { instance.create_device(pd, &info, None) }?;
-        Ok((device, robustness_off, name))
+        Ok((device, can_drop_robustness, name))
     }
 
     /// The statistics of `words` compiled with `bindings` (and the internal representations
@@ -326,27 +327,22 @@ struct Compiled {
 /// then "number uniform|storage" a line).
 fn read_bindings(path: &Path) -> Result<(Vec<(u32, vk::DescriptorType)>, u32), TaskError> {
     let text = std::fs::read_to_string(path)?;
+    let bad = || format!("{}: not a binding list", path.display());
     let mut workgroup = 0;
-    let bindings = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .filter(|l| match l.strip_prefix("workgroup ") {
-            Some(bytes) => {
-                workgroup = bytes.trim().parse().unwrap_or(0);
-                false
+    let mut bindings = Vec::new();
+    for l in text.lines().filter(|l| !l.trim().is_empty()) {
+        let (first, kind) = l.split_once(' ').ok_or_else(bad)?;
+        let t = match kind.trim() {
+            _ if first == "workgroup" => {
+                workgroup = kind.trim().parse().map_err(|_| bad())?;
+                continue;
             }
-            None => true,
-        })
-        .map(|l| {
-            let (b, kind) = l.split_once(' ').ok_or("bad binding line")?;
-            let t = if kind == "uniform" {
-                vk::DescriptorType::UNIFORM_BUFFER
-            } else {
-                vk::DescriptorType::STORAGE_BUFFER
-            };
-            Ok((b.parse()?, t))
-        })
-        .collect::<Result<_, TaskError>>()?;
+            "uniform" => vk::DescriptorType::UNIFORM_BUFFER,
+            "storage" => vk::DescriptorType::STORAGE_BUFFER,
+            _ => return Err(bad().into()),
+        };
+        bindings.push((first.parse().map_err(|_| bad())?, t));
+    }
     Ok((bindings, workgroup))
 }
 
@@ -405,7 +401,7 @@ pub fn run(a: Args) -> Result<(), TaskError> {
             }
             Err(e) => println!("  robust: failed: {e}"),
         }
-        if driver.robustness_off {
+        if driver.can_drop_robustness {
             match driver.stats(&words, &bindings, false, false) {
                 Ok(c) => println!("  not robust: {}", line(&c.stats)),
                 Err(e) => println!("  not robust: failed: {e}"),
@@ -413,4 +409,34 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binding_lists_are_read_and_bad_ones_refused() {
+        let dir = std::env::temp_dir().join(format!("shader-stats-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.bind");
+        std::fs::write(&good, "workgroup 1024\n0 storage\n4 uniform\n").unwrap();
+        let (bindings, workgroup) = read_bindings(&good).unwrap();
+        assert_eq!(workgroup, 1024);
+        assert_eq!(
+            bindings,
+            [
+                (0, vk::DescriptorType::STORAGE_BUFFER),
+                (4, vk::DescriptorType::UNIFORM_BUFFER)
+            ]
+        );
+        for text in ["workgroup many\n", "0 texture\n", "x storage\n", "0\n"] {
+            let bad = dir.join("bad.bind");
+            std::fs::write(&bad, text).unwrap();
+            assert!(read_bindings(&bad).is_err(), "{text:?}");
+        }
+        std::fs::write(dir.join("odd.spv"), [1u8, 2, 3]).unwrap();
+        assert!(read_words(&dir.join("odd.spv")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

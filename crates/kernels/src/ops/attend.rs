@@ -366,10 +366,9 @@ mod tests {
                         let variant = half.clone().constant(constant, value);
                         crate::shader::validate_coop(&variant.flag_if(vec4, "KV_VEC4"));
                     }
-                    let mut all = half.clone();
-                    for (_, constant, value) in COOP_EXPERIMENTS {
-                        all = all.constant(constant, value);
-                    }
+                    let all = COOP_EXPERIMENTS
+                        .iter()
+                        .fold(half.clone(), |s, (_, c, v)| s.constant(c, *v));
                     crate::shader::validate_coop(&all.flag_if(vec4, "KV_VEC4"));
                 }
                 assert!(coop_bytes(d) <= 48 * 1024);
