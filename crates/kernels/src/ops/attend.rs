@@ -32,11 +32,12 @@ fn coop_bytes(d: u32) -> u32 {
 
 /// Switches of `attend_coop.wgsl`'s forms not yet timed on a GPU (see the kernel), each
 /// setting one of its override constants: whole tiles unmasked, no loads into registers ahead,
-/// scores read twice rather than held.
-const COOP_EXPERIMENTS: [(&str, &str, f64); 3] = [
+/// scores read twice rather than held, the next tile's scores made before this tile's weights.
+const COOP_EXPERIMENTS: [(&str, &str, f64); 4] = [
     ("WGEMMA_ATTEND_WHOLE_TILES", "WHOLE_TILES", 1.0),
     ("WGEMMA_ATTEND_NO_PREFETCH", "PREFETCH_TILES", 0.0),
     ("WGEMMA_ATTEND_TWO_PASS", "TWO_PASS_SCORES", 1.0),
+    ("WGEMMA_ATTEND_K_AHEAD", "K_AHEAD", 1.0),
 ];
 
 /// `attend_coop.wgsl` for heads of dimension `d` (the mask's flag still to add).

@@ -80,6 +80,10 @@ override WHOLE_TILES: bool = false;
 // registers, to find whether registers bound how many workgroups run at once.
 override PREFETCH_TILES: bool = true;
 override TWO_PASS_SCORES: bool = false;
+// Whether the next tile's scores are made before this tile's weights (`WGEMMA_ATTEND_K_AHEAD=1`),
+// their products overlapping the softmax: the keys are stored a tile ahead of the values, in
+// the same buffers.
+override K_AHEAD: bool = false;
 
 // Which tensor `at` reads.
 const OF_Q: u32 = 0u;
@@ -135,29 +139,48 @@ struct TileLoad {
     v: array<vec4<Elem>, LOADS>,
 }
 
-fn fetch_tile(kb: u32, n: u32, kvh: u32, li: u32) -> TileLoad {
-    var t: TileLoad;
+// A thread's share of rows kb .. kb + n - 1 of the keys or values.
+fn fetch_rows(which: u32, kb: u32, n: u32, kvh: u32, li: u32) -> array<vec4<Elem>, LOADS> {
+    var t: array<vec4<Elem>, LOADS>;
     for (var i = 0u; i < LOADS; i++) {
         let e = li + WG * i;
         let j = e / (DP / 4u);
         if (e < TILE4 && j < n) {
-            t.k[i] = kv4(OF_K, kb + j, kvh, e % (DP / 4u));
-            t.v[i] = kv4(OF_V, kb + j, kvh, e % (DP / 4u));
+            t[i] = kv4(which, kb + j, kvh, e % (DP / 4u));
         }
     }
     return t;
 }
 
-// Into buffer `b` (the values of keys past the tile's end zero: their weights are zero, and
-// zero times whatever was there could be NaN).
-fn store_tile(t: TileLoad, b: u32, li: u32) {
+// The keys of the tile at `kk` (`nk` of them) and the values of the tile at `vk` (`nv`): the
+// same tile, or with K_AHEAD the keys a tile later.
+fn fetch_tile(kk: u32, nk: u32, vk: u32, nv: u32, kvh: u32, li: u32) -> TileLoad {
+    return TileLoad(fetch_rows(OF_K, kk, nk, kvh, li), fetch_rows(OF_V, vk, nv, kvh, li));
+}
+
+// Rows fetched by `fetch_rows` into `kv` from `base` (vec4s); rows past the tile's keys are
+// stored as the zeros fetched: the values of keys past the end must be zero, as their
+// weights are, since zero times whatever was there could be NaN.
+fn store_rows(t: array<vec4<Elem>, LOADS>, base: u32, li: u32) {
     for (var i = 0u; i < LOADS; i++) {
         let e = li + WG * i;
         if (e < TILE4) {
-            let at = (e / (DP / 4u)) * (QP / 4u) + e % (DP / 4u);
-            kv[2u * b * TS + at] = vec4<f16>(t.k[i]);
-            kv[(2u * b + 1u) * TS + at] = vec4<f16>(t.v[i]);
+            kv[base + (e / (DP / 4u)) * (QP / 4u) + e % (DP / 4u)] = vec4<f16>(t[i]);
         }
+    }
+}
+
+// The first tile's keys and values into buffer 0 (K_AHEAD: the second tile's keys into
+// buffer 1), once every subgroup has its query fragments.
+fn stage_first_tiles(range: vec2<u32>, kvh: u32, li: u32) {
+    let n0 = min(BK, range.y - range.x);
+    let t = fetch_tile(range.x, n0, range.x, n0, kvh, li);
+    workgroupBarrier();
+    store_rows(t.k, 0u, li);
+    store_rows(t.v, TS, li);
+    if (K_AHEAD && range.x + BK < range.y) {
+        let k1 = fetch_rows(OF_K, range.x + BK, min(BK, range.y - range.x - BK), kvh, li);
+        store_rows(k1, 2u * TS, li);
     }
 }
 
@@ -228,6 +251,94 @@ fn pair_max(x: f32) -> f32 {
     return max(x, subgroupShuffleXor(x, 1u));
 }
 
+// The block's queries (zero past the last and past the head) as f16 rows of QP into `kv`.
+fn stage_queries(first: u32, h: u32, li: u32) {
+    for (var e = li; e < BQ * DP / 4u; e += WG) {
+        let qr = e / (DP / 4u);
+        var x = vec4<f32>(0.0);
+        if (first + qr < p.tq) {
+            x = row4(OF_Q, first + qr, h, e % (DP / 4u));
+        }
+        kv[qr * (QP / 4u) + e % (DP / 4u)] = vec4<f16>(x);
+    }
+}
+
+// Output fragment `o` plus the weights (a0: keys 0..15 of the tile, a1: 16..31) times the 16
+// value columns from vec4 `v4` of `kv`.
+fn weighted_values(
+    a0: coop_mat16x16<f16, A>,
+    a1: coop_mat16x16<f16, A>,
+    v4: u32,
+    o: coop_mat16x16<f32, C>,
+) -> coop_mat16x16<f32, C> {
+    let c = coopMultiplyAdd(a0, coopLoadT<coop_mat16x16<f16, B>>(&kv[v4], QP / 4u), o);
+    return coopMultiplyAdd(a1, coopLoadT<coop_mat16x16<f16, B>>(&kv[v4 + 4u * QP], QP / 4u), c);
+}
+
+// The scores of a subgroup's 16 query rows (its query fragments; the fifth for heads of 80)
+// against the 16 keys from vec4 `k4` of `kv`.
+fn qk16(
+    qa0: coop_mat16x16<f16, A>,
+    qa1: coop_mat16x16<f16, A>,
+    qa2: coop_mat16x16<f16, A>,
+    qa3: coop_mat16x16<f16, A>,
+    qa4: coop_mat16x16<f16, A>,
+    k4: u32,
+) -> coop_mat16x16<f32, C> {
+    var c = coop_mat16x16<f32, C>();
+    c = coopMultiplyAdd(qa0, coopLoad<coop_mat16x16<f16, B>>(&kv[k4], QP / 4u), c);
+    c = coopMultiplyAdd(qa1, coopLoad<coop_mat16x16<f16, B>>(&kv[k4 + 4u], QP / 4u), c);
+    c = coopMultiplyAdd(qa2, coopLoad<coop_mat16x16<f16, B>>(&kv[k4 + 8u], QP / 4u), c);
+    c = coopMultiplyAdd(qa3, coopLoad<coop_mat16x16<f16, B>>(&kv[k4 + 12u], QP / 4u), c);
+#if HEAD_DIM_80
+    c = coopMultiplyAdd(qa4, coopLoad<coop_mat16x16<f16, B>>(&kv[k4 + 16u], QP / 4u), c);
+#endif
+    return c;
+}
+
+// A row's softmax so far: its reference (MASKED until it has seen a key) and this lane's part
+// of its sum.
+struct RowState {
+    m: f32,
+    sum: f32,
+}
+
+// This lane's weights of its half row `r`, exp(score - m) as f16 into `pw` from `pb`; the
+// factor the row's outputs must be scaled by (below 1 only where the reference moved).
+fn make_weights(r: TileRow, st: ptr<function, RowState>, pb: u32) -> f32 {
+    var s = array<vec4<f32>, 4>();
+    var tile_max = MASKED;
+    for (var g = 0u; g < 4u; g++) {
+        let x = scores4(r, g);
+        if (!TWO_PASS_SCORES) {
+            s[g] = x;
+        }
+        tile_max = max(tile_max, max(max(x.x, x.y), max(x.z, x.w)));
+    }
+    tile_max = pair_max(tile_max);
+    // A row that has seen no key takes the tile's maximum (its outputs are still zero); one
+    // whose reference the tile passes by more than TAU is rescaled (after its weights are
+    // made: rescaling passes the outputs through the scores' memory).
+    let m = (*st).m;
+    let grow = m > MASKED && tile_max > m + TAU;
+    let corr = select(1.0, exp(m - tile_max), grow);
+    if (grow || m == MASKED) {
+        (*st).m = tile_max;
+    }
+    var sum = (*st).sum * corr;
+    for (var g = 0u; g < 4u; g++) {
+        var x = s[g];
+        if (TWO_PASS_SCORES) {
+            x = scores4(r, g);
+        }
+        let w = select(vec4<f32>(0.0), exp(x - (*st).m), x > vec4<f32>(MASKED));
+        sum += w.x + w.y + w.z + w.w;
+        pw[pb + g] = vec4<f16>(w);
+    }
+    (*st).sum = sum;
+    return corr;
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -253,14 +364,7 @@ fn main(
     let qp = p.q_pos0 + min(row, p.tq - 1u);
     let mine = key_range(qp);
 
-    for (var e = li; e < BQ * DP / 4u; e += WG) {
-        let qr = e / (DP / 4u);
-        var x = vec4<f32>(0.0);
-        if (first + qr < p.tq) {
-            x = row4(OF_Q, first + qr, h, e % (DP / 4u));
-        }
-        kv[qr * (QP / 4u) + e % (DP / 4u)] = vec4<f16>(x);
-    }
+    stage_queries(first, h, li);
     workgroupBarrier();
     let qb = sg * 16u * QP / 4u;
     let qa0 = coopLoadT<coop_mat16x16<f16, A>>(&kv[qb], QP / 4u);
@@ -269,6 +373,9 @@ fn main(
     let qa3 = coopLoadT<coop_mat16x16<f16, A>>(&kv[qb + 12u], QP / 4u);
 #if HEAD_DIM_80
     let qa4 = coopLoadT<coop_mat16x16<f16, A>>(&kv[qb + 16u], QP / 4u);
+#else
+    // Unused: heads of 64 take four fragments.
+    let qa4 = coop_mat16x16<f16, A>();
 #endif
 
     var o0 = coop_mat16x16<f32, C>();
@@ -278,39 +385,49 @@ fn main(
 #if HEAD_DIM_80
     var o4 = coop_mat16x16<f32, C>();
 #endif
-    // The row's reference (MASKED until it has seen a key) and this lane's part of its sum.
-    var m = MASKED;
-    var run_sum = 0.0;
+    var st = RowState(MASKED, 0.0);
     let last = p.q_pos0 + min(first + BQ, p.tq) - 1u;
     let range = block_keys(p.q_pos0 + first, last);
     let sbase = sg * 16u * S4;
     let pbase = sg * 16u * PP / 4u;
-    var pre = fetch_tile(range.x, min(BK, range.y - range.x), kvh, li);
-    // Every subgroup has its query fragments: the first buffer is free.
-    workgroupBarrier();
-    store_tile(pre, 0u, li);
+    stage_first_tiles(range, kvh, li);
+    var pre: TileLoad;
+    if (K_AHEAD) {
+        // The first tile's scores, before the loop: its first iteration stores the keys of
+        // the tile after next over these.
+        workgroupBarrier();
+        coopStoreT(qk16(qa0, qa1, qa2, qa3, qa4, 0u), &sc[sbase], S4);
+        coopStoreT(qk16(qa0, qa1, qa2, qa3, qa4, 4u * QP), &sc[sbase + 4u], S4);
+    }
     var b = 0u;
     for (var kb = range.x; kb < range.y; kb += BK) {
         let n = min(BK, range.y - kb);
-        // Tile kb is in buffer b; everyone is done with the other buffer (the tile before).
+        // Tile kb's keys and values are in buffer b (K_AHEAD: its values, and the next tile's
+        // keys in the other buffer); everyone is done with what this iteration's end stores
+        // over.
         workgroupBarrier();
         let more = kb + BK < range.y;
-        if (more && PREFETCH_TILES) {
-            pre = fetch_tile(kb + BK, min(BK, range.y - kb - BK), kvh, li);
+        // The keys stored at this tile's end: the next tile's (K_AHEAD: the one after).
+        let kn = kb + select(BK, 2u * BK, K_AHEAD);
+        let nk = select(0u, min(BK, range.y - min(kn, range.y)), kn < range.y);
+        let nv = select(0u, min(BK, range.y - kb - BK), more);
+        if (PREFETCH_TILES) {
+            pre = fetch_tile(kn, nk, kb + BK, nv, kvh, li);
         }
         let kbase = 2u * b * TS;
         let vbase = kbase + TS;
-        for (var kf = 0u; kf < BK / 16u; kf++) {
-            let k4 = kbase + kf * 16u * QP / 4u;
-            var c = coop_mat16x16<f32, C>();
-            c = coopMultiplyAdd(qa0, coopLoad<coop_mat16x16<f16, B>>(&kv[k4], QP / 4u), c);
-            c = coopMultiplyAdd(qa1, coopLoad<coop_mat16x16<f16, B>>(&kv[k4 + 4u], QP / 4u), c);
-            c = coopMultiplyAdd(qa2, coopLoad<coop_mat16x16<f16, B>>(&kv[k4 + 8u], QP / 4u), c);
-            c = coopMultiplyAdd(qa3, coopLoad<coop_mat16x16<f16, B>>(&kv[k4 + 12u], QP / 4u), c);
-#if HEAD_DIM_80
-            c = coopMultiplyAdd(qa4, coopLoad<coop_mat16x16<f16, B>>(&kv[k4 + 16u], QP / 4u), c);
-#endif
-            coopStoreT(c, &sc[sbase + kf * 4u], S4);
+        if (!K_AHEAD) {
+            coopStoreT(qk16(qa0, qa1, qa2, qa3, qa4, kbase), &sc[sbase], S4);
+            coopStoreT(qk16(qa0, qa1, qa2, qa3, qa4, kbase + 4u * QP), &sc[sbase + 4u], S4);
+        }
+        // K_AHEAD: the next tile's scores, made while this tile's weights are (stored once
+        // every lane has read this tile's).
+        var c0 = coop_mat16x16<f32, C>();
+        var c1 = coop_mat16x16<f32, C>();
+        if (K_AHEAD && more) {
+            let next = 2u * (1u - b) * TS;
+            c0 = qk16(qa0, qa1, qa2, qa3, qa4, next);
+            c1 = qk16(qa0, qa1, qa2, qa3, qa4, next + 4u * QP);
         }
         subgroupBarrier();
 
@@ -320,36 +437,8 @@ fn main(
             && interval_visible(qp, kb, kb + BK - 1u);
         let row_of_tile = TileRow(sbase + (lane / 2u) * S4 + half * 4u, kb, n, half * 16u, whole,
             live, qp, mine);
-        var s = array<vec4<f32>, 4>();
-        var tile_max = MASKED;
-        for (var g = 0u; g < 4u; g++) {
-            let x = scores4(row_of_tile, g);
-            if (!TWO_PASS_SCORES) {
-                s[g] = x;
-            }
-            tile_max = max(tile_max, max(max(x.x, x.y), max(x.z, x.w)));
-        }
-        tile_max = pair_max(tile_max);
-        // A row that has seen no key takes the tile's maximum (its outputs are still zero);
-        // one whose reference the tile passes by more than TAU is rescaled (after its weights
-        // are made: rescaling passes the outputs through the scores' memory).
-        let grow = m > MASKED && tile_max > m + TAU;
-        let corr = select(1.0, exp(m - tile_max), grow);
-        run_sum *= corr;
-        if (grow || m == MASKED) {
-            m = tile_max;
-        }
-        let pb = pbase + (lane / 2u) * PP / 4u + half * 4u;
-        for (var g = 0u; g < 4u; g++) {
-            var x = s[g];
-            if (TWO_PASS_SCORES) {
-                x = scores4(row_of_tile, g);
-            }
-            let w = select(vec4<f32>(0.0), exp(x - m), x > vec4<f32>(MASKED));
-            run_sum += w.x + w.y + w.z + w.w;
-            pw[pb + g] = vec4<f16>(w);
-        }
-        if (subgroupAny(grow)) {
+        let corr = make_weights(row_of_tile, &st, pbase + (lane / 2u) * PP / 4u + half * 4u);
+        if (subgroupAny(corr < 1.0)) {
             o0 = rescaled(o0, sg, lane, corr);
             o1 = rescaled(o1, sg, lane, corr);
             o2 = rescaled(o2, sg, lane, corr);
@@ -358,33 +447,34 @@ fn main(
             o4 = rescaled(o4, sg, lane, corr);
 #endif
         }
-        // The weights are complete.
+        // The weights are complete, and every lane is done with the scores.
         subgroupBarrier();
+        if (K_AHEAD && more) {
+            coopStoreT(c0, &sc[sbase], S4);
+            coopStoreT(c1, &sc[sbase + 4u], S4);
+        }
         let a0 = coopLoadT<coop_mat16x16<f16, A>>(&pw[pbase], PP / 4u);
         let a1 = coopLoadT<coop_mat16x16<f16, A>>(&pw[pbase + 4u], PP / 4u);
-        let v1 = vbase + 16u * QP / 4u;
-        o0 = coopMultiplyAdd(a0, coopLoadT<coop_mat16x16<f16, B>>(&kv[vbase], QP / 4u), o0);
-        o0 = coopMultiplyAdd(a1, coopLoadT<coop_mat16x16<f16, B>>(&kv[v1], QP / 4u), o0);
-        o1 = coopMultiplyAdd(a0, coopLoadT<coop_mat16x16<f16, B>>(&kv[vbase + 4u], QP / 4u), o1);
-        o1 = coopMultiplyAdd(a1, coopLoadT<coop_mat16x16<f16, B>>(&kv[v1 + 4u], QP / 4u), o1);
-        o2 = coopMultiplyAdd(a0, coopLoadT<coop_mat16x16<f16, B>>(&kv[vbase + 8u], QP / 4u), o2);
-        o2 = coopMultiplyAdd(a1, coopLoadT<coop_mat16x16<f16, B>>(&kv[v1 + 8u], QP / 4u), o2);
-        o3 = coopMultiplyAdd(a0, coopLoadT<coop_mat16x16<f16, B>>(&kv[vbase + 12u], QP / 4u), o3);
-        o3 = coopMultiplyAdd(a1, coopLoadT<coop_mat16x16<f16, B>>(&kv[v1 + 12u], QP / 4u), o3);
+        o0 = weighted_values(a0, a1, vbase, o0);
+        o1 = weighted_values(a0, a1, vbase + 4u, o1);
+        o2 = weighted_values(a0, a1, vbase + 8u, o2);
+        o3 = weighted_values(a0, a1, vbase + 12u, o3);
 #if HEAD_DIM_80
-        o4 = coopMultiplyAdd(a0, coopLoadT<coop_mat16x16<f16, B>>(&kv[vbase + 16u], QP / 4u), o4);
-        o4 = coopMultiplyAdd(a1, coopLoadT<coop_mat16x16<f16, B>>(&kv[v1 + 16u], QP / 4u), o4);
+        o4 = weighted_values(a0, a1, vbase + 16u, o4);
 #endif
-        // The next tile, loaded while this one was used.
+        // What was loaded while this tile was used, into the buffers free since the top.
+        if (!PREFETCH_TILES) {
+            pre = fetch_tile(kn, nk, kb + BK, nv, kvh, li);
+        }
+        if (nk > 0u) {
+            store_rows(pre.k, 2u * select(1u - b, b, K_AHEAD) * TS, li);
+        }
         if (more) {
-            if (!PREFETCH_TILES) {
-                pre = fetch_tile(kb + BK, min(BK, range.y - kb - BK), kvh, li);
-            }
-            store_tile(pre, 1u - b, li);
+            store_rows(pre.v, (2u * (1u - b) + 1u) * TS, li);
         }
         b = 1u - b;
     }
-    let total = run_sum + subgroupShuffleXor(run_sum, 1u);
+    let total = st.sum + subgroupShuffleXor(st.sum, 1u);
     let inv = select(0.0, 1.0 / total, total > 0.0);
     let ob = p.o_at + row * p.o0 + h * p.o1;
     emit(o0, sg, lane, 0u, inv, ob, live);
