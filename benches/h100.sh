@@ -102,8 +102,9 @@
 #              untimed forms (ATTN_VARIANTS) (WGEMMA_DUMP_SPIRV, then cargo xtask
 #              shader-stats); $OUT/shader-stats.txt. Carry [".gl", ".dev/xtask.xz"].
 #   attn_ab    the image attention's untimed forms (ATTN_VARIANTS: "name:VAR=V,VAR2=V2 ...",
-#              default every WGEMMA_ATTEND_* switch alone, K_AHEAD with WHOLE_TILES, and all together): the attention
-#              parity tests with all of them on and with K_AHEAD alone, then bench-vision at 1,120 tokens under
+#              default every WGEMMA_ATTEND_* switch alone and in a few sets): the attention
+#              parity tests with all but BLOCK64 on, with K_AHEAD and BLOCK64 alone, then
+#              bench-vision at 1,120 tokens under
 #              each, one binary, interleaved twice; $OUT/vision-bench/attn-*.json. Carry
 #              [".gl", ".dev/xtask.xz", ".dev/parity.xz"].
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
@@ -1149,7 +1150,7 @@ browserlike() {
 }
 
 ATTN_ALL=WGEMMA_ATTEND_WHOLE_TILES=1,WGEMMA_ATTEND_NO_PREFETCH=1,WGEMMA_ATTEND_TWO_PASS=1,WGEMMA_ATTEND_K_AHEAD=1
-ATTN_VARIANTS=${ATTN_VARIANTS:-"main: whole:WGEMMA_ATTEND_WHOLE_TILES=1 nopre:WGEMMA_ATTEND_NO_PREFETCH=1 two:WGEMMA_ATTEND_TWO_PASS=1 ahead:WGEMMA_ATTEND_K_AHEAD=1 ahead_whole:WGEMMA_ATTEND_K_AHEAD=1,WGEMMA_ATTEND_WHOLE_TILES=1 all:$ATTN_ALL"}
+ATTN_VARIANTS=${ATTN_VARIANTS:-"main: whole:WGEMMA_ATTEND_WHOLE_TILES=1 nopre:WGEMMA_ATTEND_NO_PREFETCH=1 two:WGEMMA_ATTEND_TWO_PASS=1 ahead:WGEMMA_ATTEND_K_AHEAD=1 ahead_whole:WGEMMA_ATTEND_K_AHEAD=1,WGEMMA_ATTEND_WHOLE_TILES=1 all:$ATTN_ALL lean:WGEMMA_ATTEND_WHOLE_TILES=1,WGEMMA_ATTEND_NO_PREFETCH=1,WGEMMA_ATTEND_TWO_PASS=1 b64:WGEMMA_ATTEND_BLOCK64=1 b64_ahead:WGEMMA_ATTEND_BLOCK64=1,WGEMMA_ATTEND_K_AHEAD=1,WGEMMA_ATTEND_WHOLE_TILES=1"}
 
 shader_stats() {
   synth e2b e2b-mmproj
@@ -1176,6 +1177,8 @@ attn_ab() {
     | tee "$OUT/parity-attn-all.txt"
   CI=true WGEMMA_EXPECT_COOP=1 WGEMMA_ATTEND_K_AHEAD=1 .dev/parity attention 2>&1 | tail -n 4 \
     | tee "$OUT/parity-attn-ahead.txt"
+  CI=true WGEMMA_EXPECT_COOP=1 WGEMMA_ATTEND_BLOCK64=1 .dev/parity attention 2>&1 | tail -n 4 \
+    | tee "$OUT/parity-attn-b64.txt"
   mkdir -p "$OUT/vision-bench"
   local i v name env f
   for i in 1 2; do

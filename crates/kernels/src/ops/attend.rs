@@ -301,9 +301,13 @@ pub fn attend_with(
     };
     let (label, source, items) = match chosen {
         AttendKernel::Coop => {
-            let blocks = params.tq.div_ceil(COOP_BLOCK);
+            // Four subgroups a workgroup (`WGEMMA_ATTEND_BLOCK64=1`, not yet timed): more
+            // workgroups resident where registers allow one and a half of eight subgroups.
+            let block64 = crate::knobs::on("WGEMMA_ATTEND_BLOCK64");
+            let blocks = params.tq.div_ceil(if block64 { 64 } else { COOP_BLOCK });
             let vec4 = params.d.is_multiple_of(4) && [kl, vl].iter().all(whole_vec4s);
             let mut source = coop_source(params.d)
+                .flag_if(block64, "BLOCK_64")
                 .flag_if(vec4, "KV_VEC4")
                 .flag_if(a.q.dtype() == DType::F16, "QKV_F16");
             for (knob, constant, value) in COOP_EXPERIMENTS {
@@ -360,6 +364,7 @@ mod tests {
             for d in [64, COOP_MAX_HEAD_DIM] {
                 crate::shader::validate_coop(&coop_source(d).flag(mask));
                 crate::shader::validate_coop(&coop_source(d).flag(mask).flag("KV_VEC4"));
+                crate::shader::validate_coop(&coop_source(d).flag(mask).flag("BLOCK_64"));
                 for vec4 in [false, true] {
                     let half = coop_source(d).flag(mask).flag("QKV_F16");
                     crate::shader::validate_coop(&half.clone().flag_if(vec4, "KV_VEC4"));

@@ -30,7 +30,12 @@ const SP: u32 = 32u;
 const DP: u32 = 64u;
 const SP: u32 = 36u;
 #endif
+// BLOCK_64: four subgroups (64 query rows) a workgroup.
+#if BLOCK_64
+const WG: u32 = 128u;
+#else
 const WG: u32 = 256u;
+#endif
 // Subgroups a workgroup, each 16 query rows.
 const NSG: u32 = WG / 32u;
 const BQ: u32 = 16u * NSG;
