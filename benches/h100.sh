@@ -100,7 +100,8 @@
 #              vision encode and E2B's prefill and decode compile (natively and under the
 #              browser's constraints), and of the image attention's
 #              untimed forms (ATTN_VARIANTS) (WGEMMA_DUMP_SPIRV, then cargo xtask
-#              shader-stats); $OUT/shader-stats.txt. Carry [".gl", ".dev/xtask.xz"].
+#              shader-stats); $OUT/shader-stats.txt (STATS_E2E=0: the vision tower's
+#              kernels only). Carry [".gl", ".dev/xtask.xz"].
 #   attn_ab    the image attention's untimed forms (ATTN_VARIANTS: "name:VAR=V,VAR2=V2 ...",
 #              default every WGEMMA_ATTEND_* switch alone and in a few sets): the attention
 #              parity tests with all but BLOCK64 on, with K_AHEAD and BLOCK64 alone, then
@@ -1153,15 +1154,18 @@ ATTN_ALL=WGEMMA_ATTEND_WHOLE_TILES=1,WGEMMA_ATTEND_NO_PREFETCH=1,WGEMMA_ATTEND_T
 ATTN_VARIANTS=${ATTN_VARIANTS:-"main: whole:WGEMMA_ATTEND_WHOLE_TILES=1 nopre:WGEMMA_ATTEND_NO_PREFETCH=1 two:WGEMMA_ATTEND_TWO_PASS=1 ahead:WGEMMA_ATTEND_K_AHEAD=1 ahead_whole:WGEMMA_ATTEND_K_AHEAD=1,WGEMMA_ATTEND_WHOLE_TILES=1 all:$ATTN_ALL lean:WGEMMA_ATTEND_WHOLE_TILES=1,WGEMMA_ATTEND_NO_PREFETCH=1,WGEMMA_ATTEND_TWO_PASS=1 b64:WGEMMA_ATTEND_BLOCK64=1 b64_ahead:WGEMMA_ATTEND_BLOCK64=1,WGEMMA_ATTEND_K_AHEAD=1,WGEMMA_ATTEND_WHOLE_TILES=1"}
 
 shader_stats() {
-  synth e2b e2b-mmproj
+  synth e2b-mmproj
   local D=$W/spirv v env && rm -rf "$D"
   WGEMMA_DUMP_SPIRV=$D .dev/xtask bench-vision --mmproj "$W/models/e2b-mmproj.gguf" \
     --size 1920x1344 --budget 1120 --reps 1 > /dev/null 2>&1
-  WGEMMA_DUMP_SPIRV=$D .dev/xtask bench-e2e --model "$W/models/e2b.gguf" --prompt 512 \
-    --decode 16 --reps 1 > /dev/null 2>&1
-  # The browser's kernels (its integer-dot prefill tiles) under its constraints.
-  WGEMMA_DUMP_SPIRV=$D WGEMMA_NO_F16=1 WGEMMA_NO_COOP=1 WGEMMA_WEBGPU_LIMITS=1 .dev/xtask \
-    bench-e2e --model "$W/models/e2b.gguf" --prompt 512 --decode 16 --reps 1 > /dev/null 2>&1
+  if [ "${STATS_E2E:-1}" = 1 ]; then
+    synth e2b
+    WGEMMA_DUMP_SPIRV=$D .dev/xtask bench-e2e --model "$W/models/e2b.gguf" --prompt 512 \
+      --decode 16 --reps 1 > /dev/null 2>&1
+    # The browser's kernels (its integer-dot prefill tiles) under its constraints.
+    WGEMMA_DUMP_SPIRV=$D WGEMMA_NO_F16=1 WGEMMA_NO_COOP=1 WGEMMA_WEBGPU_LIMITS=1 .dev/xtask \
+      bench-e2e --model "$W/models/e2b.gguf" --prompt 512 --decode 16 --reps 1 > /dev/null 2>&1
+  fi
   for v in $ATTN_VARIANTS; do
     env=${v#*:}
     [ -n "$env" ] && env WGEMMA_DUMP_SPIRV=$D ${env//,/ } .dev/xtask bench-vision \
