@@ -104,7 +104,8 @@
 #              kernels only). Carry [".gl", ".dev/xtask.xz"].
 #   attn_ab    the image attention's untimed forms (ATTN_VARIANTS: "name:VAR=V,VAR2=V2 ...",
 #              default every WGEMMA_ATTEND_* switch alone and in a few sets): the attention
-#              parity tests with all but BLOCK64 on, with K_AHEAD and BLOCK64 alone, then
+#              parity tests as they are, with all but BLOCK64 on, with K_AHEAD and BLOCK64
+#              alone, then
 #              bench-vision at 1,120 tokens under
 #              each, one binary, interleaved twice; $OUT/vision-bench/attn-*.json. Carry
 #              [".gl", ".dev/xtask.xz", ".dev/parity.xz"].
@@ -1177,6 +1178,7 @@ shader_stats() {
 
 attn_ab() {
   synth e2b-mmproj
+  CI=true WGEMMA_EXPECT_COOP=1 .dev/parity attention 2>&1 | tail -n 4 | tee "$OUT/parity-attn.txt"
   CI=true WGEMMA_EXPECT_COOP=1 env ${ATTN_ALL//,/ } .dev/parity attention 2>&1 | tail -n 4 \
     | tee "$OUT/parity-attn-all.txt"
   CI=true WGEMMA_EXPECT_COOP=1 WGEMMA_ATTEND_K_AHEAD=1 .dev/parity attention 2>&1 | tail -n 4 \
