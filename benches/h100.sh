@@ -107,7 +107,7 @@
 #              parity tests as they are, with all but BLOCK64 on, with K_AHEAD and BLOCK64
 #              alone, then
 #              bench-vision at 1,120 tokens under
-#              each, one binary, interleaved twice; $OUT/vision-bench/attn-*.json. Carry
+#              each, one binary, interleaved twice (ATTN_ROUNDS); $OUT/vision-bench/attn-*.json. Carry
 #              [".gl", ".dev/xtask.xz", ".dev/parity.xz"].
 #   lora       the PEFT LoRA goldens of the tiny E2B fixture (xtask/scripts/gemma4_lora_golden.py)
 #   diffusion  DiffusionGemma 26B-A4B (synthetic, Q4_K_M, 16 GiB): ms a denoising step of a
@@ -1187,7 +1187,7 @@ attn_ab() {
     | tee "$OUT/parity-attn-b64.txt"
   mkdir -p "$OUT/vision-bench"
   local i v name env f
-  for i in 1 2; do
+  for i in $(seq "${ATTN_ROUNDS:-2}"); do
     for v in $ATTN_VARIANTS; do
       name=${v%%:*} env=${v#*:} f=$OUT/vision-bench/attn-$name-$i.json
       env ${env//,/ } .dev/xtask bench-vision --mmproj "$W/models/e2b-mmproj.gguf" \
