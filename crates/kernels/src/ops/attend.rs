@@ -19,7 +19,8 @@ const TILED_BLOCK: u32 = 64;
 /// The largest head dimension the cooperative-matrix kernel takes.
 pub const COOP_MAX_HEAD_DIM: u32 = 80;
 
-/// Query rows a workgroup of `attend_coop.wgsl` takes: eight subgroups of 16.
+/// Query rows a workgroup of `attend_coop.wgsl` takes: eight subgroups of 16 (half with
+/// `WGEMMA_ATTEND_BLOCK64`, its flag `BLOCK_64`).
 const COOP_BLOCK: u32 = 128;
 
 /// Workgroup memory of `attend_coop.wgsl` for heads of dimension `d` (at most
@@ -301,10 +302,11 @@ pub fn attend_with(
     };
     let (label, source, items) = match chosen {
         AttendKernel::Coop => {
-            // Four subgroups a workgroup (`WGEMMA_ATTEND_BLOCK64=1`, not yet timed): more
-            // workgroups resident where registers allow one and a half of eight subgroups.
+            // Four subgroups a workgroup (`WGEMMA_ATTEND_BLOCK64=1`, not yet timed): finer
+            // steps of residency where registers hold one workgroup of eight but not two.
             let block64 = crate::knobs::on("WGEMMA_ATTEND_BLOCK64");
-            let blocks = params.tq.div_ceil(if block64 { 64 } else { COOP_BLOCK });
+            let block = if block64 { COOP_BLOCK / 2 } else { COOP_BLOCK };
+            let blocks = params.tq.div_ceil(block);
             let vec4 = params.d.is_multiple_of(4) && [kl, vl].iter().all(whole_vec4s);
             let mut source = coop_source(params.d)
                 .flag_if(block64, "BLOCK_64")
@@ -375,7 +377,8 @@ mod tests {
                     let all = COOP_EXPERIMENTS
                         .iter()
                         .fold(half.clone(), |s, (_, c, v)| s.constant(c, *v));
-                    crate::shader::validate_coop(&all.flag_if(vec4, "KV_VEC4"));
+                    crate::shader::validate_coop(&all.clone().flag_if(vec4, "KV_VEC4"));
+                    crate::shader::validate_coop(&all.flag_if(vec4, "KV_VEC4").flag("BLOCK_64"));
                 }
                 assert!(coop_bytes(d) <= 48 * 1024);
             }
