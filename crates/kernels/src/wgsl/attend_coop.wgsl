@@ -1,9 +1,9 @@
 // attend_tiled.wgsl's attention on cooperative matrices (tensor cores): f16 queries, keys,
 // values and weights, f32 scores, sums and outputs. One workgroup of eight 32-lane subgroups
 // per (block of 128 queries, head) (BLOCK_64: four, 64 queries); subgroup s owns query rows
-// 16 s .. 16 s + 15 from the first key to the last, so that only the key and value tiles are shared: one workgroup
-// barrier a tile of 32 keys, double-buffered, the next tile fetched into registers while
-// this one is used. Per tile, each subgroup on its own:
+// 16 s .. 16 s + 15 from the first key to the last, so that only the key and value tiles
+// are shared: one workgroup barrier a tile of 32 keys, double-buffered, the next tile
+// fetched into registers while this one is used. Per tile, each subgroup on its own:
 //   1. scores its 16 rows against the tile's 32 keys (its query fragments held since the
 //      start) into its own part of `sc` (f32);
 //   2. two lanes a row read the row's scores (subgroup barrier), mask and softcap them, and
