@@ -133,6 +133,11 @@
 #   dawn_only  wasm + Dawn alone on MODELS, one timed run each, $OUT/dawn_only.txt.
 #   dawntoggles Dawn's per-kernel GPU times of E2B under each of DAWN_TOGGLES (default: none,
 #              disable_robustness, disable_workgroup_init), $OUT/dawntoggles.txt.
+#   dawn_sgmat the browser's tiled products on Dawn's subgroup matrices: what the adapter offers
+#              (plain, with Dawn's unsafe APIs, and also with its f16 toggle for NVIDIA), then
+#              on MODELS native bench-e2e against dawn-bench under each of those flags (the
+#              engine takes f16 subgroup matrices where Dawn offers them with shader-f16),
+#              512-token prompts, $OUT/dawn_sgmat.txt. Carry as for `dawn`.
 #   env_ab     one binary without and with the switches AB_ENV, under BASE_ENV, interleaved
 #              twice (bench-e2e on AB_MODEL, default e2b, 512-token prompt), then the prefill
 #              profiles; $OUT/env_ab.txt.
@@ -990,6 +995,43 @@ dawn_only() {
       --decode 128 --reps 1 > "$OUT/dawn/only-$m.json" 2> "$OUT/dawn/only-$m.err"
     echo "$m $(tail -n 1 "$OUT/dawn/only-$m.json")" >> "$OUT/dawn_only.txt"
   done
+}
+
+# The browser's prefill on Dawn's subgroup matrices (web/pkg's matmul_sgmat.wgsl, taken where
+# the adapter has f16 ones): the adapter under each set of flags, then native bench-e2e and
+# dawn-bench under each, on MODELS; $OUT/dawn_sgmat.txt (one line a run: model, flags, the
+# engine's subgroup-matrix side, prefill and decode tok/s).
+dawn_sgmat() {
+  node_dawn
+  mkdir -p "$OUT/dawn"
+  local unsafe="enable-dawn-features=allow_unsafe_apis"
+  local sets=(plain "$unsafe" "$unsafe,vulkan_enable_f16_on_nvidia")
+  for f in "${sets[@]}"; do
+    local flags=()
+    [ "$f" = plain ] || flags=("$f")
+    (cd web/dawn && "$W/node" adapter.mjs "${flags[@]}") >> "$OUT/dawn_sgmat.txt" 2>&1
+  done
+  for m in $MODELS; do
+    synth "$m"
+    .dev/xtask bench-e2e --model "$W/models/$m.gguf" --prompt 512 --decode 128 --reps 3 --json \
+      > "$OUT/dawn/sgmat-native-$m.json" 2> "$OUT/dawn/sgmat-native-$m.err"
+    echo "$m native $(tail -n 1 "$OUT/dawn/sgmat-native-$m.json")" >> "$OUT/dawn_sgmat.txt"
+    local i=0
+    for f in "${sets[@]}"; do
+      local args=()
+      [ "$f" = plain ] || args=(--dawn "$f")
+      .dev/xtask dawn-bench --no-build --node "$W/node" --model "$W/models/$m.gguf" --prompt 512 \
+        --decode 128 --reps 3 "${args[@]}" > "$OUT/dawn/sgmat-$m-$i.json" 2> "$OUT/dawn/sgmat-$m-$i.err"
+      python3 -c "
+import json, sys
+d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+print(sys.argv[2], sys.argv[3], 'sgmat', d.get('subgroup_matrix'), 'f16', d.get('shaderF16'),
+      'prefill', d['prefill_tok_s'], 'decode', d['decode_tok_s'])" \
+        "$OUT/dawn/sgmat-$m-$i.json" "$m" "$f" >> "$OUT/dawn_sgmat.txt" 2>&1
+      i=$((i + 1))
+    done
+  done
+  cat "$OUT/dawn_sgmat.txt"
 }
 
 # Dawn's per-kernel GPU times of E2B (table on the GPU) under each of DAWN_TOGGLES (Dawn's

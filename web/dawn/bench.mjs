@@ -7,7 +7,7 @@
 // token event).
 //
 //   node bench.mjs --model M.gguf [--prompt 512] [--decode 128] [--reps 3] [--profile]
-//                  [--per-layer-table gpu|fetch] [--dawn FLAG]...
+//                  [--per-layer-table gpu|fetch] [--logprobs N] [--dawn FLAG]...
 //
 // `--dawn` passes Dawn's flags (`backend=vulkan`, `enable-dawn-features=...`). `--profile`
 // adds `profile`: GPU time per kernel of one prefill over the prompt and one decode step, as
@@ -28,6 +28,7 @@ const { values: a } = parseArgs({
     profile: { type: "boolean", default: false },
     "per-layer-table": { type: "string", default: "gpu" },
     knob: { type: "string", multiple: true, default: [] },
+    logprobs: { type: "string", default: "0" },
   },
 });
 if (!a.model) {
@@ -99,15 +100,26 @@ try {
   const sessionMs = performance.now() - t1;
   const runs = [];
   let firstTtft = null;
+  let firstIds = null;
+  let firstTops = null;
   for (let rep = 0; rep <= reps; rep++) {
     await session.reset();
     const start = performance.now();
     let first = null;
     let done = null;
-    for await (const ev of session.generate({ tokens }, { maxTokens: decode, temperature: 0 })) {
+    const ids = [];
+    const tops = [];
+    const options = { maxTokens: decode, temperature: 0, logprobs: Number(a.logprobs) };
+    for await (const ev of session.generate({ tokens }, options)) {
       if (ev.type === "token" && first === null) first = performance.now() - start;
+      if (ev.type === "token") {
+        ids.push(ev.id);
+        if (ev.logprobs) tops.push(ev.logprobs.top);
+      }
       if (ev.type === "done") done = ev;
     }
+    firstIds ??= ids;
+    firstTops ??= tops;
     // The first run warms pipelines and caches; its time to first token is the first
     // request's after the load.
     if (rep === 0) firstTtft = first;
@@ -119,6 +131,7 @@ try {
     backend: info.gpu?.backend,
     shaderF16: info.gpu?.shaderF16,
     subgroups: info.gpu?.subgroups,
+    subgroup_matrix: info.gpu?.subgroupMatrix,
     engine: "wasm+dawn",
     load_s: loadS,
     session_ms: sessionMs,
@@ -128,7 +141,11 @@ try {
     decode_tok_s: median(runs.map((r) => r.decodeTokPerS)),
     ttft_ms: median(runs.map((r) => r.ttft)),
     first_request_ttft_ms: firstTtft,
+    // The greedy ids of the first run, to compare engines and devices.
+    ids: firstIds,
   };
+  // With --logprobs N: each generated token's top N [id, log-probability] of that run.
+  if (Number(a.logprobs) > 0) out.top_logprobs = firstTops;
   if (a.profile) out.profile = await session.profile({ tokens });
   console.log(JSON.stringify(out));
   model.dispose();

@@ -31,7 +31,8 @@ pub enum GpuError {
 
 /// Options for [`GpuContext::new`]. Environment variables override them: `WGEMMA_BACKEND`
 /// (vulkan, metal, dx12, gl, webgpu), `WGEMMA_ADAPTER` (substring of the adapter name),
-/// `WGEMMA_NO_F16=1`, `WGEMMA_NO_SUBGROUPS=1`, `WGEMMA_NO_COOP=1` (force the fallbacks),
+/// `WGEMMA_NO_F16=1`, `WGEMMA_NO_SUBGROUPS=1`, `WGEMMA_NO_COOP=1` (force the fallbacks; in a
+/// browser, no subgroup matrices either), `WGEMMA_GPU_ROUTING=1`,
 /// `WGEMMA_NO_INT8_ACTIVATIONS=1`, `WGEMMA_INT8_TILES=0`, `WGEMMA_NO_BUSY_WAIT=1`,
 /// `WGEMMA_WEBGPU_LIMITS=1`, `WGEMMA_NO_SPLIT_K=1` and `WGEMMA_COOP_TILE` (64 or 128: the
 /// tokens of every tiled product's tile on tensor cores).
@@ -46,7 +47,8 @@ pub struct ContextOptions {
     /// Use subgroup operations when the adapter has them.
     pub allow_subgroups: bool,
     /// Use cooperative matrices (tensor cores) for the prefill products when the adapter has
-    /// 16x16x16 f16 ones with f32 accumulators.
+    /// 16x16x16 f16 ones with f32 accumulators (in a browser: Dawn's subgroup matrices,
+    /// [`GpuFeatures::subgroup_matrix`]).
     pub allow_coop: bool,
     /// Let one token's products round activations to 8-bit integers per 32 values where
     /// that is faster (as llama.cpp's quantized products do): the FFN's gated activations
@@ -69,6 +71,10 @@ pub struct ContextOptions {
     /// even when it does not say so: the browser hides that its WebGPU runs on SwiftShader,
     /// but the page can tell from the adapter's architecture.
     pub cpu_adapter: bool,
+    /// Route and shape the kernels as on a GPU even on a CPU adapter (`WGEMMA_GPU_ROUTING=1`,
+    /// over `cpu_adapter`): so that tests run a GPU's kernels, the tiled products among them,
+    /// on lavapipe or SwiftShader; slow there.
+    pub gpu_routing: bool,
     /// Natively, wait for work the next submission depends on by polling the device in a loop
     /// rather than sleeping until it signals ([`GpuContext::wait_for`]). A model whose decode
     /// step needs the previous token on the CPU (per-layer embeddings) submits the rest of the
@@ -139,6 +145,7 @@ impl Default for ContextOptions {
             allow_int8_tiles: true,
             shader_checks: false,
             cpu_adapter: false,
+            gpu_routing: false,
             busy_wait: true,
             webgpu_limits: false,
             allow_split_k: true,
@@ -184,6 +191,9 @@ impl ContextOptions {
         }
         if on("WGEMMA_SHADER_CHECKS") {
             self.shader_checks = true;
+        }
+        if on("WGEMMA_GPU_ROUTING") {
+            self.gpu_routing = true;
         }
         if on("WGEMMA_NO_BUSY_WAIT") {
             self.busy_wait = false;
@@ -236,6 +246,42 @@ impl ContextOptions {
     }
 }
 
+/// The side of the square f16-into-f32 subgroup matrices `matmul_sgmat.wgsl` takes on this
+/// browser adapter (the larger where there are two), or 0: the feature, subgroups of one size
+/// (the kernel's fragments are shared out by subgroup, a count it fixes when compiled) whose
+/// 256-thread workgroup has no more subgroups than a 64 x 64 tile has fragments, and the
+/// workgroup memory.
+fn subgroup_matrix_side(
+    adapter: &wgpu::Adapter,
+    info: &wgpu::AdapterInfo,
+    limits: &wgpu::Limits,
+) -> u32 {
+    let size = info.subgroup_min_size;
+    if !adapter
+        .features()
+        .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        || size != info.subgroup_max_size
+        || ![8, 16, 32].contains(&size)
+        || limits.max_compute_workgroup_storage_size < crate::ops::SGMAT_MATMUL_BYTES
+    {
+        return 0;
+    }
+    adapter
+        .cooperative_matrix_properties()
+        .iter()
+        .filter(|c| {
+            c.m_size == c.n_size
+                && c.n_size == c.k_size
+                && [8, 16].contains(&c.m_size)
+                && c.ab_type == wgpu::CooperativeScalarType::F16
+                && c.cr_type == wgpu::CooperativeScalarType::F32
+                && (64 / c.m_size) * (64 / c.m_size) * size >= 256
+        })
+        .map(|c| c.m_size)
+        .max()
+        .unwrap_or(0)
+}
+
 /// Two numbers written `a,b`.
 fn pair<A: std::str::FromStr, B: std::str::FromStr>(s: &str) -> Option<(A, B)> {
     let (a, b) = s.split_once(',')?;
@@ -265,6 +311,10 @@ pub struct GpuFeatures {
     /// The WGSL goes to a browser's compiler (wgpu's WebGPU backend passes it through), which
     /// wants the `enable` directive of each extension used; naga rejects `enable subgroups;`.
     pub browser_wgsl: bool,
+    /// In a browser with Dawn's experimental subgroup matrices: the side (8 or 16) of the
+    /// square f16 products into f32 that `matmul_sgmat.wgsl` takes its tiled products on,
+    /// subgroups of one size that fits them; 0 without.
+    pub subgroup_matrix: u32,
 }
 
 /// A compiled kernel variant and its key ([`ShaderSource::key`]: name, flags, constants),
@@ -291,6 +341,10 @@ impl GpuFeatures {
                 wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
             ),
             (self.coop_matmul, wgpu::Features::SUBGROUP_BARRIER),
+            (
+                self.subgroup_matrix > 0,
+                wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+            ),
         ];
         wanted
             .into_iter()
@@ -366,7 +420,9 @@ impl GpuContext {
         let instance = wgpu::Instance::new(desc);
         let adapter = Self::pick_adapter(&instance, &options).await?;
         let mut info = adapter.get_info();
-        if options.cpu_adapter {
+        if options.gpu_routing {
+            info.device_type = wgpu::DeviceType::Other;
+        } else if options.cpu_adapter {
             info.device_type = wgpu::DeviceType::Cpu;
         }
         let available = adapter.features();
@@ -379,7 +435,9 @@ impl GpuContext {
         } else {
             adapter.limits()
         };
+        let browser = info.backend == wgpu::Backend::BrowserWebGpu;
         let coop_matmul = options.allow_coop
+            && !browser
             && limits.max_compute_workgroup_storage_size >= crate::ops::COOP_MATMUL_BYTES
             && shader_f16
             && subgroups
@@ -403,7 +461,12 @@ impl GpuContext {
             coop_matmul,
             int8_activations: options.allow_int8_activations,
             int8_tiles: options.allow_int8_tiles,
-            browser_wgsl: info.backend == wgpu::Backend::BrowserWebGpu,
+            browser_wgsl: browser,
+            subgroup_matrix: if browser && options.allow_coop && shader_f16 && subgroups {
+                subgroup_matrix_side(&adapter, &info, &limits)
+            } else {
+                0
+            },
         };
         Self::open(&adapter, info, features, limits, &options).await
     }
@@ -463,8 +526,10 @@ impl GpuContext {
             max_buffer = limits.max_buffer_size,
             "GPU ready"
         );
-        let busy_wait =
-            options.busy_wait && !options.cpu_adapter && info.device_type != wgpu::DeviceType::Cpu;
+        let busy_wait = options.busy_wait
+            && !options.cpu_adapter
+            && !options.gpu_routing
+            && info.device_type != wgpu::DeviceType::Cpu;
         let maintenance = Arc::new(crate::poller::Maintenance::default());
         #[cfg(not(target_arch = "wasm32"))]
         let poller = crate::poller::Poller::new(device.clone(), maintenance.clone());

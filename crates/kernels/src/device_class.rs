@@ -86,6 +86,7 @@ impl DeviceClass {
             int8_activations: true,
             int8_tiles: true,
             browser_wgsl: false,
+            subgroup_matrix: 0,
         };
         match self {
             DeviceClass::NvidiaVulkan => GpuFeatures {

@@ -16,8 +16,11 @@ pub(crate) const DTYPES_WGSL: &str = include_str!("wgsl/dtypes.wgsl");
 
 /// Flags that `render` turns into WGSL `enable` directives (besides any `#if` reading them),
 /// with the extension each enables.
-pub(crate) const DIRECTIVE_FLAGS: [(&str, &str); 2] =
-    [("F16", "f16"), ("COOP", "wgpu_cooperative_matrix")];
+pub(crate) const DIRECTIVE_FLAGS: [(&str, &str); 3] = [
+    ("F16", "f16"),
+    ("COOP", "wgpu_cooperative_matrix"),
+    ("SGMAT", "chromium_experimental_subgroup_matrix"),
+];
 
 /// The source of one pipeline variant.
 #[derive(Clone, Debug)]
@@ -256,6 +259,7 @@ pub(crate) fn validate_coop(source: &ShaderSource) {
         int8_activations: false,
         int8_tiles: false,
         browser_wgsl: false,
+        subgroup_matrix: 0,
     };
     // What the Vulkan backend writes: naga's SPIR-V writer refuses (or panics on) some forms
     // its validator passes.

@@ -623,6 +623,7 @@ impl TiledKernel {
 /// off).
 pub fn tiles_round_inputs(ctx: &GpuContext, dtype: GgmlType) -> bool {
     !ctx.features.coop_matmul
+        && ctx.features.subgroup_matrix == 0
         && ctx.features.int8_activations
         && ctx.features.int8_tiles
         && matches!(dtype, GgmlType::Q4K | GgmlType::Q6K | GgmlType::Q8_0)
@@ -631,12 +632,15 @@ pub fn tiles_round_inputs(ctx: &GpuContext, dtype: GgmlType) -> bool {
 /// The tiled product's pipeline: tensor cores where the device has them, otherwise f32 FMAs
 /// ([`matmul_tile_rows`]).
 pub(super) fn tiled_pipeline(ctx: &GpuContext, kernel: TiledKernel) -> Result<Pipeline, GpuError> {
-    let source = tiled_source(ctx.features.coop_matmul, kernel)?;
+    let source = tiled_source(&ctx.features, kernel)?;
     Ok(ctx.pipeline(&source))
 }
 
-/// The tiled product's source: on cooperative matrices when `coop`.
-fn tiled_source(coop: bool, kernel: TiledKernel) -> Result<ShaderSource, GpuError> {
+/// The tiled product's source for a device with `features`: on cooperative matrices where it
+/// has them, else on a browser's subgroup matrices where it has those.
+fn tiled_source(features: &GpuFeatures, kernel: TiledKernel) -> Result<ShaderSource, GpuError> {
+    let coop = features.coop_matmul;
+    let sgmat = !coop && features.subgroup_matrix > 0;
     let TiledKernel {
         dtype,
         whole_units,
@@ -652,6 +656,8 @@ fn tiled_source(coop: bool, kernel: TiledKernel) -> Result<ShaderSource, GpuErro
     let few_slots = matches!(tiles, Tiles::FewSlotExperts | Tiles::SomeSlotExperts);
     let (name, wgsl) = if coop {
         ("matmul_coop", MATMUL_COOP_WGSL)
+    } else if sgmat {
+        ("matmul_sgmat", MATMUL_SGMAT_WGSL)
     } else if int8 {
         ("matmul_int8", MATMUL_INT8_WGSL)
     } else {
@@ -686,7 +692,11 @@ fn tiled_source(coop: bool, kernel: TiledKernel) -> Result<ShaderSource, GpuErro
         .flag_if(coop && few_slots && step_128, "STEP_128")
         .flag_if(clamped, "CLAMPED")
         .flag_if(gelu_times, "GELU_TIMES")
-        .flag_if(int8 && int8_rows_128, "ROWS_128"))
+        .flag_if(int8 && int8_rows_128, "ROWS_128")
+        .flag_if(sgmat, "SGMAT")
+        .flag_if(sgmat && features.subgroup_matrix == 16, "SGMAT16")
+        .flag_if(sgmat && features.subgroup_min_size == 16, "SG16")
+        .flag_if(sgmat && features.subgroup_min_size == 32, "SG32"))
 }
 
 /// Whether every tile of `w` holds whole gate/up row pairs.
@@ -756,7 +766,11 @@ mod tests {
                     int8: false,
                     int8_rows_128: false,
                 };
-                crate::shader::validate_coop(&tiled_source(true, kernel).unwrap());
+                let features = GpuFeatures {
+                    coop_matmul: true,
+                    ..Default::default()
+                };
+                crate::shader::validate_coop(&tiled_source(&features, kernel).unwrap());
             }
         }
     }

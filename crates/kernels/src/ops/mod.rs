@@ -2,7 +2,7 @@
 //! returns prepared [`Dispatch`]es to record as often as needed. One module per kernel family;
 //! the WGSL sources and the limits the families share are here.
 
-use crate::context::{GpuContext, GpuError, Pipeline};
+use crate::context::{GpuContext, GpuError, GpuFeatures, Pipeline};
 use crate::gpu::{Bind, Dispatch, View, kernel_bindings};
 use crate::params::*;
 use crate::shader::{BYTES_WGSL, DTYPES_WGSL, ShaderSource};
@@ -17,6 +17,7 @@ const MATMUL_IO_WGSL: &str = include_str!("../wgsl/matmul_io.wgsl");
 const MATMUL_WGSL: &str = include_str!("../wgsl/matmul.wgsl");
 const MATMUL_INT8_WGSL: &str = include_str!("../wgsl/matmul_int8.wgsl");
 const MATMUL_COOP_WGSL: &str = include_str!("../wgsl/matmul_coop.wgsl");
+const MATMUL_SGMAT_WGSL: &str = include_str!("../wgsl/matmul_sgmat.wgsl");
 const MATMUL_PARTS_WGSL: &str = include_str!("../wgsl/matmul_parts.wgsl");
 const REDUCE_WGSL: &str = include_str!("../wgsl/reduce.wgsl");
 const NORM_WGSL: &str = include_str!("../wgsl/norm.wgsl");
@@ -48,6 +49,9 @@ pub const MATVEC_MAX_TOKENS: u32 = 4;
 /// [`CoopTile::Wide128`], 128 tokens' inputs ([`COOP_MATMUL_128_BYTES`]).
 pub const COOP_MATMUL_BYTES: u32 = (64 + 128) * 72 * 2 + 8 * 256 * 4;
 pub const COOP_MATMUL_128_BYTES: u32 = (128 + 128) * 72 * 2 + 8 * 256 * 4;
+/// Workgroup memory of `matmul_sgmat.wgsl`: f16 tiles of 64 tokens' inputs and 64 rows'
+/// weights (rows padded to 40 halves) and the f32 stage of the 64 x 64 outputs.
+pub const SGMAT_MATMUL_BYTES: u32 = 2 * 64 * 40 * 2 + 64 * 64 * 4;
 /// The largest head dimension the attention kernel handles.
 pub const MAX_HEAD_DIM: u32 = 512;
 /// Most query heads per KV head that batched attention takes (Gemma has 2 to 8).

@@ -200,6 +200,8 @@ impl WasmModel {
                     "subgroups": ctx.features.subgroups,
                     "subgroupMinSize": ctx.features.subgroup_min_size,
                     "subgroupMaxSize": ctx.features.subgroup_max_size,
+                    // The side of the subgroup matrices the tiled products take (0: none).
+                    "subgroupMatrix": ctx.features.subgroup_matrix,
                     "weightBytes": bytes,
                 }),
             );

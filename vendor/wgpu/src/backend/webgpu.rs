@@ -833,6 +833,12 @@ const FEATURES_MAPPING: [(wgt::Features, webgpu_sys::GpuFeatureName); 17] = [
     (wgt::Features::SUBGROUP, webgpu_sys::GpuFeatureName::Subgroups),
 ];
 
+/// Dawn's experimental subgroup matrices (`chromium-experimental-subgroup-matrix`, behind its
+/// `allow_unsafe_apis` toggle), which `web-sys` has no name for: reported and requested as
+/// `EXPERIMENTAL_COOPERATIVE_MATRIX`, their configurations as the adapter's cooperative-matrix
+/// properties. Shaders for them are WGSL in Dawn's dialect, passed through as written.
+const SUBGROUP_MATRIX_FEATURE: &str = "chromium-experimental-subgroup-matrix";
+
 fn map_wgt_features(supported_features: webgpu_sys::GpuSupportedFeatures) -> wgt::Features {
     let mut features = wgt::Features::empty();
     for (wgpu_feat, web_feat) in FEATURES_MAPPING {
@@ -841,7 +847,46 @@ fn map_wgt_features(supported_features: webgpu_sys::GpuSupportedFeatures) -> wgt
             _ => {}
         }
     }
+    if supported_features.has(SUBGROUP_MATRIX_FEATURE) {
+        features |= wgt::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    }
     features
+}
+
+/// The adapter's `info.subgroupMatrixConfigs` whose component types wgpu names.
+fn map_subgroup_matrix_configs(
+    adapter_info: &webgpu_sys::GpuAdapterInfo,
+) -> Vec<wgt::CooperativeMatrixProperties> {
+    let get = |v: &wasm_bindgen::JsValue, key: &str| {
+        js_sys::Reflect::get(v, &wasm_bindgen::JsValue::from_str(key)).ok()
+    };
+    let scalar = |v: Option<wasm_bindgen::JsValue>| match v?.as_string()?.as_str() {
+        "f32" => Some(wgt::CooperativeScalarType::F32),
+        "f16" => Some(wgt::CooperativeScalarType::F16),
+        "i32" => Some(wgt::CooperativeScalarType::I32),
+        "u32" => Some(wgt::CooperativeScalarType::U32),
+        _ => None,
+    };
+    let size = |v: Option<wasm_bindgen::JsValue>| v?.as_f64().map(|n| n as u32);
+    let Some(configs) = get(adapter_info.as_ref(), "subgroupMatrixConfigs") else {
+        return Vec::new();
+    };
+    if !js_sys::Array::is_array(&configs) {
+        return Vec::new();
+    }
+    js_sys::Array::from(&configs)
+        .iter()
+        .filter_map(|c| {
+            Some(wgt::CooperativeMatrixProperties {
+                m_size: size(get(&c, "M"))?,
+                n_size: size(get(&c, "N"))?,
+                k_size: size(get(&c, "K"))?,
+                ab_type: scalar(get(&c, "componentType"))?,
+                cr_type: scalar(get(&c, "resultComponentType"))?,
+                saturating_accumulation: false,
+            })
+        })
+        .collect()
 }
 
 fn map_wgt_limits(limits: webgpu_sys::GpuSupportedLimits) -> wgt::Limits {
@@ -1797,6 +1842,11 @@ impl dispatch::AdapterInterface for WebAdapter {
                     None
                 }
             })
+            .chain(
+                desc.required_features
+                    .contains(wgt::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+                    .then(|| js_sys::JsString::from(SUBGROUP_MATRIX_FEATURE)),
+            )
             .collect::<Vec<js_sys::JsString>>();
         mapped_desc.set_required_features(&required_features);
 
@@ -1846,7 +1896,7 @@ impl dispatch::AdapterInterface for WebAdapter {
     }
 
     fn cooperative_matrix_properties(&self) -> Vec<wgt::CooperativeMatrixProperties> {
-        Vec::new()
+        map_subgroup_matrix_configs(&self.inner.info())
     }
 }
 impl Drop for WebAdapter {

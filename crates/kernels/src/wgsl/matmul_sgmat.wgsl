@@ -1,0 +1,117 @@
+// Y[m, out_offset + r] = sum_k W[r, k] * X[m, k] for many tokens on a browser's subgroup
+// matrices (Dawn's `chromium_experimental_subgroup_matrix`, written in its dialect and passed
+// through to it): the tiles of matmul.wgsl (64 tokens x 64 rows a workgroup, steps of 32
+// values of k, the same loads and epilogue), their products as f16 S x S fragments into f32
+// accumulators instead of each thread's f32 FMAs. The adapter names S (8 on Apple GPUs and
+// lavapipe, 16 on NVIDIA's) and its subgroups' size, SG lanes; the tile's (64 / S)^2 output
+// fragments are shared out among the workgroup's 256 / SG subgroups, ACC each. After the
+// last step the accumulators go through workgroup memory to matmul.wgsl's stores.
+// Flags: SGMAT16 (S = 16, else 8); SG16 / SG32 (else 8 lanes); and matmul.wgsl's.
+
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+
+const TM: u32 = 64u;
+const TN: u32 = 64u;
+const KS: u32 = 32u;
+// Row pitch of the f16 tiles: 8 halves of padding spread a fragment's rows over the banks.
+const PITCH: u32 = KS + 8u;
+#if SGMAT16
+const S: u32 = 16u;
+#else
+const S: u32 = 8u;
+#endif
+#if SG32
+const SG: u32 = 32u;
+#else
+#if SG16
+const SG: u32 = 16u;
+#else
+const SG: u32 = 8u;
+#endif
+#endif
+// Output fragments along the rows, and the accumulators of each subgroup.
+const FR: u32 = TN / S;
+const ACC: u32 = (TM / S) * FR * SG / 256u;
+
+// Token-major inputs (the left operand, row-major) and row-major weights (the right operand
+// W^T, column-major), both f16; then the outputs, token-major.
+var<workgroup> xs: array<f16, TM * PITCH>;
+var<workgroup> ws: array<f16, TN * PITCH>;
+var<workgroup> stage: array<f32, TM * TN>;
+
+@compute @workgroup_size(256)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+    @builtin(subgroup_id) sg: u32,
+) {
+    let n0 = wg.x * TN;
+    let m0 = wg.y * TM;
+    let tt = tile_tokens(wg.z);
+#if EXPERTS
+    if (li == 0u) {
+        tile_count = tt.count;
+    }
+    if (m0 >= workgroupUniformLoad(&tile_count)) {
+        return;
+    }
+#endif
+    let part = k_part_of(wg.z);
+    var acc: array<subgroup_matrix_result<f32, S, S>, ACC>;
+    var wcol: array<vec4<f32>, 8>;
+    // Float rows may end inside their last unit: inputs past the end are zero, so the
+    // weights read there (the next row's, finite) add nothing.
+    let units = min((p.k + 31u) / 32u, (part + 1u) * (p.k_part / 32u));
+    for (var u = part * (p.k_part / 32u); u < units; u++) {
+        if (li < TN) {
+            let row = n0 + li;
+            if (row < p.n) {
+                wcol = load_unit((tt.w_row + row) * p.row_bytes, u);
+            } else {
+                wcol = array<vec4<f32>, 8>();
+            }
+        }
+        // Everyone is done reading the previous step's tiles.
+        workgroupBarrier();
+        if (li < TN) {
+            for (var i = 0u; i < 8u; i++) {
+                for (var c = 0u; c < 4u; c++) {
+                    ws[li * PITCH + 4u * i + c] = f16(wcol[i][c]);
+                }
+            }
+        }
+        // Inputs: 64 tokens x 32 values, 8 per thread.
+        for (var t = 0u; t < 8u; t++) {
+            let e = t * 256u + li;
+            let tok = e / 32u;
+            let kk = e % 32u;
+            var v = 0.0;
+            if (m0 + tok < tt.count && u * 32u + kk < p.k) {
+                v = input_value(x[x_row(tt, m0 + tok) * p.x_stride + u * 32u + kk]);
+            }
+            xs[tok * PITCH + kk] = f16(v);
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < KS; kk += S) {
+            for (var a = 0u; a < ACC; a++) {
+                let f = sg * ACC + a;
+                let l = subgroupMatrixLoad<subgroup_matrix_left<f16, S, S>>(&xs, (f / FR) * S * PITCH + kk, false, PITCH);
+                let r = subgroupMatrixLoad<subgroup_matrix_right<f16, S, S>>(&ws, (f % FR) * S * PITCH + kk, true, PITCH);
+                acc[a] = subgroupMatrixMultiplyAccumulate(l, r, acc[a]);
+            }
+        }
+    }
+    for (var a = 0u; a < ACC; a++) {
+        let f = sg * ACC + a;
+        subgroupMatrixStore(&stage, (f / FR) * S * TN + (f % FR) * S, acc[a], false, TN);
+    }
+    workgroupBarrier();
+    let tx = li % 16u;
+    let ty = li / 16u;
+    let yb = part * p.part_stride + p.out_offset;
+    for (var i = 0u; i < 4u; i++) {
+        let o = (ty * 4u + i) * TN + tx * 4u;
+        let v = vec4<f32>(stage[o], stage[o + 1u], stage[o + 2u], stage[o + 3u]);
+        store_outputs(tt, m0 + ty * 4u + i, n0 + tx * 4u, yb, v);
+    }
+}
