@@ -654,20 +654,22 @@ fn tiled_source(features: &GpuFeatures, kernel: TiledKernel) -> Result<ShaderSou
     } = kernel;
     // The experts' products are never split over k, whose parts are counted in 64s.
     let few_slots = matches!(tiles, Tiles::FewSlotExperts | Tiles::SomeSlotExperts);
-    let (name, wgsl) = if coop {
-        ("matmul_coop", MATMUL_COOP_WGSL)
+    // The kernels on f32 inputs stage them and the weights alike (matmul_stage.wgsl).
+    let (name, wgsl, stage) = if coop {
+        ("matmul_coop", MATMUL_COOP_WGSL, "")
     } else if sgmat {
-        ("matmul_sgmat", MATMUL_SGMAT_WGSL)
+        ("matmul_sgmat", MATMUL_SGMAT_WGSL, MATMUL_STAGE_WGSL)
     } else if int8 {
-        ("matmul_int8", MATMUL_INT8_WGSL)
+        ("matmul_int8", MATMUL_INT8_WGSL, "")
     } else {
-        ("matmul", MATMUL_WGSL)
+        ("matmul", MATMUL_WGSL, MATMUL_STAGE_WGSL)
     };
     let wgsl = [
         ACTIVATIONS_WGSL,
         BYTES_WGSL,
         DTYPES_WGSL,
         MATMUL_IO_WGSL,
+        stage,
         wgsl,
     ];
     Ok(ShaderSource::new(name, &wgsl)

@@ -18,6 +18,7 @@ const MATMUL_WGSL: &str = include_str!("../wgsl/matmul.wgsl");
 const MATMUL_INT8_WGSL: &str = include_str!("../wgsl/matmul_int8.wgsl");
 const MATMUL_COOP_WGSL: &str = include_str!("../wgsl/matmul_coop.wgsl");
 const MATMUL_SGMAT_WGSL: &str = include_str!("../wgsl/matmul_sgmat.wgsl");
+const MATMUL_STAGE_WGSL: &str = include_str!("../wgsl/matmul_stage.wgsl");
 const MATMUL_PARTS_WGSL: &str = include_str!("../wgsl/matmul_parts.wgsl");
 const REDUCE_WGSL: &str = include_str!("../wgsl/reduce.wgsl");
 const NORM_WGSL: &str = include_str!("../wgsl/norm.wgsl");

@@ -7,8 +7,6 @@
 // each part's sums go to its own slice of y, which matmul_parts.wgsl adds up.
 // EXPERTS: a mixture-of-experts layer's products, grouped by expert (matmul_io.wgsl).
 
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-
 const TM: u32 = 64u;
 const TN: u32 = 64u;
 
@@ -35,17 +33,10 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var acc: array<vec4<f32>, 4>;
     // Scalar staging for the transposed stores: a thread owns one (row or token, k) column.
     var wcol: array<vec4<f32>, 8>;
-    // Float rows may end inside their last unit: inputs past the end are zero, so the
-    // weights read there (the next row's, finite) add nothing.
     let units = min((p.k + 31u) / 32u, (part + 1u) * (p.k_part / 32u));
     for (var u = part * (p.k_part / 32u); u < units; u++) {
         if (li < TN) {
-            let row = n0 + li;
-            if (row < p.n) {
-                wcol = load_unit((tt.w_row + row) * p.row_bytes, u);
-            } else {
-                wcol = array<vec4<f32>, 8>();
-            }
+            wcol = weight_unit(tt, n0 + li, u);
         }
         // Everyone is done reading the previous step's tiles.
         workgroupBarrier();
@@ -64,10 +55,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             let e = t * 256u + li;
             let tok = e / 32u;
             let kk = e % 32u;
-            var v = 0.0;
-            if (m0 + tok < tt.count && u * 32u + kk < p.k) {
-                v = input_value(x[x_row(tt, m0 + tok) * p.x_stride + u * 32u + kk]);
-            }
+            let v = unit_input(tt, m0 + tok, u, kk);
             xs[kk * 16u + tok / 4u][tok % 4u] = v;
         }
         workgroupBarrier();

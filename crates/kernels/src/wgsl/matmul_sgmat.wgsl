@@ -8,8 +8,6 @@
 // last step the accumulators go through workgroup memory to matmul.wgsl's stores.
 // Flags: SGMAT16 (S = 16, else 8); SG16 / SG32 (else 8 lanes); and matmul.wgsl's.
 
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-
 const TM: u32 = 64u;
 const TN: u32 = 64u;
 const KS: u32 = 32u;
@@ -59,17 +57,10 @@ fn main(
     let part = k_part_of(wg.z);
     var acc: array<subgroup_matrix_result<f32, S, S>, ACC>;
     var wcol: array<vec4<f32>, 8>;
-    // Float rows may end inside their last unit: inputs past the end are zero, so the
-    // weights read there (the next row's, finite) add nothing.
     let units = min((p.k + 31u) / 32u, (part + 1u) * (p.k_part / 32u));
     for (var u = part * (p.k_part / 32u); u < units; u++) {
         if (li < TN) {
-            let row = n0 + li;
-            if (row < p.n) {
-                wcol = load_unit((tt.w_row + row) * p.row_bytes, u);
-            } else {
-                wcol = array<vec4<f32>, 8>();
-            }
+            wcol = weight_unit(tt, n0 + li, u);
         }
         // Everyone is done reading the previous step's tiles.
         workgroupBarrier();
@@ -85,10 +76,7 @@ fn main(
             let e = t * 256u + li;
             let tok = e / 32u;
             let kk = e % 32u;
-            var v = 0.0;
-            if (m0 + tok < tt.count && u * 32u + kk < p.k) {
-                v = input_value(x[x_row(tt, m0 + tok) * p.x_stride + u * 32u + kk]);
-            }
+            let v = unit_input(tt, m0 + tok, u, kk);
             xs[tok * PITCH + kk] = f16(v);
         }
         workgroupBarrier();
