@@ -8,8 +8,9 @@
 #   scripts/dawn-lavapipe.sh COMMAND [ARG]...
 #
 # The root is made once, outside the checkout, in ~/.cache/wgemma/dawn-lavapipe (debootstrap,
-# about 200 MB; needs root or sudo); this checkout is mounted at /repo inside it for the
-# command, which runs there with the host's `node` as /usr/local/bin/node.
+# about 200 MB; needs root or sudo); this checkout is mounted inside it at its own path (so
+# paths built into the xtask binary hold there too) for the command, which runs there with
+# the host's `node` as /usr/local/bin/node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -19,7 +20,7 @@ sudo=""
 mirror=http://deb.debian.org/debian
 # A run killed before its cleanup leaves its mounts: take them down before anything else, and
 # never remove the root while something is mounted in it (the checkout would go with it).
-for m in "$root/repo" "$root/proc" "$root/dev"; do
+for m in "$root$repo" "$root/proc" "$root/dev"; do
   if mountpoint -q "$m" 2>/dev/null; then $sudo umount "$m"; fi
 done
 if [ ! -e "$root/.ready" ]; then
@@ -38,17 +39,17 @@ if [ ! -e "$root/.ready" ]; then
   $sudo touch "$root/.ready"
 fi
 $sudo install -m 755 "$(command -v node)" "$root/usr/local/bin/node"
-$sudo mkdir -p "$root/repo" "$root/proc" "$root/dev"
-mounts=("$root/repo" "$root/proc" "$root/dev")
+$sudo mkdir -p "$root$repo" "$root/proc" "$root/dev"
+mounts=("$root$repo" "$root/proc" "$root/dev")
 cleanup() {
   for m in "${mounts[@]}"; do
     $sudo umount "$m" 2>/dev/null || true
   done
 }
 trap cleanup EXIT
-$sudo mount --bind "$repo" "$root/repo"
+$sudo mount --bind "$repo" "$root$repo"
 $sudo mount -t proc proc "$root/proc"
 $sudo mount --bind /dev "$root/dev"
 # Only lavapipe: the root's other drivers would find no device here anyway.
-$sudo chroot "$root" env -C /repo VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.json \
+$sudo chroot "$root" env -C "$repo" VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.json \
   HOME=/tmp PATH=/usr/local/bin:/usr/bin:/bin "$@"

@@ -3,6 +3,7 @@
 //! prefill and decode tok/s and time to first token as one JSON object, as `bench-e2e` prints
 //! them natively, with the same prompt ids.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -68,34 +69,29 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         .model
         .canonicalize()
         .map_err(|e| format!("{}: {e}", a.model.display()))?;
-    let mut cmd = Command::new(&a.node);
-    cmd.current_dir(&dir);
+    let mut node_options = Vec::new();
     if let Some(out) = &a.cpu_prof {
         // Node runs in web/dawn: the folder goes by its absolute path.
         std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
         let out = out
             .canonicalize()
             .map_err(|e| format!("{}: {e}", out.display()))?;
-        cmd.arg("--cpu-prof").arg("--cpu-prof-dir").arg(out);
+        node_options.extend(["--cpu-prof".into(), "--cpu-prof-dir".into(), out.into()]);
     }
-    cmd.arg("bench.mjs")
-        .arg("--model")
-        .arg(&model)
-        .args(["--prompt", &a.prompt.to_string()])
-        .args(["--decode", &a.decode.to_string()])
-        .args(["--reps", &a.reps.to_string()])
-        .args(["--per-layer-table", &a.per_layer_table]);
+    let run = BenchRun {
+        node: &a.node,
+        model: &model,
+        prompt: a.prompt,
+        decode: a.decode,
+        reps: a.reps,
+        dawn: &a.dawn,
+        knobs: &a.knob,
+        logprobs: 0,
+    };
+    let mut cmd = run.command(&node_options)?;
+    cmd.args(["--per-layer-table", &a.per_layer_table]);
     if a.profile {
         cmd.arg("--profile");
-    }
-    for flag in &a.dawn {
-        cmd.args(["--dawn", flag]);
-    }
-    for knob in &a.knob {
-        if !knob.contains('=') {
-            return Err(format!("--knob {knob}: NAME=VALUE").into());
-        }
-        cmd.args(["--knob", knob]);
     }
     if a.swiftshader {
         cmd.env("VK_ICD_FILENAMES", SWIFTSHADER_ICD)
@@ -110,8 +106,61 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     Ok(())
 }
 
+/// One run of web/dawn/bench.mjs: what it is given.
+pub(crate) struct BenchRun<'a> {
+    pub node: &'a Path,
+    /// An absolute path (Node runs in web/dawn).
+    pub model: &'a Path,
+    pub prompt: usize,
+    pub decode: usize,
+    pub reps: usize,
+    /// Dawn's flags.
+    pub dawn: &'a [String],
+    /// The engine's switches, `WGEMMA_NAME=VALUE`.
+    pub knobs: &'a [String],
+    /// Top log-probabilities of each generated token to report (0: none).
+    pub logprobs: usize,
+}
+
+impl BenchRun<'_> {
+    /// The command, in web/dawn, with Node's own `node_options` before the script; more of
+    /// the script's arguments may follow.
+    pub(crate) fn command(&self, node_options: &[OsString]) -> Result<Command, TaskError> {
+        let mut cmd = Command::new(self.node);
+        cmd.current_dir(workspace_root().join("web/dawn"));
+        cmd.args(node_options).args(self.script_args()?);
+        Ok(cmd)
+    }
+
+    fn script_args(&self) -> Result<Vec<String>, TaskError> {
+        let mut args = vec![
+            "bench.mjs".to_string(),
+            "--model".into(),
+            self.model.display().to_string(),
+        ];
+        for (name, n) in [
+            ("--prompt", self.prompt),
+            ("--decode", self.decode),
+            ("--reps", self.reps),
+            ("--logprobs", self.logprobs),
+        ] {
+            args.extend([name.to_string(), n.to_string()]);
+        }
+        for flag in self.dawn {
+            args.extend(["--dawn".to_string(), flag.clone()]);
+        }
+        for knob in self.knobs {
+            if !knob.contains('=') {
+                return Err(format!("--knob {knob}: NAME=VALUE").into());
+            }
+            args.extend(["--knob".to_string(), knob.clone()]);
+        }
+        Ok(args)
+    }
+}
+
 /// Installs the `webgpu` package (Dawn for Node) into web/dawn where it is missing.
-fn ensure_webgpu(dir: &Path, node: &Path) -> Result<(), TaskError> {
+pub(crate) fn ensure_webgpu(dir: &Path, node: &Path) -> Result<(), TaskError> {
     if dir.join("node_modules/webgpu").is_dir() {
         return Ok(());
     }

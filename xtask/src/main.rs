@@ -13,6 +13,7 @@ mod bench_vision;
 mod browser_probe;
 mod browser_test;
 mod dawn_bench;
+mod dawn_check;
 mod dg;
 mod plans;
 mod serve;
@@ -49,6 +50,9 @@ enum Task {
     BrowserTest(browser_test::Args),
     /// The page's engine timed in Node on Dawn (Chrome's WebGPU) on this machine's GPU.
     DawnBench(dawn_bench::Args),
+    /// The page's engine in Node on Dawn held to native, and on Dawn's subgroup matrices to
+    /// its f32 tiles (run it through scripts/dawn-lavapipe.sh).
+    DawnCheck(dawn_check::Args),
     /// DiffusionGemma: one denoising step's canvas logits, as raw f32 (parity with
     /// transformers or llama.cpp's diffusion-gemma-eval).
     DgLogits(dg::LogitsArgs),
@@ -87,6 +91,7 @@ fn main() -> ExitCode {
         Task::BrowserProbe(a) => browser_probe::run(a),
         Task::BrowserTest(a) => browser_test::run(a),
         Task::DawnBench(a) => dawn_bench::run(a),
+        Task::DawnCheck(a) => dawn_check::run(a),
         Task::DgLogits(a) => dg::logits(a),
         Task::DgReplay(a) => dg::replay(a),
         Task::Plans(a) => plans::run(a),
