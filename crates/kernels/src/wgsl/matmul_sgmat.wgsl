@@ -83,15 +83,15 @@ fn main(
         for (var kk = 0u; kk < KS; kk += S) {
             for (var a = 0u; a < ACC; a++) {
                 let f = sg * ACC + a;
-                let l = subgroupMatrixLoad<subgroup_matrix_left<f16, S, S>>(&xs, (f / FR) * S * PITCH + kk, false, PITCH);
-                let r = subgroupMatrixLoad<subgroup_matrix_right<f16, S, S>>(&ws, (f % FR) * S * PITCH + kk, true, PITCH);
+                let l = subgroupMatrixLoad<subgroup_matrix_left<f16, S, S>, row_major>(&xs, (f / FR) * S * PITCH + kk, PITCH);
+                let r = subgroupMatrixLoad<subgroup_matrix_right<f16, S, S>, col_major>(&ws, (f % FR) * S * PITCH + kk, PITCH);
                 acc[a] = subgroupMatrixMultiplyAccumulate(l, r, acc[a]);
             }
         }
     }
     for (var a = 0u; a < ACC; a++) {
         let f = sg * ACC + a;
-        subgroupMatrixStore(&stage, (f / FR) * S * TN + (f % FR) * S, acc[a], false, TN);
+        subgroupMatrixStore<row_major>(&stage, (f / FR) * S * TN + (f % FR) * S, acc[a], TN);
     }
     workgroupBarrier();
     let tx = li % 16u;
