@@ -679,8 +679,14 @@ fn tiled_source(features: &GpuFeatures, kernel: TiledKernel) -> Result<ShaderSou
             "TOKENS_128",
         )
         .flag(dtype_flag(dtype)?)
-        .flag_if(coop && whole_units && dtype == GgmlType::F16, "F16_QUADS")
-        .flag_if(coop && whole_units && dtype == GgmlType::F32, "F32_QUADS")
+        .flag_if(
+            (coop || sgmat) && whole_units && dtype == GgmlType::F16,
+            "F16_QUADS",
+        )
+        .flag_if(
+            (coop || sgmat) && whole_units && dtype == GgmlType::F32,
+            "F32_QUADS",
+        )
         .flag_if(geglu, "GEGLU_OUT")
         .flag_if(!matches!(tiles, Tiles::Plain(_)), "EXPERTS")
         .flag_if(

@@ -1,8 +1,10 @@
 // Y[m, out_offset + r] = sum_k W[r, k] * X[m, k] for many tokens on a browser's subgroup
 // matrices (Dawn's `chromium_experimental_subgroup_matrix`, written in its dialect and passed
 // through to it): the tiles of matmul.wgsl (64 tokens x 64 rows a workgroup, steps of 32
-// values of k, the same loads and epilogue), their products as f16 S x S fragments into f32
-// accumulators instead of each thread's f32 FMAs. The adapter names S (8 on Apple GPUs and
+// values of k, the same epilogue), their products as f16 S x S fragments into f32
+// accumulators instead of each thread's f32 FMAs, and each step's loads issued before the
+// step before it multiplies (as matmul_coop.wgsl does), so that their latency hides behind
+// those products rather than stalling the barrier. The adapter names S (8 on Apple GPUs and
 // lavapipe, 16 on NVIDIA's) and its subgroups' size, SG lanes; the tile's (64 / S)^2 output
 // fragments are shared out among the workgroup's 256 / SG subgroups, ACC each. After the
 // last step the accumulators go through workgroup memory to matmul.wgsl's stores.
@@ -56,30 +58,43 @@ fn main(
 #endif
     let part = k_part_of(wg.z);
     var acc: array<subgroup_matrix_result<f32, S, S>, ACC>;
-    var wcol: array<vec4<f32>, 8>;
-    let units = min((p.k + 31u) / 32u, (part + 1u) * (p.k_part / 32u));
-    for (var u = part * (p.k_part / 32u); u < units; u++) {
-        if (li < TN) {
-            wcol = weight_unit(tt, n0 + li, u);
-        }
+    // This thread's loading duties: weight row li of the tile (the first TN threads), and
+    // 8 of the step's 64 x 32 inputs, element e = 256 t + li at token e / 32, value e % 32.
+    let first = part * (p.k_part / 32u);
+    let units = min((p.k + 31u) / 32u, first + p.k_part / 32u);
+    var wraw = RawUnit();
+    if (li < TN) {
+        wraw = weight_raw(tt, n0 + li, first);
+    }
+    var xin: array<f32, 8>;
+    for (var t = 0u; t < 8u; t++) {
+        xin[t] = raw_input(tt, m0 + (t * 256u + li) / 32u, first, li % 32u);
+    }
+    for (var u = first; u < units; u++) {
+        let wv = decode_unit(wraw, u);
         // Everyone is done reading the previous step's tiles.
         workgroupBarrier();
         if (li < TN) {
             for (var i = 0u; i < 8u; i++) {
                 for (var c = 0u; c < 4u; c++) {
-                    ws[li * PITCH + 4u * i + c] = f16(wcol[i][c]);
+                    ws[li * PITCH + 4u * i + c] = f16(wv[i][c]);
                 }
             }
         }
-        // Inputs: 64 tokens x 32 values, 8 per thread.
         for (var t = 0u; t < 8u; t++) {
-            let e = t * 256u + li;
-            let tok = e / 32u;
-            let kk = e % 32u;
-            let v = unit_input(tt, m0 + tok, u, kk);
-            xs[tok * PITCH + kk] = f16(v);
+            let tok = (t * 256u + li) / 32u;
+            xs[tok * PITCH + li % 32u] = f16(staged_input(xin[t], tt, m0 + tok, u, li % 32u));
         }
         workgroupBarrier();
+        // The next step's loads, in flight during this step's products.
+        if (u + 1u < units) {
+            if (li < TN) {
+                wraw = weight_raw(tt, n0 + li, u + 1u);
+            }
+            for (var t = 0u; t < 8u; t++) {
+                xin[t] = raw_input(tt, m0 + (t * 256u + li) / 32u, u + 1u, li % 32u);
+            }
+        }
         for (var kk = 0u; kk < KS; kk += S) {
             for (var a = 0u; a < ACC; a++) {
                 let f = sg * ACC + a;
