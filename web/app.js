@@ -173,6 +173,7 @@ async function loadModel(source, label) {
         `(${mb(info.load.fetchedBytes)} MiB downloaded, ${mb(info.load.cachedBytes)} MiB from cache) · ` +
         `${info.gpu.adapter || info.gpu.backend}${info.gpu.shaderF16 ? " · f16" : ""}` +
         (info.gpu.subgroups ? ` · subgroups${subgroupLanes(info.gpu)}` : "") +
+        (info.gpu.subgroupMatrix ? ` · ${info.gpu.subgroupMatrix}x${info.gpu.subgroupMatrix} subgroup matrices` : "") +
         (info.vision ? " · vision" : "") +
         (info.audio ? " · audio" : ""),
     );

@@ -81,6 +81,9 @@ export interface ModelInfo {
     /** Lanes in a subgroup, as the adapter reports them (0 where it does not). */
     subgroupMinSize: number;
     subgroupMaxSize: number;
+    /** The side of the f16 subgroup matrices (Dawn's experimental feature, Chrome with
+     * `--enable-unsafe-webgpu`) the prompt's products run on; 0 without them. */
+    subgroupMatrix: number;
     weightBytes: number;
   };
   load: { ms: number; fetchedBytes: number; cachedBytes: number };
