@@ -134,7 +134,8 @@
 #   dawntoggles Dawn's per-kernel GPU times of E2B under each of DAWN_TOGGLES (default: none,
 #              disable_robustness, disable_workgroup_init), $OUT/dawntoggles.txt.
 #   dawn_sgmat the browser's tiled products on Dawn's subgroup matrices: what the adapter offers
-#              (plain, with Dawn's unsafe APIs, and also with its f16 toggle for NVIDIA), then
+#              (plain, with Dawn's unsafe APIs, and also with its f16 toggle for NVIDIA), a
+#              tiny model's products on them against the f32 tiles (dawn-check), then
 #              on MODELS native bench-e2e against dawn-bench under each of those flags (the
 #              engine takes f16 subgroup matrices where Dawn offers them with shader-f16),
 #              512-token prompts, $OUT/dawn_sgmat.txt. Carry as for `dawn`.
@@ -1011,6 +1012,12 @@ dawn_sgmat() {
     [ "$f" = plain ] || flags=("$f")
     (cd web/dawn && "$W/node" adapter.mjs "${flags[@]}") >> "$OUT/dawn_sgmat.txt" 2>&1
   done
+  # Correctness first: a tiny model's products on the f16 subgroup matrices (16 x 16 here)
+  # against the browser's f32 tiles, through Dawn with its f16 toggle.
+  .dev/xtask synth --preset tiny-gemma3 --dtype Q4_K "$W/models/tiny-q4k.gguf"
+  .dev/xtask dawn-check --node "$W/node" --matrices-only --toggle vulkan_enable_f16_on_nvidia \
+    --model "$W/models/tiny-q4k.gguf" >> "$OUT/dawn_sgmat.txt" 2> "$OUT/dawn/sgmat-check.err" \
+    || echo "dawn-check failed: $(tail -n 3 "$OUT/dawn/sgmat-check.err")" >> "$OUT/dawn_sgmat.txt"
   for m in $MODELS; do
     synth "$m"
     .dev/xtask bench-e2e --model "$W/models/$m.gguf" --prompt 512 --decode 128 --reps 3 --json \

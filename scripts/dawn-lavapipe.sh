@@ -9,28 +9,48 @@
 #
 # The root is made once, outside the checkout, in ~/.cache/wgemma/dawn-lavapipe (debootstrap,
 # about 200 MB; needs root or sudo); this checkout is mounted inside it at its own path (so
-# paths built into the xtask binary hold there too) for the command, which runs there with
-# the host's `node` as /usr/local/bin/node.
+# paths built into the xtask binary hold there too) for the command, which runs there as root
+# with the host's `node` as /usr/local/bin/node. Node's `webgpu` package must already be in
+# web/dawn/node_modules (`cargo xtask dawn-bench` installs it; the root has no npm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo=$(pwd)
-root="${XDG_CACHE_HOME:-$HOME/.cache}/wgemma/dawn-lavapipe"
+repo=$(pwd -P)
 sudo=""
 [ "$(id -u)" = 0 ] || sudo=sudo
 mirror=http://deb.debian.org/debian
-# A run killed before its cleanup leaves its mounts: take them down before anything else, and
-# never remove the root while something is mounted in it (the checkout would go with it).
-for m in "$root$repo" "$root/proc" "$root/dev"; do
-  if mountpoint -q "$m" 2>/dev/null; then $sudo umount "$m"; fi
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/wgemma"
+mkdir -p "$cache"
+root="$(realpath "$cache")/dawn-lavapipe"
+case "$root$repo" in
+  *[[:space:]]*)
+    echo "dawn-lavapipe: $root or $repo holds a space; give a plain XDG_CACHE_HOME" >&2
+    exit 1
+    ;;
+esac
+# One run at a time: each mounts /proc and /dev in the root and takes them down after.
+exec 9>"$root.lock"
+flock 9
+# The mounts under the root, deepest first.
+mounts_inside() {
+  local all
+  all=$(findmnt -rn -o TARGET)
+  printf '%s\n' "$all" | while read -r t; do
+    case "$t" in "$root"/*) echo "$t" ;; esac
+  done | sort -r
+}
+# A run killed before its cleanup leaves its mounts (of whatever checkout): take them down
+# before anything else, and never remove the root while something is mounted in it (a
+# checkout would go with it).
+for m in $(mounts_inside); do
+  $sudo umount "$m"
 done
 if [ ! -e "$root/.ready" ]; then
   scripts/apt-install-missing.sh debootstrap
-  if findmnt -rn -o TARGET | grep -q "^$root/"; then
+  if [ -n "$(mounts_inside)" ]; then
     echo "dawn-lavapipe: $root still has mounts; not removing it" >&2
     exit 1
   fi
-  $sudo rm -rf "$root"
-  mkdir -p "$(dirname "$root")"
+  $sudo rm -rf --one-file-system "$root"
   $sudo debootstrap --variant=minbase trixie "$root" "$mirror" >/dev/null
   echo "deb $mirror trixie-backports main" | $sudo tee "$root/etc/apt/sources.list.d/backports.list" >/dev/null
   $sudo chroot "$root" apt-get update -qq

@@ -10,7 +10,8 @@
 //!   itself against native.
 //!
 //! Run through `scripts/dawn-lavapipe.sh`, whose lavapipe gives Dawn an adapter with all of
-//! that on the CPU (CI does).
+//! that on the CPU (CI does); on a GPU, `--matrices-only` (native runs its own kernels there)
+//! and, on NVIDIA, `--toggle vulkan_enable_f16_on_nvidia`.
 
 use std::path::{Path, PathBuf};
 
@@ -34,6 +35,14 @@ pub struct Args {
     /// The Node.js to run.
     #[arg(long, default_value = "node")]
     node: PathBuf,
+    /// A Dawn toggle to turn on in every Dawn run, repeatable (`vulkan_enable_f16_on_nvidia`:
+    /// `shader-f16`, and so the f16 subgroup matrices, on NVIDIA).
+    #[arg(long)]
+    toggle: Vec<String>,
+    /// Only the subgroup matrices against the f32 tiles: on a GPU, where native runs other
+    /// kernels (tensor cores) than the browser's.
+    #[arg(long)]
+    matrices_only: bool,
 }
 
 /// Top log-probabilities compared at each generated token.
@@ -79,23 +88,8 @@ pub fn run(a: Args) -> Result<(), TaskError> {
         .model
         .canonicalize()
         .map_err(|e| format!("{}: {e}", a.model.display()))?;
-    let native = native_tops(&model, a.prompt, a.decode)?;
-    let dawn = |flags: &[&str], knobs: &[&str]| {
-        let flags: Vec<String> = flags.iter().map(|s| s.to_string()).collect();
-        let knobs: Vec<String> = knobs.iter().map(|s| s.to_string()).collect();
-        dawn_run(&BenchRun {
-            node: &a.node,
-            model: &model,
-            prompt: a.prompt,
-            decode: a.decode,
-            reps: 1,
-            dawn: &flags,
-            knobs: &knobs,
-            logprobs: TOP,
-        })
-    };
-    let unsafe_apis = "enable-dawn-features=allow_unsafe_apis";
-    let chosen = dawn(&[], &[])?;
+    let dawn = |toggles: &[&str], knobs: &[&str]| dawn_run(&a, &model, toggles, knobs);
+    let unsafe_apis = "allow_unsafe_apis";
     let matrices = dawn(&[unsafe_apis], &["WGEMMA_GPU_ROUTING=1"])?;
     let f32_tiles = dawn(
         &[unsafe_apis],
@@ -115,39 +109,38 @@ pub fn run(a: Args) -> Result<(), TaskError> {
     if f32_tiles.subgroup_matrix != 0 {
         problems.push("WGEMMA_NO_COOP=1 still took subgroup matrices".into());
     }
-    let pairs = [
-        (
+    let mut summary = serde_json::json!({
+        "adapter": matrices.adapter,
+        "shader_f16": matrices.shader_f16,
+        "subgroups": matrices.subgroups,
+        "subgroup_matrix": matrices.subgroup_matrix,
+    });
+    let mut check = |what: &str, got: &Tops, want: &Tops, tol| {
+        summary[what] = serde_json::json!(compare(got, want, tol, what, &mut problems));
+    };
+    check(
+        "subgroup matrices against f32 tiles",
+        &matrices.tops,
+        &f32_tiles.tops,
+        F16_PRODUCTS,
+    );
+    if !a.matrices_only {
+        let native = native_tops(&model, a.prompt, a.decode)?;
+        let chosen = dawn(&[], &[])?;
+        check(
             "the engine's choice against native",
             &chosen.tops,
             &native,
             SAME_KERNELS,
-        ),
-        (
+        );
+        check(
             "f32 tiles against native",
             &f32_tiles.tops,
             &native,
             OTHER_F32_PRODUCTS,
-        ),
-        (
-            "subgroup matrices against f32 tiles",
-            &matrices.tops,
-            &f32_tiles.tops,
-            F16_PRODUCTS,
-        ),
-    ];
-    let mut summary = serde_json::Map::new();
-    for (what, got, want, tol) in pairs {
-        let worst = compare(got, want, tol, what, &mut problems);
-        summary.insert(what.into(), serde_json::json!(worst));
+        );
     }
-    summary.insert("adapter".into(), serde_json::json!(chosen.adapter));
-    summary.insert("shader_f16".into(), serde_json::json!(chosen.shader_f16));
-    summary.insert("subgroups".into(), serde_json::json!(chosen.subgroups));
-    summary.insert(
-        "subgroup_matrix".into(),
-        serde_json::json!(matrices.subgroup_matrix),
-    );
-    println!("{}", serde_json::Value::Object(summary));
+    println!("{summary}");
     if problems.is_empty() {
         Ok(())
     } else {
@@ -190,7 +183,36 @@ struct DawnRun {
     tops: Tops,
 }
 
-fn dawn_run(run: &BenchRun<'_>) -> Result<DawnRun, TaskError> {
+/// bench.mjs's run of `model` with Dawn's `toggles` (and `a.toggle`) on and the engine's
+/// `knobs`.
+fn dawn_run(
+    a: &Args,
+    model: &Path,
+    toggles: &[&str],
+    knobs: &[&str],
+) -> Result<DawnRun, TaskError> {
+    // One flag for all the toggles: a second `enable-dawn-features` would replace the first.
+    let all: Vec<&str> = toggles
+        .iter()
+        .copied()
+        .chain(a.toggle.iter().map(String::as_str))
+        .collect();
+    let flags = if all.is_empty() {
+        Vec::new()
+    } else {
+        vec![format!("enable-dawn-features={}", all.join(","))]
+    };
+    let knobs: Vec<String> = knobs.iter().map(|s| s.to_string()).collect();
+    let run = BenchRun {
+        node: &a.node,
+        model,
+        prompt: a.prompt,
+        decode: a.decode,
+        reps: 1,
+        dawn: &flags,
+        knobs: &knobs,
+        logprobs: TOP,
+    };
     let out = run
         .command(&[])?
         .stderr(std::process::Stdio::inherit())
@@ -207,10 +229,15 @@ fn dawn_run(run: &BenchRun<'_>) -> Result<DawnRun, TaskError> {
         .ok_or("bench.mjs gave no top_logprobs")?
         .iter()
         .map(|step| {
+            // A log-probability that is not a number (JSON has none: NaN and infinities come
+            // as null) is kept as NaN, for `compare` to refuse.
             step.as_array()
                 .into_iter()
                 .flatten()
-                .filter_map(|e| Some((e[0].as_u64()? as u32, e[1].as_f64()? as f32)))
+                .map(|e| {
+                    let id = e[0].as_u64().unwrap_or(u64::MAX) as u32;
+                    (id, e[1].as_f64().map_or(f32::NAN, |v| v as f32))
+                })
                 .collect()
         })
         .collect();
@@ -224,8 +251,10 @@ fn dawn_run(run: &BenchRun<'_>) -> Result<DawnRun, TaskError> {
 }
 
 /// The largest difference of `got` from `want` as a fraction of its tolerance; what goes past
-/// it into `problems`. Ids must come in the same order except where neighbours stand closer
-/// than the tolerance.
+/// it into `problems`. Every token must carry [`TOP`] finite entries on both sides, their ids
+/// in the same order except where neighbours stand closer than the tolerance. Where the two
+/// runs generated different tokens (a near tie), the comparison ends with that token: what
+/// follows continues different texts.
 fn compare(got: &Tops, want: &Tops, tol: Tolerance, what: &str, problems: &mut Vec<String>) -> f32 {
     if got.len() != want.len() || got.is_empty() {
         problems.push(format!(
@@ -237,6 +266,11 @@ fn compare(got: &Tops, want: &Tops, tol: Tolerance, what: &str, problems: &mut V
     }
     let mut worst = 0f32;
     for (step, (g, w)) in got.iter().zip(want).enumerate() {
+        let whole = |t: &Vec<(u32, f32)>| t.len() == TOP && t.iter().all(|e| e.1.is_finite());
+        if !whole(g) || !whole(w) {
+            problems.push(format!("{what}: token {step}: {g:?} against {w:?}"));
+            return f32::INFINITY;
+        }
         for (rank, (&(id, lp), &(want_id, want_lp))) in g.iter().zip(w).enumerate() {
             if id != want_id && (lp - want_lp).abs() > tol.of(want_lp) {
                 problems.push(format!(
@@ -253,6 +287,9 @@ fn compare(got: &Tops, want: &Tops, tol: Tolerance, what: &str, problems: &mut V
                 }
             }
         }
+        if g[0].0 != w[0].0 {
+            break;
+        }
     }
     worst
 }
@@ -267,16 +304,32 @@ mod tests {
             abs: 0.01,
             rel: 0.0,
         };
-        let want: Tops = vec![vec![(1, -0.1), (2, -0.105), (3, -2.0)]];
+        let top = |lps: [(u32, f32); 3]| {
+            let mut t = lps.to_vec();
+            t.extend([(7, -9.0), (8, -9.5)]);
+            t
+        };
+        let want: Tops = vec![top([(1, -0.1), (2, -0.105), (3, -2.0)]); 2];
         let mut problems = Vec::new();
-        let swapped: Tops = vec![vec![(2, -0.104), (1, -0.101), (3, -2.0)]];
+        // The first token's top two swap within the tolerance, so the texts part there: the
+        // second token (anything) is not compared.
+        let swapped: Tops = vec![
+            top([(2, -0.104), (1, -0.101), (3, -2.0)]),
+            top([(5, -0.1), (6, -0.2), (3, -3.0)]),
+        ];
         assert!(compare(&swapped, &want, tol, "swap", &mut problems) < 1.0);
         assert!(problems.is_empty(), "{problems:?}");
-        let off: Tops = vec![vec![(1, -0.1), (2, -0.105), (3, -2.5)]];
+        let off: Tops = vec![top([(1, -0.1), (2, -0.105), (3, -2.5)]); 2];
         assert!(compare(&off, &want, tol, "off", &mut problems) > 1.0);
-        let reordered: Tops = vec![vec![(3, -0.1), (2, -0.105), (1, -2.0)]];
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        let reordered: Tops = vec![top([(3, -0.1), (2, -0.105), (1, -2.0)]); 2];
         compare(&reordered, &want, tol, "order", &mut problems);
-        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert_eq!(problems.len(), 4, "{problems:?}");
+        let nan: Tops = vec![top([(1, f32::NAN), (2, -0.105), (3, -2.0)]); 2];
+        assert!(compare(&nan, &want, tol, "nan", &mut problems).is_infinite());
+        let short: Tops = vec![vec![(1, -0.1)]; 2];
+        assert!(compare(&short, &want, tol, "short", &mut problems).is_infinite());
         assert!(compare(&Vec::new(), &want, tol, "none", &mut problems).is_infinite());
+        assert_eq!(problems.len(), 7, "{problems:?}");
     }
 }

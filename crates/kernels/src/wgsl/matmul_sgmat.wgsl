@@ -4,10 +4,11 @@
 // values of k, the same epilogue), their products as f16 S x S fragments into f32
 // accumulators instead of each thread's f32 FMAs, and each step's loads issued before the
 // step before it multiplies (as matmul_coop.wgsl does), so that their latency hides behind
-// those products rather than stalling the barrier. The adapter names S (8 on Apple GPUs and
-// lavapipe, 16 on NVIDIA's) and its subgroups' size, SG lanes; the tile's (64 / S)^2 output
-// fragments are shared out among the workgroup's 256 / SG subgroups, ACC each. After the
-// last step the accumulators go through workgroup memory to matmul.wgsl's stores.
+// those products rather than stalling the barrier. The adapter names S (8 on lavapipe, 16 on
+// NVIDIA's; Apple's Metal offers no f16 products into f32) and its subgroups' size, SG
+// lanes; the tile's (64 / S)^2 output fragments are shared out among the workgroup's
+// 256 / SG subgroups, ACC each. After the last step the accumulators go through workgroup
+// memory to matmul.wgsl's stores.
 // Flags: SGMAT16 (S = 16, else 8); SG16 / SG32 (else 8 lanes); and matmul.wgsl's.
 
 const TM: u32 = 64u;
@@ -74,10 +75,14 @@ fn main(
         let wv = decode_unit(wraw, u);
         // Everyone is done reading the previous step's tiles.
         workgroupBarrier();
+        // Past the row's end (float rows may end inside a unit) the unit holds the next row's
+        // weights: zero, so that no f32 weight beyond f16's range turns into an infinity there
+        // (times a zero input: NaN).
         if (li < TN) {
             for (var i = 0u; i < 8u; i++) {
                 for (var c = 0u; c < 4u; c++) {
-                    ws[li * PITCH + 4u * i + c] = f16(wv[i][c]);
+                    let inside = u * 32u + 4u * i + c < p.k;
+                    ws[li * PITCH + 4u * i + c] = f16(select(0.0, wv[i][c], inside));
                 }
             }
         }
