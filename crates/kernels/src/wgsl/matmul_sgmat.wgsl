@@ -30,9 +30,12 @@ const SG: u32 = 16u;
 const SG: u32 = 8u;
 #endif
 #endif
-// Output fragments along the rows, and the accumulators of each subgroup.
+// Output fragments along the rows, and the accumulators of each subgroup: ACC fragments side
+// by side in one row of fragments (the ACC of subgroup sg start at fragment sg * ACC), so a
+// step loads each left fragment once for all of them.
 const FR: u32 = TN / S;
 const ACC: u32 = (TM / S) * FR * SG / 256u;
+const_assert ACC >= 1u && ACC <= FR;
 
 // Token-major inputs (the left operand, row-major) and row-major weights (the right operand
 // W^T, column-major), both f16; then the outputs, token-major.
@@ -59,6 +62,9 @@ fn main(
 #endif
     let part = k_part_of(wg.z);
     var acc: array<subgroup_matrix_result<f32, S, S>, ACC>;
+    // The subgroup's row of fragments (tokens) and its first fragment in that row (rows).
+    let ft = (sg * ACC) / FR;
+    let fr = (sg * ACC) % FR;
     // This thread's loading duties: weight row li of the tile (the first TN threads), and
     // 8 of the step's 64 x 32 inputs, element e = 256 t + li at token e / 32, value e % 32.
     let first = part * (p.k_part / 32u);
@@ -101,17 +107,15 @@ fn main(
             }
         }
         for (var kk = 0u; kk < KS; kk += S) {
+            let l = subgroupMatrixLoad<subgroup_matrix_left<f16, S, S>, row_major>(&xs, ft * S * PITCH + kk, PITCH);
             for (var a = 0u; a < ACC; a++) {
-                let f = sg * ACC + a;
-                let l = subgroupMatrixLoad<subgroup_matrix_left<f16, S, S>, row_major>(&xs, (f / FR) * S * PITCH + kk, PITCH);
-                let r = subgroupMatrixLoad<subgroup_matrix_right<f16, S, S>, col_major>(&ws, (f % FR) * S * PITCH + kk, PITCH);
+                let r = subgroupMatrixLoad<subgroup_matrix_right<f16, S, S>, col_major>(&ws, (fr + a) * S * PITCH + kk, PITCH);
                 acc[a] = subgroupMatrixMultiplyAccumulate(l, r, acc[a]);
             }
         }
     }
     for (var a = 0u; a < ACC; a++) {
-        let f = sg * ACC + a;
-        subgroupMatrixStore<row_major>(&stage, (f / FR) * S * TN + (f % FR) * S, acc[a], TN);
+        subgroupMatrixStore<row_major>(&stage, ft * S * TN + (fr + a) * S, acc[a], TN);
     }
     workgroupBarrier();
     let tx = li % 16u;
